@@ -1,0 +1,519 @@
+/* nccl-net-rail: the version-neutral API; errno -> ncclResult_t happens here. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api.h"
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+
+#define RAIL_CTX_MAGIC 0x43545852u /* "RXTC" */
+
+struct rail_ctx {
+	uint32_t magic;
+	uint64_t comm_id;
+	int traffic_class;
+};
+
+static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
+static int api_refs;		/* live contexts, plus one for a legacy init */
+static int api_legacy;
+static const struct rail_transport_ops *api_ops;
+
+ncclResult_t rail_result(int err)
+{
+	switch (err) {
+	case 0:
+		return ncclSuccess;
+	case -ECONNRESET:
+	case -ECONNREFUSED:
+	case -ECONNABORTED:
+	case -EPIPE:
+	case -ENOTCONN:
+	case -ETIMEDOUT:
+	case -EHOSTUNREACH:
+	case -ENETUNREACH:
+	case -EPROTO:
+	case -EREMOTEIO:
+		return ncclRemoteError;
+	case -EMSGSIZE:
+		return ncclInvalidUsage;
+	case -EINVAL:
+	case -EBADF:
+	case -ENOSPC:
+	case -EALREADY:
+	case -EOPNOTSUPP:
+		return ncclInternalError;
+	default:
+		return ncclSystemError;
+	}
+}
+
+static ncclResult_t init_locked(ncclDebugLogger_t logger, int abi_version)
+{
+	char why[512] = "", devs[768] = "";
+	const struct rail_transport_ops *ops;
+
+	if (logger)
+		rail_log_set_logger((rail_logger_fn)logger);
+	if (api_ops) {
+		api_refs++;
+		return ncclSuccess;
+	}
+	rail_params_load();
+	ops = rail_transport_select(why, sizeof(why));
+	if (!ops) {
+		RAIL_WARN("init failed: %s", why);
+		return ncclSystemError;
+	}
+	api_ops = ops;
+	api_refs++;
+	ops->describe(devs, sizeof(devs));
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET,
+		  "nccl-net-rail %s (net ABI v%d): using the %s transport because %s; %s",
+		  RAIL_VERSION_STRING, abi_version, ops->name, why, devs);
+	return ncclSuccess;
+}
+
+ncclResult_t rail_net_init(void **ctx, uint64_t comm_id, int traffic_class,
+			   ncclDebugLogger_t logger, int abi_version)
+{
+	struct rail_ctx *c;
+	ncclResult_t res;
+
+	if (!ctx)
+		return ncclInvalidArgument;
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return ncclSystemError;
+	c->magic = RAIL_CTX_MAGIC;
+	c->comm_id = comm_id;
+	c->traffic_class = traffic_class;
+	pthread_mutex_lock(&api_lock);
+	res = init_locked(logger, abi_version);
+	pthread_mutex_unlock(&api_lock);
+	if (res != ncclSuccess) {
+		free(c);
+		return res;
+	}
+	*ctx = c;
+	return ncclSuccess;
+}
+
+ncclResult_t rail_net_init_legacy(ncclDebugLogger_t logger, int abi_version)
+{
+	ncclResult_t res = ncclSuccess;
+
+	pthread_mutex_lock(&api_lock);
+	if (!api_legacy) {
+		res = init_locked(logger, abi_version);
+		api_legacy = res == ncclSuccess;
+	} else if (logger) {
+		rail_log_set_logger((rail_logger_fn)logger);
+	}
+	pthread_mutex_unlock(&api_lock);
+	return res;
+}
+
+ncclResult_t rail_net_finalize(void *ctx)
+{
+	struct rail_ctx *c = ctx;
+
+	/* NCCL calls finalize even after a failed init, with no context. */
+	if (!c)
+		return ncclSuccess;
+	if (c->magic != RAIL_CTX_MAGIC) {
+		RAIL_WARN("finalize: %p is not a context of this plugin", ctx);
+		return ncclInternalError;
+	}
+	c->magic = 0;
+	free(c);
+	pthread_mutex_lock(&api_lock);
+	if (api_refs > 0 && --api_refs == 0 && api_ops) {
+		api_ops->fini();
+		api_ops = NULL;
+		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "finalized: every thread stopped");
+		rail_log_set_logger(NULL);
+	}
+	pthread_mutex_unlock(&api_lock);
+	return ncclSuccess;
+}
+
+static const struct rail_transport_ops *ops_or_warn(const char *call)
+{
+	const struct rail_transport_ops *ops = api_ops;
+
+	if (!ops)
+		RAIL_WARN("%s called before a successful init", call);
+	return ops;
+}
+
+ncclResult_t rail_net_devices(int *ndev)
+{
+	const struct rail_transport_ops *ops = ops_or_warn("devices");
+
+	if (!ops || !ndev)
+		return ncclInternalError;
+	*ndev = ops->ndevs();
+	return ncclSuccess;
+}
+
+static int check_dev(const struct rail_transport_ops *ops, const char *call, int dev)
+{
+	int n = ops->ndevs();
+
+	if (dev < 0 || dev >= n) {
+		RAIL_WARN("%s: device %d does not exist (%d devices)", call, dev, n);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+ncclResult_t rail_net_get_properties(int dev, struct rail_props *props)
+{
+	const struct rail_transport_ops *ops = ops_or_warn("getProperties");
+	int err;
+
+	if (!ops || !props)
+		return ncclInternalError;
+	err = check_dev(ops, "getProperties", dev);
+	if (!err) {
+		memset(props, 0, sizeof(*props));
+		props->rail_id = props->plane_id = -1;
+		err = ops->get_props(dev, props);
+	}
+	return rail_result(err);
+}
+
+static struct rail_ctx *ctx_of(void *ctx)
+{
+	struct rail_ctx *c = ctx;
+
+	return c && c->magic == RAIL_CTX_MAGIC ? c : NULL;
+}
+
+ncclResult_t rail_net_listen(void *ctx, int dev, void *handle, void **listen_comm)
+{
+	const struct rail_transport_ops *ops = ops_or_warn("listen");
+	struct rail_comm *lc = NULL;
+	int err;
+
+	(void)ctx;
+	if (!ops || !handle || !listen_comm)
+		return ncclInternalError;
+	err = check_dev(ops, "listen", dev);
+	if (!err)
+		err = ops->listen(dev, handle, &lc);
+	if (!err)
+		*listen_comm = lc;
+	return rail_result(err);
+}
+
+ncclResult_t rail_net_connect(void *ctx, int dev, int traffic_class, void *handle,
+			      void **send_comm)
+{
+	const struct rail_transport_ops *ops = ops_or_warn("connect");
+	struct rail_conn_opts opts = { .traffic_class = traffic_class };
+	struct rail_ctx *c = ctx_of(ctx);
+	struct rail_comm *sc = NULL;
+	int err;
+
+	if (!ops || !handle || !send_comm)
+		return ncclInternalError;
+	if (opts.traffic_class < 0 && c)
+		opts.traffic_class = c->traffic_class;
+	err = check_dev(ops, "connect", dev);
+	if (!err)
+		err = ops->connect(dev, &opts, handle, &sc);
+	if (!err)
+		*send_comm = sc;
+	return rail_result(err);
+}
+
+static struct rail_comm *comm_of(void *p, enum rail_comm_kind kind, const char *call)
+{
+	struct rail_comm *c = p;
+
+	if (!c || c->kind != (uint32_t)kind) {
+		RAIL_WARN("%s: %p is not an open %s comm of this plugin", call, p,
+			  kind == RAIL_COMM_SEND ? "send" : kind == RAIL_COMM_RECV ? "receive"
+										 : "listen");
+		return NULL;
+	}
+	return c;
+}
+
+ncclResult_t rail_net_accept(void *listen_comm, void **recv_comm)
+{
+	struct rail_comm *lc = comm_of(listen_comm, RAIL_COMM_LISTEN, "accept");
+	struct rail_comm *rc = NULL;
+	int err;
+
+	if (!lc || !recv_comm)
+		return ncclInternalError;
+	err = lc->ops->accept(lc, &rc);
+	if (!err)
+		*recv_comm = rc;
+	return rail_result(err);
+}
+
+static struct rail_comm *data_comm_of(void *p, const char *call)
+{
+	struct rail_comm *c = p;
+
+	if (!c || (c->kind != RAIL_COMM_SEND && c->kind != RAIL_COMM_RECV)) {
+		RAIL_WARN("%s: %p is not an open send or receive comm of this plugin", call, p);
+		return NULL;
+	}
+	return c;
+}
+
+ncclResult_t rail_net_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
+{
+	struct rail_comm *c = data_comm_of(comm, "regMr");
+	void *mh = NULL;
+	int err;
+
+	if (!c || !mhandle)
+		return ncclInternalError;
+	if (!(type & (RAIL_PTR_HOST | RAIL_PTR_CUDA))) {
+		RAIL_WARN("regMr(%p, %zu bytes): unknown pointer type %d", data, size, type);
+		return ncclInternalError;
+	}
+	err = c->ops->reg_mr(c, data, size, type, &mh);
+	if (!err)
+		*mhandle = mh;
+	return rail_result(err);
+}
+
+ncclResult_t rail_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type,
+				    uint64_t offset, int fd, void **mhandle)
+{
+	struct rail_comm *c = data_comm_of(comm, "regMrDmaBuf");
+	void *mh = NULL;
+	int err;
+
+	if (!c || !mhandle)
+		return ncclInternalError;
+	if (!c->ops->reg_mr_dmabuf) {
+		/* Without DMA-BUF support we never advertise NCCL_PTR_DMABUF. */
+		if (type != RAIL_PTR_HOST && fd >= 0) {
+			RAIL_WARN("regMrDmaBuf(%p, %zu bytes, fd %d): the %s transport has no "
+				  "DMA-BUF support", data, size, fd, c->ops->name);
+			return ncclInternalError;
+		}
+		err = c->ops->reg_mr(c, data, size, type, &mh);
+	} else {
+		err = c->ops->reg_mr_dmabuf(c, data, size, type, offset, fd, &mh);
+	}
+	if (!err)
+		*mhandle = mh;
+	return rail_result(err);
+}
+
+ncclResult_t rail_net_dereg_mr(void *comm, void *mhandle)
+{
+	struct rail_comm *c = data_comm_of(comm, "deregMr");
+
+	if (!c)
+		return ncclInternalError;
+	return rail_result(c->ops->dereg_mr(c, mhandle));
+}
+
+static struct rail_req *req_get(struct rail_comm *c, int type, int n, const char *call)
+{
+	struct rail_req *r = rail_pool_get(&c->reqs);
+
+	if (!r) {
+		RAIL_WARN("%s: all %u requests of this comm (device %d) are in flight; NCCL "
+			  "allows %d per comm (x%d on the send side)", call, c->reqs.capacity,
+			  c->dev, RAIL_MAX_REQUESTS, RAIL_MAX_RECVS);
+		return NULL;
+	}
+	r->magic = RAIL_REQ_MAGIC;
+	r->type = type;
+	r->n = n;
+	r->comm = c;
+	return r;
+}
+
+static void req_put(struct rail_req *r)
+{
+	r->magic = 0;
+	rail_pool_put(&r->comm->reqs, r);
+}
+
+ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
+			    void **request)
+{
+	struct rail_comm *c = comm_of(send_comm, RAIL_COMM_SEND, "isend");
+	struct rail_req *r;
+	int err;
+
+	if (!c || !request)
+		return ncclInternalError;
+	r = req_get(c, RAIL_REQ_SEND, 1, "isend");
+	if (!r)
+		return ncclInternalError;
+	err = c->ops->isend(c, r, data, size, tag, mhandle);
+	if (err) {
+		req_put(r);
+		if (err == -EAGAIN) {
+			*request = NULL;
+			return ncclSuccess;
+		}
+		return rail_result(err);
+	}
+	*request = r;
+	return ncclSuccess;
+}
+
+ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
+			    int *tags, void **mhandles, void **request)
+{
+	struct rail_comm *c = comm_of(recv_comm, RAIL_COMM_RECV, "irecv");
+	struct rail_req *r;
+	int err;
+
+	if (!c || !request || !data || !sizes)
+		return ncclInternalError;
+	if (n < 1 || n > RAIL_MAX_RECVS) {
+		RAIL_WARN("irecv: %d grouped receives, the plugin advertises at most %d", n,
+			  RAIL_MAX_RECVS);
+		return ncclInternalError;
+	}
+	r = req_get(c, RAIL_REQ_RECV, n, "irecv");
+	if (!r)
+		return ncclInternalError;
+	err = c->ops->irecv(c, r, n, data, sizes, tags, mhandles);
+	if (err) {
+		req_put(r);
+		if (err == -EAGAIN) {
+			*request = NULL;
+			return ncclSuccess;
+		}
+		return rail_result(err);
+	}
+	*request = r;
+	return ncclSuccess;
+}
+
+ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
+			     void **mhandles, void **request)
+{
+	struct rail_comm *c = comm_of(recv_comm, RAIL_COMM_RECV, "iflush");
+	struct rail_req *r;
+	int err;
+
+	if (!c || !request)
+		return ncclInternalError;
+	if (n < 1 || n > RAIL_MAX_RECVS)
+		return ncclInternalError;
+	r = req_get(c, RAIL_REQ_FLUSH, n, "iflush");
+	if (!r)
+		return ncclInternalError;
+	err = c->ops->iflush(c, r, n, data, sizes, mhandles);
+	if (err) {
+		/* 1: nothing to flush. NCCL counts a NULL request as done. */
+		req_put(r);
+		*request = NULL;
+		return err == 1 ? ncclSuccess : rail_result(err);
+	}
+	*request = r;
+	return ncclSuccess;
+}
+
+ncclResult_t rail_net_test(void *request, int *done, int *sizes)
+{
+	struct rail_req *r = request;
+	size_t got[RAIL_MAX_RECVS] = { 0 };
+	int d = 0, err;
+
+	if (!r || !done || r->magic != RAIL_REQ_MAGIC) {
+		RAIL_WARN("test: %p is not a request in flight (tested after completion?)",
+			  request);
+		return ncclInternalError;
+	}
+	err = r->comm->ops->test(r, &d, got);
+	if (err) {
+		req_put(r);
+		return rail_result(err);
+	}
+	*done = d;
+	if (!d)
+		return ncclSuccess;
+	if (sizes && r->type != RAIL_REQ_FLUSH) {
+		for (int i = 0; i < r->n; i++)
+			sizes[i] = (int)got[i];
+	}
+	req_put(r);
+	return ncclSuccess;
+}
+
+static ncclResult_t close_comm(void *p, enum rail_comm_kind kind, const char *call)
+{
+	struct rail_comm *c = comm_of(p, kind, call);
+	int err;
+
+	if (!c)
+		return ncclInternalError;
+	if (kind == RAIL_COMM_SEND)
+		err = c->ops->close_send(c);
+	else if (kind == RAIL_COMM_RECV)
+		err = c->ops->close_recv(c);
+	else
+		err = c->ops->close_listen(c);
+	return rail_result(err);
+}
+
+ncclResult_t rail_net_close_send(void *send_comm)
+{
+	return close_comm(send_comm, RAIL_COMM_SEND, "closeSend");
+}
+
+ncclResult_t rail_net_close_recv(void *recv_comm)
+{
+	return close_comm(recv_comm, RAIL_COMM_RECV, "closeRecv");
+}
+
+ncclResult_t rail_net_close_listen(void *listen_comm)
+{
+	return close_comm(listen_comm, RAIL_COMM_LISTEN, "closeListen");
+}
+
+ncclResult_t rail_net_make_vdevice(int *d, int ndevs, const int *devs, int max_devs)
+{
+	const struct rail_transport_ops *ops = ops_or_warn("makeVDevice");
+	int vdev = -1, err;
+
+	if (!ops || !d || !devs)
+		return ncclInternalError;
+	if (!ops->make_vdevice) {
+		RAIL_WARN("makeVDevice: the %s transport cannot fuse devices; set "
+			  "NCCL_NET_MERGE_LEVEL=LOC to stop NCCL asking", ops->name);
+		return ncclInvalidUsage;
+	}
+	if (ndevs < 1 || ndevs > max_devs || ndevs > RAIL_MAX_VDEV_DEVS) {
+		RAIL_WARN("makeVDevice: %d devices, at most %d can be fused", ndevs,
+			  RAIL_MIN(max_devs, RAIL_MAX_VDEV_DEVS));
+		return ncclInvalidUsage;
+	}
+	for (int i = 0; i < ndevs; i++) {
+		if (check_dev(ops, "makeVDevice", devs[i]))
+			return ncclInvalidArgument;
+	}
+	err = ops->make_vdevice(ndevs, devs, &vdev);
+	if (!err)
+		*d = vdev;
+	return rail_result(err);
+}
+
+ncclResult_t rail_net_set_net_attr(void *ctx, const void *attr)
+{
+	/* A hint only; the transports size themselves from their parameters. */
+	(void)ctx;
+	(void)attr;
+	return ncclSuccess;
+}

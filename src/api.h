@@ -1,0 +1,48 @@
+/*
+ * nccl-net-rail: the version-neutral API under the plugin/net_vN.c shims.
+ * It checks arguments, owns the request pools, and translates negative
+ * errno into ncclResult_t, once, here.
+ */
+#ifndef RAIL_API_H
+#define RAIL_API_H
+
+#include "nccl_common.h"
+#include "transport.h"
+
+ncclResult_t rail_result(int err);
+
+/* v11+: one context per NCCL communicator. */
+ncclResult_t rail_net_init(void **ctx, uint64_t comm_id, int traffic_class,
+			   ncclDebugLogger_t logger, int abi_version);
+/* v6-v10: one process-wide init, never finalized. */
+ncclResult_t rail_net_init_legacy(ncclDebugLogger_t logger, int abi_version);
+ncclResult_t rail_net_finalize(void *ctx);
+ncclResult_t rail_net_devices(int *ndev);
+ncclResult_t rail_net_get_properties(int dev, struct rail_props *props);
+ncclResult_t rail_net_listen(void *ctx, int dev, void *handle, void **listen_comm);
+/* traffic_class < 0: the ctx's (v11+) or unset. */
+ncclResult_t rail_net_connect(void *ctx, int dev, int traffic_class, void *handle,
+			      void **send_comm);
+ncclResult_t rail_net_accept(void *listen_comm, void **recv_comm);
+ncclResult_t rail_net_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle);
+ncclResult_t rail_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type,
+				    uint64_t offset, int fd, void **mhandle);
+ncclResult_t rail_net_dereg_mr(void *comm, void *mhandle);
+ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
+			    void **request);
+ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
+			    int *tags, void **mhandles, void **request);
+ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
+			     void **mhandles, void **request);
+ncclResult_t rail_net_test(void *request, int *done, int *sizes);
+ncclResult_t rail_net_close_send(void *send_comm);
+ncclResult_t rail_net_close_recv(void *recv_comm);
+ncclResult_t rail_net_close_listen(void *listen_comm);
+/* max_devs: 4 for v9-v11, 8 for v12. */
+ncclResult_t rail_net_make_vdevice(int *d, int ndevs, const int *devs, int max_devs);
+ncclResult_t rail_net_set_net_attr(void *ctx, const void *attr);
+
+/* Shims: the size limits of the ABI (v6-v8 carry int sizes). */
+#define RAIL_ABI_INT_SIZE_MAX 0x7fffffff
+
+#endif

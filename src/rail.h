@@ -1,0 +1,40 @@
+/*
+ * nccl-net-rail: small helpers shared by every part of the core.
+ * Convention: functions return 0 or a negative errno; they set outputs
+ * only on success.
+ */
+#ifndef RAIL_RAIL_H
+#define RAIL_RAIL_H
+
+#include <errno.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define RAIL_VERSION_STRING "0.1.0"
+
+#define RAIL_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define RAIL_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define RAIL_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define RAIL_DIV_UP(x, y) (((x) + (y)-1) / (y))
+#define RAIL_ALIGN_UP(x, a) (RAIL_DIV_UP((x), (a)) * (a))
+
+#define rail_likely(x) __builtin_expect(!!(x), 1)
+#define rail_unlikely(x) __builtin_expect(!!(x), 0)
+
+/* Public entry points (the ncclNetPlugin_vN tables, tool mains) only. */
+#define RAIL_EXPORT __attribute__((visibility("default")))
+
+/* A thread-safe strerror for negative errno values. */
+const char *rail_strerror(int neg_errno, char *buf, size_t len);
+#define RAIL_ERRSTR(err) rail_strerror((err), (char[96]){0}, 96)
+
+/* Monotonic clock in nanoseconds. */
+uint64_t rail_now_ns(void);
+
+/* 64 random bits from getrandom(), falling back to the clock and pid. */
+uint64_t rail_random64(void);
+
+/* Copy a string into a fixed buffer, always terminated. */
+void rail_strlcpy(char *dst, const char *src, size_t size);
+
+#endif

@@ -1,0 +1,150 @@
+/*
+ * nccl-net-rail: the interface between the version-neutral API (api.c) and
+ * a transport (tcp/, ib/). Transports see no NCCL type and no ABI version;
+ * every function returns 0 or a negative errno, logs its own error with
+ * full context (call, errno text, device:port, QP, peer), and writes its
+ * outputs only on success.
+ */
+#ifndef RAIL_TRANSPORT_H
+#define RAIL_TRANSPORT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "pool.h"
+
+/* Pointer kinds, with NCCL's bit values. */
+#define RAIL_PTR_HOST 0x1
+#define RAIL_PTR_CUDA 0x2
+#define RAIL_PTR_DMABUF 0x4
+
+#define RAIL_MAX_REQUESTS 32	  /* NCCL_NET_MAX_REQUESTS */
+#define RAIL_MAX_RECVS 8	  /* grouped receives we advertise at most */
+#define RAIL_MAX_VDEV_DEVS 8	  /* members of a virtual NIC (v12) */
+#define RAIL_MAX_MSG_BYTES (1ull << 30)
+
+struct rail_props {
+	const char *name;	/* unique among the devices */
+	const char *pci_path;	/* real sysfs path, or NULL */
+	uint64_t guid;
+	int ptr_support;	/* RAIL_PTR_* */
+	int reg_is_global;
+	int force_flush;
+	int speed;		/* Mbps */
+	int port;
+	float latency;		/* us */
+	int max_comms;
+	int max_recvs;
+	int vdev_ndevs;
+	int vdev_devs[RAIL_MAX_VDEV_DEVS];
+	size_t max_p2p_bytes;
+	size_t max_coll_bytes;
+	int max_multi_request_size;
+	int rail_id;		/* -1: unset */
+	int plane_id;		/* -1: unset */
+};
+
+struct rail_conn_opts {
+	int traffic_class;	/* -1: unset */
+};
+
+enum rail_comm_kind {
+	RAIL_COMM_LISTEN = 0x4c495354, /* "LIST" */
+	RAIL_COMM_SEND = 0x53454e44,   /* "SEND" */
+	RAIL_COMM_RECV = 0x52454356,   /* "RECV" */
+	RAIL_COMM_DEAD = 0x44454144,   /* "DEAD": closed */
+};
+
+struct rail_transport_ops;
+
+/* First member of every transport comm. */
+struct rail_comm {
+	uint32_t kind;
+	int dev;
+	const struct rail_transport_ops *ops;
+	struct rail_pool reqs;
+};
+
+enum rail_req_type {
+	RAIL_REQ_SEND = 1,
+	RAIL_REQ_RECV = 2,
+	RAIL_REQ_FLUSH = 3,
+};
+
+#define RAIL_REQ_MAGIC 0x52455153u /* "REQS" */
+
+/* First member of every transport request; the API owns the pool. */
+struct rail_req {
+	uint32_t magic;
+	int type;
+	int n;
+	struct rail_comm *comm;
+};
+
+struct rail_transport_ops {
+	const char *name;
+	/* Size of the transport's request struct (sends, receives, flushes). */
+	size_t req_size;
+
+	/*
+	 * Discover devices. Returns the number found (0 is allowed; why then
+	 * says what is missing, for the transport-choice log line) or -errno.
+	 */
+	int (*init)(char *why, size_t why_len);
+	/* Stop every thread and release everything init created. */
+	void (*fini)(void);
+	/* Physical plus virtual devices. */
+	int (*ndevs)(void);
+	int (*get_props)(int dev, struct rail_props *props);
+	/* One line describing the devices, for the init summary. */
+	void (*describe)(char *buf, size_t len);
+
+	int (*listen)(int dev, void *handle, struct rail_comm **listen_comm);
+	/* *send_comm stays NULL while the handshake is in progress. */
+	int (*connect)(int dev, const struct rail_conn_opts *opts, void *handle,
+		       struct rail_comm **send_comm);
+	int (*accept)(struct rail_comm *listen_comm, struct rail_comm **recv_comm);
+
+	int (*reg_mr)(struct rail_comm *comm, void *data, size_t size, int type, void **mhandle);
+	/* NULL when DMA-BUF registration is not supported. */
+	int (*reg_mr_dmabuf)(struct rail_comm *comm, void *data, size_t size, int type,
+			     uint64_t offset, int fd, void **mhandle);
+	int (*dereg_mr)(struct rail_comm *comm, void *mhandle);
+
+	/* -EAGAIN: cannot be posted now, NCCL retries (request stays free). */
+	int (*isend)(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
+		     int tag, void *mhandle);
+	int (*irecv)(struct rail_comm *recv_comm, struct rail_req *req, int n, void **data,
+		     const size_t *sizes, const int *tags, void **mhandles);
+	/* Returns 1 when nothing needs flushing (no request is handed out). */
+	int (*iflush)(struct rail_comm *recv_comm, struct rail_req *req, int n, void **data,
+		      const int *sizes, void **mhandles);
+	/* sizes: n entries for a receive, 1 for a send, unused for a flush. */
+	int (*test)(struct rail_req *req, int *done, size_t *sizes);
+
+	/* Close with requests possibly in flight: never blocks on the peer. */
+	int (*close_send)(struct rail_comm *comm);
+	int (*close_recv)(struct rail_comm *comm);
+	int (*close_listen)(struct rail_comm *comm);
+
+	/* NULL when NIC fusion is not supported. *vdev gets the new index. */
+	int (*make_vdevice)(int ndevs, const int *devs, int *vdev);
+};
+
+/* Called by transports when they create and destroy a comm. */
+int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
+		   const struct rail_transport_ops *ops);
+void rail_comm_fini(struct rail_comm *comm);
+
+/* The transports this build knows. */
+extern const struct rail_transport_ops rail_tcp_ops;
+extern const struct rail_transport_ops rail_ib_ops;
+
+/*
+ * Pick and initialise the transport for NCCL_RAIL_TRANSPORT: returns it,
+ * or NULL with why explaining (for the warning). why also gets the reason
+ * for the choice on success (for the init summary line).
+ */
+const struct rail_transport_ops *rail_transport_select(char *why, size_t why_len);
+
+#endif
