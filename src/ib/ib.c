@@ -18,3 +18,13 @@ const struct rail_transport_ops rail_ib_ops = {
 	.init = ib_init,
 	.fini = ib_fini,
 };
+
+#include "ib/ib_report.h"
+
+void rail_ib_report(FILE *out, int json)
+{
+	if (json)
+		fprintf(out, "{\"available\": false, \"reason\": \"verbs transport not built\"}");
+	else
+		fprintf(out, "verbs transport: not part of this build yet\n");
+}
