@@ -74,7 +74,7 @@ int rail_sockaddr_parse(const char *text, union rail_sockaddr *out)
 		const char *colon = strrchr(text, ':');
 
 		rail_strlcpy(host, text, sizeof(host));
-		if (colon && strchr(text, ':') == colon) {
+		if (colon && strchr(text, ':') == colon && (size_t)(colon - text) < sizeof(host)) {
 			host[colon - text] = '\0';
 			port = colon + 1;
 		}

@@ -1,0 +1,96 @@
+/*
+ * nccl-net-rail: libibverbs, loaded at run time. Every verbs call of the
+ * transport goes through the one table rail_ibv, so that the plugin loads on
+ * hosts without rdma-core (dlopen fails, the transport reports 0 devices)
+ * and tests can substitute any call (rail_verbs_override) or make the n-th
+ * call of one fail (NCCL_RAIL_IB_FAULT=call:ERRNO:n[+]).
+ *
+ * Return conventions are libibverbs': object constructors return NULL and
+ * set errno; the int calls return 0 or an errno value (some providers
+ * return -1 and set errno: use rail_verbs_err()).
+ */
+#ifndef RAIL_IB_VERBS_H
+#define RAIL_IB_VERBS_H
+
+#include <infiniband/verbs.h>
+#include <stddef.h>
+
+struct rail_verbs {
+	struct ibv_device **(*get_device_list)(int *num);
+	void (*free_device_list)(struct ibv_device **list);
+	const char *(*get_device_name)(struct ibv_device *dev);
+	struct ibv_context *(*open_device)(struct ibv_device *dev);
+	int (*close_device)(struct ibv_context *ctx);
+	int (*query_device)(struct ibv_context *ctx, struct ibv_device_attr *attr);
+	int (*query_port)(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
+	int (*query_gid)(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
+	struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
+	int (*dealloc_pd)(struct ibv_pd *pd);
+	struct ibv_mr *(*reg_mr)(struct ibv_pd *pd, void *addr, size_t len, int access);
+	/* Optional (IBVERBS_1.8): NULL when libibverbs lacks it. */
+	struct ibv_mr *(*reg_mr_iova2)(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+				       unsigned int access);
+	/* Optional (IBVERBS_1.12). */
+	struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *pd, uint64_t offset, size_t len,
+					uint64_t iova, int fd, int access);
+	int (*dereg_mr)(struct ibv_mr *mr);
+	struct ibv_cq *(*create_cq)(struct ibv_context *ctx, int cqe, void *cq_context,
+				    struct ibv_comp_channel *channel, int comp_vector);
+	int (*destroy_cq)(struct ibv_cq *cq);
+	struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
+	int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
+	int (*destroy_qp)(struct ibv_qp *qp);
+	/* Optional (IBVERBS_1.10). */
+	int (*query_ece)(struct ibv_qp *qp, struct ibv_ece *ece);
+	int (*set_ece)(struct ibv_qp *qp, struct ibv_ece *ece);
+	int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *ev);
+	void (*ack_async_event)(struct ibv_async_event *ev);
+	const char *(*event_type_str)(enum ibv_event_type type);
+	const char *(*wc_status_str)(enum ibv_wc_status status);
+	/* Static inlines in verbs.h: they call the provider through the context. */
+	int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+	int (*post_recv)(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+	int (*poll_cq)(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+};
+
+extern struct rail_verbs rail_ibv;
+
+/*
+ * Load libibverbs (NCCL_IBVERBS_LIB, then libibverbs.so.1) and fill the
+ * table; reference-counted. 0, or -ENOENT/-ENOSYS with why explaining.
+ */
+int rail_verbs_load(char *why, size_t why_len);
+void rail_verbs_unload(void);
+/* 1 while the table is filled. */
+int rail_verbs_loaded(void);
+
+/*
+ * Replace one call by name ("ibv_reg_mr" or "reg_mr"); fn NULL restores
+ * the loaded one. Returns the previous pointer through *old when not NULL.
+ * -ENOENT for an unknown name. For tests.
+ */
+int rail_verbs_override(const char *name, void *fn, void **old);
+
+/*
+ * Parse NCCL_RAIL_IB_FAULT ("ibv_post_send:EIO:3,ibv_reg_mr:ENOMEM:2+") and
+ * arm the fault wrappers; counting starts now. -EINVAL (warned) on a bad
+ * spec. rail_verbs_fault_clear disarms them.
+ */
+int rail_verbs_fault_arm(const char *spec);
+void rail_verbs_fault_clear(void);
+/* Number of injected failures so far (tests assert they happened). */
+int rail_verbs_faults_injected(void);
+
+/* Live objects created through the table, for leak checks in tests. */
+struct rail_verbs_counts {
+	int pd, mr, cq, qp, ctx;
+};
+void rail_verbs_counts(struct rail_verbs_counts *out);
+
+/* errno of a failed int-returning verbs call: ret if positive, else errno. */
+int rail_verbs_err(int ret);
+
+const char *rail_ibv_wc_status_str(enum ibv_wc_status status);
+const char *rail_ibv_event_str(enum ibv_event_type type);
+
+#endif

@@ -1,0 +1,196 @@
+/*
+ * nccl-net-rail: the TCP transport.
+ *
+ * A connection is one control socket plus nsocks data sockets, all opened
+ * by the connector and grouped by the listener through a hello message
+ * (magic, version, the listen comm's nonce, a connection id, the socket's
+ * index and the stream layout). The connector's layout (threads, sockets,
+ * inline limit, chunk size) is adopted by the listener, so both sides cut
+ * messages identically.
+ *
+ * Every message starts with a 24-byte frame header on the control socket
+ * (sequence number, tag, size). Messages up to the inline limit follow
+ * their header on the control socket and are moved by NCCL's progress
+ * thread (isend/irecv/test). Larger ones are cut into at most nsocks
+ * chunks; chunk i of message seq travels on data socket
+ * (seq + i) % nsocks, moved by the helper thread owning that socket. Each
+ * helper handles its tasks in message order on both sides, so the streams
+ * never interleave and never deadlock.
+ */
+#ifndef RAIL_TCP_H
+#define RAIL_TCP_H
+
+#include <limits.h>
+#include <net/if.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "handle.h"
+#include "sock.h"
+#include "transport.h"
+
+#define TCP_MAX_DEVS 16
+#define TCP_MAX_THREADS 16
+#define TCP_MAX_SOCKS 64
+#define TCP_DEFAULT_THREADS 4
+#define TCP_DEFAULT_SOCKS_PER_THREAD 1
+
+/* ---- wire formats (tcp_wire.c) ---- */
+
+#define TCP_HELLO_MAGIC 0x50435452u /* "RTCP" */
+#define TCP_REPLY_MAGIC 0x41435452u /* "RTCA" */
+#define TCP_FRAME_MAGIC 0x46u
+#define TCP_WIRE_VERSION 1
+#define TCP_HELLO_SIZE 40
+#define TCP_REPLY_SIZE 8
+#define TCP_FRAME_SIZE 24
+
+struct tcp_hello {
+	uint16_t index;		/* 0: control socket, 1..nsocks: data sockets */
+	uint64_t nonce;		/* the listen comm's, from the handle */
+	uint64_t conn_id;	/* random, groups the sockets of one connection */
+	uint16_t nsocks;
+	uint16_t nthreads;
+	uint32_t inline_max;
+	uint32_t min_chunk;
+};
+
+struct tcp_frame {
+	uint64_t seq;
+	int32_t tag;
+	uint64_t size;
+};
+
+void tcp_hello_encode(const struct tcp_hello *h, uint8_t out[TCP_HELLO_SIZE]);
+/* -EPROTO / -EPROTONOSUPPORT / -EBADMSG with a reason in why. */
+int tcp_hello_decode(const uint8_t in[TCP_HELLO_SIZE], struct tcp_hello *h, char *why,
+		     size_t why_len);
+void tcp_reply_encode(int status, uint8_t out[TCP_REPLY_SIZE]);
+/* Returns the listener's status (0 accepted, >0 an errno why not), or -EPROTO. */
+int tcp_reply_decode(const uint8_t in[TCP_REPLY_SIZE]);
+void tcp_frame_encode(const struct tcp_frame *f, uint8_t out[TCP_FRAME_SIZE]);
+int tcp_frame_decode(const uint8_t in[TCP_FRAME_SIZE], struct tcp_frame *f);
+
+/* How a message of `size` bytes is cut: chunk i goes to socket (first + i) % nsocks. */
+struct tcp_plan {
+	size_t chunk;
+	int nchunks;
+	int first;
+};
+void tcp_plan_message(size_t size, uint64_t seq, int nsocks, size_t min_chunk,
+		      struct tcp_plan *plan);
+
+/* ---- devices (tcp_init.c) ---- */
+
+struct tcp_dev {
+	char name[IF_NAMESIZE];
+	union rail_sockaddr addr;
+	char pci_path[PATH_MAX];
+	int has_pci;
+	int speed;
+};
+
+const struct tcp_dev *tcp_dev_get(int dev);
+
+/* ---- comms ---- */
+
+struct tcp_comm;
+
+struct tcp_task {
+	void *buf;
+	size_t len;
+	int fd;
+	struct tcp_req *req;
+};
+
+struct tcp_worker {
+	pthread_t thread;
+	struct tcp_comm *comm;
+	int started;
+	struct tcp_task *ring;
+	uint32_t mask;
+	_Atomic uint32_t head;	/* written by the progress thread */
+	_Atomic uint32_t tail;	/* written by the worker */
+	_Atomic int sleeping;
+	_Atomic int stop;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+};
+
+struct tcp_req {
+	struct rail_req base;
+	struct tcp_req *next;		/* control-socket FIFO */
+	void *data[RAIL_MAX_RECVS];
+	size_t size[RAIL_MAX_RECVS];	/* posted sizes */
+	size_t got[RAIL_MAX_RECVS];	/* real sizes */
+	int tag[RAIL_MAX_RECVS];
+	uint8_t matched[RAIL_MAX_RECVS];
+	int nmatched;
+	/* send side: the frame header and how much of header+inline went out */
+	uint8_t frame[TCP_FRAME_SIZE];
+	size_t sent;
+	int ctrl_done;			/* nothing left for the control socket */
+	_Atomic int pending;		/* chunks still with helper threads */
+	_Atomic int failed;		/* a helper could not move one of them */
+};
+
+struct tcp_comm {
+	struct rail_comm base;
+	int is_send;
+	int ctrl_fd;
+	int nsocks;
+	int nthreads;
+	int fds[TCP_MAX_SOCKS];
+	struct tcp_worker workers[TCP_MAX_THREADS];
+	size_t inline_max;
+	size_t min_chunk;
+	uint64_t seq;			/* next message to post (send) or match (recv) */
+	struct tcp_req *fifo_head, *fifo_tail;
+	/* receive side: the frame being read from the control socket */
+	uint8_t rx_frame[TCP_FRAME_SIZE];
+	size_t rx_frame_off;
+	int rx_have_frame;
+	struct tcp_frame rx;
+	struct tcp_req *rx_req;		/* request and entry receiving inline data */
+	int rx_entry;
+	size_t rx_off;
+	/* first error seen by any thread; the message is logged once */
+	_Atomic int error;
+	_Atomic int closing;
+	char peer[RAIL_ADDR_STRLEN];
+};
+
+/* tcp_conn.c */
+int tcp_listen(int dev, void *handle, struct rail_comm **listen_comm);
+int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle,
+		struct rail_comm **send_comm);
+int tcp_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm);
+int tcp_close_listen(struct rail_comm *listen_comm);
+
+/* tcp_data.c */
+int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello *layout,
+		    const union rail_sockaddr *peer, struct tcp_comm **out);
+int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
+	      int tag, void *mhandle);
+int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **data,
+	      const size_t *sizes, const int *tags, void **mhandles);
+int tcp_test(struct rail_req *req, int *done, size_t *sizes);
+int tcp_close(struct rail_comm *comm);
+/*
+ * Record the first error of a comm and log it (once, and not while the
+ * comm is being closed). Returns err.
+ */
+int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+const char *tcp_comm_dev_name(const struct tcp_comm *c);
+
+/* tcp_worker.c */
+int tcp_workers_start(struct tcp_comm *c, uint32_t ring_size);
+void tcp_workers_stop(struct tcp_comm *c);
+/* Queue a chunk for the worker owning socket sock. */
+void tcp_worker_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req);
+
+extern const struct rail_transport_ops rail_tcp_ops;
+
+#endif

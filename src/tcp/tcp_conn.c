@@ -1,0 +1,486 @@
+/*
+ * nccl-net-rail: TCP connection setup. Nothing here blocks: connect() and
+ * accept() advance a small state machine and return a NULL comm until the
+ * connection is complete; NCCL calls them again.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+#include "tcp/tcp.h"
+
+#define TCP_STAGE_MAGIC 0x47545354u /* "TSTG" */
+/* How long a refused connect is retried (listener backlog full, or not yet there). */
+#define TCP_REFUSED_RETRY_NS (5ull * 1000000000ull)
+
+/* A socket accepted by the listener whose hello is still being read. */
+struct tcp_pending {
+	int fd;
+	union rail_sockaddr peer;
+	uint8_t buf[TCP_HELLO_SIZE];
+	size_t off;
+	uint64_t t0;
+};
+
+/* The sockets of one connection, grouped by conn_id until all arrived. */
+struct tcp_group {
+	uint64_t conn_id;
+	struct tcp_hello layout;
+	union rail_sockaddr peer;
+	int nfds;
+	int fds[TCP_MAX_SOCKS + 1];
+	uint64_t t0;
+};
+
+struct tcp_listen_comm {
+	struct rail_comm base;
+	int fd;
+	uint64_t nonce;
+	union rail_sockaddr addr;
+	struct tcp_pending *pend;
+	int npend, cap_pend;
+	struct tcp_group *groups;
+	int ngroups, cap_groups;
+};
+
+/* Connector state, kept in the handle across NCCL's connect() retries. */
+struct tcp_stage {
+	uint32_t magic;
+	int dev;
+	struct rail_handle h;
+	struct tcp_hello layout;
+	int nfds;
+	int fds[TCP_MAX_SOCKS + 1];
+	uint8_t state[TCP_MAX_SOCKS + 1]; /* 0 connecting, 1 sending hello, 2 sent */
+	size_t off[TCP_MAX_SOCKS + 1];
+	uint8_t hello[TCP_MAX_SOCKS + 1][TCP_HELLO_SIZE];
+	uint8_t reply[TCP_REPLY_SIZE];
+	size_t reply_off;
+	int warned;
+	uint64_t t0;
+};
+
+static uint64_t tcp_timeout_ns(void)
+{
+	return (uint64_t)rail_param_int(RAIL_P_CONNECT_TIMEOUT) * 1000000000ull;
+}
+
+static int tcp_timed_out(uint64_t t0)
+{
+	uint64_t limit = tcp_timeout_ns();
+
+	return limit && rail_now_ns() - t0 > limit;
+}
+
+int tcp_listen(int dev, void *handle, struct rail_comm **out)
+{
+	const struct tcp_dev *d = tcp_dev_get(dev);
+	struct tcp_listen_comm *lc;
+	struct rail_handle h;
+	union rail_sockaddr addr = d->addr;
+	int err;
+
+	lc = calloc(1, sizeof(*lc));
+	if (!lc)
+		return -ENOMEM;
+	rail_sockaddr_set_port(&addr, 0);
+	err = rail_sock_listen(&addr, 16384, &lc->fd, &lc->addr);
+	if (err) {
+		RAIL_WARN("listen on %s (%s) failed: %s", d->name, RAIL_ADDRSTR(&addr),
+			  RAIL_ERRSTR(err));
+		free(lc);
+		return err;
+	}
+	rail_comm_init(&lc->base, RAIL_COMM_LISTEN, dev, &rail_tcp_ops);
+	lc->nonce = rail_random64();
+	memset(&h, 0, sizeof(h));
+	h.transport = RAIL_TRANSPORT_TCP;
+	h.nonce = lc->nonce;
+	h.addr = lc->addr;
+	rail_handle_encode(&h, handle, RAIL_HANDLE_SIZE);
+	*out = &lc->base;
+	return 0;
+}
+
+static void stage_free(struct tcp_stage *s, void *handle)
+{
+	for (int i = 0; i < s->nfds; i++)
+		if (s->fds[i] >= 0)
+			close(s->fds[i]);
+	s->magic = 0;
+	free(s);
+	rail_handle_set_stage(handle, NULL);
+}
+
+static void stage_layout(struct tcp_stage *s)
+{
+	int nt = (int)rail_param_int(RAIL_P_SOCKET_NTHREADS);
+	int spt = (int)rail_param_int(RAIL_P_NSOCKS_PERTHREAD);
+
+	if (nt <= 0)
+		nt = TCP_DEFAULT_THREADS;
+	if (spt <= 0)
+		spt = TCP_DEFAULT_SOCKS_PER_THREAD;
+	s->layout.nthreads = (uint16_t)RAIL_MIN(nt, TCP_MAX_THREADS);
+	s->layout.nsocks = (uint16_t)RAIL_MIN(s->layout.nthreads * spt, TCP_MAX_SOCKS);
+	s->layout.inline_max = (uint32_t)rail_param_int(RAIL_P_TCP_INLINE);
+	s->layout.min_chunk = (uint32_t)rail_param_int(RAIL_P_TCP_MIN_CHUNK);
+	s->layout.nonce = s->h.nonce;
+	s->layout.conn_id = rail_random64();
+}
+
+static int stage_create(int dev, void *handle, struct tcp_stage **out)
+{
+	struct tcp_stage *s;
+	char why[256];
+	int err;
+
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	err = rail_handle_decode(handle, RAIL_HANDLE_SIZE, &s->h, why, sizeof(why));
+	if (!err && s->h.transport != RAIL_TRANSPORT_TCP) {
+		snprintf(why, sizeof(why), "the handle is for the %s transport, this node uses tcp: "
+			 "set the same NCCL_RAIL_TRANSPORT on every node",
+			 rail_transport_name(s->h.transport));
+		err = -EPROTO;
+	}
+	if (err) {
+		RAIL_WARN("connect on %s: refusing the connection handle: %s",
+			  tcp_dev_get(dev)->name, why);
+		free(s);
+		return err;
+	}
+	s->magic = TCP_STAGE_MAGIC;
+	s->dev = dev;
+	s->t0 = rail_now_ns();
+	stage_layout(s);
+	s->nfds = s->layout.nsocks + 1;
+	for (int i = 0; i < s->nfds; i++) {
+		struct tcp_hello hh = s->layout;
+
+		s->fds[i] = -1;
+		hh.index = (uint16_t)i;
+		tcp_hello_encode(&hh, s->hello[i]);
+	}
+	rail_handle_set_stage(handle, s);
+	*out = s;
+	return 0;
+}
+
+/* Advance socket i: connect, then send its hello. */
+static int stage_step(struct tcp_stage *s, int i)
+{
+	int err;
+
+	if (s->fds[i] < 0) {
+		err = rail_sock_connect_start(&s->h.addr, &s->fds[i]);
+		if (err)
+			return err;
+		s->state[i] = 0;
+	}
+	if (s->state[i] == 0) {
+		err = rail_sock_connect_done(s->fds[i]);
+		if (err == -ECONNREFUSED && rail_now_ns() - s->t0 < TCP_REFUSED_RETRY_NS) {
+			/* Listener backlog full or not yet there: retry this socket. */
+			close(s->fds[i]);
+			s->fds[i] = -1;
+			return -EAGAIN;
+		}
+		if (err)
+			return err;
+		s->state[i] = 1;
+	}
+	if (s->state[i] == 1) {
+		err = rail_sock_send_nb(s->fds[i], s->hello[i], TCP_HELLO_SIZE, &s->off[i]);
+		if (err)
+			return err;
+		s->state[i] = 2;
+	}
+	return 0;
+}
+
+static int stage_reply(struct tcp_stage *s)
+{
+	int err = rail_sock_recv_nb(s->fds[0], s->reply, TCP_REPLY_SIZE, &s->reply_off);
+	int status;
+
+	if (err == -EAGAIN)
+		return err;
+	s->warned = 1;
+	if (err) {
+		RAIL_WARN("connect to %s: the listener closed the connection before accepting "
+			  "it (%s); is the peer process alive and using the same plugin?",
+			  RAIL_ADDRSTR(&s->h.addr), RAIL_ERRSTR(err));
+		return -ECONNRESET;
+	}
+	status = tcp_reply_decode(s->reply);
+	if (status == 0) {
+		s->warned = 0;
+		return 0;
+	}
+	RAIL_WARN("connect to %s: the listener refused the connection: %s",
+		  RAIL_ADDRSTR(&s->h.addr), status < 0 ? "malformed reply"
+		  : status == EPERM ? "the handle's nonce does not match its listen comm (a stale "
+				      "handle from a closed listen?)"
+				    : RAIL_ERRSTR(-status));
+	return -ECONNREFUSED;
+}
+
+static int stage_finish(struct tcp_stage *s, struct rail_comm **out)
+{
+	struct tcp_comm *c;
+	int err = tcp_comm_create(s->dev, 1, s->fds, &s->layout, &s->h.addr, &c);
+
+	if (err)
+		return err;
+	for (int i = 0; i < s->nfds; i++)
+		s->fds[i] = -1; /* now owned by the comm */
+	*out = &c->base;
+	return 0;
+}
+
+int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle, struct rail_comm **out)
+{
+	struct tcp_stage *s = rail_handle_get_stage(handle);
+	int err = 0, done = 1;
+
+	(void)opts;
+	if (s && s->magic != TCP_STAGE_MAGIC)
+		s = NULL; /* a fresh copy of a handle with stale scratch bytes */
+	if (!s) {
+		err = stage_create(dev, handle, &s);
+		if (err)
+			return err;
+	}
+	for (int i = 0; i < s->nfds && !err; i++) {
+		err = stage_step(s, i);
+		if (err == -EAGAIN) {
+			done = 0;
+			err = 0;
+		}
+	}
+	if (!err && done) {
+		err = stage_reply(s);
+		if (!err)
+			err = stage_finish(s, out);
+	}
+	if (err == -EAGAIN || (!err && !*out)) {
+		if (!tcp_timed_out(s->t0))
+			return 0;
+		RAIL_WARN("connect on %s to %s: no answer within NCCL_RAIL_CONNECT_TIMEOUT=%lld s; "
+			  "is the peer process alive and calling accept?", tcp_dev_get(dev)->name,
+			  RAIL_ADDRSTR(&s->h.addr), (long long)rail_param_int(RAIL_P_CONNECT_TIMEOUT));
+		err = -ETIMEDOUT;
+	} else if (err && !s->warned) {
+		RAIL_WARN("connect on %s to %s failed: %s", tcp_dev_get(dev)->name,
+			  RAIL_ADDRSTR(&s->h.addr), RAIL_ERRSTR(err));
+	}
+	stage_free(s, handle);
+	return err;
+}
+
+/* ---- listener side ---- */
+
+static void refuse(struct tcp_pending *p, int status, const char *why)
+{
+	uint8_t reply[TCP_REPLY_SIZE];
+	size_t off = 0;
+
+	RAIL_WARN("accept: refusing a connection from %s: %s", RAIL_ADDRSTR(&p->peer), why);
+	tcp_reply_encode(status, reply);
+	rail_sock_send_nb(p->fd, reply, sizeof(reply), &off);
+	close(p->fd);
+	p->fd = -1;
+}
+
+static int grow(void **arr, int *cap, int need, size_t elem)
+{
+	void *n;
+	int ncap;
+
+	if (need <= *cap)
+		return 0;
+	ncap = *cap ? *cap * 2 : 16;
+	while (ncap < need)
+		ncap *= 2;
+	n = realloc(*arr, (size_t)ncap * elem);
+	if (!n)
+		return -ENOMEM;
+	*arr = n;
+	*cap = ncap;
+	return 0;
+}
+
+static int group_add(struct tcp_listen_comm *lc, struct tcp_pending *p, const struct tcp_hello *h)
+{
+	struct tcp_group *g = NULL;
+	int err;
+
+	for (int i = 0; i < lc->ngroups; i++)
+		if (lc->groups[i].conn_id == h->conn_id)
+			g = &lc->groups[i];
+	if (!g) {
+		err = grow((void **)&lc->groups, &lc->cap_groups, lc->ngroups + 1, sizeof(*g));
+		if (err)
+			return err;
+		g = &lc->groups[lc->ngroups++];
+		memset(g, 0, sizeof(*g));
+		g->conn_id = h->conn_id;
+		g->layout = *h;
+		g->t0 = p->t0;
+		for (int i = 0; i <= TCP_MAX_SOCKS; i++)
+			g->fds[i] = -1;
+	}
+	if (g->layout.nsocks != h->nsocks || g->layout.nthreads != h->nthreads ||
+	    g->layout.inline_max != h->inline_max || g->layout.min_chunk != h->min_chunk ||
+	    g->fds[h->index] >= 0) {
+		refuse(p, EBADMSG, "inconsistent hello within one connection");
+		return 0;
+	}
+	g->fds[h->index] = p->fd;
+	if (h->index == 0)
+		g->peer = p->peer;
+	g->nfds++;
+	p->fd = -1;
+	return 0;
+}
+
+/* Read pending hellos; sockets whose hello is complete join their group. */
+static int progress_pending(struct tcp_listen_comm *lc)
+{
+	int err = 0;
+
+	for (int i = 0; i < lc->npend && !err; i++) {
+		struct tcp_pending *p = &lc->pend[i];
+		struct tcp_hello h;
+		char why[200];
+		int r = rail_sock_recv_nb(p->fd, p->buf, TCP_HELLO_SIZE, &p->off);
+
+		if (r == -EAGAIN) {
+			if (tcp_timed_out(p->t0))
+				refuse(p, ETIMEDOUT, "no hello within NCCL_RAIL_CONNECT_TIMEOUT");
+			continue;
+		}
+		if (r) {
+			close(p->fd);
+			p->fd = -1;
+			continue;
+		}
+		r = tcp_hello_decode(p->buf, &h, why, sizeof(why));
+		if (r)
+			refuse(p, -r, why);
+		else if (h.nonce != lc->nonce)
+			refuse(p, EPERM, "the handle's nonce does not match this listen comm "
+			       "(stale handle from a closed listen, or a foreign connection)");
+		else
+			err = group_add(lc, p, &h);
+	}
+	/* Compact: drop the entries whose fd moved or closed. */
+	int j = 0;
+	for (int i = 0; i < lc->npend; i++)
+		if (lc->pend[i].fd >= 0)
+			lc->pend[j++] = lc->pend[i];
+	lc->npend = j;
+	return err;
+}
+
+static int accept_new(struct tcp_listen_comm *lc)
+{
+	for (;;) {
+		union rail_sockaddr peer;
+		int fd, err = rail_sock_accept(lc->fd, &fd, &peer);
+
+		if (err == -EAGAIN)
+			return 0;
+		if (err) {
+			RAIL_WARN("accept on %s (%s) failed: %s", tcp_dev_get(lc->base.dev)->name,
+				  RAIL_ADDRSTR(&lc->addr), RAIL_ERRSTR(err));
+			return err;
+		}
+		err = grow((void **)&lc->pend, &lc->cap_pend, lc->npend + 1, sizeof(*lc->pend));
+		if (err) {
+			close(fd);
+			return err;
+		}
+		lc->pend[lc->npend++] = (struct tcp_pending){ .fd = fd, .peer = peer,
+							      .t0 = rail_now_ns() };
+	}
+}
+
+static void group_drop(struct tcp_listen_comm *lc, int i)
+{
+	for (int k = 0; k <= TCP_MAX_SOCKS; k++)
+		if (lc->groups[i].fds[k] >= 0)
+			close(lc->groups[i].fds[k]);
+	lc->groups[i] = lc->groups[--lc->ngroups];
+}
+
+/* Hand out the first complete group as a receive comm. */
+static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
+{
+	for (int i = 0; i < lc->ngroups; i++) {
+		struct tcp_group *g = &lc->groups[i];
+		uint8_t reply[TCP_REPLY_SIZE];
+		struct tcp_comm *c;
+		size_t off = 0;
+		int err;
+
+		if (g->nfds < g->layout.nsocks + 1) {
+			if (tcp_timed_out(g->t0)) {
+				RAIL_WARN("accept: connection %016llx from %s never completed (%d of "
+					  "%d sockets arrived); dropped",
+					  (unsigned long long)g->conn_id, RAIL_ADDRSTR(&g->peer),
+					  g->nfds, g->layout.nsocks + 1);
+				group_drop(lc, i--);
+			}
+			continue;
+		}
+		tcp_reply_encode(0, reply);
+		err = rail_sock_send_nb(g->fds[0], reply, sizeof(reply), &off);
+		if (!err)
+			err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &c);
+		if (err) {
+			RAIL_WARN("accept: setting up the connection from %s failed: %s",
+				  RAIL_ADDRSTR(&g->peer), RAIL_ERRSTR(err));
+			group_drop(lc, i);
+			return err;
+		}
+		lc->groups[i] = lc->groups[--lc->ngroups];
+		*out = &c->base;
+		return 0;
+	}
+	return 0;
+}
+
+int tcp_accept(struct rail_comm *listen_comm, struct rail_comm **out)
+{
+	struct tcp_listen_comm *lc = (struct tcp_listen_comm *)listen_comm;
+	int err = accept_new(lc);
+
+	if (!err)
+		err = progress_pending(lc);
+	if (!err)
+		err = take_group(lc, out);
+	return err;
+}
+
+int tcp_close_listen(struct rail_comm *listen_comm)
+{
+	struct tcp_listen_comm *lc = (struct tcp_listen_comm *)listen_comm;
+
+	for (int i = 0; i < lc->npend; i++)
+		close(lc->pend[i].fd);
+	while (lc->ngroups > 0)
+		group_drop(lc, 0);
+	free(lc->pend);
+	free(lc->groups);
+	close(lc->fd);
+	rail_comm_fini(&lc->base);
+	free(lc);
+	return 0;
+}

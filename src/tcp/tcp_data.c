@@ -1,0 +1,364 @@
+/*
+ * nccl-net-rail: the TCP data path. isend/irecv/test run on NCCL's progress
+ * thread; they move frame headers and inline messages on the non-blocking
+ * control socket and hand chunks of large messages to the helper threads
+ * (tcp_worker.c). See tcp.h for the protocol.
+ */
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+#include "tcp/tcp.h"
+
+const char *tcp_comm_dev_name(const struct tcp_comm *c)
+{
+	const struct tcp_dev *d = tcp_dev_get(c->base.dev);
+
+	return d ? d->name : "?";
+}
+
+int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
+{
+	int expected = 0;
+	char msg[512];
+	va_list ap;
+
+	if (!atomic_compare_exchange_strong(&c->error, &expected, err))
+		return err;
+	if (atomic_load(&c->closing))
+		return err;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	RAIL_WARN("%s comm on %s, peer %s: %s", c->is_send ? "send" : "receive",
+		  tcp_comm_dev_name(c), c->peer, msg);
+	return err;
+}
+
+static uint32_t next_pow2(uint32_t v)
+{
+	uint32_t p = 1;
+
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+static void comm_free(struct tcp_comm *c)
+{
+	if (c->ctrl_fd >= 0)
+		close(c->ctrl_fd);
+	for (int i = 0; i < c->nsocks; i++)
+		if (c->fds[i] >= 0)
+			close(c->fds[i]);
+	rail_comm_fini(&c->base);
+	free(c);
+}
+
+int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello *layout,
+		    const union rail_sockaddr *peer, struct tcp_comm **out)
+{
+	long sndbuf = (long)rail_param_int(RAIL_P_SOCKET_SNDBUF);
+	long rcvbuf = (long)rail_param_int(RAIL_P_SOCKET_RCVBUF);
+	struct tcp_comm *c = calloc(1, sizeof(*c));
+	uint32_t per_worker;
+	int err;
+
+	if (!c)
+		return -ENOMEM;
+	err = rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, dev,
+			     &rail_tcp_ops);
+	if (err) {
+		free(c);
+		return err;
+	}
+	c->is_send = is_send;
+	c->ctrl_fd = fds[0];
+	c->nsocks = layout->nsocks;
+	c->nthreads = layout->nthreads;
+	c->inline_max = layout->inline_max;
+	c->min_chunk = layout->min_chunk;
+	rail_sockaddr_str(peer, c->peer, sizeof(c->peer));
+	for (int i = 0; i < c->nsocks; i++) {
+		c->fds[i] = fds[i + 1];
+		rail_sock_set_nonblocking(c->fds[i], 0);
+		rail_sock_set_bufs(c->fds[i], sndbuf, rcvbuf);
+	}
+	/* Worst case: every request of the pool has a chunk (x8 entries on a
+	 * grouped receive) on every socket of a worker. */
+	per_worker = c->base.reqs.capacity * (is_send ? 1 : RAIL_MAX_RECVS) *
+		     (uint32_t)RAIL_DIV_UP(c->nsocks, c->nthreads);
+	err = tcp_workers_start(c, next_pow2(per_worker));
+	if (err) {
+		RAIL_WARN("starting %d helper threads for the connection to %s on %s failed: %s",
+			  c->nthreads, c->peer, tcp_comm_dev_name(c), RAIL_ERRSTR(err));
+		comm_free(c);
+		return err;
+	}
+	*out = c;
+	return 0;
+}
+
+static void fifo_push(struct tcp_comm *c, struct tcp_req *r)
+{
+	r->next = NULL;
+	if (c->fifo_tail)
+		c->fifo_tail->next = r;
+	else
+		c->fifo_head = r;
+	c->fifo_tail = r;
+}
+
+static void fifo_pop(struct tcp_comm *c)
+{
+	c->fifo_head = c->fifo_head->next;
+	if (!c->fifo_head)
+		c->fifo_tail = NULL;
+}
+
+/* Give the chunks of one large message to the helper threads. */
+static void dispatch(struct tcp_comm *c, struct tcp_req *r, uint64_t seq, char *buf, size_t size)
+{
+	struct tcp_plan p;
+
+	tcp_plan_message(size, seq, c->nsocks, c->min_chunk, &p);
+	atomic_fetch_add_explicit(&r->pending, p.nchunks, memory_order_relaxed);
+	for (int i = 0; i < p.nchunks; i++) {
+		size_t off = (size_t)i * p.chunk;
+
+		tcp_worker_push(c, (p.first + i) % c->nsocks, buf + off,
+				RAIL_MIN(p.chunk, size - off), r);
+	}
+}
+
+/* Send bytes [*off, hlen + plen) of header + payload without blocking. */
+static int send_iov_nb(int fd, const uint8_t *hdr, size_t hlen, const char *payload, size_t plen,
+		       size_t *off)
+{
+	while (*off < hlen + plen) {
+		struct iovec iov[2];
+		struct msghdr msg = { .msg_iov = iov };
+		ssize_t n;
+
+		if (*off < hlen) {
+			iov[0] = (struct iovec){ (void *)(hdr + *off), hlen - *off };
+			iov[1] = (struct iovec){ (void *)payload, plen };
+			msg.msg_iovlen = plen ? 2 : 1;
+		} else {
+			iov[0] = (struct iovec){ (void *)(payload + *off - hlen), hlen + plen - *off };
+			msg.msg_iovlen = 1;
+		}
+		n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -errno;
+		}
+		*off += (size_t)n;
+	}
+	return 0;
+}
+
+static int progress_send(struct tcp_comm *c)
+{
+	struct tcp_req *r;
+
+	while ((r = c->fifo_head)) {
+		size_t inl = r->size[0] <= c->inline_max ? r->size[0] : 0;
+		int err = send_iov_nb(c->ctrl_fd, r->frame, TCP_FRAME_SIZE, r->data[0], inl,
+				      &r->sent);
+
+		if (err == -EAGAIN)
+			return 0;
+		if (err)
+			return tcp_comm_fail(c, err, "sending a %zu-byte message on the control "
+					     "socket failed: %s; the peer process probably died",
+					     r->size[0], RAIL_ERRSTR(err));
+		r->ctrl_done = 1;
+		fifo_pop(c);
+	}
+	return 0;
+}
+
+int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
+	      int tag, void *mhandle)
+{
+	struct tcp_comm *c = (struct tcp_comm *)send_comm;
+	struct tcp_req *r = (struct tcp_req *)req;
+	struct tcp_frame f = { .seq = c->seq, .tag = tag, .size = size };
+	int err = atomic_load(&c->error);
+
+	(void)mhandle;
+	if (err)
+		return err;
+	r->data[0] = data;
+	r->size[0] = size;
+	r->got[0] = size;
+	r->tag[0] = tag;
+	tcp_frame_encode(&f, r->frame);
+	if (size > c->inline_max)
+		dispatch(c, r, c->seq, data, size);
+	c->seq++;
+	fifo_push(c, r);
+	return progress_send(c);
+}
+
+static void entry_done(struct tcp_comm *c, struct tcp_req *r)
+{
+	if (++r->nmatched == r->base.n) {
+		r->ctrl_done = 1;
+		fifo_pop(c);
+	}
+}
+
+/* Read the next frame header; 1 when one is available. */
+static int read_frame(struct tcp_comm *c)
+{
+	int err;
+
+	if (c->rx_have_frame)
+		return 1;
+	err = rail_sock_recv_nb(c->ctrl_fd, c->rx_frame, TCP_FRAME_SIZE, &c->rx_frame_off);
+	if (err == -EAGAIN)
+		return 0;
+	if (err)
+		return tcp_comm_fail(c, err, "the control socket closed while waiting for message "
+				     "%llu (%s); the peer process probably exited or crashed",
+				     (unsigned long long)c->seq, RAIL_ERRSTR(err));
+	if (tcp_frame_decode(c->rx_frame, &c->rx) || c->rx.seq != c->seq)
+		return tcp_comm_fail(c, -EPROTO, "malformed frame header for message %llu "
+				     "(stream out of sync); use the same plugin build on both "
+				     "nodes", (unsigned long long)c->seq);
+	c->rx_have_frame = 1;
+	c->rx_frame_off = 0;
+	return 1;
+}
+
+/* The entry of the head receive that the current frame fills, or an error. */
+static int match_entry(struct tcp_comm *c, struct tcp_req *r)
+{
+	int e = -1;
+
+	if (r->base.n == 1) {
+		e = 0;
+	} else {
+		for (int i = 0; i < r->base.n && e < 0; i++)
+			if (!r->matched[i] && r->tag[i] == c->rx.tag)
+				e = i;
+	}
+	if (e < 0)
+		return tcp_comm_fail(c, -EINVAL, "message %llu has tag %d, which no pending entry "
+				     "of the posted grouped receive (%d entries) expects",
+				     (unsigned long long)c->seq, c->rx.tag, r->base.n);
+	if (c->rx.size > r->size[e])
+		return tcp_comm_fail(c, -EMSGSIZE, "message %llu of %llu bytes (tag %d) is larger "
+				     "than the posted receive of %zu bytes",
+				     (unsigned long long)c->seq, (unsigned long long)c->rx.size,
+				     c->rx.tag, r->size[e]);
+	return e;
+}
+
+static int progress_recv(struct tcp_comm *c)
+{
+	for (;;) {
+		struct tcp_req *r = c->rx_req ? c->rx_req : c->fifo_head;
+		int e, err;
+
+		if (c->rx_req) {
+			err = rail_sock_recv_nb(c->ctrl_fd, (char *)r->data[c->rx_entry],
+						r->got[c->rx_entry], &c->rx_off);
+			if (err == -EAGAIN)
+				return 0;
+			if (err)
+				return tcp_comm_fail(c, err, "the control socket closed while "
+						     "receiving a %zu-byte message (%s); the peer "
+						     "process probably died", r->got[c->rx_entry],
+						     RAIL_ERRSTR(err));
+			c->rx_req = NULL;
+			entry_done(c, r);
+			continue;
+		}
+		if (!r)
+			return 0;
+		err = read_frame(c);
+		if (err <= 0)
+			return err;
+		e = match_entry(c, r);
+		if (e < 0)
+			return e;
+		r->matched[e] = 1;
+		r->got[e] = c->rx.size;
+		c->rx_have_frame = 0;
+		if (c->rx.size > c->inline_max) {
+			dispatch(c, r, c->seq, r->data[e], c->rx.size);
+		} else if (c->rx.size > 0) {
+			c->rx_req = r;
+			c->rx_entry = e;
+			c->rx_off = 0;
+		}
+		c->seq++;
+		if (!c->rx_req)
+			entry_done(c, r);
+	}
+}
+
+int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **data,
+	      const size_t *sizes, const int *tags, void **mhandles)
+{
+	struct tcp_comm *c = (struct tcp_comm *)recv_comm;
+	struct tcp_req *r = (struct tcp_req *)req;
+	int err = atomic_load(&c->error);
+
+	(void)mhandles;
+	if (err)
+		return err;
+	for (int i = 0; i < n; i++) {
+		r->data[i] = data[i];
+		r->size[i] = sizes[i];
+		r->tag[i] = tags ? tags[i] : 0;
+	}
+	fifo_push(c, r);
+	return progress_recv(c);
+}
+
+int tcp_test(struct rail_req *req, int *done, size_t *sizes)
+{
+	struct tcp_req *r = (struct tcp_req *)req;
+	struct tcp_comm *c = (struct tcp_comm *)req->comm;
+	int err = 0;
+
+	if (!r->ctrl_done)
+		err = c->is_send ? progress_send(c) : progress_recv(c);
+	if (err)
+		return err;
+	if (r->ctrl_done && atomic_load_explicit(&r->pending, memory_order_acquire) == 0) {
+		if (atomic_load(&r->failed))
+			return atomic_load(&c->error);
+		for (int i = 0; i < r->base.n; i++)
+			sizes[i] = r->got[i];
+		*done = 1;
+		return 0;
+	}
+	err = atomic_load(&c->error);
+	if (err)
+		return err;
+	*done = 0;
+	return 0;
+}
+
+int tcp_close(struct rail_comm *comm)
+{
+	struct tcp_comm *c = (struct tcp_comm *)comm;
+
+	atomic_store(&c->closing, 1);
+	tcp_workers_stop(c);
+	comm_free(c);
+	return 0;
+}

@@ -1,0 +1,173 @@
+/* nccl-net-rail: TCP transport devices, properties and the ops table. */
+#include <stdio.h>
+#include <string.h>
+
+#include "ifaces.h"
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+#include "sysfs.h"
+#include "tcp/tcp.h"
+
+static struct tcp_dev tcp_devs[TCP_MAX_DEVS];
+static int tcp_ndevs;
+static char tcp_rule[160];
+
+const struct tcp_dev *tcp_dev_get(int dev)
+{
+	return dev >= 0 && dev < tcp_ndevs ? &tcp_devs[dev] : NULL;
+}
+
+static int tcp_speed_of(const char *ifname)
+{
+	char path[PATH_MAX];
+	long speed = 0;
+	int64_t forced = rail_param_int(RAIL_P_TCP_SPEED);
+
+	if (forced > 0)
+		return (int)forced;
+	snprintf(path, sizeof(path), "/sys/class/net/%s/speed", ifname);
+	/* Virtual interfaces have no speed (EINVAL) or report -1. */
+	if (rail_sysfs_read_long(path, &speed) != 0 || speed <= 0)
+		return 10000;
+	return (int)speed;
+}
+
+static void tcp_fill_dev(struct tcp_dev *d, const struct rail_iface *ifc)
+{
+	char path[PATH_MAX];
+
+	memset(d, 0, sizeof(*d));
+	rail_strlcpy(d->name, ifc->name, sizeof(d->name));
+	d->addr = ifc->addr;
+	d->speed = tcp_speed_of(ifc->name);
+	snprintf(path, sizeof(path), "/sys/class/net/%s/device", ifc->name);
+	d->has_pci = rail_sysfs_realpath(path, d->pci_path, sizeof(d->pci_path)) == 0;
+}
+
+static int tcp_init(char *why, size_t why_len)
+{
+	struct rail_iface ifs[TCP_MAX_DEVS];
+	int n = rail_ifaces_find(ifs, TCP_MAX_DEVS, tcp_rule, sizeof(tcp_rule));
+
+	if (n < 0) {
+		snprintf(why, why_len, "cannot list network interfaces: %s", RAIL_ERRSTR(n));
+		return n;
+	}
+	if (n == 0) {
+		snprintf(why, why_len, "%s; check NCCL_SOCKET_IFNAME and NCCL_SOCKET_FAMILY",
+			 tcp_rule);
+		return 0;
+	}
+	for (int i = 0; i < n; i++)
+		tcp_fill_dev(&tcp_devs[i], &ifs[i]);
+	tcp_ndevs = n;
+	return n;
+}
+
+static void tcp_fini(void)
+{
+	tcp_ndevs = 0;
+}
+
+static int tcp_ndevs_get(void)
+{
+	return tcp_ndevs;
+}
+
+static int tcp_get_props(int dev, struct rail_props *p)
+{
+	const struct tcp_dev *d = tcp_dev_get(dev);
+
+	if (!d)
+		return -EINVAL;
+	p->name = d->name;
+	p->pci_path = d->has_pci ? d->pci_path : NULL;
+	p->guid = (uint64_t)dev;
+	p->ptr_support = RAIL_PTR_HOST;
+	p->reg_is_global = 1;
+	p->force_flush = 0;
+	p->speed = d->speed;
+	p->port = 0;
+	p->latency = 0;
+	p->max_comms = 65536;
+	p->max_recvs = RAIL_MAX_RECVS;
+	p->vdev_ndevs = 1;
+	p->vdev_devs[0] = dev;
+	p->max_p2p_bytes = RAIL_MAX_MSG_BYTES;
+	p->max_coll_bytes = RAIL_MAX_MSG_BYTES;
+	p->max_multi_request_size = 1;
+	return 0;
+}
+
+static void tcp_describe(char *buf, size_t len)
+{
+	size_t off = 0;
+	int nt = (int)rail_param_int(RAIL_P_SOCKET_NTHREADS);
+	int ns = (int)rail_param_int(RAIL_P_NSOCKS_PERTHREAD);
+
+	off += (size_t)snprintf(buf, len, "interfaces (%s):", tcp_rule);
+	for (int i = 0; i < tcp_ndevs && off < len; i++)
+		off += (size_t)snprintf(buf + off, len - off, " [%d]%s:%s", i, tcp_devs[i].name,
+					RAIL_ADDRSTR(&tcp_devs[i].addr));
+	if (off < len)
+		snprintf(buf + off, len - off, "; %d helper threads x %d sockets per connection",
+			 nt > 0 ? nt : TCP_DEFAULT_THREADS,
+			 ns > 0 ? ns : TCP_DEFAULT_SOCKS_PER_THREAD);
+}
+
+/* Host memory needs no registration with sockets; hand out a token. */
+static int tcp_token;
+
+static int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh)
+{
+	if (!(type & RAIL_PTR_HOST)) {
+		RAIL_WARN("regMr(%p, %zu bytes) on %s: the TCP transport only handles host "
+			  "memory (type %d)", data, size, tcp_devs[comm->dev].name, type);
+		return -EINVAL;
+	}
+	*mh = &tcp_token;
+	return 0;
+}
+
+static int tcp_dereg_mr(struct rail_comm *comm, void *mh)
+{
+	(void)comm;
+	if (mh != &tcp_token) {
+		RAIL_WARN("deregMr: %p is not a memory handle of the TCP transport", mh);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+/* Sockets write host memory directly: nothing ever needs flushing. */
+static int tcp_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **data,
+		      const int *sizes, void **mhandles)
+{
+	(void)comm, (void)req, (void)n, (void)data, (void)sizes, (void)mhandles;
+	return 1;
+}
+
+const struct rail_transport_ops rail_tcp_ops = {
+	.name = "tcp",
+	.req_size = sizeof(struct tcp_req),
+	.init = tcp_init,
+	.fini = tcp_fini,
+	.ndevs = tcp_ndevs_get,
+	.get_props = tcp_get_props,
+	.describe = tcp_describe,
+	.listen = tcp_listen,
+	.connect = tcp_connect,
+	.accept = tcp_accept,
+	.reg_mr = tcp_reg_mr,
+	.reg_mr_dmabuf = NULL,
+	.dereg_mr = tcp_dereg_mr,
+	.isend = tcp_isend,
+	.irecv = tcp_irecv,
+	.iflush = tcp_iflush,
+	.test = tcp_test,
+	.close_send = tcp_close,
+	.close_recv = tcp_close,
+	.close_listen = tcp_close_listen,
+	.make_vdevice = NULL,
+};

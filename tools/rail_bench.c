@@ -1,0 +1,356 @@
+/*
+ * rail-bench: latency and bandwidth of the plugin between two processes.
+ *
+ *   rail-bench [options]                 two processes on this host (fork)
+ *   rail-bench --server PORT [options]    one side of a two-host run
+ *   rail-bench --client HOST:PORT [opts]  the other side
+ *
+ * Both processes use the plugin's version-neutral API (the same code NCCL
+ * reaches through the ABI shims), with the transport chosen as the plugin
+ * chooses it (NCCL_RAIL_TRANSPORT). Latency is half the round trip of a
+ * ping-pong; bandwidth is one direction with a window of messages in
+ * flight, like NCCL's pipelined steps.
+ */
+#include <getopt.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "log.h"
+#include "rail.h"
+#include "sock.h"
+
+struct bench_opts {
+	size_t min_size, max_size;
+	int factor;
+	int iters, warmup, window;
+	int dev, peer_dev;
+	int check;
+	int lat_only, bw_only;
+	double seconds;
+};
+
+struct bench_side {
+	int role; /* 0 = A (starts the ping), 1 = B */
+	int oob;  /* out-of-band socket to the peer */
+	void *ctx, *send, *recv;
+	void *sbuf, *rbuf;
+	void *smh, *rmh;
+};
+
+#define CHECK(call)                                                                  \
+	do {                                                                         \
+		ncclResult_t r_ = (call);                                            \
+		if (r_ != ncclSuccess) {                                             \
+			fprintf(stderr, "rail-bench: %s failed: result %d\n", #call, r_); \
+			exit(1);                                                     \
+		}                                                                    \
+	} while (0)
+
+static void oob_xchg(int fd, const void *out, void *in, size_t len)
+{
+	if (rail_sock_send_all(fd, out, len) || rail_sock_recv_all(fd, in, len)) {
+		fprintf(stderr, "rail-bench: lost the out-of-band connection to the peer\n");
+		exit(1);
+	}
+}
+
+static void oob_barrier(int fd)
+{
+	char a = 'b', b;
+
+	oob_xchg(fd, &a, &b, 1);
+}
+
+static void connect_pair(struct bench_side *s, int dev)
+{
+	char mine[NCCL_NET_HANDLE_MAXSIZE], theirs[NCCL_NET_HANDLE_MAXSIZE];
+	void *lc = NULL;
+
+	CHECK(rail_net_listen(s->ctx, dev, mine, &lc));
+	oob_xchg(s->oob, mine, theirs, sizeof(mine));
+	while (!s->send || !s->recv) {
+		if (!s->send)
+			CHECK(rail_net_connect(s->ctx, dev, -1, theirs, &s->send));
+		if (!s->recv)
+			CHECK(rail_net_accept(lc, &s->recv));
+	}
+	CHECK(rail_net_close_listen(lc));
+}
+
+static void wait_req(void *req, int *size)
+{
+	int done = 0;
+
+	while (!done)
+		CHECK(rail_net_test(req, &done, size));
+}
+
+static void *post_send(struct bench_side *s, size_t size)
+{
+	void *req = NULL;
+
+	while (!req)
+		CHECK(rail_net_isend(s->send, s->sbuf, size, s->role, s->smh, &req));
+	return req;
+}
+
+static void *post_recv(struct bench_side *s, char *buf, size_t size)
+{
+	void *req = NULL, *data = buf;
+	int tag = !s->role;
+
+	while (!req)
+		CHECK(rail_net_irecv(s->recv, 1, &data, &size, &tag, &s->rmh, &req));
+	return req;
+}
+
+/* Half round trip, in microseconds. */
+static double bench_latency(struct bench_side *s, size_t size, int iters)
+{
+	uint64_t t0 = rail_now_ns();
+
+	for (int i = 0; i < iters; i++) {
+		void *rr = post_recv(s, s->rbuf, size);
+
+		if (s->role == 0) {
+			wait_req(post_send(s, size), NULL);
+			wait_req(rr, NULL);
+		} else {
+			wait_req(rr, NULL);
+			wait_req(post_send(s, size), NULL);
+		}
+	}
+	return (double)(rail_now_ns() - t0) / 1e3 / iters / 2;
+}
+
+/* One direction (A sends, B receives) with `window` messages in flight; GB/s. */
+static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int window)
+{
+	void *reqs[64] = { 0 };
+	int posted = 0, done_count = 0;
+	uint64_t t0;
+
+	oob_barrier(s->oob);
+	t0 = rail_now_ns();
+	while (done_count < iters) {
+		for (int w = 0; w < window; w++) {
+			int d = 0;
+
+			if (!reqs[w] && posted < iters) {
+				char *rb = (char *)s->rbuf + (size_t)w * size;
+
+				reqs[w] = s->role == 0 ? post_send(s, size) : post_recv(s, rb, size);
+				posted++;
+			}
+			if (reqs[w]) {
+				CHECK(rail_net_test(reqs[w], &d, NULL));
+				if (d) {
+					reqs[w] = NULL;
+					done_count++;
+				}
+			}
+		}
+	}
+	oob_barrier(s->oob);
+	return (double)size * iters / (double)(rail_now_ns() - t0);
+}
+
+static void fill_check(struct bench_side *s, size_t size, int verify)
+{
+	unsigned char *b = verify ? s->rbuf : s->sbuf;
+
+	for (size_t i = 0; i < size; i++) {
+		unsigned char v = (unsigned char)(i * 131 + size);
+
+		if (!verify)
+			b[i] = v;
+		else if (b[i] != v) {
+			fprintf(stderr, "rail-bench: data mismatch at byte %zu of %zu\n", i, size);
+			exit(1);
+		}
+	}
+}
+
+static int iters_for(const struct bench_opts *o, size_t size)
+{
+	/* Aim for about o->seconds per size at ~1 GB/s, within [3, iters]. */
+	double budget = o->seconds * 1e9 / (double)(size + 4096);
+	int n = budget < o->iters ? (int)budget : o->iters;
+
+	return n < 3 ? 3 : n;
+}
+
+static void run_side(struct bench_side *s, const struct bench_opts *o)
+{
+	int window = o->window;
+	int dev = s->role == 0 ? o->dev : o->peer_dev;
+
+	CHECK(rail_net_init(&s->ctx, 0x7261696c, -1, NULL, 12));
+	connect_pair(s, dev);
+	if (posix_memalign(&s->sbuf, 4096, o->max_size) ||
+	    posix_memalign(&s->rbuf, 4096, o->max_size * (size_t)window)) {
+		fprintf(stderr, "rail-bench: cannot allocate %zu bytes\n", o->max_size * window);
+		exit(1);
+	}
+	memset(s->sbuf, 0, o->max_size);
+	memset(s->rbuf, 0, o->max_size * (size_t)window);
+	CHECK(rail_net_reg_mr(s->send, s->sbuf, o->max_size, NCCL_PTR_HOST, &s->smh));
+	CHECK(rail_net_reg_mr(s->recv, s->rbuf, o->max_size * (size_t)window, NCCL_PTR_HOST,
+			      &s->rmh));
+	if (s->role == 0)
+		printf("# rail-bench: window %d, sizes %zu..%zu\n"
+		       "#%12s %10s %12s %12s\n", window, o->min_size, o->max_size, "size(B)",
+		       "iters", "lat(us)", "bw(GB/s)");
+	for (size_t size = o->min_size; size <= o->max_size; size *= (size_t)o->factor) {
+		int iters = iters_for(o, size);
+		double lat = 0, bw = 0;
+
+		if (o->check) {
+			fill_check(s, size, 0);
+			bench_latency(s, size, 1);
+			fill_check(s, size, 1);
+		}
+		if (!o->bw_only) {
+			bench_latency(s, size, o->warmup);
+			lat = bench_latency(s, size, RAIL_MAX(iters / 4, 3));
+		}
+		if (!o->lat_only) {
+			bench_bandwidth(s, size, RAIL_MIN(o->warmup, iters), window);
+			bw = bench_bandwidth(s, size, iters, window);
+		}
+		if (s->role == 0) {
+			printf(" %12zu %10d %12.2f %12.3f\n", size, iters, lat, bw);
+			fflush(stdout);
+		}
+		if (size > o->max_size / (size_t)o->factor)
+			break;
+	}
+	CHECK(rail_net_dereg_mr(s->send, s->smh));
+	CHECK(rail_net_dereg_mr(s->recv, s->rmh));
+	CHECK(rail_net_close_send(s->send));
+	CHECK(rail_net_close_recv(s->recv));
+	CHECK(rail_net_finalize(s->ctx));
+}
+
+static size_t parse_size(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	switch (*end) {
+	case 'k': case 'K': v *= 1024; break;
+	case 'm': case 'M': v *= 1024 * 1024; break;
+	case 'g': case 'G': v *= 1024.0 * 1024 * 1024; break;
+	}
+	return (size_t)v;
+}
+
+static void usage(void)
+{
+	printf("usage: rail-bench [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
+	       "                  [-W WINDOW] [-d DEV] [-D PEER_DEV] [-c] [-L|-B] [-t SEC]\n"
+	       "                  [--server PORT | --client HOST:PORT]\n"
+	       "  -b/-e  smallest/largest message (default 8 and 1G; k/M/G suffixes)\n"
+	       "  -f     size multiplier per step (default 2)\n"
+	       "  -n     most iterations per size (default 1000; fewer for large sizes)\n"
+	       "  -W     messages in flight for bandwidth (default 8, at most 64)\n"
+	       "  -d/-D  device of this process / of the forked peer (default 0/0)\n"
+	       "  -c     check every byte of one transfer per size\n"
+	       "  -L/-B  latency only / bandwidth only\n"
+	       "  -t     time budget per size in seconds at 1 GB/s (default 0.5)\n"
+	       "The transport is the plugin's choice: set NCCL_RAIL_TRANSPORT=tcp|ib to force.\n");
+}
+
+static int oob_setup(const char *server, const char *client, int *fd, int *role)
+{
+	union rail_sockaddr a;
+	int lfd, err;
+
+	if (server) {
+		memset(&a, 0, sizeof(a));
+		a.sin.sin_family = AF_INET;
+		rail_sockaddr_set_port(&a, atoi(server));
+		err = rail_sock_listen(&a, 1, &lfd, &a);
+		while (!err && (err = rail_sock_accept(lfd, fd, &a)) == -EAGAIN)
+			usleep(1000);
+		*role = 0;
+	} else {
+		err = rail_sockaddr_parse(client, &a);
+		if (!err)
+			err = rail_sock_connect_start(&a, fd);
+		while (!err && (err = rail_sock_connect_done(*fd)) == -EAGAIN)
+			usleep(1000);
+		*role = 1;
+	}
+	if (!err)
+		err = rail_sock_set_nonblocking(*fd, 0);
+	return err;
+}
+
+int main(int argc, char **argv)
+{
+	static const struct option longopts[] = {
+		{ "server", required_argument, NULL, 'S' },
+		{ "client", required_argument, NULL, 'C' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+	struct bench_opts o = { 8, 1ull << 30, 2, 1000, 5, 8, 0, 0, 0, 0, 0, 0.5 };
+	const char *server = NULL, *client = NULL;
+	struct bench_side s = { 0 };
+	int c, sv[2], status = 0;
+
+	while ((c = getopt_long(argc, argv, "b:e:f:n:w:W:d:D:cLBt:h", longopts, NULL)) != -1) {
+		switch (c) {
+		case 'b': o.min_size = parse_size(optarg); break;
+		case 'e': o.max_size = parse_size(optarg); break;
+		case 'f': o.factor = atoi(optarg); break;
+		case 'n': o.iters = atoi(optarg); break;
+		case 'w': o.warmup = atoi(optarg); break;
+		case 'W': o.window = atoi(optarg); break;
+		case 'd': o.dev = atoi(optarg); break;
+		case 'D': o.peer_dev = atoi(optarg); break;
+		case 'c': o.check = 1; break;
+		case 'L': o.lat_only = 1; break;
+		case 'B': o.bw_only = 1; break;
+		case 't': o.seconds = atof(optarg); break;
+		case 'S': server = optarg; break;
+		case 'C': client = optarg; break;
+		default: usage(); return c == 'h' ? 0 : 2;
+		}
+	}
+	if (o.factor < 2 || o.window < 1 || o.window > 64 || o.min_size < 1 ||
+	    o.max_size < o.min_size || o.iters < 1) {
+		usage();
+		return 2;
+	}
+	if (server || client) {
+		if (oob_setup(server, client, &s.oob, &s.role)) {
+			fprintf(stderr, "rail-bench: out-of-band connection failed\n");
+			return 1;
+		}
+		run_side(&s, &o);
+		return 0;
+	}
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
+		return 1;
+	fflush(stdout);
+	if (fork() == 0) {
+		close(sv[0]);
+		s.oob = sv[1];
+		s.role = 1;
+		run_side(&s, &o);
+		_exit(0);
+	}
+	close(sv[1]);
+	s.oob = sv[0];
+	run_side(&s, &o);
+	wait(&status);
+	return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+}
