@@ -32,7 +32,7 @@ declare -A DEP_PATH=() DEP_LIST=() DONE=()
 while IFS= read -r line; do
     path=${line%%:*}
     deps=${line#*:}
-    name=$(basename "$path")
+    name=${path##*/}
     name=${name%%.ko*}
     name=${name//-/_}
     DEP_PATH[$name]=$path
@@ -47,7 +47,7 @@ visit() {
     [ -n "${DONE[$m]:-}" ] && return 0
     DONE[$m]=1
     for d in ${DEP_LIST[$m]}; do
-        dn=$(basename "$d")
+        dn=${d##*/}
         dn=${dn%%.ko*}
         visit "${dn//-/_}"
     done
@@ -92,7 +92,9 @@ for m in "${ORDER[@]}"; do
     esac
     echo "$rel" >>"$STAGE/etc/modules.load"
 done
-cp "$MODDIR/modules.builtin" "$MODDIR/modules.order" "$STAGE/lib/modules/$KVER/" 2>/dev/null || true
+for f in modules.builtin modules.builtin.modinfo modules.order; do
+    [ -e "$MODDIR/$f" ] && cp "$MODDIR/$f" "$STAGE/lib/modules/$KVER/"
+done
 # modules.dep for the subset, so busybox modprobe can serve request_module().
 depmod -b "$STAGE" "$KVER"
 

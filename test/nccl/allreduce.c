@@ -1,0 +1,187 @@
+/*
+ * nccl-allreduce: a small all-reduce driver against nccl.h and MPI.
+ *
+ * Every rank fills its buffer with small integers (exact in float), runs
+ * ncclAllReduce(sum) over a size sweep, checks every element of the result
+ * against the closed-form sum, and prints time, algorithm bandwidth and
+ * bus bandwidth per size as nccl-tests does: busbw = algbw * 2(n-1)/n.
+ *
+ *   mpirun -np N [wrapper] nccl-allreduce [-b MIN] [-e MAX] [-f FACTOR]
+ *                                         [-w WARMUP] [-n ITERS]
+ * The GPU is $RAIL_TEST_GPU if set, else the local rank
+ * ($OMPI_COMM_WORLD_LOCAL_RANK) modulo the number of GPUs.
+ * Exits non-zero if any element is wrong or any call fails.
+ */
+#include <cuda_runtime.h>
+#include <mpi.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define CUDA_CHECK(call)                                                           \
+	do {                                                                       \
+		cudaError_t e_ = (call);                                           \
+		if (e_ != cudaSuccess) {                                           \
+			fprintf(stderr, "rank %d: %s failed: %s\n", g_rank, #call,  \
+				cudaGetErrorString(e_));                           \
+			MPI_Abort(MPI_COMM_WORLD, 1);                              \
+		}                                                                  \
+	} while (0)
+
+#define NCCL_CHECK(call)                                                           \
+	do {                                                                       \
+		ncclResult_t r_ = (call);                                          \
+		if (r_ != ncclSuccess) {                                           \
+			fprintf(stderr, "rank %d: %s failed: %s\n", g_rank, #call,  \
+				ncclGetErrorString(r_));                           \
+			MPI_Abort(MPI_COMM_WORLD, 1);                              \
+		}                                                                  \
+	} while (0)
+
+static int g_rank;
+
+static size_t parse_size(const char *s)
+{
+	char *end;
+	double v = strtod(s, &end);
+
+	if (*end == 'K' || *end == 'k')
+		v *= 1024;
+	else if (*end == 'M' || *end == 'm')
+		v *= 1024 * 1024;
+	else if (*end == 'G' || *end == 'g')
+		v *= 1024.0 * 1024 * 1024;
+	return (size_t)v;
+}
+
+static int pick_gpu(void)
+{
+	const char *g = getenv("RAIL_TEST_GPU");
+	const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
+	int n = 0;
+
+	if (g)
+		return atoi(g);
+	CUDA_CHECK(cudaGetDeviceCount(&n));
+	return (local ? atoi(local) : g_rank) % (n > 0 ? n : 1);
+}
+
+/* Value of element i on rank r: small integers, exact in float. */
+static float value_of(int r, size_t i)
+{
+	return (float)(r + 1 + (int)(i % 7));
+}
+
+static long check_result(const float *host, size_t count, int nranks)
+{
+	long wrong = 0;
+
+	for (size_t i = 0; i < count; i++) {
+		float expect = (float)(nranks * (nranks + 1) / 2 + nranks * (int)(i % 7));
+
+		if (host[i] != expect)
+			wrong++;
+	}
+	return wrong;
+}
+
+struct sweep {
+	size_t min, max;
+	int factor, warmup, iters;
+};
+
+static long run_size(ncclComm_t comm, cudaStream_t stream, float *dsend, float *drecv,
+		     float *host, size_t bytes, int nranks, const struct sweep *sw)
+{
+	size_t count = bytes / sizeof(float);
+	int iters = bytes >= (64u << 20) ? (sw->iters + 3) / 4 : sw->iters;
+	cudaEvent_t start, stop;
+	float ms = 0;
+	long wrong, all_wrong = 0;
+
+	for (size_t i = 0; i < count; i++)
+		host[i] = value_of(g_rank, i);
+	CUDA_CHECK(cudaMemcpy(dsend, host, bytes, cudaMemcpyHostToDevice));
+	CUDA_CHECK(cudaMemset(drecv, 0xff, bytes)); /* NaN poison: unwritten elements fail */
+	for (int i = 0; i < sw->warmup; i++)
+		NCCL_CHECK(ncclAllReduce(dsend, drecv, count, ncclFloat, ncclSum, comm, stream));
+	CUDA_CHECK(cudaStreamSynchronize(stream));
+	CUDA_CHECK(cudaMemcpy(host, drecv, bytes, cudaMemcpyDeviceToHost));
+	wrong = check_result(host, count, nranks);
+	CUDA_CHECK(cudaEventCreate(&start));
+	CUDA_CHECK(cudaEventCreate(&stop));
+	MPI_Barrier(MPI_COMM_WORLD);
+	CUDA_CHECK(cudaEventRecord(start, stream));
+	for (int i = 0; i < iters; i++)
+		NCCL_CHECK(ncclAllReduce(dsend, drecv, count, ncclFloat, ncclSum, comm, stream));
+	CUDA_CHECK(cudaEventRecord(stop, stream));
+	CUDA_CHECK(cudaEventSynchronize(stop));
+	CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+	CUDA_CHECK(cudaMemcpy(host, drecv, bytes, cudaMemcpyDeviceToHost));
+	wrong += check_result(host, count, nranks);
+	MPI_Allreduce(&wrong, &all_wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
+	if (g_rank == 0) {
+		double us = ms * 1e3 / iters;
+		double algbw = (double)bytes / us / 1e3;
+		double busbw = algbw * 2.0 * (nranks - 1) / nranks;
+
+		printf("%12zu %12zu %6s %6s %10.1f %8.2f %8.2f %8ld\n", bytes, count, "float",
+		       "sum", us, algbw, busbw, all_wrong);
+		fflush(stdout);
+	}
+	CUDA_CHECK(cudaEventDestroy(start));
+	CUDA_CHECK(cudaEventDestroy(stop));
+	return all_wrong;
+}
+
+int main(int argc, char **argv)
+{
+	struct sweep sw = { 8, 512u << 20, 2, 5, 20 };
+	int nranks, opt, ver, gpu;
+	ncclUniqueId id;
+	ncclComm_t comm;
+	cudaStream_t stream;
+	float *dsend, *drecv, *host;
+	long wrong = 0;
+
+	MPI_Init(&argc, &argv);
+	MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+	while ((opt = getopt(argc, argv, "b:e:f:w:n:")) != -1) {
+		switch (opt) {
+		case 'b': sw.min = parse_size(optarg); break;
+		case 'e': sw.max = parse_size(optarg); break;
+		case 'f': sw.factor = atoi(optarg); break;
+		case 'w': sw.warmup = atoi(optarg); break;
+		case 'n': sw.iters = atoi(optarg); break;
+		default: MPI_Abort(MPI_COMM_WORLD, 2);
+		}
+	}
+	gpu = pick_gpu();
+	CUDA_CHECK(cudaSetDevice(gpu));
+	if (g_rank == 0)
+		NCCL_CHECK(ncclGetUniqueId(&id));
+	MPI_Bcast(&id, sizeof(id), MPI_BYTE, 0, MPI_COMM_WORLD);
+	NCCL_CHECK(ncclCommInitRank(&comm, nranks, id, g_rank));
+	CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+	CUDA_CHECK(cudaMalloc((void **)&dsend, sw.max));
+	CUDA_CHECK(cudaMalloc((void **)&drecv, sw.max));
+	CUDA_CHECK(cudaMallocHost((void **)&host, sw.max));
+	ncclGetVersion(&ver);
+	if (g_rank == 0)
+		printf("# nccl-allreduce: NCCL %d, %d ranks, warmup %d, iters %d\n"
+		       "# %10s %12s %6s %6s %10s %8s %8s %8s\n", ver, nranks, sw.warmup, sw.iters,
+		       "size(B)", "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong");
+	for (size_t bytes = sw.min; bytes <= sw.max; bytes *= (size_t)sw.factor)
+		wrong += run_size(comm, stream, dsend, drecv, host, bytes, nranks, &sw);
+	if (g_rank == 0)
+		printf("# %s: %ld wrong elements\n", wrong ? "FAILED" : "OK", wrong);
+	NCCL_CHECK(ncclCommDestroy(comm));
+	CUDA_CHECK(cudaFree(dsend));
+	CUDA_CHECK(cudaFree(drecv));
+	CUDA_CHECK(cudaFreeHost(host));
+	MPI_Finalize();
+	return wrong ? 1 : 0;
+}
