@@ -50,9 +50,9 @@ for mode in "${modes[@]}"; do
 	socket) env=(-x NCCL_NET_PLUGIN=none -x NCCL_NET=Socket) ;;
 	*) echo "unknown mode $mode" >&2; exit 2 ;;
 	esac
-	tag=$(echo "$mode" | tr -c 'A-Za-z0-9_.=-' '_')
+	tag=$(echo "$mode" | tr -c 'A-Za-z0-9_.-' '_')
 	echo "=== $mode (np=$NP, ranks per node=$RPN, MPS=$MPS)"
-	if ! mpirun --allow-run-as-root --oversubscribe -np "$NP" "${common[@]}" "${env[@]}" \
+	if ! mpirun --allow-run-as-root --oversubscribe --bind-to none -np "$NP" "${common[@]}" "${env[@]}" \
 		"${extra[@]}" test/nccl/wrapper.sh build/nccl-allreduce $SIZES $ITERS \
 		>"$OUT/$tag.out" 2>"$OUT/$tag.log"; then
 		status=1
