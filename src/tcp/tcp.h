@@ -108,6 +108,7 @@ struct tcp_worker {
 	pthread_t thread;
 	struct tcp_comm *comm;
 	int started;
+	uint64_t spin_ns;
 	struct tcp_task *ring;
 	uint32_t mask;
 	_Atomic uint32_t head;	/* written by the progress thread */

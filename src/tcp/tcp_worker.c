@@ -13,10 +13,10 @@
 #include <unistd.h>
 
 #include "log.h"
+#include "param.h"
 #include "rail.h"
 #include "tcp/tcp.h"
 
-#define TCP_SPIN_ITERS 2000
 #define TCP_WORKER_STACK (256 * 1024)
 
 static inline void cpu_relax(void)
@@ -52,11 +52,15 @@ static int move_chunk(struct tcp_comm *c, const struct tcp_task *t)
 /* Wait until the ring has work or the worker must stop; 0 to stop. */
 static int wait_for_work(struct tcp_worker *w, uint32_t tail)
 {
-	for (int i = 0; i < TCP_SPIN_ITERS; i++) {
-		if (atomic_load_explicit(&w->head, memory_order_acquire) != tail)
-			return 1;
-		cpu_relax();
-	}
+	uint64_t until = rail_now_ns() + w->spin_ns;
+
+	do {
+		for (int i = 0; i < 64; i++) {
+			if (atomic_load_explicit(&w->head, memory_order_acquire) != tail)
+				return 1;
+			cpu_relax();
+		}
+	} while (rail_now_ns() < until);
 	pthread_mutex_lock(&w->lock);
 	atomic_store(&w->sleeping, 1);
 	while (atomic_load(&w->head) == tail && !atomic_load(&w->stop))
@@ -119,6 +123,7 @@ static int worker_start(struct tcp_comm *c, struct tcp_worker *w, uint32_t ring_
 
 	w->comm = c;
 	w->mask = ring_size - 1;
+	w->spin_ns = (uint64_t)rail_param_int(RAIL_P_TCP_SPIN_US) * 1000;
 	w->ring = calloc(ring_size, sizeof(*w->ring));
 	if (!w->ring)
 		return -ENOMEM;
