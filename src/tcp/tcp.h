@@ -148,6 +148,7 @@ struct tcp_comm {
 	size_t min_chunk;
 	uint64_t seq;			/* next message to post (send) or match (recv) */
 	struct tcp_req *fifo_head, *fifo_tail;
+	unsigned test_skips;
 	/* receive side: the frame being read from the control socket */
 	uint8_t rx_frame[TCP_FRAME_SIZE];
 	size_t rx_frame_off;

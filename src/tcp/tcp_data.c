@@ -334,7 +334,10 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 	struct tcp_comm *c = (struct tcp_comm *)req->comm;
 	int err = 0;
 
-	if (!r->ctrl_done)
+	/* Requests match in posting order, so only the oldest one needs to
+	 * poll the control socket (saving a syscall per test); a later one
+	 * still polls now and then in case the caller tests out of order. */
+	if (!r->ctrl_done && (r == c->fifo_head || r == c->rx_req || (++c->test_skips & 7) == 0))
 		err = c->is_send ? progress_send(c) : progress_recv(c);
 	if (err)
 		return err;
