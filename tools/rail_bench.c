@@ -32,15 +32,22 @@ struct bench_opts {
 	int dev, peer_dev;
 	int check;
 	int lat_only, bw_only;
+	int comms;	/* parallel connections per direction */
+	int bidir;	/* bandwidth in both directions at once */
 	double seconds;
 };
+
+#define BENCH_MAX_COMMS 16
+#define BENCH_MAX_WINDOW 64
 
 struct bench_side {
 	int role; /* 0 = A (starts the ping), 1 = B */
 	int oob;  /* out-of-band socket to the peer */
-	void *ctx, *send, *recv;
+	int ncomms;
+	void *ctx;
+	void *send[BENCH_MAX_COMMS], *recv[BENCH_MAX_COMMS];
+	void *smh[BENCH_MAX_COMMS], *rmh[BENCH_MAX_COMMS];
 	void *sbuf, *rbuf;
-	void *smh, *rmh;
 };
 
 #define CHECK(call)                                                                  \
@@ -67,18 +74,24 @@ static void oob_barrier(int fd)
 	oob_xchg(fd, &a, &b, 1);
 }
 
-static void connect_pair(struct bench_side *s, int dev)
+/* ncomms connections in each direction, all through one listen comm. */
+static void connect_all(struct bench_side *s, int dev)
 {
 	char mine[NCCL_NET_HANDLE_MAXSIZE], theirs[NCCL_NET_HANDLE_MAXSIZE];
 	void *lc = NULL;
 
 	CHECK(rail_net_listen(s->ctx, dev, mine, &lc));
 	oob_xchg(s->oob, mine, theirs, sizeof(mine));
-	while (!s->send || !s->recv) {
-		if (!s->send)
-			CHECK(rail_net_connect(s->ctx, dev, -1, theirs, &s->send));
-		if (!s->recv)
-			CHECK(rail_net_accept(lc, &s->recv));
+	for (int c = 0; c < s->ncomms; c++) {
+		char h[NCCL_NET_HANDLE_MAXSIZE];
+
+		memcpy(h, theirs, sizeof(h));
+		while (!s->send[c] || !s->recv[c]) {
+			if (!s->send[c])
+				CHECK(rail_net_connect(s->ctx, dev, -1, h, &s->send[c]));
+			if (!s->recv[c])
+				CHECK(rail_net_accept(lc, &s->recv[c]));
+		}
 	}
 	CHECK(rail_net_close_listen(lc));
 }
@@ -91,22 +104,22 @@ static void wait_req(void *req, int *size)
 		CHECK(rail_net_test(req, &done, size));
 }
 
-static void *post_send(struct bench_side *s, size_t size)
+static void *post_send(struct bench_side *s, int c, size_t size)
 {
 	void *req = NULL;
 
 	while (!req)
-		CHECK(rail_net_isend(s->send, s->sbuf, size, s->role, s->smh, &req));
+		CHECK(rail_net_isend(s->send[c], s->sbuf, size, s->role, s->smh[c], &req));
 	return req;
 }
 
-static void *post_recv(struct bench_side *s, char *buf, size_t size)
+static void *post_recv(struct bench_side *s, int c, char *buf, size_t size)
 {
 	void *req = NULL, *data = buf;
 	int tag = !s->role;
 
 	while (!req)
-		CHECK(rail_net_irecv(s->recv, 1, &data, &size, &tag, &s->rmh, &req));
+		CHECK(rail_net_irecv(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], &req));
 	return req;
 }
 
@@ -116,49 +129,70 @@ static double bench_latency(struct bench_side *s, size_t size, int iters)
 	uint64_t t0 = rail_now_ns();
 
 	for (int i = 0; i < iters; i++) {
-		void *rr = post_recv(s, s->rbuf, size);
+		void *rr = post_recv(s, 0, s->rbuf, size);
 
 		if (s->role == 0) {
-			wait_req(post_send(s, size), NULL);
+			wait_req(post_send(s, 0, size), NULL);
 			wait_req(rr, NULL);
 		} else {
 			wait_req(rr, NULL);
-			wait_req(post_send(s, size), NULL);
+			wait_req(post_send(s, 0, size), NULL);
 		}
 	}
 	return (double)(rail_now_ns() - t0) / 1e3 / iters / 2;
 }
 
-/* One direction (A sends, B receives) with `window` messages in flight; GB/s. */
-static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int window)
+/*
+ * A sends and B receives (both ways with bidir) on every comm, each with
+ * `window` messages in flight; returns GB/s of one direction, all comms.
+ */
+struct bw_slot {
+	void *req;
+	int is_send, comm;
+	char *buf;
+};
+
+static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int window, int bidir)
 {
-	void *reqs[64] = { 0 };
-	int posted = 0, done_count = 0;
+	struct bw_slot slots[2 * BENCH_MAX_COMMS * BENCH_MAX_WINDOW];
+	int nslots = 0, posted[2 * BENCH_MAX_COMMS] = { 0 }, left = 0;
 	uint64_t t0;
 
+	for (int c = 0; c < s->ncomms; c++) {
+		for (int dir = 0; dir < 2; dir++) {
+			int is_send = dir == 0;
+
+			if (!bidir && is_send != (s->role == 0))
+				continue;
+			for (int w = 0; w < window; w++)
+				slots[nslots++] = (struct bw_slot){ NULL, is_send, c,
+					(char *)s->rbuf + ((size_t)c * window + w) * size };
+			left += iters;
+		}
+	}
 	oob_barrier(s->oob);
 	t0 = rail_now_ns();
-	while (done_count < iters) {
-		for (int w = 0; w < window; w++) {
-			int d = 0;
+	while (left > 0) {
+		for (int i = 0; i < nslots; i++) {
+			struct bw_slot *sl = &slots[i];
+			int *np = &posted[2 * sl->comm + sl->is_send], d = 0;
 
-			if (!reqs[w] && posted < iters) {
-				char *rb = (char *)s->rbuf + (size_t)w * size;
-
-				reqs[w] = s->role == 0 ? post_send(s, size) : post_recv(s, rb, size);
-				posted++;
+			if (!sl->req && *np < iters) {
+				sl->req = sl->is_send ? post_send(s, sl->comm, size)
+						      : post_recv(s, sl->comm, sl->buf, size);
+				(*np)++;
 			}
-			if (reqs[w]) {
-				CHECK(rail_net_test(reqs[w], &d, NULL));
-				if (d) {
-					reqs[w] = NULL;
-					done_count++;
-				}
+			if (!sl->req)
+				continue;
+			CHECK(rail_net_test(sl->req, &d, NULL));
+			if (d) {
+				sl->req = NULL;
+				left--;
 			}
 		}
 	}
 	oob_barrier(s->oob);
-	return (double)size * iters / (double)(rail_now_ns() - t0);
+	return (double)size * iters * s->ncomms / (double)(rail_now_ns() - t0);
 }
 
 static void fill_check(struct bench_side *s, size_t size, int verify)
@@ -186,27 +220,47 @@ static int iters_for(const struct bench_opts *o, size_t size)
 	return n < 3 ? 3 : n;
 }
 
-static void run_side(struct bench_side *s, const struct bench_opts *o)
+static void setup_side(struct bench_side *s, const struct bench_opts *o)
 {
-	int window = o->window;
-	int dev = s->role == 0 ? o->dev : o->peer_dev;
+	size_t rlen = o->max_size * (size_t)o->window * (size_t)o->comms;
 
+	s->ncomms = o->comms;
 	CHECK(rail_net_init(&s->ctx, 0x7261696c, -1, NULL, 12));
-	connect_pair(s, dev);
-	if (posix_memalign(&s->sbuf, 4096, o->max_size) ||
-	    posix_memalign(&s->rbuf, 4096, o->max_size * (size_t)window)) {
-		fprintf(stderr, "rail-bench: cannot allocate %zu bytes\n", o->max_size * window);
+	connect_all(s, s->role == 0 ? o->dev : o->peer_dev);
+	if (posix_memalign(&s->sbuf, 4096, o->max_size) || posix_memalign(&s->rbuf, 4096, rlen)) {
+		fprintf(stderr, "rail-bench: cannot allocate %zu bytes\n", rlen);
 		exit(1);
 	}
 	memset(s->sbuf, 0, o->max_size);
-	memset(s->rbuf, 0, o->max_size * (size_t)window);
-	CHECK(rail_net_reg_mr(s->send, s->sbuf, o->max_size, NCCL_PTR_HOST, &s->smh));
-	CHECK(rail_net_reg_mr(s->recv, s->rbuf, o->max_size * (size_t)window, NCCL_PTR_HOST,
-			      &s->rmh));
+	memset(s->rbuf, 0, rlen);
+	for (int c = 0; c < s->ncomms; c++) {
+		CHECK(rail_net_reg_mr(s->send[c], s->sbuf, o->max_size, NCCL_PTR_HOST, &s->smh[c]));
+		CHECK(rail_net_reg_mr(s->recv[c], s->rbuf, rlen, NCCL_PTR_HOST, &s->rmh[c]));
+	}
+}
+
+static void teardown_side(struct bench_side *s)
+{
+	for (int c = 0; c < s->ncomms; c++) {
+		CHECK(rail_net_dereg_mr(s->send[c], s->smh[c]));
+		CHECK(rail_net_dereg_mr(s->recv[c], s->rmh[c]));
+		CHECK(rail_net_close_send(s->send[c]));
+		CHECK(rail_net_close_recv(s->recv[c]));
+	}
+	CHECK(rail_net_finalize(s->ctx));
+	free(s->sbuf);
+	free(s->rbuf);
+}
+
+static void run_side(struct bench_side *s, const struct bench_opts *o)
+{
+	setup_side(s, o);
 	if (s->role == 0)
-		printf("# rail-bench: window %d, sizes %zu..%zu\n"
-		       "#%12s %10s %12s %12s\n", window, o->min_size, o->max_size, "size(B)",
-		       "iters", "lat(us)", "bw(GB/s)");
+		printf("# rail-bench: %d connection(s) per direction, window %d, %s, sizes %zu..%zu\n"
+		       "#%12s %10s %12s %12s\n", o->comms, o->window,
+		       o->bidir ? "bandwidth both ways at once (GB/s per direction)"
+				: "bandwidth one way", o->min_size, o->max_size,
+		       "size(B)", "iters", "lat(us)", "bw(GB/s)");
 	for (size_t size = o->min_size; size <= o->max_size; size *= (size_t)o->factor) {
 		int iters = iters_for(o, size);
 		double lat = 0, bw = 0;
@@ -221,8 +275,8 @@ static void run_side(struct bench_side *s, const struct bench_opts *o)
 			lat = bench_latency(s, size, RAIL_MAX(iters / 4, 3));
 		}
 		if (!o->lat_only) {
-			bench_bandwidth(s, size, RAIL_MIN(o->warmup, iters), window);
-			bw = bench_bandwidth(s, size, iters, window);
+			bench_bandwidth(s, size, RAIL_MIN(o->warmup, iters), o->window, o->bidir);
+			bw = bench_bandwidth(s, size, iters, o->window, o->bidir);
 		}
 		if (s->role == 0) {
 			printf(" %12zu %10d %12.2f %12.3f\n", size, iters, lat, bw);
@@ -231,11 +285,7 @@ static void run_side(struct bench_side *s, const struct bench_opts *o)
 		if (size > o->max_size / (size_t)o->factor)
 			break;
 	}
-	CHECK(rail_net_dereg_mr(s->send, s->smh));
-	CHECK(rail_net_dereg_mr(s->recv, s->rmh));
-	CHECK(rail_net_close_send(s->send));
-	CHECK(rail_net_close_recv(s->recv));
-	CHECK(rail_net_finalize(s->ctx));
+	teardown_side(s);
 }
 
 static size_t parse_size(const char *s)
@@ -254,12 +304,15 @@ static size_t parse_size(const char *s)
 static void usage(void)
 {
 	printf("usage: rail-bench [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-	       "                  [-W WINDOW] [-d DEV] [-D PEER_DEV] [-c] [-L|-B] [-t SEC]\n"
+	       "                  [-W WINDOW] [-C CONNS] [-x] [-d DEV] [-D PEER_DEV] [-c] [-L|-B]\n"
+	       "                  [-t SEC]\n"
 	       "                  [--server PORT | --client HOST:PORT]\n"
 	       "  -b/-e  smallest/largest message (default 8 and 1G; k/M/G suffixes)\n"
 	       "  -f     size multiplier per step (default 2)\n"
 	       "  -n     most iterations per size (default 1000; fewer for large sizes)\n"
-	       "  -W     messages in flight for bandwidth (default 8, at most 64)\n"
+	       "  -W     messages in flight per connection for bandwidth (default 8, at most 64)\n"
+	       "  -C     connections per direction, all busy at once (default 1, at most 16)\n"
+	       "  -x     bandwidth in both directions at once (as in an all-reduce)\n"
 	       "  -d/-D  device of this process / of the forked peer (default 0/0)\n"
 	       "  -c     check every byte of one transfer per size\n"
 	       "  -L/-B  latency only / bandwidth only\n"
@@ -297,16 +350,17 @@ int main(int argc, char **argv)
 {
 	static const struct option longopts[] = {
 		{ "server", required_argument, NULL, 'S' },
-		{ "client", required_argument, NULL, 'C' },
+		{ "client", required_argument, NULL, 'K' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct bench_opts o = { 8, 1ull << 30, 2, 1000, 5, 8, 0, 0, 0, 0, 0, 0.5 };
+	struct bench_opts o = { .min_size = 8, .max_size = 1ull << 30, .factor = 2, .iters = 1000,
+				.warmup = 5, .window = 8, .comms = 1, .seconds = 0.5 };
 	const char *server = NULL, *client = NULL;
 	struct bench_side s = { 0 };
 	int c, sv[2], status = 0;
 
-	while ((c = getopt_long(argc, argv, "b:e:f:n:w:W:d:D:cLBt:h", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "b:e:f:n:w:W:C:xd:D:cLBt:h", longopts, NULL)) != -1) {
 		switch (c) {
 		case 'b': o.min_size = parse_size(optarg); break;
 		case 'e': o.max_size = parse_size(optarg); break;
@@ -314,6 +368,8 @@ int main(int argc, char **argv)
 		case 'n': o.iters = atoi(optarg); break;
 		case 'w': o.warmup = atoi(optarg); break;
 		case 'W': o.window = atoi(optarg); break;
+		case 'C': o.comms = atoi(optarg); break;
+		case 'x': o.bidir = 1; break;
 		case 'd': o.dev = atoi(optarg); break;
 		case 'D': o.peer_dev = atoi(optarg); break;
 		case 'c': o.check = 1; break;
@@ -321,11 +377,12 @@ int main(int argc, char **argv)
 		case 'B': o.bw_only = 1; break;
 		case 't': o.seconds = atof(optarg); break;
 		case 'S': server = optarg; break;
-		case 'C': client = optarg; break;
+		case 'K': client = optarg; break;
 		default: usage(); return c == 'h' ? 0 : 2;
 		}
 	}
-	if (o.factor < 2 || o.window < 1 || o.window > 64 || o.min_size < 1 ||
+	if (o.factor < 2 || o.window < 1 || o.window > BENCH_MAX_WINDOW || o.comms < 1 ||
+	    o.comms > BENCH_MAX_COMMS || o.min_size < 1 ||
 	    o.max_size < o.min_size || o.iters < 1) {
 		usage();
 		return 2;
