@@ -15,6 +15,10 @@ PREFIX  ?= /usr/local
 WERROR  ?= 1
 SAN     ?=
 OPT     ?= -O2
+V       ?= 0
+ifeq ($(V),0)
+Q       := @
+endif
 
 WARN    := -Wall -Wextra -Wshadow -Wformat=2 -Wmissing-prototypes -Wno-format-nonliteral
 ifeq ($(WERROR),1)
@@ -54,25 +58,29 @@ tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE))
 
 $(BUILD)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
+	@$(if $(Q),echo "  CC      $<")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(CORE_LIB): $(CORE_OBJS)
 	@rm -f $@
-	$(AR) rcs $@ $^
+	$(Q)$(AR) rcs $@ $^
 
 $(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB) plugin/exports.map
-	$(CC) -shared $(LDFLAGS) -Wl,--version-script=plugin/exports.map -Wl,-z,defs \
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared $(LDFLAGS) -Wl,--version-script=plugin/exports.map -Wl,-z,defs \
 		-o $@ $(PLUGIN_OBJS) $(CORE_LIB) $(LDLIBS)
 
 # tools/rail_info.c -> build/rail-info
 .SECONDEXPANSION:
 $(TOOLS): $(BUILD)/%: $$(subst -,_,tools/%.c) $(CORE_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
 $(BUILD)/test/unit/%: test/unit/%.c $(CORE_LIB)
 	@mkdir -p $(dir $@)
-	$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) -lcmocka $(LDLIBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) -lcmocka $(LDLIBS)
 
 $(CONFORMANCE): $(CONF_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

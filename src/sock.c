@@ -82,12 +82,19 @@ int rail_sockaddr_parse(const char *text, union rail_sockaddr *out)
 	pct = strchr(host, '%');
 	if (pct)
 		*pct++ = '\0';
-	if (inet_pton(AF_INET, host, &a.sin.sin_addr) == 1) {
+	if (inet_pton(AF_INET, host, &a.sin.sin_addr) == 1 && !pct) {
 		a.sin.sin_family = AF_INET;
 	} else if (inet_pton(AF_INET6, host, &a.sin6.sin6_addr) == 1) {
 		a.sin6.sin6_family = AF_INET6;
-		if (pct)
-			a.sin6.sin6_scope_id = if_nametoindex(pct);
+		if (pct) {
+			char *end;
+			unsigned long idx = strtoul(pct, &end, 10);
+
+			/* A scope is an interface name or index that exists. */
+			a.sin6.sin6_scope_id = *pct && !*end ? (uint32_t)idx : if_nametoindex(pct);
+			if (a.sin6.sin6_scope_id == 0)
+				return -EINVAL;
+		}
 	} else {
 		return -EINVAL;
 	}

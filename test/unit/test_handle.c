@@ -165,6 +165,14 @@ static void test_wire_layout(void **state)
 	assert_true(RAIL_HANDLE_STAGE_OFFSET + sizeof(void *) <= RAIL_HANDLE_SIZE);
 	assert_true(RAIL_HANDLE_SIZE <= NCCL_NET_HANDLE_MAXSIZE);
 
+	/* Bytes past payload_len in the caller's struct do not leak into the handle. */
+	memset(h.payload + h.payload_len, 0xaa, RAIL_HANDLE_PAYLOAD_MAX - h.payload_len);
+	encode(&h, buf);
+	for (int i = 40 + h.payload_len; i < 72; i++)
+		if (buf[i])
+			fail_msg("byte %d is 0x%02x after a %u-byte payload, expected 0", i, buf[i],
+				 h.payload_len);
+
 	h = make_v6();
 	encode(&h, buf);
 	assert_int_equal(buf[6], RAIL_TRANSPORT_IB);

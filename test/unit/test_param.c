@@ -194,6 +194,7 @@ static void test_size_suffixes(void **state)
 	/* negative and junk */
 	expect_bad(RAIL_P_TCP_INLINE, "-1");
 	expect_bad(RAIL_P_TCP_INLINE, "-64k");
+	expect_bad(RAIL_P_TCP_INLINE, "-0"); /* the sign itself is refused */
 	expect_bad(RAIL_P_SOCKET_SNDBUF, "-4096");
 	expect_bad(RAIL_P_TCP_INLINE, "12x");
 	expect_bad(RAIL_P_TCP_INLINE, "abc");

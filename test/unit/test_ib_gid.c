@@ -1,0 +1,196 @@
+/* nccl-net-rail unit tests: RoCE GID selection (src/ib/ib_gid.c) on test/fixtures/gid-roce. */
+#include "unit.h"
+
+#include <errno.h>
+#include <sys/socket.h>
+
+#include "ib/ib_gid.h"
+#include "param.h"
+#include "rail.h"
+#include "sysfs.h"
+
+#define FIXTURE "test/fixtures/gid-roce"
+
+static const char *const gid_vars[] = {
+	"NCCL_IB_GID_INDEX", "NCCL_IB_ADDR_FAMILY", "NCCL_IB_ADDR_RANGE",
+	"NCCL_IB_ROCE_VERSION_NUM",
+};
+
+static int setup(void **state)
+{
+	(void)state;
+	for (size_t i = 0; i < RAIL_ARRAY_SIZE(gid_vars); i++)
+		unsetenv(gid_vars[i]);
+	rail_params_reload();
+	rail_sysfs_set_root(FIXTURE);
+	unit_log_capture();
+	return 0;
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	unit_log_release();
+	rail_sysfs_set_root("");
+	return 0;
+}
+
+static int pick(int port, const char *var, const char *value, struct rail_ib_gid_choice *c)
+{
+	if (var)
+		setenv(var, value, 1);
+	rail_params_reload();
+	memset(c, 0xa5, sizeof(*c));
+	return rail_ib_gid_select("roce0", port, 0, c);
+}
+
+static void test_default_first_ipv4_v2(void **state)
+{
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	assert_int_equal(pick(1, NULL, NULL, &c), 0);
+	assert_int_equal(c.index, 5);
+	assert_int_equal(c.roce_version, 2);
+	assert_non_null(strstr(c.reason, "first valid IPv4 RoCE v2 GID"));
+	/* The entry with an unreadable type file is skipped, and said so. */
+	unit_assert_logged2(RAIL_LOG_INFO, "GID 3", "cannot be read");
+}
+
+static void test_roce_v1_wanted(void **state)
+{
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	assert_int_equal(pick(1, "NCCL_IB_ROCE_VERSION_NUM", "1", &c), 0);
+	assert_int_equal(c.index, 2);
+	assert_int_equal(c.roce_version, 1);
+}
+
+static void test_family_ipv6(void **state)
+{
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	assert_int_equal(pick(1, "NCCL_IB_ADDR_FAMILY", "AF_INET6", &c), 0);
+	assert_int_equal(c.index, 4);	/* never the link-local 0 or 1 */
+}
+
+static void test_range(void **state)
+{
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	assert_int_equal(pick(1, "NCCL_IB_ADDR_RANGE", "10.1.0.0/16", &c), 0);
+	assert_int_equal(c.index, 6);
+	assert_non_null(strstr(c.reason, "NCCL_IB_ADDR_RANGE"));
+	/* 10.0.0.1 exists as v1 (idx 2) and as v2 with an unreadable type (idx 3). */
+	assert_int_equal(pick(1, "NCCL_IB_ADDR_RANGE", "10.0.0.0/16", &c), 0);
+	assert_int_equal(c.index, 2);
+	assert_non_null(strstr(c.reason, "none is RoCE v2"));
+}
+
+static void test_bad_range_warned(void **state)
+{
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	assert_int_equal(pick(1, "NCCL_IB_ADDR_RANGE", "10.0.0.0", &c), 0);
+	assert_int_equal(c.index, 5);
+	unit_assert_logged(RAIL_LOG_WARN, "NCCL_IB_ADDR_RANGE");
+}
+
+static void test_forced_index(void **state)
+{
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	assert_int_equal(pick(1, "NCCL_IB_GID_INDEX", "6", &c), 0);
+	assert_int_equal(c.index, 6);
+	assert_non_null(strstr(c.reason, "NCCL_IB_GID_INDEX=6"));
+}
+
+static void test_ipv6_only_port(void **state)
+{
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	assert_int_equal(pick(2, NULL, NULL, &c), 0);
+	assert_int_equal(c.index, 3);	/* idx 1 has a bogus type, idx 2 is v1 */
+	assert_non_null(strstr(c.reason, "no valid IPv4 GID"));
+	unit_assert_logged2(RAIL_LOG_INFO, "GID 1", "skipped");
+}
+
+static void test_link_local_only_port(void **state)
+{
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	assert_int_equal(pick(3, NULL, NULL, &c), -ENOENT);
+	assert_int_equal(c.index, -1);
+	assert_non_null(strstr(c.reason, "no usable GID"));
+}
+
+static void test_missing_table(void **state)
+{
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	assert_int_equal(pick(9, NULL, NULL, &c), -ENOENT);
+	assert_non_null(strstr(c.reason, "cannot read the GID table"));
+}
+
+static void test_choose_pure(void **state)
+{
+	struct rail_ib_gid_entry tab[3];
+	struct rail_ib_gid_params p = { .forced_index = -1, .family = AF_INET, .version = 2 };
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	memset(tab, 0, sizeof(tab));
+	for (int i = 0; i < 3; i++) {
+		tab[i].index = i;
+		tab[i].valid = 1;
+		tab[i].family = AF_INET;
+		tab[i].roce_version = 2;
+	}
+	tab[0].valid = 0;	/* zero or link-local: never chosen */
+	tab[1].type_err = -EINVAL;
+	rail_ib_gid_choose(tab, 3, &p, &c);
+	assert_int_equal(c.index, 2);
+	rail_ib_gid_choose(tab, 2, &p, &c);
+	assert_int_equal(c.index, -1);
+}
+
+static void test_range_parse(void **state)
+{
+	struct rail_ib_gid_params p;
+
+	(void)state;
+	memset(&p, 0, sizeof(p));
+	assert_int_equal(rail_ib_gid_parse_range("fd00::/8", &p), 0);
+	assert_int_equal(p.range_family, AF_INET6);
+	assert_int_equal(p.range_bits, 8);
+	assert_int_equal(rail_ib_gid_parse_range("10.0.0.0/33", &p), -EINVAL);
+	assert_int_equal(rail_ib_gid_parse_range("nonsense/8", &p), -EINVAL);
+	assert_int_equal(rail_ib_gid_parse_range("10.0.0.0/", &p), -EINVAL);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup_teardown(test_default_first_ipv4_v2, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_roce_v1_wanted, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_family_ipv6, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_range, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_bad_range_warned, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_forced_index, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_ipv6_only_port, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_link_local_only_port, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_missing_table, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_choose_pure, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_range_parse, setup, teardown),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
