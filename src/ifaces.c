@@ -71,6 +71,7 @@ int rail_ifaces_find_spec(const char *spec, int family, struct rail_iface *out, 
 			       ? sizeof(struct sockaddr_in) : sizeof(struct sockaddr_in6));
 		if (ifa->ifa_addr->sa_family == AF_INET6 && rank == 1)
 			out[i].addr.sin6.sin6_scope_id = if_nametoindex(ifa->ifa_name);
+		out[i].loopback = !!(ifa->ifa_flags & IFF_LOOPBACK);
 		ranks[i] = rank;
 	}
 	freeifaddrs(list);

@@ -15,6 +15,7 @@
 struct rail_iface {
 	char name[IF_NAMESIZE];
 	union rail_sockaddr addr;
+	int loopback;
 };
 
 /*
