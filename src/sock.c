@@ -127,6 +127,21 @@ int rail_sock_set_nodelay(int fd)
 	return setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) ? -errno : 0;
 }
 
+void rail_sock_set_liveness(int fd, int idle_s, int user_timeout_s)
+{
+	int one = 1, intvl = 5, cnt = 6;
+	unsigned int ms = (unsigned int)user_timeout_s * 1000u;
+
+	if (idle_s > 0) {
+		setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof(one));
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle_s, sizeof(idle_s));
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof(intvl));
+		setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof(cnt));
+	}
+	if (user_timeout_s > 0)
+		setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+}
+
 void rail_sock_set_bufs(int fd, long sndbuf, long rcvbuf)
 {
 	int v;

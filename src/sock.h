@@ -49,6 +49,12 @@ int rail_sock_recv_all(int fd, void *buf, size_t len);
 
 int rail_sock_set_nonblocking(int fd, int on);
 int rail_sock_set_nodelay(int fd);
+/*
+ * Detect a peer host that vanished without closing its sockets: keepalive
+ * probes after idle_s seconds, and unacknowledged data fails after
+ * user_timeout_s seconds (both 0: leave the kernel defaults).
+ */
+void rail_sock_set_liveness(int fd, int idle_s, int user_timeout_s);
 /* Applies SO_SNDBUF/SO_RCVBUF when > 0. */
 void rail_sock_set_bufs(int fd, long sndbuf, long rcvbuf);
 

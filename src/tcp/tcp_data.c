@@ -69,7 +69,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	long rcvbuf = (long)rail_param_int(RAIL_P_SOCKET_RCVBUF);
 	struct tcp_comm *c = calloc(1, sizeof(*c));
 	uint32_t per_worker;
-	int err;
+	int err, liveness;
 
 	if (!c)
 		return -ENOMEM;
@@ -86,10 +86,13 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	c->inline_max = layout->inline_max;
 	c->min_chunk = layout->min_chunk;
 	rail_sockaddr_str(peer, c->peer, sizeof(c->peer));
+	liveness = (int)rail_param_int(RAIL_P_PEER_TIMEOUT);
+	rail_sock_set_liveness(c->ctrl_fd, liveness / 2, liveness);
 	for (int i = 0; i < c->nsocks; i++) {
 		c->fds[i] = fds[i + 1];
 		rail_sock_set_nonblocking(c->fds[i], 0);
 		rail_sock_set_bufs(c->fds[i], sndbuf, rcvbuf);
+		rail_sock_set_liveness(c->fds[i], liveness / 2, liveness);
 	}
 	/* Worst case: every request of the pool has a chunk (x8 entries on a
 	 * grouped receive) on every socket of a worker. */
