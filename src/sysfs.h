@@ -33,15 +33,21 @@ int rail_sysfs_realpath(const char *path, char *out, size_t len);
 int rail_sysfs_exists(const char *path);
 
 /*
- * Call fn for each entry name of a directory (skipping . and ..), in
- * sorted order. Stops and returns fn's value when it is non-zero.
+ * Call fn for each entry name of a directory (skipping ., .. and
+ * RAIL_SYSFS_KEEP), in sorted order. Stops and returns fn's value when it
+ * is non-zero.
  */
+#define RAIL_SYSFS_KEEP ".keep" /* keeps an empty directory of a snapshot in git */
 int rail_sysfs_list(const char *dir, int (*fn)(const char *name, void *arg), void *arg);
 
 /*
- * Snapshot recording: when a directory is set, every file, link and
- * directory read above is copied into it, so that it can be read back
- * later with it as the root (rail-info --snapshot).
+ * Snapshot recording: while a directory is set, every file, link and
+ * directory the calls above touch is copied into it, so that reading it
+ * back with it as the root gives the same answers (rail-info --snapshot):
+ * symlinks are copied with relative targets, listed directories get all
+ * their entries (files as empty placeholders until read), and a file that
+ * exists but cannot be read becomes a directory, so reading it fails again.
+ * Recording is process-wide; start returns -errno if dir cannot be made.
  */
 int rail_sysfs_record_start(const char *dir);
 void rail_sysfs_record_stop(void);
