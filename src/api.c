@@ -5,9 +5,11 @@
 #include <string.h>
 
 #include "api.h"
+#include "gpu.h"
 #include "log.h"
 #include "param.h"
 #include "rail.h"
+#include "topo/topo.h"
 
 #define RAIL_CTX_MAGIC 0x43545852u /* "RXTC" */
 
@@ -51,6 +53,20 @@ ncclResult_t rail_result(int err)
 	}
 }
 
+/* Log the NIC choice for this process's GPU (or every GPU when unknown). */
+static void log_topology(void)
+{
+	const struct rail_topo *t = rail_topo_get();
+	char bdf[32];
+
+	if (!t || t->ngpus == 0)
+		return;
+	if (rail_current_gpu_bdf(bdf, sizeof(bdf)) == 0)
+		rail_topo_log_gpu(t, bdf);
+	else
+		rail_topo_log(t);
+}
+
 static ncclResult_t init_locked(ncclDebugLogger_t logger, int abi_version)
 {
 	char why[512] = "", devs[768] = "";
@@ -74,6 +90,7 @@ static ncclResult_t init_locked(ncclDebugLogger_t logger, int abi_version)
 	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET,
 		  "nccl-net-rail %s (net ABI v%d): using the %s transport because %s; %s",
 		  RAIL_VERSION_STRING, abi_version, ops->name, why, devs);
+	log_topology();
 	return ncclSuccess;
 }
 
@@ -134,6 +151,7 @@ ncclResult_t rail_net_finalize(void *ctx)
 	if (api_refs > 0 && --api_refs == 0 && api_ops) {
 		api_ops->fini();
 		api_ops = NULL;
+		rail_topo_reset();
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "finalized: every thread stopped");
 		rail_log_set_logger(NULL);
 	}

@@ -224,6 +224,8 @@ enum rail_topo_rel rail_topo_relation(const char *path_a, int numa_a, const char
 
 /* One INFO line per GPU and the advice lines, for the plugin's init log. */
 void rail_topo_log(const struct rail_topo *t);
+/* The choice for one GPU (the process's current one), plus the warnings. */
+void rail_topo_log_gpu(const struct rail_topo *t, const char *bdf);
 
 /*
  * rail-info: the GPU x NIC matrix, the choice per GPU with its reason,

@@ -273,27 +273,45 @@ void rail_topo_print(const struct rail_topo *t, FILE *out, int json)
 		print_text(t, out);
 }
 
+static void log_gpu(const struct rail_topo *t, int g, const char *who)
+{
+	const struct rail_topo_choice *ch = &t->choice[g];
+	char nics[160] = "none";
+	size_t off = 0;
+
+	for (int i = 0; i < ch->npicks && off < sizeof(nics) - 24; i++) {
+		const struct rail_topo_nic *nic = &t->nics[ch->picks[i].nic];
+
+		off += (size_t)snprintf(nics + off, sizeof(nics) - off, "%s%s:%d[%s]",
+					i ? "," : "", nic->name,
+					nic->ports[ch->picks[i].port_idx].port,
+					rail_topo_rel_name(ch->picks[i].rel));
+	}
+	RAIL_INFO(RAIL_LOG_INIT, "topology: GPU %s%s NUMA %d -> %s, locality %s: %s",
+		  t->gpus[g].bdf, who, t->gpus[g].numa, nics,
+		  rail_topo_locality_name(ch->locality), ch->reason);
+}
+
 void rail_topo_log(const struct rail_topo *t)
 {
 	if (!t)
 		return;
-	for (int g = 0; g < t->ngpus; g++) {
-		const struct rail_topo_choice *ch = &t->choice[g];
-		char nics[160] = "none";
-		size_t off = 0;
+	for (int g = 0; g < t->ngpus; g++)
+		log_gpu(t, g, "");
+	for (int i = 0; i < t->nwarn; i++)
+		RAIL_INFO(RAIL_LOG_INIT, "topology: %s", t->warn[i]);
+}
 
-		for (int i = 0; i < ch->npicks && off < sizeof(nics) - 24; i++) {
-			const struct rail_topo_nic *nic = &t->nics[ch->picks[i].nic];
+void rail_topo_log_gpu(const struct rail_topo *t, const char *bdf)
+{
+	int g = t ? rail_topo_gpu_index(t, bdf) : -1;
 
-			off += (size_t)snprintf(nics + off, sizeof(nics) - off, "%s%s:%d[%s]",
-						i ? "," : "", nic->name,
-						nic->ports[ch->picks[i].port_idx].port,
-						rail_topo_rel_name(ch->picks[i].rel));
-		}
-		RAIL_INFO(RAIL_LOG_INIT, "topology: GPU %s NUMA %d -> %s, locality %s: %s",
-			  t->gpus[g].bdf, t->gpus[g].numa, nics,
-			  rail_topo_locality_name(ch->locality), ch->reason);
+	if (g < 0) {
+		RAIL_INFO(RAIL_LOG_INIT, "topology: this process's GPU %s is not in the PCI "
+			  "topology read from sysfs", bdf);
+		return;
 	}
+	log_gpu(t, g, " (this process's GPU)");
 	for (int i = 0; i < t->nwarn; i++)
 		RAIL_INFO(RAIL_LOG_INIT, "topology: %s", t->warn[i]);
 }
