@@ -479,5 +479,6 @@ int rail_conf_bind(void *lib, int abi, struct rail_conf_net *net, char *why, siz
 		snprintf(why, len, "ABI v%d is not known to this suite", abi);
 		return -1;
 	}
+	rail_conf_inject_apply(net);
 	return 0;
 }

@@ -13,6 +13,7 @@
 #define RAIL_CONF_H
 
 #include <stdarg.h>
+#include <stdio.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -99,6 +100,11 @@ struct rail_conf_net {
 
 /* Look up ncclNetPlugin_v<abi> in lib and bind net to it. 0, or -1 with why. */
 int rail_conf_bind(void *lib, int abi, struct rail_conf_net *net, char *why, size_t len);
+/* Fault injection (inject.c): wraps a bound table; "none" turns it off. */
+int rail_conf_inject_set(const char *name);
+void rail_conf_inject_apply(struct rail_conf_net *net);
+void rail_conf_inject_list(FILE *f);
+
 /* The maximum vProps members of an ABI (4 for v9-v11, 8 for v12). */
 int rail_conf_abi_max_vdevs(int abi);
 const char *rail_conf_result_str(ncclResult_t res);
@@ -116,6 +122,8 @@ struct rail_conf_opts {
 	int timeout;			/* seconds per scenario */
 	int full;			/* heavy settings on every ABI */
 	int verbose;
+	const char *inject;		/* a fault to inject (see inject.c) */
+	int self_test;
 };
 
 /* ---- the per-process context (one role of one scenario) ---------------- */
@@ -282,6 +290,7 @@ struct rail_conf_pend {
 	int kind;
 	void *lc;				/* accept */
 	uint8_t handle[NCCL_NET_HANDLE_MAXSIZE]; /* connect: this connection's copy */
+	uint8_t canary[64];			 /* catches writes past the handle */
 	void *ctx;				/* connect: v11+ context (NULL: net's) */
 	void *comm;
 	int calls;
@@ -321,6 +330,7 @@ struct rail_conf_op {
 	uint64_t seed[RAIL_CONF_MAX_RECVS];
 	int tag[RAIL_CONF_MAX_RECVS];
 	void *mh[RAIL_CONF_MAX_RECVS];
+	int hint;				/* post with NCCL's (void*)1 request hint */
 	/* engine state */
 	void *req;
 	int posted;
@@ -341,6 +351,7 @@ struct rail_conf_lane {
 };
 
 #define RAIL_CONF_ENGINE_TOLERATE 0x1	/* stop at the first error and return it */
+#define RAIL_CONF_ENGINE_NOVERIFY 0x2	/* the caller checks the receives itself */
 
 struct rail_conf_engine {
 	struct rail_conf_op *ops;
@@ -366,9 +377,10 @@ ncclResult_t rail_conf_wait(struct rail_conf *cx, void *req, int *sizes, const c
 
 /*
  * The common exchange: nmsg messages B -> A on a pair, sizes[i] sent,
- * room[i] posted (0: equal to the size), everything verified.
+ * room[i] posted (0: equal to the size), everything verified. Returns the
+ * most requests this role had in flight at once.
  */
-void rail_conf_simple_traffic(struct rail_conf *cx, struct rail_conf_pair *p, unsigned stream,
-			      const size_t *sizes, const size_t *room, int nmsg, const char *what);
+int rail_conf_simple_traffic(struct rail_conf *cx, struct rail_conf_pair *p, unsigned stream,
+			     const size_t *sizes, const size_t *room, int nmsg, const char *what);
 
 #endif
