@@ -96,12 +96,18 @@ test-unit: $(UNIT_TESTS) $(BUILD)/rail-info
 test-abi: $(PLUGIN)
 	test/check-exports.sh $(PLUGIN)
 
+# The suite, then its self-test: every scenario run against an injected
+# fault must fail, which shows each one can.
 test-conformance: $(PLUGIN) $(CONFORMANCE)
 	NCCL_RAIL_TRANSPORT=tcp $(CONFORMANCE) --plugin $(PLUGIN)
+	NCCL_RAIL_TRANSPORT=tcp $(CONFORMANCE) --plugin $(PLUGIN) --self-test
 
 # The conformance suite under AddressSanitizer and UBSan, in its own tree.
+# The unit tests and the conformance suite under AddressSanitizer (leaks
+# included) and UndefinedBehaviorSanitizer, in their own build tree.
 test-sanitizers:
-	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 plugin build-san/rail-conformance
+	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 plugin tests build-san/rail-info
+	$(MAKE) BUILD=build-san test-unit
 	ASAN_OPTIONS=detect_leaks=1 NCCL_RAIL_TRANSPORT=tcp \
 		build-san/rail-conformance --plugin build-san/libnccl-net-rail.so --max-size 64M
 

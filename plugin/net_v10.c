@@ -2,10 +2,15 @@
 #include "net_v10.h"
 #include "shim.h"
 
+extern ncclNet_v10_t ncclNetPlugin_v10;
+
 static ncclResult_t v10_init(ncclDebugLogger_t logger, ncclProfilerCallback_t prof)
 {
+	ncclResult_t res = rail_net_init_legacy(logger, 10);
+
 	(void)prof;
-	return rail_net_init_legacy(logger, 10);
+	ncclNetPlugin_v10.makeVDevice = rail_net_can_fuse() ? rail_shim_make_vdevice_v9 : NULL;
+	return res;
 }
 
 static ncclResult_t v10_get_properties(int dev, ncclNetProperties_v10_t *props)

@@ -2,11 +2,16 @@
 #include "net_v11.h"
 #include "shim.h"
 
+extern ncclNet_v11_t ncclNetPlugin_v11;
+
 static ncclResult_t v11_init(void **ctx, uint64_t comm_id, ncclNetCommConfig_v11_t *config,
 			     ncclDebugLogger_t logger, ncclProfilerCallback_t prof)
 {
+	ncclResult_t res = rail_net_init(ctx, comm_id, config ? config->trafficClass : -1, logger, 11);
+
 	(void)prof;
-	return rail_net_init(ctx, comm_id, config ? config->trafficClass : -1, logger, 11);
+	ncclNetPlugin_v11.makeVDevice = rail_net_can_fuse() ? rail_shim_make_vdevice_v9 : NULL;
+	return res;
 }
 
 static ncclResult_t v11_get_properties(int dev, ncclNetProperties_v11_t *props)

@@ -2,11 +2,23 @@
 #include "net_v12.h"
 #include "shim.h"
 
+extern ncclNet_v12_t ncclNetPlugin_v12;
+
+static ncclResult_t v12_make_vdevice(int *d, ncclNetVDeviceProps_v12_t *props)
+{
+	if (!props)
+		return ncclInternalError;
+	return rail_net_make_vdevice(d, props->ndevs, props->devs, NCCL_NET_MAX_DEVS_PER_NIC_V12);
+}
+
 static ncclResult_t v12_init(void **ctx, uint64_t comm_id, ncclNetCommConfig_v12_t *config,
 			     ncclDebugLogger_t logger, ncclProfilerCallback_t prof)
 {
+	ncclResult_t res = rail_net_init(ctx, comm_id, config ? config->trafficClass : -1, logger, 12);
+
 	(void)prof;
-	return rail_net_init(ctx, comm_id, config ? config->trafficClass : -1, logger, 12);
+	ncclNetPlugin_v12.makeVDevice = rail_net_can_fuse() ? v12_make_vdevice : NULL;
+	return res;
 }
 
 static ncclResult_t v12_get_properties(int dev, ncclNetProperties_v12_t *props)
@@ -28,13 +40,6 @@ static ncclResult_t v12_connect(void *ctx, int dev, void *handle, void **send_co
 {
 	(void)dev_comm;
 	return rail_net_connect(ctx, dev, -1, handle, send_comm);
-}
-
-static ncclResult_t v12_make_vdevice(int *d, ncclNetVDeviceProps_v12_t *props)
-{
-	if (!props)
-		return ncclInternalError;
-	return rail_net_make_vdevice(d, props->ndevs, props->devs, NCCL_NET_MAX_DEVS_PER_NIC_V12);
 }
 
 static ncclResult_t v12_set_net_attr(void *ctx, ncclNetAttr_v12_t *attr)

@@ -2,9 +2,14 @@
 #include "net_v9.h"
 #include "shim.h"
 
+extern ncclNet_v9_t ncclNetPlugin_v9;
+
 static ncclResult_t v9_init(ncclDebugLogger_t logger)
 {
-	return rail_net_init_legacy(logger, 9);
+	ncclResult_t res = rail_net_init_legacy(logger, 9);
+
+	ncclNetPlugin_v9.makeVDevice = rail_net_can_fuse() ? rail_shim_make_vdevice_v9 : NULL;
+	return res;
 }
 
 static ncclResult_t v9_get_properties(int dev, ncclNetProperties_v9_t *props)

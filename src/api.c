@@ -152,6 +152,7 @@ ncclResult_t rail_net_finalize(void *ctx)
 		api_ops->fini();
 		api_ops = NULL;
 		rail_topo_reset();
+		rail_params_unload();
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "finalized: every thread stopped");
 		rail_log_set_logger(NULL);
 	}
@@ -526,6 +527,13 @@ ncclResult_t rail_net_make_vdevice(int *d, int ndevs, const int *devs, int max_d
 	if (!err)
 		*d = vdev;
 	return rail_result(err);
+}
+
+int rail_net_can_fuse(void)
+{
+	const struct rail_transport_ops *ops = api_ops;
+
+	return ops && ops->make_vdevice;
 }
 
 ncclResult_t rail_net_set_net_attr(void *ctx, const void *attr)

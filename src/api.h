@@ -41,6 +41,11 @@ ncclResult_t rail_net_close_listen(void *listen_comm);
 /* max_devs: 4 for v9-v11, 8 for v12. */
 ncclResult_t rail_net_make_vdevice(int *d, int ndevs, const int *devs, int max_devs);
 ncclResult_t rail_net_set_net_attr(void *ctx, const void *attr);
+/*
+ * 1 when the transport in use can fuse devices. Shims clear their
+ * makeVDevice slot otherwise, so NCCL never asks (it checks for NULL).
+ */
+int rail_net_can_fuse(void);
 
 /* Shims: the size limits of the ABI (v6-v8 carry int sizes). */
 #define RAIL_ABI_INT_SIZE_MAX 0x7fffffff

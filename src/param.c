@@ -3,6 +3,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
@@ -27,7 +28,7 @@ struct rail_param_value {
 };
 
 static struct rail_param_value rail_values[RAIL_P_COUNT];
-static int rail_params_loaded;
+static _Atomic int rail_params_loaded;
 static pthread_mutex_t rail_params_lock = PTHREAD_MUTEX_INITIALIZER;
 
 const char *rail_param_type_name(enum rail_param_type type)
@@ -234,6 +235,17 @@ void rail_params_load(void)
 	pthread_mutex_lock(&rail_params_lock);
 	if (!rail_params_loaded)
 		load_locked();
+	pthread_mutex_unlock(&rail_params_lock);
+}
+
+void rail_params_unload(void)
+{
+	pthread_mutex_lock(&rail_params_lock);
+	for (int i = 0; i < RAIL_P_COUNT; i++) {
+		free(rail_values[i].str);
+		rail_values[i].str = NULL;
+	}
+	rail_params_loaded = 0;
 	pthread_mutex_unlock(&rail_params_lock);
 }
 

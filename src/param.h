@@ -45,6 +45,8 @@ extern const struct rail_param_desc rail_param_table[RAIL_P_COUNT];
  */
 void rail_params_load(void);
 void rail_params_reload(void);
+/* Free the values (the plugin is about to be unloaded); the next use reloads. */
+void rail_params_unload(void);
 
 int64_t rail_param_int(enum rail_param_id id);
 const char *rail_param_str(enum rail_param_id id);
