@@ -2,35 +2,41 @@
 #   . "$RXE_HARNESS/lib.sh"
 # Nothing here runs on source; every function is rxe_-prefixed.
 
+# Never fork+exec per GID slot: an rxe port has 1024 of them, and a
+# fork+exec per slot takes seconds in the emulated guest.
+
 # rxe_ipv4_gid_index DEV IP [PORT]: print the index of DEV's RoCE v2 GID that
 # is the IPv4-mapped form of IP (::ffff:a.b.c.d). Fails if there is none yet.
 rxe_ipv4_gid_index() {
-    local dev=$1 ip=$2 port=${3:-1} a b c d want f idx type
+    local dev=$1 ip=$2 port=${3:-1} a b c d want i gid type
+    local base=/sys/class/infiniband/$dev/ports/$port
     IFS=. read -r a b c d <<<"$ip"
-    want=$(printf '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d")
-    for f in /sys/class/infiniband/"$dev"/ports/"$port"/gids/*; do
-        [ "$(cat "$f" 2>/dev/null)" = "$want" ] || continue
-        idx=${f##*/}
-        type=$(cat "/sys/class/infiniband/$dev/ports/$port/gid_attrs/types/$idx" 2>/dev/null)
+    printf -v want '0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x' "$a" "$b" "$c" "$d"
+    for ((i = 0; ; i++)); do
+        [ -e "$base/gids/$i" ] || return 1
+        gid=
+        read -r gid <"$base/gids/$i" 2>/dev/null
+        [ "$gid" = "$want" ] || continue
+        type=
+        read -r type <"$base/gid_attrs/types/$i" 2>/dev/null
         [ "$type" = "RoCE v2" ] || continue
-        echo "$idx"
+        echo "$i"
         return 0
     done
-    return 1
 }
 
 # rxe_gid_table DEV [PORT]: print the non-empty GIDs with their type and netdev.
 rxe_gid_table() {
-    local dev=$1 port=${2:-1} f idx gid type ndev
+    local dev=$1 port=${2:-1} i gid type ndev
     local base=/sys/class/infiniband/$dev/ports/$port
-    for f in "$base"/gids/*; do
-        idx=${f##*/}
-        gid=$(cat "$f" 2>/dev/null) || continue
-        [ "$gid" = "0000:0000:0000:0000:0000:0000:0000:0000" ] && continue
-        type=$(cat "$base/gid_attrs/types/$idx" 2>/dev/null)
-        ndev=$(cat "$base/gid_attrs/ndevs/$idx" 2>/dev/null)
-        printf '%s port %s gid[%s] %s %s %s\n' "$dev" "$port" "$idx" "$gid" "$type" "$ndev"
-    done | sort -t'[' -k2 -n
+    # one grep reads the 1024 slots faster than a shell loop
+    (cd "$base/gids" && grep -H -v '^0000:0000:0000:0000:0000:0000:0000:0000$' -- * 2>/dev/null) |
+        sort -n | while IFS=: read -r i gid; do
+        type='' ndev=''
+        read -r type <"$base/gid_attrs/types/$i" 2>/dev/null
+        read -r ndev <"$base/gid_attrs/ndevs/$i" 2>/dev/null
+        printf '%s port %s gid[%s] %s %s %s\n' "$dev" "$port" "$i" "$gid" "$type" "$ndev"
+    done
 }
 
 # rxe_wait_listen PORT [TIMEOUT_S]: wait until a TCP socket listens on PORT

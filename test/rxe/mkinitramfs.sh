@@ -28,7 +28,7 @@ MODULES=(
 die() { echo "mkinitramfs: $*" >&2; exit 1; }
 [ -f "$MODDIR/modules.dep" ] || die "$MODDIR/modules.dep missing (run setup.sh)"
 
-declare -A DEP_PATH=() DEP_LIST=() DONE=()
+declare -A DEP_PATH=() DEP_LIST=() SEEN=()
 while IFS= read -r line; do
     path=${line%%:*}
     deps=${line#*:}
@@ -44,8 +44,8 @@ builtin=" $(sed 's#.*/##;s#\.ko.*##;s#-#_#g' "$MODDIR/modules.builtin" 2>/dev/nu
 ORDER=()
 visit() {
     local m=$1 d dn
-    [ -n "${DONE[$m]:-}" ] && return 0
-    DONE[$m]=1
+    [ -n "${SEEN[$m]:-}" ] && return 0
+    SEEN[$m]=1
     for d in ${DEP_LIST[$m]}; do
         dn=${d##*/}
         dn=${dn%%.ko*}

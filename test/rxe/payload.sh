@@ -9,6 +9,7 @@
 #                          matches one of the globs
 # RXE_TEST_TIMEOUT=SEC     default per-test timeout (300); a script can set
 #                          its own with a line "# rxe-timeout: SEC"
+# RXE_TESTS_DIR=DIR        run DIR/*.sh instead of test/rxe/tests.d/*.sh
 set -uo pipefail
 
 HARNESS=${RXE_HARNESS:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
@@ -17,6 +18,7 @@ HARNESS=${RXE_HARNESS:-$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)}
 OUT=${RXE_OUT:-/tmp/rxe-out}
 mkdir -p "$OUT"
 DEFAULT_TIMEOUT=${RXE_TEST_TIMEOUT:-300}
+TESTS_DIR=${RXE_TESTS_DIR:-$HARNESS/tests.d}
 
 section() { printf '\n===== %s\n' "$*"; }
 
@@ -53,7 +55,7 @@ test_timeout() {
 }
 
 # run_one SCRIPT NAME TIMEOUT: output streams to the console and to
-# $OUT/NAME.log; the exit status goes to $OUT/NAME.rc. Processes the test
+# $OUT/NAME.log; the exit status goes to $OUT/NAME.rc (read, then removed). Processes the test
 # leaves behind (its process group) are killed when it returns, so that they
 # cannot hold the pipe to tee open.
 run_one() {
@@ -73,7 +75,7 @@ print_env
 PASSED=() FAILED=() SKIPPED=()
 section "tests"
 shopt -s nullglob
-for script in $(printf '%s\n' "$HARNESS"/tests.d/*.sh | LC_ALL=C sort); do
+for script in $(printf '%s\n' "$TESTS_DIR"/*.sh | LC_ALL=C sort); do
     name=$(basename "$script" .sh)
     [ -x "$script" ] || { echo "(not executable, ignored: $script)"; continue; }
     selected "$name" || continue
@@ -84,6 +86,7 @@ for script in $(printf '%s\n' "$HARNESS"/tests.d/*.sh | LC_ALL=C sort); do
     rm -f "$OUT/$name.rc"
     run_one "$script" "$name" "$tmo"
     rc=$(cat "$OUT/$name.rc" 2>/dev/null)
+    rm -f "$OUT/$name.rc"
     rc=${rc:-125}
     took=$((SECONDS - start))
     case $rc in

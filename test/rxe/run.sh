@@ -21,7 +21,8 @@
 # no status (boot failure, panic) or the harness failed to set up the guest.
 #
 # Environment: RXE_CACHE (kernel and initramfs cache, default build/rxe-cache),
-# RXE_KERNEL_PKG (see setup.sh), RXE_RUNS (parent of job directories).
+# RXE_KERNEL_PKG (see setup.sh), RXE_RUNS (parent of job directories),
+# RXE_APPEND (extra kernel arguments), RXE_BOOT=bzimage (no PVH boot).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -96,16 +97,19 @@ key=$( {
     sha256sum "$HERE/mkinitramfs.sh" "$HERE/init" /bin/busybox | cut -d' ' -f1
 } | sha256sum | cut -c1-16)
 INITRD=$CACHE/initramfs-$key.cpio
-if [ ! -e "$INITRD" ]; then
+ensure_initrd() {
+    [ -e "$INITRD" ] && return 0
     (
         flock 8
         if [ ! -e "$INITRD" ]; then
             "$HERE/mkinitramfs.sh" "$RXE_KROOT" "$RXE_KVER" "$INITRD"
-            find "$CACHE" -maxdepth 1 -name 'initramfs-*.cpio' ! -name "${INITRD##*/}" -delete
+            # keep the 4 newest; a waiting run rebuilds its own if it was pruned
+            ls -1t "$CACHE"/initramfs-*.cpio | tail -n +5 | xargs -r rm -f
         fi
     ) 8>"$CACHE/.setup.lock"
     step "initramfs built: $INITRD"
-fi
+}
+ensure_initrd
 
 # ---- job directory: config for the guest, RXE_OUT ------------------------
 if [ -z "$JOB" ]; then
@@ -150,10 +154,13 @@ done
 
 # ---- one VM at a time on this machine ------------------------------------
 exec 9>"$LOCK"
+TWAIT=$SECONDS
 if ! flock -n 9; then
     say "waiting for $LOCK (another rxe VM is running)"
     flock 9
 fi
+TWAIT=$((SECONDS - TWAIT))
+ensure_initrd
 
 QPID=
 cleanup() {
@@ -172,12 +179,20 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM HUP
 
-APPEND="console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off"
+# PVH boot of the extracted vmlinux skips SeaBIOS and the decompression.
+KERNEL=$RXE_VMLINUZ
+[ -n "${RXE_VMLINUX:-}" ] && [ "${RXE_BOOT:-pvh}" = pvh ] && KERNEL=$RXE_VMLINUX
+# tsc=reliable: the guest otherwise finds the emulated TSCs "unsynchronized"
+# and falls back to HPET, and every clock_gettime() becomes a syscall plus an
+# emulated MMIO read (~1 us instead of ~0.1 us). QEMU's TCG TSC is one
+# host-derived counter for all vCPUs, so it is safe. RXE_KERNEL_ARGS replaces
+# it, RXE_APPEND adds more.
+APPEND="console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off ${RXE_KERNEL_ARGS-tsc=reliable} ${RXE_APPEND:-}"
 qemu=(
     qemu-system-x86_64 -name rxe-vm
     -accel tcg,thread=multi -smp "$SMP" -m "$MEM" -cpu "$CPU"
     -nodefaults -no-user-config -display none -no-reboot
-    -kernel "$RXE_VMLINUZ" -initrd "$INITRD" -append "$APPEND"
+    -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND"
     -chardev "stdio,id=con0,signal=off,logfile=$JOB/console.log"
     -serial chardev:con0
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap
@@ -207,5 +222,5 @@ if [ -z "$rc" ]; then
     say "the guest gave no exit status (QEMU exit $qrc); see $JOB/console.log"
     rc=125
 fi
-say "exit $rc; VM $((SECONDS - TBOOT))s, total $((SECONDS - T0))s; console $JOB/console.log; RXE_OUT $JOB/out"
+say "exit $rc; VM $((SECONDS - TBOOT))s, lock wait ${TWAIT}s, total $((SECONDS - T0))s; console $JOB/console.log; RXE_OUT $JOB/out"
 exit "$rc"
