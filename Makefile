@@ -107,7 +107,7 @@ test-conformance: $(PLUGIN) $(CONFORMANCE)
 # included) and UndefinedBehaviorSanitizer, in their own build tree.
 test-sanitizers:
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 plugin tests build-san/rail-info
-	$(MAKE) BUILD=build-san test-unit
+	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 test-unit
 	ASAN_OPTIONS=detect_leaks=1 NCCL_RAIL_TRANSPORT=tcp \
 		build-san/rail-conformance --plugin build-san/libnccl-net-rail.so --max-size 64M
 

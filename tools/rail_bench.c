@@ -156,7 +156,7 @@ struct bw_slot {
 static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int window, int bidir)
 {
 	struct bw_slot slots[2 * BENCH_MAX_COMMS * BENCH_MAX_WINDOW];
-	int nslots = 0, posted[2 * BENCH_MAX_COMMS] = { 0 }, left = 0;
+	int nslots = 0, posted[2 * BENCH_MAX_COMMS] = { 0 }, left = 0, idle = 0;
 	uint64_t t0;
 
 	for (int c = 0; c < s->ncomms; c++) {
@@ -194,8 +194,15 @@ static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int 
 				progressed = 1;
 			}
 		}
-		/* Like NCCL's proxy thread: give the CPU away when nothing moved. */
-		if (!progressed)
+		/*
+		 * Give the CPU away when nothing moved (as NCCL's proxy thread
+		 * does), and nap when nothing moved for a while: with large
+		 * messages the helpers and the kernel need the cores, not us.
+		 */
+		idle = progressed ? 0 : idle + 1;
+		if (idle > 64)
+			usleep(10);
+		else if (idle)
 			sched_yield();
 	}
 	oob_barrier(s->oob);

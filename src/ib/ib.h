@@ -23,6 +23,7 @@
 #include "ib/ib_gid.h"
 #include "ib/ib_verbs.h"
 #include "ib/ib_wire.h"
+#include "matchlist.h"
 #include "sock.h"
 #include "transport.h"
 
@@ -106,6 +107,9 @@ struct rail_ib_port_info {
 int rail_ib_port_check(struct ibv_context *ctx, const char *hca, int port,
 		       struct rail_ib_port_info *out, const struct rail_match_entry **entry);
 
+/* Parse NCCL_IB_HCA for rail_ib_port_check (init and the report). */
+void rail_ib_hca_filter_load(void);
+
 /* ---- GPU memory ladder (ib_ladder.c) ----------------------------------- */
 void rail_ib_ladder_decide(struct rail_ib_hca *hca, struct rail_ib_ladder *out);
 int rail_ib_ladder_ptr_support(const struct rail_ib_ladder *l);
@@ -116,6 +120,7 @@ void rail_ib_async_stop(struct rail_ib_hca *hca);
 
 /* ---- registration cache (ib_mr.c) -------------------------------------- */
 #define RAIL_IB_MH_MAGIC 0x484d4952u /* "RIMH" */
+#define RAIL_IB_MR_NEEDS_READ 0x100	/* with RAIL_PTR_*: a flush reads it back */
 struct rail_ib_mh {
 	uint32_t magic;
 	int type;		/* RAIL_PTR_* as registered */
@@ -127,7 +132,7 @@ struct rail_ib_mh {
 	uint32_t rkey[RAIL_MAX_VDEV_DEVS];
 };
 /* Register [addr, addr+len) on every member HCA (fd < 0: not DMA-BUF). */
-int rail_ib_mr_register(struct rail_ib_hca *const *hcas, int n, void *addr, size_t len,
+int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size_t len,
 			int type, int fd, uint64_t offset, const char *peer,
 			struct rail_ib_mh **out);
 void rail_ib_mr_deregister(struct rail_ib_mh *mh);
@@ -136,6 +141,7 @@ void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 
 /* ---- comms (ib_conn.c, ib_qp.c, ib_p2p.c, ib_flush.c) ------------------ */
 #define RAIL_IB_SLOTS 64	/* CTS FIFO slots, a power of two */
+#define RAIL_IB_EARLY_DEPTH 256	/* sender WRs of early-completed batches in flight per QP */
 #define RAIL_IB_MAX_QPS 128
 
 struct rail_ib_comm;
@@ -146,8 +152,12 @@ struct rail_ib_qp {
 	int remote_member;	/* the peer's member this QP talks to */
 	uint32_t remote_qpn;
 	uint32_t max_inline;
-	uint32_t sq_posted;	/* receiver: CTS writes posted */
-	uint32_t sq_retired;	/* receiver: CTS writes known complete */
+	/*
+	 * Receiver: CTS writes posted / known complete. Sender: WRs of
+	 * early-completed (all-inline) batches posted / known complete.
+	 */
+	uint32_t sq_posted;
+	uint32_t sq_retired;
 };
 
 /* Per member device of a comm. */
@@ -159,10 +169,6 @@ struct rail_ib_devres {
 	struct ibv_qp *flush_qp;	/* receiver, when flushes are needed */
 	struct ibv_mr *flush_mr;
 	uint64_t cqes;			/* completions polled on this device */
-};
-
-struct rail_ib_remote_dev {
-	struct rail_ib_wire_dev info;
 };
 
 /* The send batch being matched to one CTS slot. */
@@ -187,6 +193,9 @@ struct rail_ib_comm {
 	char peer[RAIL_ADDR_STRLEN];
 	atomic_int fatal;		/* async event on one of our QPs/CQs */
 	int error;			/* a failed completion: -errno */
+	int oob_fd;			/* the handshake socket, kept to notice a dead peer */
+	uint32_t idle;			/* calls that found nothing to do */
+	uint64_t oob_checked_ns;
 	uint64_t seq;			/* next receive (recv) or batch (send) */
 	/* sender */
 	uint8_t *fifo;			/* RAIL_IB_SLOTS x RAIL_MAX_RECVS CTS entries */
@@ -202,6 +211,7 @@ struct rail_ib_comm {
 	struct rail_ib_req *slot_busy[RAIL_IB_SLOTS];
 	int flush;			/* flush QPs exist */
 	uint32_t flush_host;		/* flush host buffers too (testing) */
+	uint8_t flush_buf[64];		/* RDMA read target of flushes */
 };
 
 struct rail_ib_req {
@@ -216,7 +226,8 @@ struct rail_ib_req {
 	int nmembers;
 	struct rail_ib_req *members[RAIL_MAX_RECVS];
 	void *data;
-	struct rail_ib_mh *mh;
+	struct rail_ib_mh *mh;		/* send; a receive's are in mhs */
+	struct rail_ib_mh *mhs[RAIL_MAX_RECVS];
 	int tag;
 };
 
@@ -224,6 +235,9 @@ struct rail_ib_req {
 int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send);
 void rail_ib_comm_res_fini(struct rail_ib_comm *c);
 int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send);
+/* An RC QP on member m, in INIT; NULL with *err (logged). */
+struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int recv_wr,
+			      int access, int *err);
 int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns);
 void rail_ib_local_wire_dev(const struct rail_ib_dev *d, uint32_t rkey,
 			    struct rail_ib_wire_dev *out);
@@ -231,6 +245,8 @@ int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn,
 		       int flush);
 int rail_ib_comm_check(struct rail_ib_comm *c, const char *call);
+/* Move every QP to the error state (the NIC stops using our memory); the comm fails. */
+void rail_ib_comm_quiesce(struct rail_ib_comm *c, const char *why);
 const char *rail_ib_qp_where(struct rail_ib_comm *c, int qpi, char *buf, size_t len);
 
 /* ib_p2p.c */
@@ -240,6 +256,8 @@ int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **da
 		  const size_t *sizes, const int *tags, void **mhandles);
 int rail_ib_test(struct rail_req *req, int *done, size_t *sizes);
 int rail_ib_poll(struct rail_ib_comm *c);
+/* Every ~100 ms of waiting: -ECONNRESET (logged) once the peer closed its socket. */
+int rail_ib_peer_check(struct rail_ib_comm *c, const char *call);
 
 /* ib_flush.c */
 int rail_ib_flush_init(struct rail_ib_comm *c);

@@ -75,6 +75,19 @@ static struct ibv_mr *fault_reg_mr(struct ibv_pd *pd, void *addr, size_t len, in
 	return saved.reg_mr(pd, addr, len, access);
 }
 
+/* "ibv_reg_mr" also covers ibv_reg_mr_iova2 (used for relaxed ordering). */
+static struct ibv_mr *fault_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+					 unsigned int access)
+{
+	int err = hit(F_REG_MR);
+
+	if (err) {
+		errno = err;
+		return NULL;
+	}
+	return saved.reg_mr_iova2(pd, addr, len, iova, access);
+}
+
 static struct ibv_mr *fault_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
 					  uint64_t iova, int fd, int access)
 {
@@ -156,6 +169,9 @@ static void install(enum fault_call c)
 	case F_REG_MR:
 		saved.reg_mr = rail_ibv.reg_mr;
 		rail_ibv.reg_mr = fault_reg_mr;
+		saved.reg_mr_iova2 = rail_ibv.reg_mr_iova2;
+		if (saved.reg_mr_iova2)
+			rail_ibv.reg_mr_iova2 = fault_reg_mr_iova2;
 		break;
 	case F_REG_DMABUF_MR:
 		saved.reg_dmabuf_mr = rail_ibv.reg_dmabuf_mr;
@@ -194,7 +210,10 @@ static void install(enum fault_call c)
 static void uninstall(enum fault_call c)
 {
 	switch (c) {
-	case F_REG_MR: rail_ibv.reg_mr = saved.reg_mr; break;
+	case F_REG_MR:
+		rail_ibv.reg_mr = saved.reg_mr;
+		rail_ibv.reg_mr_iova2 = saved.reg_mr_iova2;
+		break;
 	case F_REG_DMABUF_MR: rail_ibv.reg_dmabuf_mr = saved.reg_dmabuf_mr; break;
 	case F_CREATE_QP: rail_ibv.create_qp = saved.create_qp; break;
 	case F_MODIFY_QP: rail_ibv.modify_qp = saved.modify_qp; break;

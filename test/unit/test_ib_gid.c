@@ -140,6 +140,33 @@ static void test_missing_table(void **state)
 	assert_non_null(strstr(c.reason, "cannot read the GID table"));
 }
 
+/* The fixture engineer's RoCE H100 server: index 3 everywhere, entry 6 unreadable. */
+static void test_roce_h100_fixture(void **state)
+{
+	static const char *const nics[] = { "mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3",
+					    "mlx5_6", "mlx5_7", "mlx5_8", "mlx5_9" };
+	struct rail_ib_gid_choice c;
+
+	(void)state;
+	rail_sysfs_set_root("test/fixtures/roce-h100");
+	if (!rail_sysfs_exists("/sys/class/infiniband/mlx5_0/ports/1/gids"))
+		skip();
+	for (size_t i = 0; i < RAIL_ARRAY_SIZE(nics); i++) {
+		assert_int_equal(rail_ib_gid_select(nics[i], 1, 0, &c), 0);
+		if (c.index != 3)
+			fail_msg("%s: GID %d (%s), expected 3", nics[i], c.index, c.reason);
+	}
+	unit_assert_logged2(RAIL_LOG_INFO, "mlx5_0:1 GID 6", "cannot be read");
+	setenv("NCCL_IB_ADDR_FAMILY", "AF_INET6", 1);
+	rail_params_reload();
+	assert_int_equal(rail_ib_gid_select("mlx5_0", 1, 0, &c), 0);
+	assert_int_equal(c.index, 5);
+	setenv("NCCL_IB_ROCE_VERSION_NUM", "1", 1);
+	rail_params_reload();
+	assert_int_equal(rail_ib_gid_select("mlx5_0", 1, 0, &c), 0);
+	assert_int_equal(c.index, 4);
+}
+
 static void test_choose_pure(void **state)
 {
 	struct rail_ib_gid_entry tab[3];
@@ -188,6 +215,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_ipv6_only_port, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_link_local_only_port, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_missing_table, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_roce_h100_fixture, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_choose_pure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_range_parse, setup, teardown),
 	};

@@ -174,19 +174,25 @@ static void test_cts(void **state)
 static void test_imm(void **state)
 {
 	uint64_t v;
-	int multi;
+	int idx;
 
 	(void)state;
-	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_single(12345), &multi, &v), 0);
-	assert_int_equal(multi, 0);
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_single(12345), &v, &idx), RAIL_IB_IMM_SIZE);
 	assert_true(v == 12345);
-	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_single(RAIL_MAX_MSG_BYTES), &multi, &v), 0);
-	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_multi(8), &multi, &v), 0);
-	assert_int_equal(multi, 1);
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_single(RAIL_MAX_MSG_BYTES), &v, &idx),
+			 RAIL_IB_IMM_SIZE);
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_multi(8), &v, &idx), RAIL_IB_IMM_COUNT);
 	assert_true(v == 8);
-	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_multi(9), &multi, &v), -EBADMSG);
-	assert_int_equal(rail_ib_imm_decode(RAIL_IB_IMM_MULTI | 1, &multi, &v), -EBADMSG);
-	assert_int_equal(rail_ib_imm_decode(0x7fffffff, &multi, &v), -EBADMSG);
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_refused(5, 1000), &v, &idx),
+			 RAIL_IB_IMM_REFUSAL);
+	assert_int_equal(idx, 5);
+	assert_true(v == 1000);
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_refused(7, 1ull << 31), &v, &idx),
+			 RAIL_IB_IMM_REFUSAL);
+	assert_true(v == RAIL_IB_IMM_REFUSED_SIZE_MAX);
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_multi(9), &v, &idx), -EBADMSG);
+	assert_int_equal(rail_ib_imm_decode(RAIL_IB_IMM_MULTI | 1, &v, &idx), -EBADMSG);
+	assert_int_equal(rail_ib_imm_decode(0x7fffffff, &v, &idx), -EBADMSG);
 }
 
 static void test_sizes(void **state)

@@ -1,0 +1,773 @@
+/*
+ * nccl-net-rail: verbs connection setup over an out-of-band TCP socket,
+ * never blocking: NCCL calls connect/accept again until they return a comm,
+ * and the state lives in the handle's stage slot (connect) or the listen
+ * comm's pending list (accept).
+ *
+ *   sender (connect)                       receiver (accept)
+ *   HELLO {nonce, devices, QPs/device} -->
+ *                                          checks the nonce (REFUSE if wrong),
+ *                                          creates CQs + QPs (INIT)
+ *                                      <-- ACCEPT {devices, QPNs, completion records}
+ *   creates QPs, RTR + RTS
+ *   READY {QPNs, CTS FIFO}             -->
+ *   returns the comm                       RTR + RTS, flush QPs, returns the comm
+ *
+ * The sender's QPs are ready before READY leaves, and the receiver writes
+ * nothing before its QPs are ready, so no further message is needed: the
+ * first clear-to-send entry is the receiver's "go". The socket stays open
+ * with the comm: its closing tells a waiting side that the peer died.
+ *
+ * QP creation and the RTR/RTS transitions run in a short-lived helper
+ * thread (joined before the call that sees it finish returns): on RoCE the
+ * kernel resolves the peer's address inside ibv_modify_qp(RTR), which can
+ * take a second, and connect/accept must not block NCCL's proxy thread.
+ */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "handle.h"
+#include "ib/ib.h"
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+
+#define MAX_PENDING 32
+
+enum hs_state {
+	S_CONNECTING,
+	S_SEND_HELLO,
+	S_RECV_ACCEPT,
+	S_SEND_READY,
+	R_RECV_HELLO,
+	R_SEND_ACCEPT,
+	R_RECV_READY,
+	R_SEND_REFUSE,
+	HS_WORKING,
+	HS_DONE,
+};
+
+static const char *const state_names[] = {
+	"connecting", "sending the hello", "waiting for the accept", "sending ready",
+	"waiting for the hello", "sending the accept", "waiting for ready", "sending a refusal",
+	"setting up QPs", "done",
+};
+
+struct rail_ib_hs {
+	int fd;
+	enum hs_state state;
+	int vdev;
+	uint64_t nonce;
+	uint64_t start_ns;
+	struct rail_conn_opts opts;
+	struct rail_ib_comm *comm;
+	char peer[RAIL_ADDR_STRLEN];
+	uint8_t buf[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
+	size_t len, off;
+	int body_len;
+	/* the helper thread doing the verbs part of a step */
+	struct rail_ib_msg msg;
+	int (*work)(struct rail_ib_hs *hs);
+	enum hs_state after;
+	pthread_t worker;
+	int worker_started;
+	atomic_int worker_done;
+	int worker_err;
+};
+
+struct rail_ib_listen {
+	struct rail_comm base;
+	int fd;
+	uint64_t nonce;
+	int npending;
+	struct rail_ib_hs *pending[MAX_PENDING];
+};
+
+/* ---- comms ------------------------------------------------------------- */
+
+void rail_ib_comm_free(struct rail_ib_comm *c)
+{
+	if (!c)
+		return;
+	rail_ib_comm_res_fini(c);
+	if (c->oob_fd >= 0)
+		close(c->oob_fd);
+	rail_comm_fini(&c->base);
+	free(c);
+}
+
+static struct rail_ib_comm *comm_new(int vdev, int is_send, const char *peer, int *err)
+{
+	struct rail_ib_comm *c = calloc(1, sizeof(*c));
+
+	if (!c) {
+		*err = -ENOMEM;
+		return NULL;
+	}
+	c->oob_fd = -1;
+	rail_strlcpy(c->peer, peer, sizeof(c->peer));
+	*err = rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, vdev,
+			      &rail_ib_ops);
+	if (*err) {
+		free(c);
+		return NULL;
+	}
+	c->split = (int)rail_param_int(RAIL_P_IB_SPLIT_DATA_ON_QPS);
+	*err = rail_ib_comm_res_init(c, vdev, is_send);
+	if (*err) {
+		rail_ib_comm_free(c);
+		return NULL;
+	}
+	return c;
+}
+
+/* ---- handshake I/O ------------------------------------------------------ */
+
+static void *hs_worker_main(void *arg)
+{
+	struct rail_ib_hs *hs = arg;
+
+	hs->worker_err = hs->work(hs);
+	atomic_store(&hs->worker_done, 1);
+	return NULL;
+}
+
+/* Run work(hs) in a helper thread; the handshake goes to state next after it. */
+static void hs_spawn(struct rail_ib_hs *hs, int (*work)(struct rail_ib_hs *hs),
+		     enum hs_state next)
+{
+	hs->work = work;
+	hs->after = next;
+	hs->state = HS_WORKING;
+	atomic_store(&hs->worker_done, 0);
+	if (pthread_create(&hs->worker, NULL, hs_worker_main, hs) == 0) {
+		hs->worker_started = 1;
+		return;
+	}
+	hs_worker_main(hs);	/* no thread: do it here */
+}
+
+static void hs_join(struct rail_ib_hs *hs)
+{
+	if (hs->worker_started) {
+		pthread_join(hs->worker, NULL);
+		hs->worker_started = 0;
+	}
+}
+
+/* -EAGAIN while the helper runs, then its result. */
+static int hs_wait(struct rail_ib_hs *hs)
+{
+	if (!atomic_load(&hs->worker_done))
+		return -EAGAIN;
+	hs_join(hs);
+	if (hs->worker_err)
+		return hs->worker_err;
+	hs->state = hs->after;
+	return 0;
+}
+
+static void hs_free(struct rail_ib_hs *hs)
+{
+	hs_join(hs);
+	if (hs->fd >= 0)
+		close(hs->fd);
+	rail_ib_comm_free(hs->comm);
+	free(hs);
+}
+
+static int hs_put(struct rail_ib_hs *hs, const struct rail_ib_msg *m)
+{
+	int n = rail_ib_msg_encode(m, hs->buf, sizeof(hs->buf));
+
+	if (n < 0) {
+		RAIL_WARN("handshake with peer %s: cannot encode message type %d (%d devices, %d "
+			  "QPs)", hs->peer, m->type, m->ndevs, m->nqps);
+		return n;
+	}
+	hs->len = (size_t)n;
+	hs->off = 0;
+	return 0;
+}
+
+static int io_warn(struct rail_ib_hs *hs, int err)
+{
+	if (!err || err == -EAGAIN)
+		return err;
+	RAIL_WARN("verbs handshake with peer %s failed while %s: %s%s", hs->peer,
+		  state_names[hs->state], RAIL_ERRSTR(err),
+		  err == -ECONNRESET || err == -EPIPE ? " (the peer closed the connection: did it "
+							 "fail or exit?)" : "");
+	return err;
+}
+
+static int hs_send(struct rail_ib_hs *hs)
+{
+	return io_warn(hs, rail_sock_send_nb(hs->fd, hs->buf, hs->len, &hs->off));
+}
+
+static void hs_recv_reset(struct rail_ib_hs *hs)
+{
+	hs->off = 0;
+	hs->body_len = -1;
+}
+
+/* 0 with *m decoded, -EAGAIN, or an error (logged). */
+static int hs_recv(struct rail_ib_hs *hs, struct rail_ib_msg *m)
+{
+	char why[200];
+	int err, type;
+
+	if (hs->body_len < 0) {
+		err = rail_sock_recv_nb(hs->fd, hs->buf, RAIL_IB_HDR_SIZE, &hs->off);
+		if (err)
+			return io_warn(hs, err);
+		hs->body_len = rail_ib_msg_header(hs->buf, &type, why, sizeof(why));
+		if (hs->body_len < 0)
+			goto bad;
+	}
+	err = rail_sock_recv_nb(hs->fd, hs->buf, RAIL_IB_HDR_SIZE + (size_t)hs->body_len,
+				&hs->off);
+	if (err)
+		return io_warn(hs, err);
+	err = rail_ib_msg_decode(hs->buf, hs->off, m, why, sizeof(why));
+	if (!err)
+		return 0;
+bad:
+	RAIL_WARN("verbs handshake with peer %s while %s: %s", hs->peer, state_names[hs->state],
+		  why);
+	return -EPROTO;
+}
+
+static int hs_timed_out(struct rail_ib_hs *hs)
+{
+	int64_t limit = rail_param_int(RAIL_P_CONNECT_TIMEOUT);
+
+	if (limit <= 0 || rail_now_ns() - hs->start_ns < (uint64_t)limit * 1000000000ull)
+		return 0;
+	RAIL_WARN("verbs handshake with peer %s timed out after %lld s while %s; is the peer "
+		  "alive and reachable? (NCCL_RAIL_CONNECT_TIMEOUT)", hs->peer, (long long)limit,
+		  state_names[hs->state]);
+	return 1;
+}
+
+/* ---- messages ----------------------------------------------------------- */
+
+static void msg_devs(struct rail_ib_comm *c, struct rail_ib_msg *m, int ctrl)
+{
+	m->ndevs = c->ndevs;
+	for (int i = 0; i < c->ndevs; i++)
+		rail_ib_local_wire_dev(c->res[i].dev, ctrl ? c->res[i].ctrl_mr->rkey : 0,
+				       &m->devs[i]);
+}
+
+static int check_link_layers(struct rail_ib_comm *c, const struct rail_ib_msg *m,
+			     char *why, size_t why_len)
+{
+	int ll = c->res[0].dev->link_layer;
+
+	for (int i = 0; i < m->ndevs; i++) {
+		if (m->devs[i].link_layer != ll) {
+			snprintf(why, why_len, "link layer mismatch: local %s is %s, peer device %d "
+				 "is %s", c->res[0].dev->name, rail_link_layer_str(ll), i,
+				 rail_link_layer_str(m->devs[i].link_layer));
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+static void remote_devs(struct rail_ib_comm *c, const struct rail_ib_msg *m)
+{
+	c->remote_ndevs = m->ndevs;
+	memcpy(c->remote, m->devs, sizeof(m->devs[0]) * (size_t)m->ndevs);
+}
+
+static int qp_count(int ndevs, int remote_ndevs, int qpd_remote)
+{
+	int qpd = RAIL_MAX((int)rail_param_int(RAIL_P_IB_QPS_PER_CONNECTION), qpd_remote);
+	int n = RAIL_MAX(ndevs, remote_ndevs) * qpd;
+
+	if (n > RAIL_IB_MAX_QPS) {
+		RAIL_WARN("%d QPs per connection asked (NCCL_IB_QPS_PER_CONNECTION=%d x %d "
+			  "devices); using %d", n, qpd, RAIL_MAX(ndevs, remote_ndevs),
+			  RAIL_IB_MAX_QPS);
+		n = RAIL_IB_MAX_QPS - RAIL_IB_MAX_QPS % RAIL_MAX(ndevs, remote_ndevs);
+	}
+	return n;
+}
+
+/* ---- sender ------------------------------------------------------------- */
+
+static int sender_hello(struct rail_ib_hs *hs)
+{
+	struct rail_ib_comm *c = hs->comm;
+	int tc = (int)rail_param_int(RAIL_P_IB_TC), sl = (int)rail_param_int(RAIL_P_IB_SL);
+	struct rail_ib_msg m;
+
+	memset(&m, 0, sizeof(m));
+	c->tc = tc >= 0 ? tc : hs->opts.traffic_class >= 0 ? hs->opts.traffic_class : 0;
+	c->sl = sl >= 0 ? sl : 0;
+	m.type = RAIL_IB_MSG_HELLO;
+	m.nonce = hs->nonce;
+	m.qps_per_dev = (int)rail_param_int(RAIL_P_IB_QPS_PER_CONNECTION);
+	m.tc = c->tc;
+	m.sl = c->sl;
+	msg_devs(c, &m, 0);
+	return hs_put(hs, &m);
+}
+
+static int sender_check_accept(struct rail_ib_hs *hs, const struct rail_ib_msg *m)
+{
+	struct rail_ib_comm *c = hs->comm;
+	char why[200];
+
+	if (m->type == RAIL_IB_MSG_REFUSE) {
+		RAIL_WARN("connection to peer %s refused by the listener: %s", hs->peer, m->text);
+		return -ECONNREFUSED;
+	}
+	if (m->type != RAIL_IB_MSG_ACCEPT || m->nqps < RAIL_MAX(c->ndevs, m->ndevs) ||
+	    m->nqps > RAIL_IB_MAX_QPS) {
+		RAIL_WARN("verbs handshake with peer %s: expected an accept, got type %d with %d "
+			  "QPs", hs->peer, m->type, m->nqps);
+		return -EPROTO;
+	}
+	if (check_link_layers(c, m, why, sizeof(why))) {
+		RAIL_WARN("connection to peer %s: %s", hs->peer, why);
+		return -EPROTO;
+	}
+	return 0;
+}
+
+/* Helper thread: QPs, RTR + RTS, then the READY message. */
+static int sender_setup(struct rail_ib_hs *hs)
+{
+	struct rail_ib_comm *c = hs->comm;
+	const struct rail_ib_msg *m = &hs->msg;
+	struct rail_ib_msg r;
+	int err;
+
+	remote_devs(c, m);
+	c->remote_cmpl_addr = m->ctrl_addr;
+	for (int i = 0; i < m->ndevs; i++)
+		c->remote_cmpl_rkey[i] = m->devs[i].ctrl_rkey;
+	err = rail_ib_comm_qps_create(c, m->nqps, 1);
+	if (!err)
+		err = rail_ib_comm_qps_connect(c, m->qpn);
+	if (err)
+		return err;
+	memset(&r, 0, sizeof(r));
+	r.type = RAIL_IB_MSG_READY;
+	r.nqps = c->nqps;
+	for (int i = 0; i < c->nqps; i++)
+		r.qpn[i] = c->qps[i].qp->qp_num;
+	r.ctrl_addr = (uintptr_t)c->fifo;
+	r.tc = c->tc;
+	r.sl = c->sl;
+	msg_devs(c, &r, 1);
+	return hs_put(hs, &r);
+}
+
+static int connect_progress(struct rail_ib_hs *hs)
+{
+	int err;
+
+	for (;;) {
+		switch (hs->state) {
+		case S_CONNECTING:
+			err = rail_sock_connect_done(hs->fd);
+			if (err)
+				return io_warn(hs, err);
+			err = sender_hello(hs);
+			if (err)
+				return err;
+			hs->state = S_SEND_HELLO;
+			break;
+		case S_SEND_HELLO:
+			err = hs_send(hs);
+			if (err)
+				return err;
+			hs_recv_reset(hs);
+			hs->state = S_RECV_ACCEPT;
+			break;
+		case S_RECV_ACCEPT:
+			err = hs_recv(hs, &hs->msg);
+			if (!err)
+				err = sender_check_accept(hs, &hs->msg);
+			if (err)
+				return err;
+			hs_spawn(hs, sender_setup, S_SEND_READY);
+			break;
+		case HS_WORKING:
+			err = hs_wait(hs);
+			if (err)
+				return err;
+			break;
+		case S_SEND_READY:
+			err = hs_send(hs);
+			if (err)
+				return err;
+			hs->state = HS_DONE;
+			return 0;
+		default:
+			return -EINVAL;
+		}
+	}
+}
+
+static int connect_start(int vdev, const struct rail_conn_opts *opts, const void *handle,
+			 struct rail_ib_hs **out)
+{
+	struct rail_handle h;
+	struct rail_ib_hs *hs;
+	char why[256];
+	int err;
+
+	err = rail_handle_decode(handle, RAIL_HANDLE_SIZE, &h, why, sizeof(why));
+	if (err) {
+		RAIL_WARN("connect on device %d: %s", vdev, why);
+		return err;
+	}
+	if (h.transport != RAIL_TRANSPORT_IB) {
+		RAIL_WARN("connect to %s: the listener uses the %s transport and this process the "
+			  "verbs one; set the same NCCL_RAIL_TRANSPORT on every node",
+			  RAIL_ADDRSTR(&h.addr), rail_transport_name(h.transport));
+		return -EPROTO;
+	}
+	hs = calloc(1, sizeof(*hs));
+	if (!hs)
+		return -ENOMEM;
+	hs->fd = -1;
+	hs->vdev = vdev;
+	hs->nonce = h.nonce;
+	hs->opts = *opts;
+	hs->start_ns = rail_now_ns();
+	hs->state = S_CONNECTING;
+	rail_sockaddr_str(&h.addr, hs->peer, sizeof(hs->peer));
+	hs->comm = comm_new(vdev, 1, hs->peer, &err);
+	if (hs->comm)
+		err = rail_sock_connect_start(&h.addr, &hs->fd);
+	if (err) {
+		if (hs->comm)
+			RAIL_WARN("connect to peer %s: %s", hs->peer, RAIL_ERRSTR(err));
+		hs_free(hs);
+		return err;
+	}
+	*out = hs;
+	return 0;
+}
+
+int rail_ib_connect(int dev, const struct rail_conn_opts *opts, void *handle,
+		    struct rail_comm **send_comm)
+{
+	struct rail_ib_hs *hs = rail_handle_get_stage(handle);
+	int err;
+
+	if (!hs) {
+		err = connect_start(dev, opts, handle, &hs);
+		if (err)
+			return err;
+		rail_handle_set_stage(handle, hs);
+	}
+	err = connect_progress(hs);
+	if (err == -EAGAIN && !hs_timed_out(hs))
+		return 0;
+	rail_handle_set_stage(handle, NULL);
+	if (err) {
+		hs_free(hs);
+		return err == -EAGAIN ? -ETIMEDOUT : err;
+	}
+	hs->comm->oob_fd = hs->fd;
+	hs->fd = -1;
+	*send_comm = &hs->comm->base;
+	hs->comm = NULL;
+	hs_free(hs);
+	return 0;
+}
+
+/* ---- receiver ----------------------------------------------------------- */
+
+static int refuse(struct rail_ib_hs *hs, uint32_t code, const char *why)
+{
+	struct rail_ib_msg m;
+
+	RAIL_WARN("verbs connection from %s refused: %s", hs->peer, why);
+	memset(&m, 0, sizeof(m));
+	m.type = RAIL_IB_MSG_REFUSE;
+	m.refuse_code = code;
+	rail_strlcpy(m.text, why, sizeof(m.text));
+	hs->state = R_SEND_REFUSE;
+	return hs_put(hs, &m);
+}
+
+static int receiver_accept_msg(struct rail_ib_hs *hs)
+{
+	struct rail_ib_comm *c = hs->comm;
+	struct rail_ib_msg m;
+
+	memset(&m, 0, sizeof(m));
+	m.type = RAIL_IB_MSG_ACCEPT;
+	m.nqps = c->nqps;
+	for (int i = 0; i < c->nqps; i++)
+		m.qpn[i] = c->qps[i].qp->qp_num;
+	m.ctrl_addr = (uintptr_t)c->cmpl;
+	m.tc = c->tc;
+	m.sl = c->sl;
+	msg_devs(c, &m, 1);
+	return hs_put(hs, &m);
+}
+
+/* Helper thread: QPs (INIT), flush QPs, then the ACCEPT message. */
+static int receiver_setup(struct rail_ib_hs *hs)
+{
+	struct rail_ib_comm *c = hs->comm;
+	int err;
+
+	err = rail_ib_comm_qps_create(c, qp_count(c->ndevs, hs->msg.ndevs, hs->msg.qps_per_dev), 0);
+	if (!err)
+		err = rail_ib_flush_init(c);
+	if (err)
+		return err;
+	return receiver_accept_msg(hs);
+}
+
+/* Helper thread: RTR + RTS toward the sender's QPs. */
+static int receiver_connect(struct rail_ib_hs *hs)
+{
+	return rail_ib_comm_qps_connect(hs->comm, hs->msg.qpn);
+}
+
+static int receiver_on_hello(struct rail_ib_hs *hs, uint64_t nonce, const struct rail_ib_msg *m)
+{
+	int tc = (int)rail_param_int(RAIL_P_IB_TC), sl = (int)rail_param_int(RAIL_P_IB_SL);
+	struct rail_ib_comm *c;
+	char why[200];
+	int err;
+
+	if (m->type != RAIL_IB_MSG_HELLO) {
+		RAIL_WARN("verbs connection from %s: expected a hello, got type %d", hs->peer,
+			  m->type);
+		return -EPROTO;
+	}
+	if (m->nonce != nonce) {
+		snprintf(why, sizeof(why), "nonce 0x%016llx does not match this listener's: the "
+			 "handle is stale (from an earlier listen) or belongs to another "
+			 "communicator", (unsigned long long)m->nonce);
+		return refuse(hs, RAIL_IB_REFUSE_NONCE, why);
+	}
+	hs->comm = c = comm_new(hs->vdev, 0, hs->peer, &err);
+	if (!c)
+		return err;
+	if (check_link_layers(c, m, why, sizeof(why)))
+		return refuse(hs, RAIL_IB_REFUSE_LINK_LAYER, why);
+	remote_devs(c, m);
+	c->tc = tc >= 0 ? tc : m->tc;
+	c->sl = sl >= 0 ? sl : m->sl;
+	hs_spawn(hs, receiver_setup, R_SEND_ACCEPT);
+	return 0;
+}
+
+static int receiver_on_ready(struct rail_ib_hs *hs, const struct rail_ib_msg *m)
+{
+	struct rail_ib_comm *c = hs->comm;
+
+	if (m->type != RAIL_IB_MSG_READY || m->nqps != c->nqps || m->ndevs != c->remote_ndevs) {
+		RAIL_WARN("verbs connection from %s: expected ready with %d QPs and %d devices, "
+			  "got type %d with %d QPs, %d devices", hs->peer, c->nqps, c->remote_ndevs,
+			  m->type, m->nqps, m->ndevs);
+		return -EPROTO;
+	}
+	c->remote_fifo_addr = m->ctrl_addr;
+	for (int i = 0; i < m->ndevs; i++)
+		c->remote_fifo_rkey[i] = m->devs[i].ctrl_rkey;
+	hs_spawn(hs, receiver_connect, HS_DONE);
+	return 0;
+}
+
+/* 0 done, 1 refused and finished, -EAGAIN, or an error. */
+static int accept_progress(struct rail_ib_listen *l, struct rail_ib_hs *hs)
+{
+	int err;
+
+	for (;;) {
+		switch (hs->state) {
+		case R_RECV_HELLO:
+			err = hs_recv(hs, &hs->msg);
+			if (!err)
+				err = receiver_on_hello(hs, l->nonce, &hs->msg);
+			if (err)
+				return err;
+			break;
+		case HS_WORKING:
+			err = hs_wait(hs);
+			if (err)
+				return err;
+			if (hs->state == HS_DONE)
+				return 0;
+			break;
+		case R_SEND_ACCEPT:
+			err = hs_send(hs);
+			if (err)
+				return err;
+			hs_recv_reset(hs);
+			hs->state = R_RECV_READY;
+			break;
+		case R_RECV_READY:
+			err = hs_recv(hs, &hs->msg);
+			if (!err)
+				err = receiver_on_ready(hs, &hs->msg);
+			if (err)
+				return err;
+			break;
+		case R_SEND_REFUSE:
+			err = rail_sock_send_nb(hs->fd, hs->buf, hs->len, &hs->off);
+			return err == -EAGAIN ? err : 1;
+		default:
+			return -EINVAL;
+		}
+	}
+}
+
+static void accept_new(struct rail_ib_listen *l)
+{
+	while (l->npending < MAX_PENDING) {
+		union rail_sockaddr peer;
+		struct rail_ib_hs *hs;
+		int fd;
+
+		if (rail_sock_accept(l->fd, &fd, &peer))
+			return;
+		hs = calloc(1, sizeof(*hs));
+		if (!hs) {
+			close(fd);
+			return;
+		}
+		hs->fd = fd;
+		hs->vdev = l->base.dev;
+		hs->state = R_RECV_HELLO;
+		hs->start_ns = rail_now_ns();
+		rail_sockaddr_str(&peer, hs->peer, sizeof(hs->peer));
+		hs_recv_reset(hs);
+		l->pending[l->npending++] = hs;
+	}
+}
+
+static void pending_drop(struct rail_ib_listen *l, int i)
+{
+	hs_free(l->pending[i]);
+	l->pending[i] = l->pending[--l->npending];
+}
+
+int rail_ib_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm)
+{
+	struct rail_ib_listen *l = (struct rail_ib_listen *)listen_comm;
+
+	accept_new(l);
+	for (int i = 0; i < l->npending; i++) {
+		struct rail_ib_hs *hs = l->pending[i];
+		int err = accept_progress(l, hs);
+
+		if (err == -EAGAIN && !hs_timed_out(hs))
+			continue;
+		if (err == 0) {
+			hs->comm->oob_fd = hs->fd;
+			hs->fd = -1;
+			*recv_comm = &hs->comm->base;
+			hs->comm = NULL;
+			pending_drop(l, i);
+			return 0;
+		}
+		pending_drop(l, i);
+		if (err != 1)
+			return err == -EAGAIN ? -ETIMEDOUT : err;
+		i--;	/* refused: keep listening for the right peer */
+	}
+	return 0;
+}
+
+int rail_ib_listen(int dev, void *handle, struct rail_comm **listen_comm)
+{
+	struct rail_ib_listen *l = calloc(1, sizeof(*l));
+	struct rail_handle h;
+	int err;
+
+	if (!l)
+		return -ENOMEM;
+	rail_comm_init(&l->base, RAIL_COMM_LISTEN, dev, &rail_ib_ops);
+	memset(&h, 0, sizeof(h));
+	err = rail_sock_listen(rail_ib_oob_addr(), 128, &l->fd, &h.addr);
+	if (err) {
+		RAIL_WARN("listen on %s for device %d failed: %s; check NCCL_SOCKET_IFNAME",
+			  RAIL_ADDRSTR(rail_ib_oob_addr()), dev, RAIL_ERRSTR(err));
+		free(l);
+		return err;
+	}
+	l->nonce = rail_random64();
+	h.transport = RAIL_TRANSPORT_IB;
+	h.nonce = l->nonce;
+	err = rail_handle_encode(&h, handle, RAIL_HANDLE_SIZE);
+	if (err) {
+		close(l->fd);
+		free(l);
+		return err;
+	}
+	*listen_comm = &l->base;
+	return 0;
+}
+
+int rail_ib_close_listen(struct rail_comm *comm)
+{
+	struct rail_ib_listen *l = (struct rail_ib_listen *)comm;
+
+	while (l->npending)
+		pending_drop(l, l->npending - 1);
+	close(l->fd);
+	rail_comm_fini(&l->base);
+	free(l);
+	return 0;
+}
+
+/*
+ * Sends completed early (inline) may still sit in the send queue: let them
+ * reach the peer before the QPs go, or the receiver would wait forever for
+ * a message the sender already reported done. Bounded, since a dead peer
+ * never acknowledges.
+ */
+static void send_drain(struct rail_ib_comm *c)
+{
+	uint64_t deadline = rail_now_ns() + 1000000000ull;
+
+	while (!c->error) {
+		int left = 0;
+
+		for (int i = 0; i < c->nqps && !left; i++)
+			left = c->qps[i].sq_posted != c->qps[i].sq_retired;
+		if (!left)
+			return;
+		if (rail_now_ns() > deadline) {
+			RAIL_INFO(RAIL_LOG_NET, "closing the connection to peer %s with inline sends "
+				  "still unacknowledged after 1 s", c->peer);
+			return;
+		}
+		if (rail_ib_poll(c))
+			return;
+	}
+}
+
+int rail_ib_close_send(struct rail_comm *comm)
+{
+	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
+
+	send_drain(c);
+	rail_ib_comm_free(c);
+	return 0;
+}
+
+int rail_ib_close_recv(struct rail_comm *comm)
+{
+	rail_ib_comm_free((struct rail_ib_comm *)comm);
+	return 0;
+}

@@ -1,0 +1,131 @@
+/*
+ * nccl-net-rail: the GDR flush. After the NIC wrote GPU memory, NCCL may
+ * ask for a flush so that the GPU sees the data: a 1-byte RDMA READ of the
+ * last written buffer, on a QP connected to itself, on every member
+ * device; its completion means every earlier write on that PCIe path has
+ * landed. Flush QPs exist on receive comms when a member device can
+ * reach GPU memory (DMA-BUF or peermem) and NCCL_GDR_FLUSH_DISABLE=0, or
+ * with NCCL_RAIL_IB_FLUSH_HOST=1 (testing on hosts without GPUs).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "ib/ib.h"
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+
+#define FLUSH_DEPTH (2 * RAIL_MAX_REQUESTS + 8)
+
+static int flush_wanted(struct rail_ib_comm *c)
+{
+	if (rail_param_int(RAIL_P_GDR_FLUSH_DISABLE))
+		return 0;
+	if (rail_param_int(RAIL_P_IB_FLUSH_HOST))
+		return 1;
+	for (int m = 0; m < c->ndevs; m++) {
+		const struct rail_ib_ladder *l = &c->res[m].dev->hca->ladder;
+
+		if (l->dmabuf || l->peermem)
+			return 1;
+	}
+	return 0;
+}
+
+static int flush_member(struct rail_ib_comm *c, int m)
+{
+	struct rail_ib_devres *r = &c->res[m];
+	struct rail_ib_wire_dev self;
+	int err;
+
+	r->flush_mr = rail_ibv.reg_mr(r->dev->hca->pd, c->flush_buf, sizeof(c->flush_buf),
+				      IBV_ACCESS_LOCAL_WRITE);
+	if (!r->flush_mr) {
+		err = -(errno ? errno : EIO);
+		RAIL_WARN("ibv_reg_mr(flush target) on %s:%d for a connection to peer %s failed: %s",
+			  r->dev->hca->name, r->dev->port, c->peer, RAIL_ERRSTR(err));
+		return err;
+	}
+	r->flush_qp = rail_ib_qp_new(c, m, FLUSH_DEPTH, 1, IBV_ACCESS_REMOTE_READ, &err);
+	if (!r->flush_qp)
+		return err;
+	rail_ib_local_wire_dev(r->dev, 0, &self);
+	return rail_ib_qp_rtr_rts(c, r->flush_qp, r->dev, &self, r->flush_qp->qp_num, 1);
+}
+
+int rail_ib_flush_init(struct rail_ib_comm *c)
+{
+	if (!flush_wanted(c))
+		return 0;
+	c->flush = 1;
+	c->flush_host = (uint32_t)rail_param_int(RAIL_P_IB_FLUSH_HOST);
+	for (int m = 0; m < c->ndevs; m++) {
+		int err = flush_member(c, m);
+
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+void rail_ib_flush_fini(struct rail_ib_comm *c)
+{
+	for (int m = 0; m < c->ndevs; m++) {
+		struct rail_ib_devres *r = &c->res[m];
+
+		if (r->flush_qp)
+			rail_ibv.destroy_qp(r->flush_qp);
+		if (r->flush_mr)
+			rail_ibv.dereg_mr(r->flush_mr);
+		r->flush_qp = NULL;
+		r->flush_mr = NULL;
+	}
+}
+
+int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **data,
+		   const int *sizes, void **mhandles)
+{
+	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
+	struct rail_ib_req *r = (struct rail_ib_req *)req;
+	struct rail_ib_mh *mh = NULL;
+	int last = -1, err;
+
+	if (!c->flush)
+		return 1;
+	for (int i = 0; i < n; i++) {
+		struct rail_ib_mh *h = mhandles ? mhandles[i] : NULL;
+
+		if (sizes && sizes[i] > 0 && h && h->magic == RAIL_IB_MH_MAGIC && h->gpu) {
+			last = i;
+			mh = h;
+		}
+	}
+	if (last < 0)
+		return 1;
+	err = rail_ib_comm_check(c, "iflush");
+	if (err)
+		return err;
+	for (int m = 0; m < c->ndevs; m++) {
+		struct rail_ib_devres *res = &c->res[m];
+		struct ibv_sge sge = { .addr = (uintptr_t)c->flush_buf, .length = 1,
+				       .lkey = res->flush_mr->lkey };
+		struct ibv_send_wr wr = { .wr_id = (uintptr_t)r, .sg_list = &sge, .num_sge = 1,
+					  .opcode = IBV_WR_RDMA_READ,
+					  .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
+		int ret;
+
+		wr.wr.rdma.remote_addr = (uintptr_t)data[last];
+		wr.wr.rdma.rkey = mh->rkey[m];
+		ret = rail_ibv.post_send(res->flush_qp, &wr, &bad);
+		if (ret) {
+			ret = rail_verbs_err(ret);
+			RAIL_WARN("ibv_post_send(flush RDMA read) on %s:%d qp 0x%x (connection to peer "
+				  "%s) failed: %s", res->dev->hca->name, res->dev->port,
+				  res->flush_qp->qp_num, c->peer, RAIL_ERRSTR(-ret));
+			c->error = -ret;
+			return -ret;
+		}
+		r->events[m]++;
+	}
+	return 0;
+}

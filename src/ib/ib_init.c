@@ -1,0 +1,553 @@
+/*
+ * nccl-net-rail: the verbs transport's devices: discovery (every active
+ * IB/Ethernet port of every device, filtered by NCCL_IB_HCA), speed,
+ * properties, NIC fusion, and the transport ops table.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ib/ib.h"
+#include "ifaces.h"
+#include "log.h"
+#include "matchlist.h"
+#include "param.h"
+#include "rail.h"
+#include "sysfs.h"
+
+static struct {
+	pthread_mutex_t lock;
+	int nhca;
+	struct rail_ib_hca *hcas[RAIL_IB_MAX_HCAS];
+	int ndev;
+	struct rail_ib_dev devs[RAIL_IB_MAX_DEVS];
+	atomic_int nvdev;
+	struct rail_ib_vdev vdevs[RAIL_IB_MAX_VDEVS];
+	struct rail_iface oob;
+	struct rail_matchlist hca_list;
+	int verbs_loaded;
+} ib = { .lock = PTHREAD_MUTEX_INITIALIZER };
+
+int rail_ib_ndevs_phys(void)
+{
+	return ib.ndev;
+}
+
+struct rail_ib_dev *rail_ib_dev_get(int dev)
+{
+	return dev >= 0 && dev < ib.ndev ? &ib.devs[dev] : NULL;
+}
+
+const struct rail_ib_vdev *rail_ib_vdev_get(int vdev)
+{
+	return vdev >= 0 && vdev < atomic_load(&ib.nvdev) ? &ib.vdevs[vdev] : NULL;
+}
+
+const union rail_sockaddr *rail_ib_oob_addr(void)
+{
+	return &ib.oob.addr;
+}
+
+const char *rail_link_layer_str(int ll)
+{
+	switch (ll) {
+	case IBV_LINK_LAYER_INFINIBAND: return "IB";
+	case IBV_LINK_LAYER_ETHERNET: return "RoCE";
+	case IBV_LINK_LAYER_UNSPECIFIED: return "IB (unspecified)";
+	default: return "unknown";
+	}
+}
+
+/* NCCL's tables: Mbps per lane for the first set bit of active_speed, lanes per width bit. */
+int rail_ib_port_speed(int active_speed, int active_width)
+{
+	static const int speeds[] = { 2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000,
+				      200000 };
+	static const int widths[] = { 1, 4, 8, 12, 2 };
+	int s = active_speed ? __builtin_ctz((unsigned)active_speed) : 0;
+	int w = active_width ? __builtin_ctz((unsigned)active_width) : 0;
+
+	if (s >= (int)RAIL_ARRAY_SIZE(speeds))
+		s = (int)RAIL_ARRAY_SIZE(speeds) - 1;
+	if (w >= (int)RAIL_ARRAY_SIZE(widths))
+		w = 0;
+	return speeds[s] * widths[w];
+}
+
+int rail_ib_mtu_bytes(enum ibv_mtu mtu)
+{
+	return mtu >= IBV_MTU_256 && mtu <= IBV_MTU_4096 ? 128 << mtu : 0;
+}
+
+static const char *port_state_str(int s)
+{
+	static const char *const names[] = { "NOP", "DOWN", "INIT", "ARMED", "ACTIVE",
+					     "ACTIVE_DEFER" };
+
+	return s >= 0 && s < (int)RAIL_ARRAY_SIZE(names) ? names[s] : "unknown";
+}
+
+int rail_ib_port_check(struct ibv_context *ctx, const char *hca, int port,
+		       struct rail_ib_port_info *out, const struct rail_match_entry **entry)
+{
+	int ret;
+
+	memset(out, 0, sizeof(*out));
+	rail_strlcpy(out->hca, hca, sizeof(out->hca));
+	out->port = port;
+	ret = rail_ibv.query_port(ctx, (uint8_t)port, &out->attr);
+	if (ret) {
+		snprintf(out->why, sizeof(out->why), "ibv_query_port failed: %s",
+			 RAIL_ERRSTR(-rail_verbs_err(ret)));
+		return -rail_verbs_err(ret);
+	}
+	if (out->attr.state != IBV_PORT_ACTIVE) {
+		snprintf(out->why, sizeof(out->why), "port state %s, not ACTIVE",
+			 port_state_str(out->attr.state));
+		return 0;
+	}
+	if (out->attr.link_layer != IBV_LINK_LAYER_INFINIBAND &&
+	    out->attr.link_layer != IBV_LINK_LAYER_ETHERNET &&
+	    out->attr.link_layer != IBV_LINK_LAYER_UNSPECIFIED) {
+		snprintf(out->why, sizeof(out->why), "link layer %d is neither IB nor Ethernet",
+			 out->attr.link_layer);
+		return 0;
+	}
+	if (!rail_matchlist_match(&ib.hca_list, hca, port, entry)) {
+		snprintf(out->why, sizeof(out->why), "not selected by NCCL_IB_HCA=%s",
+			 rail_param_str(RAIL_P_IB_HCA));
+		return 0;
+	}
+	out->kept = 1;
+	return 0;
+}
+
+/* Largest inline size an RC QP accepts on this HCA (0 if none). */
+static int probe_inline(struct rail_ib_hca *hca)
+{
+	static const int tries[] = { 256, 128, 64, 0 };
+	struct ibv_cq *cq = rail_ibv.create_cq(hca->ctx, 2, NULL, NULL, 0);
+	int got = 0;
+
+	if (!cq)
+		return 0;
+	for (size_t i = 0; i < RAIL_ARRAY_SIZE(tries); i++) {
+		struct ibv_qp_init_attr a = {
+			.send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+				 .max_recv_sge = 1, .max_inline_data = (uint32_t)tries[i] },
+		};
+		struct ibv_qp *qp = rail_ibv.create_qp(hca->pd, &a);
+
+		if (qp) {
+			got = (int)a.cap.max_inline_data;
+			rail_ibv.destroy_qp(qp);
+			break;
+		}
+	}
+	rail_ibv.destroy_cq(cq);
+	return got;
+}
+
+static void hca_close(struct rail_ib_hca *hca)
+{
+	rail_ib_async_stop(hca);
+	rail_ib_mr_cache_fini(hca);
+	if (hca->pd)
+		rail_ibv.dealloc_pd(hca->pd);
+	if (hca->ctx)
+		rail_ibv.close_device(hca->ctx);
+	pthread_mutex_destroy(&hca->mr_lock);
+	free(hca);
+}
+
+static struct rail_ib_hca *hca_open(struct ibv_device *d, char *why, size_t why_len)
+{
+	struct rail_ib_hca *hca = calloc(1, sizeof(*hca));
+	int ret;
+
+	if (!hca)
+		return NULL;
+	pthread_mutex_init(&hca->mr_lock, NULL);
+	hca->async_wake[0] = hca->async_wake[1] = -1;
+	rail_strlcpy(hca->name, rail_ibv.get_device_name(d), sizeof(hca->name));
+	hca->ctx = rail_ibv.open_device(d);
+	if (!hca->ctx) {
+		snprintf(why, why_len, "%s: ibv_open_device failed: %s", hca->name,
+			 RAIL_ERRSTR(-errno));
+		goto fail;
+	}
+	ret = rail_ibv.query_device(hca->ctx, &hca->attr);
+	if (ret) {
+		snprintf(why, why_len, "%s: ibv_query_device failed: %s", hca->name,
+			 RAIL_ERRSTR(-rail_verbs_err(ret)));
+		goto fail;
+	}
+	hca->pd = rail_ibv.alloc_pd(hca->ctx);
+	if (!hca->pd) {
+		snprintf(why, why_len, "%s: ibv_alloc_pd failed: %s", hca->name,
+			 RAIL_ERRSTR(-errno));
+		goto fail;
+	}
+	hca->max_inline = probe_inline(hca);
+	return hca;
+fail:
+	hca_close(hca);
+	return NULL;
+}
+
+static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
+		     const struct rail_ib_port_info *pi, const struct rail_match_entry *entry)
+{
+	char path[256];
+
+	memset(dev, 0, sizeof(*dev));
+	dev->hca = hca;
+	dev->port = pi->port;
+	dev->link_layer = pi->attr.link_layer == IBV_LINK_LAYER_UNSPECIFIED
+				  ? IBV_LINK_LAYER_INFINIBAND : pi->attr.link_layer;
+	dev->mtu = pi->attr.active_mtu;
+	dev->lid = pi->attr.lid;
+	dev->speed = rail_ib_port_speed(pi->attr.active_speed, pi->attr.active_width);
+	dev->gid_tbl_len = pi->attr.gid_tbl_len;
+	dev->guid = hca->attr.sys_image_guid;
+	dev->rail = entry ? entry->rail : -1;
+	dev->plane = entry ? entry->plane : -1;
+	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device", hca->name);
+	if (rail_sysfs_realpath(path, dev->pci_path, sizeof(dev->pci_path)))
+		dev->pci_path[0] = '\0';
+}
+
+/* GID for RoCE ports; IB ports use index 0 (addressed by LID). */
+static int dev_gid(struct rail_ib_dev *dev, char *why, size_t why_len)
+{
+	char g[64];
+	int err;
+
+	if (dev->link_layer != IBV_LINK_LAYER_ETHERNET) {
+		union ibv_gid gid;
+
+		dev->gid.index = 0;
+		if (rail_ibv.query_gid(dev->hca->ctx, (uint8_t)dev->port, 0, &gid) == 0)
+			memcpy(dev->gid.raw, gid.raw, 16);
+		snprintf(dev->gid.reason, sizeof(dev->gid.reason), "InfiniBand: LID %u", dev->lid);
+		return 0;
+	}
+	err = rail_ib_gid_select(dev->hca->name, dev->port, dev->gid_tbl_len, &dev->gid);
+	if (err) {
+		snprintf(why, why_len, "%s:%d: %s", dev->hca->name, dev->port, dev->gid.reason);
+		return err;
+	}
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s:%d: RoCE GID index %d %s (%s)",
+		  dev->hca->name, dev->port, dev->gid.index, rail_ib_gid_str(dev->gid.raw, g,
+		  sizeof(g)), dev->gid.reason);
+	return 0;
+}
+
+static void append_why(char *why, size_t why_len, const char *what)
+{
+	size_t l = strlen(why);
+
+	if (l + 3 < why_len)
+		snprintf(why + l, why_len - l, "%s%s", l ? "; " : "", what);
+}
+
+/* Keep the usable ports of one HCA. Returns the number kept. */
+static int hca_scan_ports(struct rail_ib_hca *hca, char *why, size_t why_len)
+{
+	int first = ib.ndev, kept = 0;
+
+	for (int p = 1; p <= hca->attr.phys_port_cnt && ib.ndev < RAIL_IB_MAX_DEVS; p++) {
+		const struct rail_match_entry *entry = NULL;
+		struct rail_ib_port_info pi;
+		struct rail_ib_dev *dev = &ib.devs[ib.ndev];
+		char msg[320];
+
+		rail_ib_port_check(hca->ctx, hca->name, p, &pi, &entry);
+		if (!pi.kept) {
+			snprintf(msg, sizeof(msg), "%s:%d %s", hca->name, p, pi.why);
+			append_why(why, why_len, msg);
+			continue;
+		}
+		dev_fill(dev, hca, &pi, entry);
+		if (dev_gid(dev, msg, sizeof(msg))) {
+			RAIL_WARN("%s; the port is not used", msg);
+			append_why(why, why_len, msg);
+			continue;
+		}
+		ib.ndev++;
+		kept++;
+	}
+	for (int i = first; i < ib.ndev; i++) {
+		if (kept > 1)
+			snprintf(ib.devs[i].name, sizeof(ib.devs[i].name), "%.52s:%d", hca->name,
+				 ib.devs[i].port);
+		else
+			rail_strlcpy(ib.devs[i].name, hca->name, sizeof(ib.devs[i].name));
+	}
+	return kept;
+}
+
+static void hca_setup(struct ibv_device *d, char *why, size_t why_len)
+{
+	char msg[256] = "";
+	struct rail_ib_hca *hca;
+
+	if (ib.nhca == RAIL_IB_MAX_HCAS)
+		return;
+	hca = hca_open(d, msg, sizeof(msg));
+	if (!hca) {
+		RAIL_WARN("%s; skipping this device", msg);
+		append_why(why, why_len, msg);
+		return;
+	}
+	if (hca_scan_ports(hca, why, why_len) == 0) {
+		hca_close(hca);
+		return;
+	}
+	rail_ib_ladder_decide(hca, &hca->ladder);
+	if (rail_ib_async_start(hca))
+		RAIL_WARN("%s: no async event thread; fatal device errors will only show as "
+			  "failed completions", hca->name);
+	ib.hcas[ib.nhca++] = hca;
+}
+
+void rail_ib_hca_filter_load(void)
+{
+	const char *spec = rail_param_str(RAIL_P_IB_HCA);
+	char why[160];
+
+	memset(&ib.hca_list, 0, sizeof(ib.hca_list));
+	if (spec[0] && rail_matchlist_parse(spec, 4, &ib.hca_list, why, sizeof(why))) {
+		RAIL_WARN("NCCL_IB_HCA=%s is not valid (%s); using every device", spec, why);
+		memset(&ib.hca_list, 0, sizeof(ib.hca_list));
+	}
+}
+
+static int find_oob(char *why, size_t why_len)
+{
+	char rule[160] = "";
+	int n = rail_ifaces_find(&ib.oob, 1, rule, sizeof(rule));
+
+	if (n <= 0) {
+		snprintf(why, why_len, "no network interface for the out-of-band connection "
+			 "(%s); set NCCL_SOCKET_IFNAME", rule);
+		return -ENODEV;
+	}
+	return 0;
+}
+
+static int ib_init(char *why, size_t why_len)
+{
+	struct ibv_device **list;
+	int n = 0;
+
+	if (rail_param_int(RAIL_P_IB_DISABLE)) {
+		snprintf(why, why_len, "NCCL_IB_DISABLE=1");
+		return 0;
+	}
+	if (rail_verbs_load(why, why_len))
+		return 0;
+	ib.verbs_loaded = 1;
+	if (find_oob(why, why_len))
+		return 0;
+	rail_ib_hca_filter_load();
+	list = rail_ibv.get_device_list(&n);
+	if (!list || n == 0) {
+		snprintf(why, why_len, "no RDMA device (ibv_get_device_list: %s)",
+			 list ? "empty" : RAIL_ERRSTR(-errno));
+		if (list)
+			rail_ibv.free_device_list(list);
+		return 0;
+	}
+	why[0] = '\0';
+	for (int i = 0; i < n; i++)
+		hca_setup(list[i], why, why_len);
+	rail_ibv.free_device_list(list);
+	if (ib.ndev == 0) {
+		if (!why[0])
+			snprintf(why, why_len, "no usable RDMA port");
+		return 0;
+	}
+	for (int i = 0; i < ib.ndev; i++) {
+		ib.vdevs[i].ndevs = 1;
+		ib.vdevs[i].devs[0] = i;
+		rail_strlcpy(ib.vdevs[i].name, ib.devs[i].name, sizeof(ib.vdevs[i].name));
+	}
+	atomic_store(&ib.nvdev, ib.ndev);
+	rail_verbs_fault_arm(rail_param_str(RAIL_P_IB_FAULT));
+	return ib.ndev;
+}
+
+static void ib_fini(void)
+{
+	for (int i = 0; i < ib.nhca; i++)
+		hca_close(ib.hcas[i]);
+	ib.nhca = 0;
+	ib.ndev = 0;
+	atomic_store(&ib.nvdev, 0);
+	if (ib.verbs_loaded) {
+		rail_verbs_fault_clear();
+		rail_verbs_unload();
+		ib.verbs_loaded = 0;
+	}
+}
+
+static int ib_ndevs(void)
+{
+	return atomic_load(&ib.nvdev);
+}
+
+static void props_fill_member(struct rail_props *props, const struct rail_ib_dev *d, int first)
+{
+	int ptr = rail_ib_ladder_ptr_support(&d->hca->ladder);
+
+	if (first) {
+		props->pci_path = d->pci_path[0] ? d->pci_path : NULL;
+		props->guid = d->guid;
+		props->port = d->port;
+		props->ptr_support = ptr;
+		props->max_comms = d->hca->attr.max_qp;
+		props->rail_id = d->rail;
+		props->plane_id = d->plane;
+	} else {
+		props->ptr_support &= ptr;
+		props->max_comms = RAIL_MIN(props->max_comms, d->hca->attr.max_qp);
+		if (props->rail_id != d->rail)
+			props->rail_id = -1;
+		props->plane_id = -1;
+	}
+	props->speed += d->speed;
+}
+
+static int ib_get_props(int vdev, struct rail_props *props)
+{
+	const struct rail_ib_vdev *v = rail_ib_vdev_get(vdev);
+
+	if (!v)
+		return -EINVAL;
+	props->name = v->name;
+	props->speed = 0;
+	for (int i = 0; i < v->ndevs; i++)
+		props_fill_member(props, &ib.devs[v->devs[i]], i == 0);
+	props->reg_is_global = 1;
+	props->force_flush = 0;
+	props->latency = 0;
+	props->max_recvs = RAIL_MAX_RECVS;
+	props->vdev_ndevs = v->ndevs;
+	memcpy(props->vdev_devs, v->devs, sizeof(v->devs));
+	props->max_p2p_bytes = RAIL_MAX_MSG_BYTES;
+	props->max_coll_bytes = 512ull << 20;
+	props->max_multi_request_size = 1;
+	return 0;
+}
+
+static void ib_describe(char *buf, size_t len)
+{
+	size_t off = 0;
+
+	for (int i = 0; i < ib.ndev && off < len; i++) {
+		const struct rail_ib_dev *d = &ib.devs[i];
+		int w = snprintf(buf + off, len - off, "%s[%d]%s:%d/%s/%dMbps/%s", i ? " " : "", i,
+				 d->hca->name, d->port, rail_link_layer_str(d->link_layer),
+				 d->speed, d->hca->ladder.summary);
+
+		off += w > 0 ? (size_t)w : 0;
+	}
+	if (off < len)
+		snprintf(buf + off, len - off, "; OOB %s:%s", ib.oob.name,
+			 RAIL_ADDRSTR(&ib.oob.addr));
+}
+
+static int vdev_check(int n, const int *devs)
+{
+	if (n > 1 && !rail_param_int(RAIL_P_IB_MERGE_NICS)) {
+		RAIL_WARN("makeVDevice: fusing %d devices refused: NCCL_IB_MERGE_NICS=0", n);
+		return -EINVAL;
+	}
+	for (int i = 0; i < n; i++) {
+		if (devs[i] < 0 || devs[i] >= ib.ndev) {
+			RAIL_WARN("makeVDevice: %d is not a physical device (0..%d)", devs[i],
+				  ib.ndev - 1);
+			return -EINVAL;
+		}
+		for (int j = 0; j < i; j++) {
+			if (devs[j] == devs[i]) {
+				RAIL_WARN("makeVDevice: device %d given twice", devs[i]);
+				return -EINVAL;
+			}
+		}
+		if (ib.devs[devs[i]].link_layer != ib.devs[devs[0]].link_layer) {
+			RAIL_WARN("makeVDevice: %s is %s but %s is %s: cannot fuse different link "
+				  "layers", ib.devs[devs[i]].name,
+				  rail_link_layer_str(ib.devs[devs[i]].link_layer),
+				  ib.devs[devs[0]].name,
+				  rail_link_layer_str(ib.devs[devs[0]].link_layer));
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static int ib_make_vdevice(int n, const int *devs, int *vdev)
+{
+	struct rail_ib_vdev *v;
+	size_t off = 0;
+	int idx, err;
+
+	if (n < 1 || n > RAIL_MAX_VDEV_DEVS)
+		return -EINVAL;
+	pthread_mutex_lock(&ib.lock);
+	err = vdev_check(n, devs);
+	idx = atomic_load(&ib.nvdev);
+	if (!err && idx == RAIL_IB_MAX_VDEVS) {
+		RAIL_WARN("makeVDevice: already %d virtual devices", idx);
+		err = -ENOSPC;
+	}
+	if (err)
+		goto out;
+	v = &ib.vdevs[idx];
+	memset(v, 0, sizeof(*v));
+	v->ndevs = n;
+	for (int i = 0; i < n; i++) {
+		char part[RAIL_IB_NAME_MAX + 2];
+		int w = snprintf(part, sizeof(part), "%s%s", i ? "+" : "", ib.devs[devs[i]].name);
+
+		rail_strlcpy(v->name + off, part, sizeof(v->name) - off);
+		off = RAIL_MIN(sizeof(v->name) - 1, off + (size_t)(w > 0 ? w : 0));
+		v->devs[i] = devs[i];
+	}
+	atomic_store(&ib.nvdev, idx + 1);
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "virtual device %d = %s (%d devices fused)", idx,
+		  v->name, n);
+	*vdev = idx;
+out:
+	pthread_mutex_unlock(&ib.lock);
+	return err;
+}
+
+const struct rail_transport_ops rail_ib_ops = {
+	.name = "ib",
+	.req_size = sizeof(struct rail_ib_req),
+	.init = ib_init,
+	.fini = ib_fini,
+	.ndevs = ib_ndevs,
+	.get_props = ib_get_props,
+	.describe = ib_describe,
+	.listen = rail_ib_listen,
+	.connect = rail_ib_connect,
+	.accept = rail_ib_accept,
+	.reg_mr = rail_ib_reg_mr,
+	.reg_mr_dmabuf = rail_ib_reg_mr_dmabuf,
+	.dereg_mr = rail_ib_dereg_mr,
+	.isend = rail_ib_isend,
+	.irecv = rail_ib_irecv,
+	.iflush = rail_ib_iflush,
+	.test = rail_ib_test,
+	.close_send = rail_ib_close_send,
+	.close_recv = rail_ib_close_recv,
+	.close_listen = rail_ib_close_listen,
+	.make_vdevice = ib_make_vdevice,
+};

@@ -1,0 +1,326 @@
+/*
+ * nccl-net-rail: memory registration through a per-HCA cache.
+ *
+ * Entries cover whole pages, are reference-counted and sorted by start
+ * address; a request inside an existing entry with enough access rights
+ * takes a reference (NCCL's regIsGlobal promise: registering sub-ranges of
+ * a registered buffer is cheap). One mutex per HCA: regMr runs on NCCL's
+ * service thread while test runs on the progress thread, and comms share
+ * the HCA. Access rights: local write and remote write always (a buffer
+ * may be a receive target), remote read only where a flush will read it.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "ib/ib.h"
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+
+struct rail_ib_mr_ent {
+	uintptr_t start;
+	size_t len;
+	int access;
+	int refs;
+	int dmabuf;
+	struct ibv_mr *mr;
+};
+
+static size_t page_size(void)
+{
+	static size_t pg;
+
+	if (!pg) {
+		long v = sysconf(_SC_PAGESIZE);
+
+		pg = v > 0 ? (size_t)v : 4096;
+	}
+	return pg;
+}
+
+static struct rail_ib_mr_ent *cache_find(struct rail_ib_hca *hca, uintptr_t s, uintptr_t e,
+					 int access)
+{
+	for (int i = 0; i < hca->nmrs; i++) {
+		struct rail_ib_mr_ent *m = hca->mrs[i];
+
+		if (m->start > s)
+			break;
+		if (m->start + m->len >= e && (m->access & access) == access)
+			return m;
+	}
+	return NULL;
+}
+
+static int cache_insert(struct rail_ib_hca *hca, struct rail_ib_mr_ent *ent)
+{
+	int i;
+
+	if (hca->nmrs == hca->mrs_cap) {
+		int cap = hca->mrs_cap ? hca->mrs_cap * 2 : 32;
+		void *p = realloc(hca->mrs, (size_t)cap * sizeof(*hca->mrs));
+
+		if (!p)
+			return -ENOMEM;
+		hca->mrs = p;
+		hca->mrs_cap = cap;
+	}
+	for (i = hca->nmrs; i > 0 && hca->mrs[i - 1]->start > ent->start; i--)
+		hca->mrs[i] = hca->mrs[i - 1];
+	hca->mrs[i] = ent;
+	hca->nmrs++;
+	return 0;
+}
+
+static void cache_remove(struct rail_ib_hca *hca, struct rail_ib_mr_ent *ent)
+{
+	for (int i = 0; i < hca->nmrs; i++) {
+		if (hca->mrs[i] != ent)
+			continue;
+		memmove(&hca->mrs[i], &hca->mrs[i + 1],
+			(size_t)(hca->nmrs - i - 1) * sizeof(*hca->mrs));
+		hca->nmrs--;
+		return;
+	}
+}
+
+static const char *reg_hint(int err, int gpu)
+{
+	if (err == ENOMEM || err == EAGAIN)
+		return "raise the locked-memory limit (ulimit -l unlimited) or free registrations";
+	if (err == EFAULT && gpu)
+		return "GPU memory needs nvidia-peermem loaded or DMA-BUF support";
+	if (err == EFAULT)
+		return "the buffer is not mapped memory of this process";
+	return "check dmesg for the driver's reason";
+}
+
+/* Register the page range with the HCA's PD; NULL with errno on failure. */
+static struct ibv_mr *reg_range(struct rail_ib_hca *hca, uintptr_t s, size_t len, int access,
+				int fd, uint64_t offset, uintptr_t addr)
+{
+	if (fd >= 0) {
+		uintptr_t delta = addr - s;
+
+		if (offset >= delta)
+			return rail_ibv.reg_dmabuf_mr(hca->pd, offset - delta, len, s, fd, access);
+		return rail_ibv.reg_dmabuf_mr(hca->pd, offset, len - delta, addr, fd, access);
+	}
+	if (rail_ibv.reg_mr_iova2 && rail_param_int(RAIL_P_IB_PCI_RELAXED_ORDERING))
+		return rail_ibv.reg_mr_iova2(hca->pd, (void *)s, len, s,
+					     (unsigned)access | IBV_ACCESS_RELAXED_ORDERING);
+	return rail_ibv.reg_mr(hca->pd, (void *)s, len, access);
+}
+
+static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int access, int fd,
+		     uint64_t offset, const char *peer, struct rail_ib_mr_ent **out)
+{
+	struct rail_ib_hca *hca = d->hca;
+	uintptr_t s = (uintptr_t)addr & ~(uintptr_t)(page_size() - 1);
+	uintptr_t e = RAIL_ALIGN_UP((uintptr_t)addr + RAIL_MAX(size, 1), page_size());
+	struct rail_ib_mr_ent *ent;
+	int err = 0;
+
+	pthread_mutex_lock(&hca->mr_lock);
+	ent = cache_find(hca, s, e, access);
+	if (ent) {
+		ent->refs++;
+		goto out;
+	}
+	ent = calloc(1, sizeof(*ent));
+	if (!ent) {
+		err = -ENOMEM;
+		goto out;
+	}
+	ent->mr = reg_range(hca, s, e - s, access, fd, offset, (uintptr_t)addr);
+	if (!ent->mr) {
+		err = -(errno ? errno : EIO);
+		RAIL_WARN("%s(%p, %zu bytes%s) on %s:%d for a connection to peer %s failed: %s; %s",
+			  fd >= 0 ? "ibv_reg_dmabuf_mr" : "ibv_reg_mr", addr, size,
+			  fd >= 0 ? ", DMA-BUF" : "", hca->name, d->port, peer, RAIL_ERRSTR(err),
+			  reg_hint(-err, fd >= 0 || (access & IBV_ACCESS_REMOTE_READ)));
+		free(ent);
+		goto out;
+	}
+	ent->start = s;
+	ent->len = e - s;
+	ent->access = access;
+	ent->refs = 1;
+	ent->dmabuf = fd >= 0;
+	err = cache_insert(hca, ent);
+	if (err) {
+		rail_ibv.dereg_mr(ent->mr);
+		free(ent);
+	}
+out:
+	if (!err)
+		*out = ent;
+	pthread_mutex_unlock(&hca->mr_lock);
+	return err;
+}
+
+static void cache_put(struct rail_ib_hca *hca, struct rail_ib_mr_ent *ent)
+{
+	pthread_mutex_lock(&hca->mr_lock);
+	if (--ent->refs == 0) {
+		int ret;
+
+		cache_remove(hca, ent);
+		ret = rail_ibv.dereg_mr(ent->mr);
+		if (ret)
+			RAIL_WARN("ibv_dereg_mr(%#lx, %zu bytes) on %s failed: %s", (unsigned long)ent->start,
+				  ent->len, hca->name, RAIL_ERRSTR(-rail_verbs_err(ret)));
+		free(ent);
+	}
+	pthread_mutex_unlock(&hca->mr_lock);
+}
+
+void rail_ib_mr_cache_fini(struct rail_ib_hca *hca)
+{
+	pthread_mutex_lock(&hca->mr_lock);
+	if (hca->nmrs)
+		RAIL_INFO(RAIL_LOG_NET, "%s: %d registrations still cached at finalize; releasing",
+			  hca->name, hca->nmrs);
+	for (int i = 0; i < hca->nmrs; i++) {
+		rail_ibv.dereg_mr(hca->mrs[i]->mr);
+		free(hca->mrs[i]);
+	}
+	free(hca->mrs);
+	hca->mrs = NULL;
+	hca->nmrs = hca->mrs_cap = 0;
+	pthread_mutex_unlock(&hca->mr_lock);
+}
+
+int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size_t len,
+			int type, int fd, uint64_t offset, const char *peer,
+			struct rail_ib_mh **out)
+{
+	struct rail_ib_mh *mh = calloc(1, sizeof(*mh));
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE;
+	int err = 0;
+
+	if (!mh)
+		return -ENOMEM;
+	mh->magic = RAIL_IB_MH_MAGIC;
+	mh->type = type;
+	mh->gpu = (type & RAIL_PTR_CUDA) || fd >= 0;
+	if (type & RAIL_IB_MR_NEEDS_READ)
+		access |= IBV_ACCESS_REMOTE_READ;
+	for (int i = 0; i < n; i++) {
+		err = cache_get(devs[i], addr, len, access, fd, offset, peer, &mh->ent[i]);
+		if (err)
+			break;
+		mh->hca[i] = devs[i]->hca;
+		mh->lkey[i] = mh->ent[i]->mr->lkey;
+		mh->rkey[i] = mh->ent[i]->mr->rkey;
+		mh->ndevs = i + 1;
+	}
+	if (err) {
+		rail_ib_mr_deregister(mh);
+		return err;
+	}
+	*out = mh;
+	return 0;
+}
+
+void rail_ib_mr_deregister(struct rail_ib_mh *mh)
+{
+	for (int i = 0; i < mh->ndevs; i++)
+		cache_put(mh->hca[i], mh->ent[i]);
+	mh->magic = 0;
+	free(mh);
+}
+
+/* ---- the transport ops -------------------------------------------------- */
+
+static int reg_common(struct rail_comm *comm, void *data, size_t size, int type, int fd,
+		      uint64_t offset, void **mhandle)
+{
+	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
+	struct rail_ib_dev *devs[RAIL_MAX_VDEV_DEVS];
+	struct rail_ib_hca *hcas[RAIL_MAX_VDEV_DEVS];
+	struct rail_ib_mh *mh;
+	int gpu = (type & RAIL_PTR_CUDA) || fd >= 0, err;
+
+	for (int i = 0; i < c->ndevs; i++) {
+		const struct rail_ib_ladder *l = &c->res[i].dev->hca->ladder;
+
+		devs[i] = c->res[i].dev;
+		hcas[i] = devs[i]->hca;
+		if (type & RAIL_PTR_CUDA && fd < 0 && !l->peermem) {
+			RAIL_WARN("regMr(%p, %zu bytes, CUDA) on %s for peer %s: GPU memory needs "
+				  "peermem, which is absent (%s); NCCL should have used DMA-BUF "
+				  "or host buffers", data, size, hcas[i]->name, c->peer, l->peermem_why);
+			return -EOPNOTSUPP;
+		}
+		if (fd >= 0 && !l->dmabuf) {
+			RAIL_WARN("regMrDmaBuf(%p, %zu bytes, fd %d) on %s for peer %s: DMA-BUF is "
+				  "unusable here (%s)", data, size, fd, hcas[i]->name, c->peer,
+				  l->dmabuf_why);
+			return -EOPNOTSUPP;
+		}
+	}
+	/* Only a receive comm's buffers are read back by a flush. */
+	if (comm->kind == RAIL_COMM_RECV && c->flush && (gpu || c->flush_host))
+		type |= RAIL_IB_MR_NEEDS_READ;
+	err = rail_ib_mr_register(devs, c->ndevs, data, size, type, fd, offset, c->peer, &mh);
+	if (err)
+		return err;
+	mh->gpu = gpu || (c->flush_host && comm->kind == RAIL_COMM_RECV);
+	*mhandle = mh;
+	return 0;
+}
+
+int rail_ib_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mhandle)
+{
+	return reg_common(comm, data, size, type, -1, 0, mhandle);
+}
+
+int rail_ib_reg_mr_dmabuf(struct rail_comm *comm, void *data, size_t size, int type,
+			  uint64_t offset, int fd, void **mhandle)
+{
+	if (fd < 0)
+		return reg_common(comm, data, size, type, -1, 0, mhandle);
+	return reg_common(comm, data, size, type | RAIL_PTR_CUDA, fd, offset, mhandle);
+}
+
+/* A request of this comm whose memory in mh the NIC may still read or write. */
+static int mh_in_flight(struct rail_ib_comm *c, const struct rail_ib_mh *mh)
+{
+	for (uint32_t i = 0; i < c->base.reqs.capacity; i++) {
+		const struct rail_ib_req *r = rail_pool_at(&c->base.reqs, i);
+
+		if (r->base.magic != RAIL_REQ_MAGIC || r->done || r->error)
+			continue;
+		if (r->base.type == RAIL_REQ_SEND && r->mh == mh)
+			return 1;
+		for (int j = 0; r->base.type == RAIL_REQ_RECV && j < r->base.n; j++)
+			if (r->mhs[j] == mh)
+				return 1;
+	}
+	return 0;
+}
+
+int rail_ib_dereg_mr(struct rail_comm *comm, void *mhandle)
+{
+	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
+	struct rail_ib_mh *mh = mhandle;
+
+	if (!mh)
+		return 0;
+	if (mh->magic != RAIL_IB_MH_MAGIC) {
+		RAIL_WARN("deregMr: %p is not a registration of the verbs transport", mhandle);
+		return -EINVAL;
+	}
+	/*
+	 * Deregistering memory the NIC may still read or write (an abort): stop
+	 * the connection first, so that no message completes with whatever the
+	 * memory holds next, and nothing lands in memory given back.
+	 */
+	if (mh_in_flight(c, mh))
+		rail_ib_comm_quiesce(c, "deregMr of a buffer with requests in flight");
+	rail_ib_mr_deregister(mh);
+	return 0;
+}

@@ -1,0 +1,380 @@
+/*
+ * nccl-net-rail: a comm's verbs resources: per member device a CQ and the
+ * control regions (the sender's CTS FIFO, the receiver's completion
+ * records), and the RC QPs through INIT, RTR and RTS.
+ *
+ * QP i lives on local member i % ndevs and talks to remote member
+ * i % remote_ndevs. Every WARN names the call, errno text, device:port, QP
+ * number and peer.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ib/ib.h"
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+
+#define FIFO_BYTES (RAIL_IB_SLOTS * RAIL_MAX_RECVS * RAIL_IB_CTS_SIZE)
+#define SIZES_BYTES (RAIL_IB_SLOTS * RAIL_MAX_RECVS * 4)
+
+/* Receive queue depth: one WR per QP per outstanding receive (<= 2 x 32 requests). */
+#define RECV_DEPTH (2 * RAIL_MAX_REQUESTS + 8)
+/*
+ * Sender SQ: at most one WR per in-flight send plus one per batch, per QP,
+ * plus the WRs of batches completed early (all inline), which are bounded
+ * separately (RAIL_IB_EARLY_DEPTH).
+ */
+#define SEND_DEPTH (2 * RAIL_MAX_REQUESTS * RAIL_MAX_RECVS + RAIL_IB_EARLY_DEPTH + 16)
+#define CTS_DEPTH 128
+#define FLUSH_DEPTH (2 * RAIL_MAX_REQUESTS + 8)
+
+const char *rail_ib_qp_where(struct rail_ib_comm *c, int qpi, char *buf, size_t len)
+{
+	const struct rail_ib_qp *q = &c->qps[qpi];
+	const struct rail_ib_dev *d = c->res[q->member].dev;
+
+	snprintf(buf, len, "%s:%d qp 0x%x to peer %s", d->hca->name, d->port,
+		 q->qp ? q->qp->qp_num : 0, c->peer);
+	return buf;
+}
+
+static struct ibv_mr *reg_ctrl(struct rail_ib_comm *c, int m, void *buf, size_t len,
+			       int access, const char *what)
+{
+	struct rail_ib_dev *d = c->res[m].dev;
+	struct ibv_mr *mr = rail_ibv.reg_mr(d->hca->pd, buf, len, access);
+
+	if (!mr)
+		RAIL_WARN("ibv_reg_mr(%s, %zu bytes) on %s:%d for a connection to peer %s failed: "
+			  "%s; raise the locked-memory limit (ulimit -l)", what, len, d->hca->name,
+			  d->port, c->peer, RAIL_ERRSTR(-errno));
+	return mr;
+}
+
+static int alloc_ctrl(struct rail_ib_comm *c, int is_send)
+{
+	uint8_t **ctrl = is_send ? &c->fifo : &c->cmpl;
+	uint8_t **scratch = is_send ? &c->sizes : &c->cts_stage;
+	size_t ctrl_len = is_send ? FIFO_BYTES : SIZES_BYTES;
+	size_t scratch_len = is_send ? SIZES_BYTES : FIFO_BYTES;
+
+	*ctrl = aligned_alloc(4096, RAIL_ALIGN_UP(ctrl_len, 4096));
+	*scratch = aligned_alloc(4096, RAIL_ALIGN_UP(scratch_len, 4096));
+	if (!*ctrl || !*scratch)
+		return -ENOMEM;
+	memset(*ctrl, 0, ctrl_len);
+	memset(*scratch, 0, scratch_len);
+	for (int m = 0; m < c->ndevs; m++) {
+		struct rail_ib_devres *r = &c->res[m];
+
+		r->ctrl_mr = reg_ctrl(c, m, *ctrl, ctrl_len,
+				      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+				      is_send ? "CTS FIFO" : "completion records");
+		if (!r->ctrl_mr)
+			return -(errno ? errno : EIO);
+		r->scratch_mr = reg_ctrl(c, m, *scratch, scratch_len, IBV_ACCESS_LOCAL_WRITE,
+					 is_send ? "sizes" : "CTS staging");
+		if (!r->scratch_mr)
+			return -(errno ? errno : EIO);
+	}
+	return 0;
+}
+
+int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send)
+{
+	const struct rail_ib_vdev *v = rail_ib_vdev_get(vdev);
+
+	if (!v)
+		return -EINVAL;
+	c->vdev = vdev;
+	c->ndevs = v->ndevs;
+	for (int m = 0; m < v->ndevs; m++)
+		c->res[m].dev = rail_ib_dev_get(v->devs[m]);
+	return alloc_ctrl(c, is_send);
+}
+
+static void destroy_qp(struct ibv_qp *qp)
+{
+	int ret = rail_ibv.destroy_qp(qp);
+
+	if (ret)
+		RAIL_WARN("ibv_destroy_qp(qp 0x%x) failed: %s", qp->qp_num,
+			  RAIL_ERRSTR(-rail_verbs_err(ret)));
+}
+
+void rail_ib_comm_res_fini(struct rail_ib_comm *c)
+{
+	rail_ib_flush_fini(c);
+	for (int i = 0; i < c->nqps; i++) {
+		if (c->qps[i].qp)
+			destroy_qp(c->qps[i].qp);
+		c->qps[i].qp = NULL;
+	}
+	for (int m = 0; m < c->ndevs; m++) {
+		struct rail_ib_devres *r = &c->res[m];
+
+		if (r->cq)
+			rail_ibv.destroy_cq(r->cq);
+		if (r->ctrl_mr)
+			rail_ibv.dereg_mr(r->ctrl_mr);
+		if (r->scratch_mr)
+			rail_ibv.dereg_mr(r->scratch_mr);
+		r->cq = NULL;
+		r->ctrl_mr = r->scratch_mr = NULL;
+	}
+	free(c->fifo);
+	free(c->sizes);
+	free(c->cmpl);
+	free(c->cts_stage);
+	c->fifo = c->sizes = c->cmpl = c->cts_stage = NULL;
+}
+
+static int qp_init(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+		   int access)
+{
+	struct ibv_qp_attr a;
+	int ret;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_INIT;
+	a.pkey_index = (uint16_t)rail_param_int(RAIL_P_IB_PKEY);
+	a.port_num = (uint8_t)d->port;
+	a.qp_access_flags = (unsigned)access;
+	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				 IBV_QP_ACCESS_FLAGS);
+	if (ret) {
+		ret = rail_verbs_err(ret);
+		RAIL_WARN("ibv_modify_qp(INIT) on %s:%d qp 0x%x to peer %s failed: %s; check "
+			  "NCCL_IB_PKEY (index %d)", d->hca->name, d->port, qp->qp_num, c->peer,
+			  RAIL_ERRSTR(-ret), a.pkey_index);
+		return -ret;
+	}
+	return 0;
+}
+
+struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int recv_wr,
+			      int access, int *err)
+{
+	struct rail_ib_dev *d = c->res[m].dev;
+	struct ibv_qp_init_attr a;
+	struct ibv_qp *qp;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_context = c;
+	a.send_cq = a.recv_cq = c->res[m].cq;
+	a.qp_type = IBV_QPT_RC;
+	a.cap.max_send_wr = (uint32_t)send_wr;
+	a.cap.max_recv_wr = (uint32_t)recv_wr;
+	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
+	a.cap.max_inline_data = rail_param_int(RAIL_P_IB_USE_INLINE) ? (uint32_t)d->hca->max_inline
+								     : 0;
+	qp = rail_ibv.create_qp(d->hca->pd, &a);
+	if (!qp) {
+		*err = -(errno ? errno : EIO);
+		RAIL_WARN("ibv_create_qp(RC, %d send + %d receive WRs) on %s:%d for a connection to "
+			  "peer %s failed: %s; the device may be out of QPs or memory (max_qp %d)",
+			  send_wr, recv_wr, d->hca->name, d->port, c->peer, RAIL_ERRSTR(*err),
+			  d->hca->attr.max_qp);
+		return NULL;
+	}
+	*err = qp_init(c, qp, d, access);
+	if (*err) {
+		destroy_qp(qp);
+		return NULL;
+	}
+	return qp;
+}
+
+static int cq_create(struct rail_ib_comm *c, int m, int qps_on_member, int is_send)
+{
+	struct rail_ib_dev *d = c->res[m].dev;
+	int per_qp = is_send ? SEND_DEPTH : RECV_DEPTH + CTS_DEPTH / 16 + 1;
+	int cqe = per_qp * qps_on_member + (is_send ? 0 : FLUSH_DEPTH) + 16;
+
+	cqe = RAIL_MIN(cqe, d->hca->attr.max_cqe);
+	c->res[m].cq = rail_ibv.create_cq(d->hca->ctx, cqe, c, NULL, 0);
+	if (!c->res[m].cq) {
+		int err = -(errno ? errno : EIO);
+
+		RAIL_WARN("ibv_create_cq(%d entries) on %s:%d for a connection to peer %s failed: "
+			  "%s", cqe, d->hca->name, d->port, c->peer, RAIL_ERRSTR(err));
+		return err;
+	}
+	return 0;
+}
+
+int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send)
+{
+	int err = 0;
+
+	for (int m = 0; m < c->ndevs; m++) {
+		err = cq_create(c, m, RAIL_DIV_UP(nqps - m, c->ndevs), is_send);
+		if (err)
+			return err;
+	}
+	for (int i = 0; i < nqps; i++) {
+		struct rail_ib_qp *q = &c->qps[i];
+
+		q->member = i % c->ndevs;
+		q->remote_member = i % c->remote_ndevs;
+		q->qp = rail_ib_qp_new(c, q->member, is_send ? SEND_DEPTH : CTS_DEPTH,
+				       is_send ? 1 : RECV_DEPTH, IBV_ACCESS_REMOTE_WRITE, &err);
+		if (!q->qp)
+			return err;
+		c->nqps = i + 1;
+		q->max_inline = rail_param_int(RAIL_P_IB_USE_INLINE)
+					? (uint32_t)c->res[q->member].dev->hca->max_inline : 0;
+	}
+	return 0;
+}
+
+static void fill_ah(struct ibv_qp_attr *a, const struct rail_ib_dev *d,
+		    const struct rail_ib_wire_dev *remote, int tc, int sl)
+{
+	a->ah_attr.port_num = (uint8_t)d->port;
+	a->ah_attr.sl = (uint8_t)sl;
+	if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
+		a->ah_attr.is_global = 1;
+		memcpy(a->ah_attr.grh.dgid.raw, remote->gid, 16);
+		a->ah_attr.grh.sgid_index = (uint8_t)d->gid.index;
+		a->ah_attr.grh.hop_limit = 255;
+		a->ah_attr.grh.traffic_class = (uint8_t)tc;
+		a->ah_attr.grh.flow_label = 0;
+	} else {
+		a->ah_attr.dlid = remote->lid;
+	}
+}
+
+static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+		       const char *state, int ret, const struct rail_ib_wire_dev *remote)
+{
+	char g[64], rg[64];
+	int err = rail_verbs_err(ret);
+
+	if (d->link_layer == IBV_LINK_LAYER_ETHERNET)
+		RAIL_WARN("ibv_modify_qp(%s) on %s:%d qp 0x%x to peer %s (GID %s) failed: %s; check "
+			  "NCCL_IB_GID_INDEX (chosen %d %s: %s) and the route between the two GIDs",
+			  state, d->hca->name, d->port, qp->qp_num, c->peer,
+			  rail_ib_gid_str(remote->gid, rg, sizeof(rg)), RAIL_ERRSTR(-err),
+			  d->gid.index, rail_ib_gid_str(d->gid.raw, g, sizeof(g)), d->gid.reason);
+	else
+		RAIL_WARN("ibv_modify_qp(%s) on %s:%d qp 0x%x to peer %s (LID %u) failed: %s; check "
+			  "the subnet manager and NCCL_IB_SL", state, d->hca->name, d->port,
+			  qp->qp_num, c->peer, remote->lid, RAIL_ERRSTR(-err));
+	return -err;
+}
+
+int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush)
+{
+	struct ibv_qp_attr a;
+	uint64_t t0;
+	int ret;
+
+	(void)flush;	/* same settings: max_dest_rd_atomic 1 serves the flush reads */
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTR;
+	a.path_mtu = (enum ibv_mtu)RAIL_MIN((int)d->mtu, (int)remote->mtu);
+	a.dest_qp_num = remote_qpn;
+	a.rq_psn = 0;
+	a.max_dest_rd_atomic = 1;
+	a.min_rnr_timer = 12;
+	fill_ah(&a, d, remote, c->tc, c->sl);
+	t0 = rail_now_ns();
+	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				 IBV_QP_MIN_RNR_TIMER);
+	if (ret)
+		return modify_warn(c, qp, d, "RTR", ret, remote);
+	t0 = rail_now_ns() - t0;
+	if (t0 > 100000000ull)
+		RAIL_INFO(RAIL_LOG_NET, "ibv_modify_qp(RTR) on %s:%d qp 0x%x to peer %s took %llu ms "
+			  "(the kernel resolves the peer's address)", d->hca->name, d->port,
+			  qp->qp_num, c->peer, (unsigned long long)(t0 / 1000000));
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_RTS;
+	a.timeout = (uint8_t)rail_param_int(RAIL_P_IB_TIMEOUT);
+	a.retry_cnt = (uint8_t)rail_param_int(RAIL_P_IB_RETRY_CNT);
+	a.rnr_retry = 7;
+	a.sq_psn = 0;
+	a.max_rd_atomic = 1;
+	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	if (ret)
+		return modify_warn(c, qp, d, "RTS", ret, remote);
+	return 0;
+}
+
+int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns)
+{
+	for (int i = 0; i < c->nqps; i++) {
+		struct rail_ib_qp *q = &c->qps[i];
+		int err;
+
+		q->remote_qpn = remote_qpns[i];
+		err = rail_ib_qp_rtr_rts(c, q->qp, c->res[q->member].dev, &c->remote[q->remote_member],
+					 q->remote_qpn, 0);
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
+void rail_ib_local_wire_dev(const struct rail_ib_dev *d, uint32_t rkey,
+			    struct rail_ib_wire_dev *out)
+{
+	memset(out, 0, sizeof(*out));
+	out->lid = d->lid;
+	out->port = (uint8_t)d->port;
+	out->link_layer = (uint8_t)d->link_layer;
+	out->mtu = (uint8_t)d->mtu;
+	out->gid_index = (uint8_t)d->gid.index;
+	out->ctrl_rkey = rkey;
+	memcpy(out->gid, d->gid.raw, 16);
+}
+
+/* 0, or the comm's error (logged once when it was first seen). */
+int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
+{
+	int ev = atomic_load(&c->fatal);
+
+	if (rail_unlikely(c->error))
+		return c->error;
+	if (rail_unlikely(ev)) {
+		RAIL_WARN("%s on a connection to peer %s: failed since async event %s", call,
+			  c->peer, rail_ibv_event_str((enum ibv_event_type)(ev - 1)));
+		c->error = -EIO;
+		return c->error;
+	}
+	for (int m = 0; m < c->ndevs; m++) {
+		if (rail_unlikely(atomic_load(&c->res[m].dev->hca->fatal))) {
+			RAIL_WARN("%s on a connection to peer %s: device %s reported a fatal error",
+				  call, c->peer, c->res[m].dev->hca->name);
+			c->error = -EIO;
+			return c->error;
+		}
+	}
+	return 0;
+}
+
+static void qp_to_error(struct ibv_qp *qp)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_ERR;
+	rail_ibv.modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+void rail_ib_comm_quiesce(struct rail_ib_comm *c, const char *why)
+{
+	RAIL_WARN("%s on a connection to peer %s (%s): stopping its QPs so the NIC no longer "
+		  "touches the memory; requests in flight fail", why, c->peer, c->res[0].dev->name);
+	for (int i = 0; i < c->nqps; i++)
+		if (c->qps[i].qp)
+			qp_to_error(c->qps[i].qp);
+	if (!c->error)
+		c->error = -ECANCELED;
+}

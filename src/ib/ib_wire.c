@@ -1,0 +1,257 @@
+/* nccl-net-rail: the verbs transport's wire formats (layouts in ib_wire.h). */
+#include <stdio.h>
+#include <string.h>
+
+#include "ib/ib_wire.h"
+#include "rail.h"
+#include "wire.h"
+
+#define DEV_SIZE 28
+#define FIXED_SIZE 28
+
+int rail_ib_msg_encode(const struct rail_ib_msg *m, uint8_t *buf, size_t len)
+{
+	size_t text_len = strnlen(m->text, RAIL_IB_REFUSE_TEXT);
+	size_t body = FIXED_SIZE + (size_t)m->ndevs * DEV_SIZE + (size_t)m->nqps * 4 + 1 + text_len;
+	uint8_t *p = buf + RAIL_IB_HDR_SIZE;
+
+	if (m->ndevs < 0 || m->ndevs > RAIL_MAX_VDEV_DEVS || m->nqps < 0 ||
+	    m->nqps > RAIL_IB_WIRE_MAX_QPS || body > RAIL_IB_BODY_MAX ||
+	    len < RAIL_IB_HDR_SIZE + body)
+		return -EINVAL;
+	rail_put_u64(p, m->nonce);
+	p[8] = (uint8_t)m->ndevs;
+	p[9] = (uint8_t)m->qps_per_dev;
+	p[10] = (uint8_t)m->tc;
+	p[11] = (uint8_t)m->sl;
+	rail_put_u16(p + 12, (uint16_t)m->nqps);
+	rail_put_u16(p + 14, (uint16_t)m->flags);
+	rail_put_u64(p + 16, m->ctrl_addr);
+	rail_put_u32(p + 24, m->refuse_code);
+	p += FIXED_SIZE;
+	for (int i = 0; i < m->ndevs; i++, p += DEV_SIZE) {
+		const struct rail_ib_wire_dev *d = &m->devs[i];
+
+		rail_put_u16(p, d->lid);
+		p[2] = d->port;
+		p[3] = d->link_layer;
+		p[4] = d->mtu;
+		p[5] = d->gid_index;
+		rail_put_u16(p + 6, 0);
+		rail_put_u32(p + 8, d->ctrl_rkey);
+		memcpy(p + 12, d->gid, 16);
+	}
+	for (int i = 0; i < m->nqps; i++, p += 4)
+		rail_put_u32(p, m->qpn[i]);
+	*p++ = (uint8_t)text_len;
+	memcpy(p, m->text, text_len);
+	rail_put_u32(buf, RAIL_IB_WIRE_MAGIC);
+	rail_put_u16(buf + 4, RAIL_IB_WIRE_VERSION);
+	rail_put_u16(buf + 6, (uint16_t)m->type);
+	rail_put_u32(buf + 8, (uint32_t)body);
+	rail_put_u32(buf + 12, rail_fnv1a(buf + RAIL_IB_HDR_SIZE, body));
+	return (int)(RAIL_IB_HDR_SIZE + body);
+}
+
+int rail_ib_msg_header(const uint8_t *hdr, int *type, char *why, size_t why_len)
+{
+	uint32_t magic = rail_get_u32(hdr), body = rail_get_u32(hdr + 8);
+	uint16_t version = rail_get_u16(hdr + 4), t = rail_get_u16(hdr + 6);
+
+	if (magic != RAIL_IB_WIRE_MAGIC) {
+		snprintf(why, why_len, "not a nccl-net-rail verbs handshake (magic 0x%08x): is "
+			 "the peer the same plugin, with the verbs transport?", magic);
+		return -EPROTO;
+	}
+	if (version != RAIL_IB_WIRE_VERSION) {
+		snprintf(why, why_len, "handshake version %u, this plugin (%s) speaks %d: use the "
+			 "same build on every node", version, RAIL_VERSION_STRING,
+			 RAIL_IB_WIRE_VERSION);
+		return -EPROTONOSUPPORT;
+	}
+	if (t < RAIL_IB_MSG_HELLO || t > RAIL_IB_MSG_REFUSE || body < FIXED_SIZE + 1 ||
+	    body > RAIL_IB_BODY_MAX) {
+		snprintf(why, why_len, "handshake header corrupt (type %u, length %u)", t, body);
+		return -EBADMSG;
+	}
+	*type = t;
+	return (int)body;
+}
+
+static int decode_devs(const uint8_t *p, struct rail_ib_msg *m, char *why, size_t why_len)
+{
+	for (int i = 0; i < m->ndevs; i++, p += DEV_SIZE) {
+		struct rail_ib_wire_dev *d = &m->devs[i];
+
+		d->lid = rail_get_u16(p);
+		d->port = p[2];
+		d->link_layer = p[3];
+		d->mtu = p[4];
+		d->gid_index = p[5];
+		d->ctrl_rkey = rail_get_u32(p + 8);
+		memcpy(d->gid, p + 12, 16);
+		if (d->mtu < 1 || d->mtu > 5 || d->link_layer < 1 || d->link_layer > 2) {
+			snprintf(why, why_len, "device %d: MTU code %u or link layer %u invalid", i,
+				 d->mtu, d->link_layer);
+			return -EBADMSG;
+		}
+	}
+	return 0;
+}
+
+int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, char *why,
+		       size_t why_len)
+{
+	const uint8_t *p = buf + RAIL_IB_HDR_SIZE;
+	struct rail_ib_msg out;
+	size_t need;
+	int body, err;
+
+	if (len < RAIL_IB_HDR_SIZE) {
+		snprintf(why, why_len, "handshake truncated (%zu bytes)", len);
+		return -EBADMSG;
+	}
+	body = rail_ib_msg_header(buf, &out.type, why, why_len);
+	if (body < 0)
+		return body;
+	if (len < RAIL_IB_HDR_SIZE + (size_t)body) {
+		snprintf(why, why_len, "handshake truncated (%zu of %d bytes)", len,
+			 RAIL_IB_HDR_SIZE + body);
+		return -EBADMSG;
+	}
+	if (rail_fnv1a(p, (size_t)body) != rail_get_u32(buf + 12)) {
+		snprintf(why, why_len, "handshake corrupt (checksum)");
+		return -EBADMSG;
+	}
+	memset(&out.nonce, 0, sizeof(out) - offsetof(struct rail_ib_msg, nonce));
+	out.nonce = rail_get_u64(p);
+	out.ndevs = p[8];
+	out.qps_per_dev = p[9];
+	out.tc = p[10];
+	out.sl = p[11];
+	out.nqps = rail_get_u16(p + 12);
+	out.flags = rail_get_u16(p + 14);
+	out.ctrl_addr = rail_get_u64(p + 16);
+	out.refuse_code = rail_get_u32(p + 24);
+	need = FIXED_SIZE + (size_t)out.ndevs * DEV_SIZE + (size_t)out.nqps * 4 + 1;
+	if (out.ndevs > RAIL_MAX_VDEV_DEVS || out.nqps > RAIL_IB_WIRE_MAX_QPS ||
+	    need > (size_t)body || need + p[need - 1] != (size_t)body ||
+	    p[need - 1] > RAIL_IB_REFUSE_TEXT) {
+		snprintf(why, why_len, "handshake corrupt (%d devices, %d QPs, %d body bytes)",
+			 out.ndevs, out.nqps, body);
+		return -EBADMSG;
+	}
+	if (out.type != RAIL_IB_MSG_REFUSE &&
+	    (out.ndevs < 1 || (out.type != RAIL_IB_MSG_HELLO && out.nqps < 1) ||
+	     (out.type == RAIL_IB_MSG_HELLO && out.qps_per_dev < 1))) {
+		snprintf(why, why_len, "handshake type %d with %d devices, %d QPs, %d QPs/device",
+			 out.type, out.ndevs, out.nqps, out.qps_per_dev);
+		return -EBADMSG;
+	}
+	err = decode_devs(p + FIXED_SIZE, &out, why, why_len);
+	if (err)
+		return err;
+	p += FIXED_SIZE + (size_t)out.ndevs * DEV_SIZE;
+	for (int i = 0; i < out.nqps; i++, p += 4)
+		out.qpn[i] = rail_get_u32(p) & 0xffffff;
+	memcpy(out.text, p + 1, p[0]);
+	out.text[p[0]] = '\0';
+	*m = out;
+	return 0;
+}
+
+void rail_ib_cts_encode(const struct rail_ib_cts *c, uint8_t *p)
+{
+	rail_put_u64(p, c->addr);
+	rail_put_u64(p + 8, c->size);
+	for (int i = 0; i < RAIL_MAX_VDEV_DEVS; i++)
+		rail_put_u32(p + 16 + 4 * i, c->rkey[i]);
+	rail_put_u32(p + 48, (uint32_t)c->tag);
+	p[52] = (uint8_t)c->nreqs;
+	p[53] = (uint8_t)c->idx;
+	rail_put_u16(p + 54, 0);
+	rail_put_u64(p + 56, c->seq);
+}
+
+uint64_t rail_ib_cts_seq(const uint8_t *p)
+{
+	uint64_t v = __atomic_load_n((const uint64_t *)(const void *)(p + 56), __ATOMIC_ACQUIRE);
+
+	return rail_get_u64((const uint8_t *)&v);
+}
+
+int rail_ib_cts_decode(const uint8_t *p, uint64_t expect_seq, int expect_idx,
+		       struct rail_ib_cts *c, char *why, size_t why_len)
+{
+	struct rail_ib_cts out;
+
+	if (rail_ib_cts_seq(p) != expect_seq)
+		return -EAGAIN;
+	out.addr = rail_get_u64(p);
+	out.size = rail_get_u64(p + 8);
+	for (int i = 0; i < RAIL_MAX_VDEV_DEVS; i++)
+		out.rkey[i] = rail_get_u32(p + 16 + 4 * i);
+	out.tag = (int32_t)rail_get_u32(p + 48);
+	out.nreqs = p[52];
+	out.idx = p[53];
+	out.seq = expect_seq;
+	if (out.nreqs < 1 || out.nreqs > RAIL_MAX_RECVS || out.idx != expect_idx ||
+	    out.idx >= out.nreqs || out.size > RAIL_MAX_MSG_BYTES) {
+		snprintf(why, why_len, "clear-to-send entry %d of receive %llu corrupt (nreqs %d, "
+			 "idx %d, size %llu)", expect_idx, (unsigned long long)expect_seq - 1,
+			 out.nreqs, out.idx, (unsigned long long)out.size);
+		return -EBADMSG;
+	}
+	*c = out;
+	return 0;
+}
+
+uint32_t rail_ib_imm_single(size_t size)
+{
+	return (uint32_t)size;
+}
+
+uint32_t rail_ib_imm_multi(int nreqs)
+{
+	return RAIL_IB_IMM_MULTI | (uint32_t)nreqs;
+}
+
+uint32_t rail_ib_imm_refused(int idx, size_t size)
+{
+	return RAIL_IB_IMM_REFUSED | ((uint32_t)idx << 27) |
+	       (uint32_t)RAIL_MIN(size, (size_t)RAIL_IB_IMM_REFUSED_SIZE_MAX);
+}
+
+int rail_ib_imm_decode(uint32_t imm, uint64_t *value, int *idx)
+{
+	*idx = 0;
+	if ((imm & RAIL_IB_IMM_REFUSED) == RAIL_IB_IMM_REFUSED) {
+		*idx = (int)((imm >> 27) & 7);
+		*value = imm & RAIL_IB_IMM_REFUSED_SIZE_MAX;
+		return RAIL_IB_IMM_REFUSAL;
+	}
+	if (imm & RAIL_IB_IMM_MULTI) {
+		uint32_t n = imm & ~RAIL_IB_IMM_MULTI;
+
+		if (n < 2 || n > RAIL_MAX_RECVS)
+			return -EBADMSG;
+		*value = n;
+		return RAIL_IB_IMM_COUNT;
+	}
+	if (imm > RAIL_MAX_MSG_BYTES)
+		return -EBADMSG;
+	*value = imm;
+	return RAIL_IB_IMM_SIZE;
+}
+
+void rail_ib_sizes_encode(const size_t *sizes, int n, uint8_t *p)
+{
+	for (int i = 0; i < n; i++)
+		rail_put_u32(p + 4 * i, (uint32_t)sizes[i]);
+}
+
+void rail_ib_sizes_decode(const uint8_t *p, int n, size_t *sizes)
+{
+	for (int i = 0; i < n; i++)
+		sizes[i] = rail_get_u32(p + 4 * i);
+}

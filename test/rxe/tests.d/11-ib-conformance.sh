@@ -1,0 +1,27 @@
+#!/bin/bash
+# The conformance suite over the verbs transport: role A on rxe0, role B on
+# rxe1, then both on a fused virtual NIC of rxe0+rxe1 (makeVDevice), then
+# one device with 2 QPs per connection and the data split over them.
+# rxe-timeout: 900
+set -uo pipefail
+
+conf=build/rail-conformance
+plugin=build/libnccl-net-rail.so
+[ -x "$conf" ] && [ -f "$plugin" ] || { echo "$conf or $plugin missing: run make all"; exit 1; }
+export NCCL_RAIL_TRANSPORT=ib
+
+fails=0
+run() {
+    echo "== $*"
+    if ! timeout 600 "$@"; then
+        echo "FAILED: $*"
+        fails=$((fails + 1))
+    fi
+}
+
+run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 64M
+run "$conf" --plugin "$plugin" --fuse 0,1 --max-size 64M --abi 12
+NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 \
+    run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
+    --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional
+exit $((fails > 0))
