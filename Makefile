@@ -118,7 +118,10 @@ test-clang:
 test-readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info
 
+# The verbs tests in a Soft-RoCE guest (test/rxe/), with the live verbs unit
+# test also built under the sanitizers.
 test-rxe: all
+	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live
 	test/rxe/run.sh
 
 test: all test-unit test-abi test-readme test-conformance test-sanitizers test-clang test-rxe

@@ -41,7 +41,10 @@ print_env() {
 selected() {
     local name=$1 g
     [ -z "${RXE_TESTS:-}" ] && return 0
-    for g in $RXE_TESTS; do
+    # Globs are matched against test names, never expanded as file names.
+    local -a globs
+    read -ra globs <<<"$RXE_TESTS"
+    for g in "${globs[@]}"; do
         # shellcheck disable=SC2053
         [[ $name == $g ]] && return 0
     done

@@ -167,7 +167,7 @@ static void test_size_suffixes(void **state)
 	int64_t v;
 
 	(void)state;
-	/* NCCL_RAIL_TCP_INLINE: [0, 4M], default 64k */
+	/* NCCL_RAIL_TCP_INLINE: [0, 4M], default 16k */
 	expect_ok(RAIL_P_TCP_INLINE, "64k", 64 * 1024);
 	expect_ok(RAIL_P_TCP_INLINE, "64K", 64 * 1024);
 	expect_ok(RAIL_P_TCP_INLINE, "64kb", 64 * 1024);
@@ -313,7 +313,7 @@ static void test_env_bad_value_warns_and_keeps_default(void **state)
 	assert_string_equal(rail_param_str(RAIL_P_IB_TIMEOUT), "20");
 	assert_false(rail_param_is_set(RAIL_P_IB_TIMEOUT));
 	assert_int_equal(rail_param_int(RAIL_P_IB_DISABLE), 0);
-	assert_int_equal(rail_param_int(RAIL_P_TCP_INLINE), 64 * 1024);
+	assert_int_equal(rail_param_int(RAIL_P_TCP_INLINE), 16 * 1024);
 	assert_int_equal(rail_param_int(RAIL_P_TRANSPORT), 0);
 	assert_string_equal(rail_param_str(RAIL_P_TRANSPORT), "auto");
 }
@@ -355,7 +355,7 @@ static void test_env_good_value_logged(void **state)
 	rail_params_reload();
 	assert_int_equal(rail_param_int(RAIL_P_IB_TIMEOUT), 20);
 	assert_false(rail_param_is_set(RAIL_P_IB_TIMEOUT));
-	assert_int_equal(rail_param_int(RAIL_P_TCP_INLINE), 64 * 1024);
+	assert_int_equal(rail_param_int(RAIL_P_TCP_INLINE), 16 * 1024);
 	assert_string_equal(rail_param_str(RAIL_P_SOCKET_IFNAME), "");
 	assert_int_equal(unit_log_count(RAIL_LOG_INFO, "set by environment"), 0);
 }
