@@ -3,6 +3,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "gpu.h"
@@ -23,6 +24,7 @@ static pthread_mutex_t api_lock = PTHREAD_MUTEX_INITIALIZER;
 static int api_refs;		/* live contexts, plus one for a legacy init */
 static int api_legacy;
 static const struct rail_transport_ops *api_ops;
+static int api_topo_fd = -1;	/* the NCCL topology memfd we exported */
 
 ncclResult_t rail_result(int err)
 {
@@ -53,11 +55,18 @@ ncclResult_t rail_result(int err)
 	}
 }
 
-/* Log the NIC choice for this process's GPU (or every GPU when unknown). */
-static void log_topology(void)
+/*
+ * Log the NIC choice for this process's GPU (or every GPU when unknown).
+ * Where the PCIe tree hides locality and the operator gave a mapping, write
+ * an NCCL topology file saying it and point NCCL_TOPO_FILE at it (NCCL reads
+ * it after the plugin's init), unless the user set NCCL_TOPO_FILE.
+ */
+static void apply_topology(const struct rail_transport_ops *ops)
 {
 	const struct rail_topo *t = rail_topo_get();
-	char bdf[32];
+	char bdf[32], path[256];
+	const char *user = getenv("NCCL_TOPO_FILE");
+	int err;
 
 	if (!t || t->ngpus == 0)
 		return;
@@ -65,6 +74,26 @@ static void log_topology(void)
 		rail_topo_log_gpu(t, bdf);
 	else
 		rail_topo_log(t);
+	if (ops != &rail_ib_ops || !t->map_used)
+		return;
+	if (user && user[0]) {
+		RAIL_INFO(RAIL_LOG_INIT, "topology: NCCL_TOPO_FILE=%s is set, so the mapping from "
+			  "NCCL_RAIL_GPU_NIC_MAP is not exported to NCCL", user);
+		return;
+	}
+	err = rail_topo_write_nccl_xml(t, NULL, path, sizeof(path));
+	if (err < 0) {
+		RAIL_WARN("topology: writing the NCCL topology file for NCCL_RAIL_GPU_NIC_MAP "
+			  "failed: %s; NCCL will not see the mapping", RAIL_ERRSTR(err));
+	} else if (err == 1) {
+		setenv("NCCL_TOPO_FILE", path, 1);
+		/* A memory file: closed, and the variable dropped, at the last finalize. */
+		if (!strncmp(path, "/proc/self/fd/", 14))
+			api_topo_fd = atoi(path + 14);
+		RAIL_INFO(RAIL_LOG_INIT, "topology: the PCIe tree hides locality; NCCL_TOPO_FILE "
+			  "set to %s, which places each GPU with the NICs NCCL_RAIL_GPU_NIC_MAP "
+			  "gives it", path);
+	}
 }
 
 static ncclResult_t init_locked(ncclDebugLogger_t logger, int abi_version)
@@ -90,7 +119,7 @@ static ncclResult_t init_locked(ncclDebugLogger_t logger, int abi_version)
 	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET,
 		  "nccl-net-rail %s (net ABI v%d): using the %s transport because %s; %s",
 		  RAIL_VERSION_STRING, abi_version, ops->name, why, devs);
-	log_topology();
+	apply_topology(ops);
 	return ncclSuccess;
 }
 
@@ -153,6 +182,11 @@ ncclResult_t rail_net_finalize(void *ctx)
 		api_ops = NULL;
 		rail_topo_reset();
 		rail_params_unload();
+		if (api_topo_fd >= 0) {
+			close(api_topo_fd);
+			api_topo_fd = -1;
+			unsetenv("NCCL_TOPO_FILE");
+		}
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "finalized: every thread stopped");
 		rail_log_set_logger(NULL);
 	}

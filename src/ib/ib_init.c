@@ -16,6 +16,7 @@
 #include "param.h"
 #include "rail.h"
 #include "sysfs.h"
+#include "topo/topo.h"
 
 static struct {
 	pthread_mutex_t lock;
@@ -215,6 +216,16 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 	dev->guid = hca->attr.sys_image_guid;
 	dev->rail = entry ? entry->rail : -1;
 	dev->plane = entry ? entry->plane : -1;
+	/* NCCL_IB_HCA's :rail:plane win; otherwise the rail comes from the topology. */
+	if (dev->rail < 0) {
+		int rail = -1, plane = -1;
+
+		if (rail_topo_rail_of(hca->name, pi->port, &rail, &plane) == 0) {
+			dev->rail = rail;
+			if (dev->plane < 0)
+				dev->plane = plane;
+		}
+	}
 	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device", hca->name);
 	if (rail_sysfs_realpath(path, dev->pci_path, sizeof(dev->pci_path)))
 		dev->pci_path[0] = '\0';
