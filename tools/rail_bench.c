@@ -201,7 +201,7 @@ static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int 
 		 */
 		idle = progressed ? 0 : idle + 1;
 		if (idle > 64)
-			usleep(10);
+			usleep(idle > 1024 ? 100 : 20);
 		else if (idle)
 			sched_yield();
 	}
