@@ -415,5 +415,16 @@ int main(void)
 		cmocka_unit_test(test_wrong_nonce_refused),
 	};
 
+	/*
+	 * Decide once, before any test allocates: a skip() inside a test
+	 * would leave its buffers behind for LeakSanitizer to report.
+	 */
+	if (getenv("RAIL_TEST_REQUIRE_RDMA") && atoi(getenv("RAIL_TEST_REQUIRE_RDMA")))
+		return cmocka_run_group_tests(tests, NULL, NULL);
+	if (!have_rdma()) {
+		printf("test_ib_live: all %zu tests skipped: no RDMA device (they run in the rxe "
+		       "guest: make test-rxe)\n", sizeof(tests) / sizeof(tests[0]));
+		return 0;
+	}
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }
