@@ -308,7 +308,8 @@ static void record(enum rec_kind kind, const char *path, const char *data, size_
 		char src[PATH_MAX];
 		struct stat st;
 
-		if (!join(src, root, real, NULL) && !lstat(src, &st)) { /* it exists but does not read: keep it that way */
+		/* It exists but does not read: keep it that way in the copy. */
+		if (!join(src, root, real, NULL) && !lstat(src, &st)) {
 			unlink(dst);
 			drop_keep(dst);
 			mkdirs(dst, 1);

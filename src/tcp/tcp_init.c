@@ -20,9 +20,9 @@ const struct tcp_dev *tcp_dev_get(int dev)
 
 /*
  * Loopback has no wire: its speed is that of memory copies (rail-rawtcp
- * measures 27-29 GB/s, about 230 Gbps, with 8 streams on the GPU machine). NCCL sizes its channels from
- * the reported speed, and at 10 Gbps it would give a loopback run two
- * channels, which the GPU side, not TCP, then limits.
+ * measures 27-29 GB/s, about 230 Gbps, with 8 streams on the GPU machine).
+ * NCCL sizes its channels from the reported speed; at 10 Gbps it gives a
+ * loopback run two channels, which the GPU side, not TCP, then limits.
  */
 #define TCP_LOOPBACK_SPEED 240000
 #define TCP_UNKNOWN_SPEED 10000
