@@ -46,7 +46,7 @@ static const struct {
 	[F_REPORT_ROOM] = { "report-room", "test reports the posted size, not the received one" },
 	[F_NO_ERROR] = { "no-error", "a failed receive is reported done with the posted size" },
 	[F_WRITE_AFTER_CLOSE] = { "write-after-close",
-				  "a receive in flight at close is written 30 ms later" },
+				  "the last buffer received into is written 30 ms after close" },
 	[F_REGMR_FAIL] = { "regmr-fail", "the 20th regMr fails" },
 	[F_HIDE_ERROR] = { "hide-error", "test turns errors into 'not done yet'" },
 	[F_CONNECT_HIDE_ERROR] = { "connect-hide-error", "connect turns errors into 'retry'" },
@@ -142,6 +142,35 @@ static int track_get(void *req, struct track *out, int remove)
 	return found;
 }
 
+/* ---- the last buffer posted per receive comm (write-after-close) ---- */
+
+#define LAST_SLOTS 256
+
+static struct {
+	void *comm;
+	void *data;
+} last_posted[LAST_SLOTS];
+
+static void remember_posted(void *comm, void *data)
+{
+	size_t free_slot = LAST_SLOTS;
+
+	pthread_mutex_lock(&track_lock);
+	for (size_t i = 0; i < LAST_SLOTS; i++) {
+		if (last_posted[i].comm == comm) {
+			free_slot = i;
+			break;
+		}
+		if (!last_posted[i].comm && free_slot == LAST_SLOTS)
+			free_slot = i;
+	}
+	if (free_slot < LAST_SLOTS) {
+		last_posted[free_slot].comm = comm;
+		last_posted[free_slot].data = data;
+	}
+	pthread_mutex_unlock(&track_lock);
+}
+
 /* ---- wrappers ---- */
 
 static ncclResult_t w_get_props(int dev, struct rail_conf_props *p)
@@ -185,6 +214,8 @@ static ncclResult_t w_irecv(void *rc, int n, void **data, size_t *sizes, int *ta
 			t.size[i] = sizes[i];
 		}
 		track_add(&t);
+		if (n > 0 && sizes[0] > 0)
+			remember_posted(rc, data[0]);
 	}
 	return res;
 }
@@ -263,16 +294,24 @@ static void *late_writer(void *p)
 static ncclResult_t w_close_recv(void *rc)
 {
 	ncclResult_t res = orig.close_recv(rc);
+	void *data = NULL;
+	pthread_t th;
 
-	for (size_t i = 0; i < TRACK_SLOTS; i++) {
-		pthread_t th;
-
-		if (tracked[i].req && tracked[i].comm == rc) {
-			if (!pthread_create(&th, NULL, late_writer, tracked[i].data[0]))
-				pthread_detach(th);
-			break;
+	/*
+	 * The last buffer posted on the comm, whether its receive completed
+	 * or not: every receive may have finished before the close, and the
+	 * fault must fire all the same.
+	 */
+	pthread_mutex_lock(&track_lock);
+	for (size_t i = 0; i < LAST_SLOTS; i++) {
+		if (last_posted[i].comm == rc) {
+			data = last_posted[i].data;
+			last_posted[i].comm = NULL;
 		}
 	}
+	pthread_mutex_unlock(&track_lock);
+	if (data && !pthread_create(&th, NULL, late_writer, data))
+		pthread_detach(th);
 	return res;
 }
 
