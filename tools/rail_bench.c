@@ -143,20 +143,55 @@ static double bench_latency(struct bench_side *s, size_t size, int iters)
 	return (double)(rail_now_ns() - t0) / 1e3 / iters / 2;
 }
 
+/* One attempt, as NCCL's proxy makes per pass: NULL when the plugin says "later". */
+static void *try_post(struct bench_side *s, int is_send, int c, char *buf, size_t size)
+{
+	void *req = NULL, *data = buf;
+	int tag = !s->role;
+
+	if (is_send)
+		CHECK(rail_net_isend(s->send[c], s->sbuf, size, s->role, s->smh[c], &req));
+	else
+		CHECK(rail_net_irecv(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], &req));
+	return req;
+}
+
 /*
  * A sends and B receives (both ways with bidir) on every comm, each with
  * `window` messages in flight; returns GB/s of one direction, all comms.
+ * Like NCCL's proxy: each stream (a comm, one direction) posts in order
+ * what its window allows (a refused post is retried on a later pass, not
+ * spun on) and tests only its oldest request.
  */
-struct bw_slot {
-	void *req;
+struct bw_lane {
 	int is_send, comm;
-	char *buf;
+	int posted, done;
+	void *req[BENCH_MAX_WINDOW];	/* [done, posted) in flight, by index % window */
 };
+
+static int lane_pass(struct bench_side *s, struct bw_lane *l, size_t size, int iters, int window)
+{
+	int d = 0;
+
+	while (l->posted < iters && l->posted - l->done < window) {
+		char *buf = (char *)s->rbuf + ((size_t)l->comm * window + l->posted % window) * size;
+		void *r = try_post(s, l->is_send, l->comm, buf, size);
+
+		if (!r)
+			break;
+		l->req[l->posted++ % window] = r;
+	}
+	if (l->done == l->posted)
+		return 0;
+	CHECK(rail_net_test(l->req[l->done % window], &d, NULL));
+	l->done += d;
+	return d;
+}
 
 static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int window, int bidir)
 {
-	struct bw_slot slots[2 * BENCH_MAX_COMMS * BENCH_MAX_WINDOW];
-	int nslots = 0, posted[2 * BENCH_MAX_COMMS] = { 0 }, left = 0, idle = 0;
+	struct bw_lane lanes[2 * BENCH_MAX_COMMS];
+	int nl = 0, left = 0, idle = 0;
 	uint64_t t0;
 
 	for (int c = 0; c < s->ncomms; c++) {
@@ -165,9 +200,9 @@ static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int 
 
 			if (!bidir && is_send != (s->role == 0))
 				continue;
-			for (int w = 0; w < window; w++)
-				slots[nslots++] = (struct bw_slot){ NULL, is_send, c,
-					(char *)s->rbuf + ((size_t)c * window + w) * size };
+			memset(&lanes[nl], 0, sizeof(lanes[nl]));
+			lanes[nl].is_send = is_send;
+			lanes[nl++].comm = c;
 			left += iters;
 		}
 	}
@@ -176,23 +211,11 @@ static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int 
 	while (left > 0) {
 		int progressed = 0;
 
-		for (int i = 0; i < nslots; i++) {
-			struct bw_slot *sl = &slots[i];
-			int *np = &posted[2 * sl->comm + sl->is_send], d = 0;
+		for (int i = 0; i < nl; i++) {
+			int d = lane_pass(s, &lanes[i], size, iters, window);
 
-			if (!sl->req && *np < iters) {
-				sl->req = sl->is_send ? post_send(s, sl->comm, size)
-						      : post_recv(s, sl->comm, sl->buf, size);
-				(*np)++;
-			}
-			if (!sl->req)
-				continue;
-			CHECK(rail_net_test(sl->req, &d, NULL));
-			if (d) {
-				sl->req = NULL;
-				left--;
-				progressed = 1;
-			}
+			left -= d;
+			progressed |= d;
 		}
 		/*
 		 * Give the CPU away when nothing moved (as NCCL's proxy thread

@@ -9,8 +9,10 @@
  *   rail_ib_vdev  what NCCL indexes: one dev, or several fused
  *                 (make_vdevice). vdev i < ndev is dev i.
  *   rail_ib_comm  a send or receive comm: per member device a CQ, QPs
- *                 spread over the members, the CTS FIFO (sender) or the
- *                 completion records (receiver). Protocol: ib_p2p.c.
+ *                 spread over the members, the CTS FIFO and credit word
+ *                 (sender) or the completion records, want word and eager
+ *                 ring (receiver). Protocol: ib_p2p.c; the eager path and
+ *                 its flow control: ib_eager.c; receives: ib_recv.c.
  */
 #ifndef RAIL_IB_H
 #define RAIL_IB_H
@@ -139,10 +141,68 @@ void rail_ib_mr_deregister(struct rail_ib_mh *mh);
 /* Drop every cached registration of an HCA (fini). */
 void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 
-/* ---- comms (ib_conn.c, ib_qp.c, ib_p2p.c, ib_flush.c) ------------------ */
+/* ---- comms (ib_conn.c, ib_qp.c, ib_p2p.c, ib_recv.c, ib_eager.c, ib_flush.c) */
 #define RAIL_IB_SLOTS 64	/* CTS FIFO slots, a power of two */
 #define RAIL_IB_EARLY_DEPTH 256	/* sender WRs of early-completed batches in flight per QP */
 #define RAIL_IB_MAX_QPS 128
+/* The eager geometry may be overridden at build time (OPT="-O2 -DRAIL_IB_EAGER_SLOTS=16"). */
+#ifndef RAIL_IB_EAGER_SLOTS
+#define RAIL_IB_EAGER_SLOTS 64	/* eager ring slots per connection, a power of two */
+#endif
+#ifndef RAIL_IB_EAGER_MAX
+#define RAIL_IB_EAGER_MAX 4096	/* largest eager payload */
+#endif
+#define RAIL_IB_EAGER_SLOT (RAIL_IB_EAGER_MAX + 64)	/* payload + trailer, 64-aligned */
+#define RAIL_IB_LOOP_DEPTH (2 * RAIL_MAX_REQUESTS + RAIL_IB_EAGER_SLOTS + 8)
+
+/* Control regions: CTS FIFO + credit word (sender), records + want word + ring (receiver). */
+#define RAIL_IB_FIFO_BYTES (RAIL_IB_SLOTS * RAIL_MAX_RECVS * RAIL_IB_CTS_SIZE)
+#define RAIL_IB_SIZES_BYTES (RAIL_IB_SLOTS * RAIL_MAX_RECVS * 4)
+#define RAIL_IB_CREDIT_OFF RAIL_IB_FIFO_BYTES
+#define RAIL_IB_SEND_CTRL_BYTES (RAIL_IB_FIFO_BYTES + 64)
+#define RAIL_IB_WANT_OFF RAIL_IB_SIZES_BYTES
+#define RAIL_IB_RING_OFF (RAIL_IB_SIZES_BYTES + 64)
+#define RAIL_IB_RECV_CTRL_BYTES (RAIL_IB_RING_OFF + RAIL_IB_EAGER_SLOTS * RAIL_IB_EAGER_SLOT)
+/* Scratch (local only): sizes + want staging + eager staging (sender), CTS + credit staging. */
+#define RAIL_IB_WANT_STAGE_OFF RAIL_IB_SIZES_BYTES
+#define RAIL_IB_STAGE_OFF (RAIL_IB_SIZES_BYTES + 64)
+#define RAIL_IB_SEND_SCRATCH_BYTES (RAIL_IB_STAGE_OFF + RAIL_IB_EAGER_SLOTS * RAIL_IB_EAGER_SLOT)
+#define RAIL_IB_CREDIT_STAGE_OFF RAIL_IB_FIFO_BYTES
+#define RAIL_IB_RECV_SCRATCH_BYTES (RAIL_IB_FIFO_BYTES + 64)
+
+/* wr_id of our work requests: the low 3 bits say what it is. */
+#define RAIL_IB_WR_REQ 0	/* a request pointer (send batch lead, flush) */
+#define RAIL_IB_WR_RETIRE 1	/* retires send-queue slots: QP index, posted count */
+#define RAIL_IB_WR_RECV 2	/* a receive WR (answers to a CTS): QP index */
+#define RAIL_IB_WR_LOOP 3	/* a loopback copy of an eager message: ring slot */
+static inline uint64_t rail_ib_wrid(int kind, uint32_t a, uint32_t b)
+{
+	return (uint64_t)kind | ((uint64_t)a << 3) | ((uint64_t)b << 32);
+}
+#define RAIL_IB_WRID_KIND(w) ((int)((w) & 7))
+#define RAIL_IB_WRID_A(w) ((uint32_t)(((w) >> 3) & 0x1fffffff))
+#define RAIL_IB_WRID_B(w) ((uint32_t)((w) >> 32))
+
+/* Serial-number order of 32-bit counters: a before b. */
+static inline int rail_ib_before(uint32_t a, uint32_t b)
+{
+	return (int32_t)(a - b) < 0;
+}
+
+/* Per-tag ordinals (ib_eager.c): the i-th send with tag T fills the i-th buffer with tag T. */
+struct rail_ib_tag {
+	int32_t tag;
+	uint32_t next;		/* ordinal of the next send (sender) or entry (receiver) */
+	uint32_t want;		/* CTS asked (sender) / owed (receiver) up to this ordinal */
+	int wanted;		/* want is set */
+};
+struct rail_ib_tags {
+	int n, cap;
+	struct rail_ib_tag *v;
+};
+/* The entry of tag, created at ordinal 0 if new; NULL when out of memory. */
+struct rail_ib_tag *rail_ib_tag_get(struct rail_ib_tags *t, int32_t tag);
+void rail_ib_tags_free(struct rail_ib_tags *t);
 
 struct rail_ib_comm;
 
@@ -153,30 +213,52 @@ struct rail_ib_qp {
 	uint32_t remote_qpn;
 	uint32_t max_inline;
 	/*
-	 * Receiver: CTS writes posted / known complete. Sender: WRs of
-	 * early-completed (all-inline) batches posted / known complete.
+	 * Receiver: CTS and credit writes posted / known complete. Sender: WRs
+	 * of early-completed (all-inline) batches, eager and want writes posted
+	 * / known complete.
 	 */
 	uint32_t sq_posted;
 	uint32_t sq_retired;
+	uint64_t ans_next;	/* receiver: the CTS number of the next answer on this QP */
 };
 
 /* Per member device of a comm. */
 struct rail_ib_devres {
 	struct rail_ib_dev *dev;
 	struct ibv_cq *cq;
-	struct ibv_mr *ctrl_mr;		/* FIFO (sender) or completion records (receiver) */
-	struct ibv_mr *scratch_mr;	/* sender: sizes; receiver: CTS staging */
-	struct ibv_qp *flush_qp;	/* receiver, when flushes are needed */
+	struct ibv_mr *ctrl_mr;		/* FIFO (sender) or records + ring (receiver) */
+	struct ibv_mr *scratch_mr;	/* sender: sizes + staging; receiver: CTS staging */
+	struct ibv_qp *flush_qp;	/* receiver: flushes and loopback copies */
 	struct ibv_mr *flush_mr;
 	uint64_t cqes;			/* completions polled on this device */
 };
 
-/* The send batch being matched to one CTS slot. */
+/* The send batch being matched to one CTS. */
 struct rail_ib_batch {
 	int nreqs;
-	int matched;
+	int matched;			/* entries with a send, or sent eagerly before */
 	struct rail_ib_cts cts[RAIL_MAX_RECVS];
-	struct rail_ib_req *reqs[RAIL_MAX_RECVS];
+	struct rail_ib_req *reqs[RAIL_MAX_RECVS];	/* NULL: unmatched or eager */
+	uint8_t eager;			/* bit i: entry i's message went through the ring */
+};
+
+/* Receiver: one CTS written and not yet answered (slot = CTS number % RAIL_IB_SLOTS). */
+struct rail_ib_cts_state {
+	struct rail_ib_req *r;		/* NULL once the receive completed through the ring */
+	uint64_t num;			/* CTS number */
+	int active;
+	int n;
+	int left;			/* answers (one per QP of the set) still expected */
+	uint32_t imm;			/* the last answer's immediate */
+};
+
+/* Receiver: what it knows of an eager ring slot. */
+enum { RAIL_IB_RING_FREE, RAIL_IB_RING_WAITING, RAIL_IB_RING_LOOP, RAIL_IB_RING_DONE };
+struct rail_ib_ring_ent {
+	uint8_t state;
+	int8_t idx;			/* LOOP: the buffer of r being written */
+	struct rail_ib_eager_hdr h;
+	struct rail_ib_req *r;		/* LOOP: the receive */
 };
 
 struct rail_ib_comm {
@@ -196,22 +278,55 @@ struct rail_ib_comm {
 	int oob_fd;			/* the handshake socket, kept to notice a dead peer */
 	uint32_t idle;			/* calls that found nothing to do */
 	uint64_t oob_checked_ns;
-	uint64_t seq;			/* next receive (recv) or batch (send) */
+	uint64_t seq;			/* next receive (recv) or CTS to process (send) */
+	struct rail_ib_tags tags;	/* per-tag ordinals */
+	int eager_slots;		/* ring slots (0: no eager path) */
+	uint32_t eager_slot_bytes;
+	uint32_t eager_max;		/* largest eager payload */
 	/* sender */
-	uint8_t *fifo;			/* RAIL_IB_SLOTS x RAIL_MAX_RECVS CTS entries */
-	uint8_t *sizes;			/* RAIL_IB_SLOTS x RAIL_MAX_RECVS x u32 */
+	uint8_t *fifo;			/* CTS entries, then the credit word */
+	uint8_t *sizes;			/* sizes records, want staging, eager staging */
 	uint64_t remote_cmpl_addr;
 	uint32_t remote_cmpl_rkey[RAIL_MAX_VDEV_DEVS];
+	uint64_t remote_ring_addr;
+	uint64_t remote_want_addr;
 	struct rail_ib_batch batch;
+	uint32_t e_sent;		/* eager messages written */
+	uint32_t e_credit;		/* eager messages the receiver consumed (as last told) */
+	uint16_t want_seq, want_ack;	/* wants sent / acknowledged */
+	int ring_ready;			/* the receiver's QPs are ready (its first credit word) */
+	int32_t blk_tag;		/* the send last refused, since blk_ns */
+	uint32_t blk_ord;
+	uint64_t blk_ns;
 	/* receiver */
-	uint8_t *cmpl;			/* RAIL_IB_SLOTS x RAIL_MAX_RECVS x u32 sizes */
-	uint8_t *cts_stage;		/* RAIL_IB_SLOTS x RAIL_MAX_RECVS CTS entries */
+	uint8_t *cmpl;			/* records, want word, eager ring */
+	uint8_t *cts_stage;		/* CTS entries, credit staging */
 	uint64_t remote_fifo_addr;
 	uint32_t remote_fifo_rkey[RAIL_MAX_VDEV_DEVS];
-	struct rail_ib_req *slot_busy[RAIL_IB_SLOTS];
+	uint64_t remote_credit_addr;
+	struct rail_ib_req *recvs[RAIL_IB_SLOTS];	/* receives in flight, by number */
+	uint64_t recv_lo;		/* no receive before this one is in flight */
+	uint64_t cts_next;		/* number of the next CTS */
+	uint64_t cts_k;			/* receives before this one have a CTS or need none */
+	int cts_owed;			/* a want asked for CTSes not written yet */
+	struct rail_ib_cts_state cts[RAIL_IB_SLOTS];
+	struct rail_ib_ring_ent ring[RAIL_IB_EAGER_SLOTS];
+	uint32_t e_head;		/* eager messages consumed (a prefix) */
+	uint32_t e_seen;		/* eager messages seen arriving */
+	uint32_t e_returned;		/* consumed count last written to the sender */
+	uint32_t want_seen;		/* the sender's last want processed */
+	uint32_t fast_polls;		/* test() calls that looked at the ring only */
+	int credit_owed;		/* a credit write is due */
 	int flush;			/* flush QPs exist */
 	uint32_t flush_host;		/* flush host buffers too (testing) */
 	uint8_t flush_buf[64];		/* RDMA read target of flushes */
+	/* counters, logged at close (INFO NET) */
+	uint64_t n_eager;		/* messages through the ring */
+	uint64_t n_cts;			/* CTSes answered (sender) or written (receiver) */
+	uint64_t n_cts_eager;		/* CTSes whose messages all went through the ring */
+	uint64_t n_wants;		/* wants sent / seen */
+	uint64_t n_credits;		/* credit words written */
+	uint64_t n_loops;		/* loopback copies into GPU buffers */
 };
 
 struct rail_ib_req {
@@ -229,6 +344,14 @@ struct rail_ib_req {
 	struct rail_ib_mh *mh;		/* send; a receive's are in mhs */
 	struct rail_ib_mh *mhs[RAIL_MAX_RECVS];
 	int tag;
+	/* receive */
+	void *bufs[RAIL_MAX_RECVS];
+	int32_t tags[RAIL_MAX_RECVS];
+	uint32_t ords[RAIL_MAX_RECVS];
+	uint8_t pending;		/* bit i: buffer i not filled yet */
+	int loops;			/* loopback copies in flight */
+	int64_t cts;			/* number of its unanswered CTS, or -1 */
+	int had_cts;
 };
 
 /* ib_qp.c */
@@ -249,19 +372,66 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call);
 void rail_ib_comm_quiesce(struct rail_ib_comm *c, const char *why);
 const char *rail_ib_qp_where(struct rail_ib_comm *c, int qpi, char *buf, size_t len);
 
-/* ib_p2p.c */
+/* ib_p2p.c: shared by the send and receive sides */
+void rail_ib_qp_set(const struct rail_ib_comm *c, uint64_t num, int *first, int *count);
+int rail_ib_post_send(struct rail_ib_comm *c, int qpi, struct ibv_send_wr *wr, const char *what);
+/* Room for nwr more retire-tracked WRs on QP qpi (below limit); polls once if short. */
+int rail_ib_sq_room(struct rail_ib_comm *c, int qpi, int nwr, uint32_t limit);
+int rail_ib_protocol_error(struct rail_ib_comm *c, int m, const char *what);
+/*
+ * A small RDMA WRITE from scratch memory (CTS, credits, want, eager),
+ * signaled every 16th (receiver) or always (sender), retiring SQ slots.
+ */
+int rail_ib_ctl_write(struct rail_ib_comm *c, int qpi, const void *src, uint32_t len,
+		      uint64_t raddr, uint32_t rkey, const char *what);
 int rail_ib_isend(struct rail_comm *comm, struct rail_req *req, void *data, size_t size, int tag,
 		  void *mhandle);
-int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **data,
-		  const size_t *sizes, const int *tags, void **mhandles);
 int rail_ib_test(struct rail_req *req, int *done, size_t *sizes);
 int rail_ib_poll(struct rail_ib_comm *c);
 /* Every ~100 ms of waiting: -ECONNRESET (logged) once the peer closed its socket. */
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call);
 
+/* ib_recv.c */
+int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **data,
+		  const size_t *sizes, const int *tags, void **mhandles);
+/* A receive WR completed on QP qpi: an answer to a CTS. */
+int rail_ib_on_answer(struct rail_ib_comm *c, int qpi, int m, const struct ibv_wc *wc);
+/* CTSes for every receive in flight that lacks one (a want, or ordering). */
+int rail_ib_cts_upto(struct rail_ib_comm *c, uint64_t k);
+/* r's buffers are all filled: complete it (and forget it). */
+void rail_ib_recv_check_done(struct rail_ib_comm *c, struct rail_ib_req *r);
+/* Receiver progress besides the CQ: the ring, the want word, owed writes. */
+int rail_ib_recv_progress(struct rail_ib_comm *c);
+/*
+ * test() of a receive that only the ring can complete: 1 when handled by
+ * looking at the ring alone, 0 when the full progress is due, or an error.
+ */
+int rail_ib_recv_fast(struct rail_ib_comm *c, struct rail_ib_req *r);
+
+/* ib_eager.c */
+/* Sender: 0 sent (the request is complete), -EAGAIN (*no_credit), or an error. */
+int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data, size_t size,
+		       int tag, uint32_t ord, int *no_credit);
+int rail_ib_eager_fits(const struct rail_ib_comm *c, size_t size, const struct rail_ib_mh *mh);
+/* Sender: a send (tag, ord) is refused for now; ask the receiver for credits or a CTS. */
+int rail_ib_want_maybe(struct rail_ib_comm *c, struct rail_ib_tag *t, size_t size, int no_credit);
+void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits);
+/* Receiver: new arrivals in the ring, matched to receives in flight. */
+int rail_ib_ring_poll(struct rail_ib_comm *c);
+/* Receiver: whether the next ring slot holds a new message (one load). */
+int rail_ib_ring_peek(struct rail_ib_comm *c);
+/* Receiver: messages already in the ring for a receive just posted. */
+int rail_ib_ring_match_recv(struct rail_ib_comm *c, struct rail_ib_req *r);
+int rail_ib_on_loop(struct rail_ib_comm *c, uint32_t slot);
+/* Receiver: return credits when due (FORCE: answer a want, or say "ready"). */
+enum { RAIL_IB_CREDIT_BUSY, RAIL_IB_CREDIT_IDLE, RAIL_IB_CREDIT_FORCE };
+int rail_ib_credit_return(struct rail_ib_comm *c, int mode);
+int rail_ib_want_poll(struct rail_ib_comm *c);
+
 /* ib_flush.c */
 int rail_ib_flush_init(struct rail_ib_comm *c);
 void rail_ib_flush_fini(struct rail_ib_comm *c);
+int rail_ib_eager_possible(struct rail_ib_comm *c);
 int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **data,
 		   const int *sizes, void **mhandles);
 

@@ -7,11 +7,12 @@
  *   sender (connect)                       receiver (accept)
  *   HELLO {nonce, devices, QPs/device} -->
  *                                          checks the nonce (REFUSE if wrong),
- *                                          creates CQs + QPs (INIT)
- *                                      <-- ACCEPT {devices, QPNs, completion records}
+ *                                          creates CQs + QPs (INIT), flush QPs
+ *                                      <-- ACCEPT {devices, QPNs, completion records,
+ *                                                  eager ring, want word}
  *   creates QPs, RTR + RTS
- *   READY {QPNs, CTS FIFO}             -->
- *   returns the comm                       RTR + RTS, flush QPs, returns the comm
+ *   READY {QPNs, CTS FIFO, credit word} -->
+ *   returns the comm                       RTR + RTS, returns the comm
  *
  * The sender's QPs are ready before READY leaves, and the receiver writes
  * nothing before its QPs are ready, so no further message is needed: the
@@ -88,10 +89,30 @@ struct rail_ib_listen {
 
 /* ---- comms ------------------------------------------------------------- */
 
+static void comm_stats(const struct rail_ib_comm *c)
+{
+	if (!c->nqps)
+		return;	/* never connected */
+	if (c->base.kind == RAIL_COMM_SEND)
+		RAIL_INFO(RAIL_LOG_NET, "verbs connection to peer %s on %s closed: %llu messages "
+			  "eager, %llu clear-to-send answered (%llu all eager), %llu wants",
+			  c->peer, c->res[0].dev->name, (unsigned long long)c->n_eager,
+			  (unsigned long long)c->n_cts, (unsigned long long)c->n_cts_eager,
+			  (unsigned long long)c->n_wants);
+	else
+		RAIL_INFO(RAIL_LOG_NET, "verbs connection from peer %s on %s closed: %llu messages "
+			  "eager (%llu loopback copies), %llu clear-to-send written (%llu answered "
+			  "all eager), %llu credit words, %llu wants", c->peer, c->res[0].dev->name,
+			  (unsigned long long)c->n_eager, (unsigned long long)c->n_loops,
+			  (unsigned long long)c->n_cts, (unsigned long long)c->n_cts_eager,
+			  (unsigned long long)c->n_credits, (unsigned long long)c->n_wants);
+}
+
 void rail_ib_comm_free(struct rail_ib_comm *c)
 {
 	if (!c)
 		return;
+	comm_stats(c);
 	rail_ib_comm_res_fini(c);
 	if (c->oob_fd >= 0)
 		close(c->oob_fd);
@@ -342,6 +363,29 @@ static int sender_check_accept(struct rail_ib_hs *hs, const struct rail_ib_msg *
 	return 0;
 }
 
+/* The receiver's eager ring, if it offers one that our staging area can mirror. */
+static void sender_eager(struct rail_ib_hs *hs, const struct rail_ib_msg *m)
+{
+	struct rail_ib_comm *c = hs->comm;
+
+	if (!m->eager_slots)
+		return;
+	if (m->eager_slots > RAIL_IB_EAGER_SLOTS || m->eager_slot_bytes > RAIL_IB_EAGER_SLOT ||
+	    m->eager_slot_bytes <= RAIL_IB_EAGER_TRAILER) {
+		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s: its eager ring (%d slots of %u "
+			  "bytes) is larger than this build's (%d of %d); small messages wait for "
+			  "a clear-to-send", hs->peer, m->eager_slots, m->eager_slot_bytes,
+			  RAIL_IB_EAGER_SLOTS, RAIL_IB_EAGER_SLOT);
+		return;
+	}
+	c->eager_slots = m->eager_slots;
+	c->eager_slot_bytes = m->eager_slot_bytes;
+	c->eager_max = RAIL_MIN((uint32_t)RAIL_IB_EAGER_MAX,
+				m->eager_slot_bytes - RAIL_IB_EAGER_TRAILER);
+	c->remote_ring_addr = m->eager_addr;
+	c->remote_want_addr = m->aux_addr;
+}
+
 /* Helper thread: QPs, RTR + RTS, then the READY message. */
 static int sender_setup(struct rail_ib_hs *hs)
 {
@@ -354,6 +398,7 @@ static int sender_setup(struct rail_ib_hs *hs)
 	c->remote_cmpl_addr = m->ctrl_addr;
 	for (int i = 0; i < m->ndevs; i++)
 		c->remote_cmpl_rkey[i] = m->devs[i].ctrl_rkey;
+	sender_eager(hs, m);
 	err = rail_ib_comm_qps_create(c, m->nqps, 1);
 	if (!err)
 		err = rail_ib_comm_qps_connect(c, m->qpn);
@@ -365,6 +410,7 @@ static int sender_setup(struct rail_ib_hs *hs)
 	for (int i = 0; i < c->nqps; i++)
 		r.qpn[i] = c->qps[i].qp->qp_num;
 	r.ctrl_addr = (uintptr_t)c->fifo;
+	r.aux_addr = (uintptr_t)(c->fifo + RAIL_IB_CREDIT_OFF);
 	r.tc = c->tc;
 	r.sl = c->sl;
 	msg_devs(c, &r, 1);
@@ -516,6 +562,15 @@ static int receiver_accept_msg(struct rail_ib_hs *hs)
 	m.ctrl_addr = (uintptr_t)c->cmpl;
 	m.tc = c->tc;
 	m.sl = c->sl;
+	if (rail_ib_eager_possible(c)) {
+		c->eager_slots = RAIL_IB_EAGER_SLOTS;
+		c->eager_slot_bytes = RAIL_IB_EAGER_SLOT;
+		c->eager_max = RAIL_IB_EAGER_SLOT - RAIL_IB_EAGER_TRAILER;
+		m.eager_slots = c->eager_slots;
+		m.eager_slot_bytes = c->eager_slot_bytes;
+		m.eager_addr = (uintptr_t)(c->cmpl + RAIL_IB_RING_OFF);
+		m.aux_addr = (uintptr_t)(c->cmpl + RAIL_IB_WANT_OFF);
+	}
 	msg_devs(c, &m, 1);
 	return hs_put(hs, &m);
 }
@@ -534,10 +589,19 @@ static int receiver_setup(struct rail_ib_hs *hs)
 	return receiver_accept_msg(hs);
 }
 
-/* Helper thread: RTR + RTS toward the sender's QPs. */
+/*
+ * Helper thread: RTR + RTS toward the sender's QPs; then, with an eager
+ * ring, the first credit word: the sender writes into the ring only after
+ * it, as a write reaching a QP not yet ready is dropped (and retried only
+ * after the QP timeout).
+ */
 static int receiver_connect(struct rail_ib_hs *hs)
 {
-	return rail_ib_comm_qps_connect(hs->comm, hs->msg.qpn);
+	int err = rail_ib_comm_qps_connect(hs->comm, hs->msg.qpn);
+
+	if (!err)
+		err = rail_ib_credit_return(hs->comm, RAIL_IB_CREDIT_FORCE);
+	return err;
 }
 
 static int receiver_on_hello(struct rail_ib_hs *hs, uint64_t nonce, const struct rail_ib_msg *m)
@@ -581,6 +645,7 @@ static int receiver_on_ready(struct rail_ib_hs *hs, const struct rail_ib_msg *m)
 		return -EPROTO;
 	}
 	c->remote_fifo_addr = m->ctrl_addr;
+	c->remote_credit_addr = m->aux_addr;
 	for (int i = 0; i < m->ndevs; i++)
 		c->remote_fifo_rkey[i] = m->devs[i].ctrl_rkey;
 	hs_spawn(hs, receiver_connect, HS_DONE);
@@ -731,10 +796,10 @@ int rail_ib_close_listen(struct rail_comm *comm)
 }
 
 /*
- * Sends completed early (inline) may still sit in the send queue: let them
- * reach the peer before the QPs go, or the receiver would wait forever for
- * a message the sender already reported done. Bounded, since a dead peer
- * never acknowledges.
+ * Sends completed early (inline or eager) may still sit in the send queue:
+ * let them reach the peer before the QPs go, or the receiver would wait
+ * forever for a message the sender already reported done. Bounded, since a
+ * dead peer never acknowledges.
  */
 static void send_drain(struct rail_ib_comm *c)
 {

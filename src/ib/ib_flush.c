@@ -6,6 +6,11 @@
  * landed. Flush QPs exist on receive comms when a member device can
  * reach GPU memory (DMA-BUF or peermem) and NCCL_GDR_FLUSH_DISABLE=0, or
  * with NCCL_RAIL_IB_FLUSH_HOST=1 (testing on hosts without GPUs).
+ *
+ * The same self-connected QP copies an eager message from the ring into a
+ * GPU buffer (an RDMA WRITE to itself, ib_eager.c): the CPU cannot. A
+ * receive comm that may see GPU buffers but has no such QP offers no eager
+ * ring (rail_ib_eager_possible).
  */
 #include <stdio.h>
 #include <string.h>
@@ -14,8 +19,6 @@
 #include "log.h"
 #include "param.h"
 #include "rail.h"
-
-#define FLUSH_DEPTH (2 * RAIL_MAX_REQUESTS + 8)
 
 static int flush_wanted(struct rail_ib_comm *c)
 {
@@ -46,7 +49,8 @@ static int flush_member(struct rail_ib_comm *c, int m)
 			  r->dev->hca->name, r->dev->port, c->peer, RAIL_ERRSTR(err));
 		return err;
 	}
-	r->flush_qp = rail_ib_qp_new(c, m, FLUSH_DEPTH, 1, IBV_ACCESS_REMOTE_READ, &err);
+	r->flush_qp = rail_ib_qp_new(c, m, RAIL_IB_LOOP_DEPTH, 1,
+				     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE, &err);
 	if (!r->flush_qp)
 		return err;
 	rail_ib_local_wire_dev(r->dev, 0, &self);
@@ -66,6 +70,28 @@ int rail_ib_flush_init(struct rail_ib_comm *c)
 			return err;
 	}
 	return 0;
+}
+
+/*
+ * Whether this receive comm may offer an eager ring: its buffers are host
+ * memory, or a self-connected QP can copy into GPU memory; and the user
+ * did not turn it off (NCCL_RAIL_IB_EAGER=0).
+ */
+int rail_ib_eager_possible(struct rail_ib_comm *c)
+{
+	if (!rail_param_int(RAIL_P_IB_EAGER))
+		return 0;
+	if (c->flush)
+		return 1;
+	if (rail_param_int(RAIL_P_IB_FLUSH_HOST))
+		return 0;
+	for (int m = 0; m < c->ndevs; m++) {
+		const struct rail_ib_ladder *l = &c->res[m].dev->hca->ladder;
+
+		if (l->dmabuf || l->peermem)
+			return 0;
+	}
+	return 1;
 }
 
 void rail_ib_flush_fini(struct rail_ib_comm *c)

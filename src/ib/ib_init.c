@@ -367,8 +367,12 @@ static int ib_init(char *why, size_t why_len)
 	rail_ib_hca_filter_load();
 	list = rail_ibv.get_device_list(&n);
 	if (!list || n == 0) {
-		snprintf(why, why_len, "no RDMA device (ibv_get_device_list: %s)",
-			 list ? "empty" : RAIL_ERRSTR(-errno));
+		int err = errno;
+
+		snprintf(why, why_len, "no RDMA device (ibv_get_device_list: %s%s)",
+			 list ? "empty" : RAIL_ERRSTR(-err),
+			 !list && err == ENOSYS ? ": the kernel has no RDMA stack loaded; "
+			 "modprobe ib_uverbs and the NIC's driver" : "");
 		if (list)
 			rail_ibv.free_device_list(list);
 		return 0;

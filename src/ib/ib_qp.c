@@ -1,7 +1,8 @@
 /*
  * nccl-net-rail: a comm's verbs resources: per member device a CQ and the
- * control regions (the sender's CTS FIFO, the receiver's completion
- * records), and the RC QPs through INIT, RTR and RTS.
+ * control regions (the sender's CTS FIFO and credit word, the receiver's
+ * completion records, want word and eager ring; layouts in ib.h), and the
+ * RC QPs through INIT, RTR and RTS.
  *
  * QP i lives on local member i % ndevs and talks to remote member
  * i % remote_ndevs. Every WARN names the call, errno text, device:port, QP
@@ -16,11 +17,8 @@
 #include "param.h"
 #include "rail.h"
 
-#define FIFO_BYTES (RAIL_IB_SLOTS * RAIL_MAX_RECVS * RAIL_IB_CTS_SIZE)
-#define SIZES_BYTES (RAIL_IB_SLOTS * RAIL_MAX_RECVS * 4)
-
-/* Receive queue depth: one WR per QP per outstanding receive (<= 2 x 32 requests). */
-#define RECV_DEPTH (2 * RAIL_MAX_REQUESTS + 8)
+/* Receive queue depth: one WR per QP per unanswered CTS (<= RAIL_IB_SLOTS). */
+#define RECV_DEPTH (RAIL_IB_SLOTS + 8)
 /*
  * Sender SQ: at most one WR per in-flight send plus one per batch, per QP,
  * plus the WRs of batches completed early (all inline), which are bounded
@@ -28,7 +26,6 @@
  */
 #define SEND_DEPTH (2 * RAIL_MAX_REQUESTS * RAIL_MAX_RECVS + RAIL_IB_EARLY_DEPTH + 16)
 #define CTS_DEPTH 128
-#define FLUSH_DEPTH (2 * RAIL_MAX_REQUESTS + 8)
 
 const char *rail_ib_qp_where(struct rail_ib_comm *c, int qpi, char *buf, size_t len)
 {
@@ -57,8 +54,8 @@ static int alloc_ctrl(struct rail_ib_comm *c, int is_send)
 {
 	uint8_t **ctrl = is_send ? &c->fifo : &c->cmpl;
 	uint8_t **scratch = is_send ? &c->sizes : &c->cts_stage;
-	size_t ctrl_len = is_send ? FIFO_BYTES : SIZES_BYTES;
-	size_t scratch_len = is_send ? SIZES_BYTES : FIFO_BYTES;
+	size_t ctrl_len = is_send ? RAIL_IB_SEND_CTRL_BYTES : RAIL_IB_RECV_CTRL_BYTES;
+	size_t scratch_len = is_send ? RAIL_IB_SEND_SCRATCH_BYTES : RAIL_IB_RECV_SCRATCH_BYTES;
 
 	*ctrl = aligned_alloc(4096, RAIL_ALIGN_UP(ctrl_len, 4096));
 	*scratch = aligned_alloc(4096, RAIL_ALIGN_UP(scratch_len, 4096));
@@ -71,11 +68,11 @@ static int alloc_ctrl(struct rail_ib_comm *c, int is_send)
 
 		r->ctrl_mr = reg_ctrl(c, m, *ctrl, ctrl_len,
 				      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
-				      is_send ? "CTS FIFO" : "completion records");
+				      is_send ? "CTS FIFO" : "completion records and eager ring");
 		if (!r->ctrl_mr)
 			return -(errno ? errno : EIO);
 		r->scratch_mr = reg_ctrl(c, m, *scratch, scratch_len, IBV_ACCESS_LOCAL_WRITE,
-					 is_send ? "sizes" : "CTS staging");
+					 is_send ? "sizes and eager staging" : "CTS staging");
 		if (!r->scratch_mr)
 			return -(errno ? errno : EIO);
 	}
@@ -129,6 +126,7 @@ void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 	free(c->cmpl);
 	free(c->cts_stage);
 	c->fifo = c->sizes = c->cmpl = c->cts_stage = NULL;
+	rail_ib_tags_free(&c->tags);
 }
 
 static int qp_init(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
@@ -191,7 +189,7 @@ static int cq_create(struct rail_ib_comm *c, int m, int qps_on_member, int is_se
 {
 	struct rail_ib_dev *d = c->res[m].dev;
 	int per_qp = is_send ? SEND_DEPTH : RECV_DEPTH + CTS_DEPTH / 16 + 1;
-	int cqe = per_qp * qps_on_member + (is_send ? 0 : FLUSH_DEPTH) + 16;
+	int cqe = per_qp * qps_on_member + (is_send ? 0 : RAIL_IB_LOOP_DEPTH) + 16;
 
 	cqe = RAIL_MIN(cqe, d->hca->attr.max_cqe);
 	c->res[m].cq = rail_ibv.create_cq(d->hca->ctx, cqe, c, NULL, 0);
@@ -219,6 +217,7 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send)
 
 		q->member = i % c->ndevs;
 		q->remote_member = i % c->remote_ndevs;
+		q->ans_next = c->split ? 0 : (uint64_t)i;	/* the first CTS answered here */
 		q->qp = rail_ib_qp_new(c, q->member, is_send ? SEND_DEPTH : CTS_DEPTH,
 				       is_send ? 1 : RECV_DEPTH, IBV_ACCESS_REMOTE_WRITE, &err);
 		if (!q->qp)
@@ -375,6 +374,9 @@ void rail_ib_comm_quiesce(struct rail_ib_comm *c, const char *why)
 	for (int i = 0; i < c->nqps; i++)
 		if (c->qps[i].qp)
 			qp_to_error(c->qps[i].qp);
+	for (int m = 0; m < c->ndevs; m++)
+		if (c->res[m].flush_qp)	/* loopback copies write receive buffers */
+			qp_to_error(c->res[m].flush_qp);
 	if (!c->error)
 		c->error = -ECANCELED;
 }

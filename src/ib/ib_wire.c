@@ -7,7 +7,7 @@
 #include "wire.h"
 
 #define DEV_SIZE 28
-#define FIXED_SIZE 28
+#define FIXED_SIZE 52
 
 int rail_ib_msg_encode(const struct rail_ib_msg *m, uint8_t *buf, size_t len)
 {
@@ -15,7 +15,8 @@ int rail_ib_msg_encode(const struct rail_ib_msg *m, uint8_t *buf, size_t len)
 	size_t body = FIXED_SIZE + (size_t)m->ndevs * DEV_SIZE + (size_t)m->nqps * 4 + 1 + text_len;
 	uint8_t *p = buf + RAIL_IB_HDR_SIZE;
 
-	if (m->ndevs < 0 || m->ndevs > RAIL_MAX_VDEV_DEVS || m->nqps < 0 ||
+	if (m->ndevs < 0 || m->ndevs > RAIL_MAX_VDEV_DEVS || m->nqps < 0 || m->eager_slots < 0 ||
+	    m->eager_slots > RAIL_IB_EAGER_MAX_SLOTS ||
 	    m->nqps > RAIL_IB_WIRE_MAX_QPS || body > RAIL_IB_BODY_MAX ||
 	    len < RAIL_IB_HDR_SIZE + body)
 		return -EINVAL;
@@ -28,6 +29,11 @@ int rail_ib_msg_encode(const struct rail_ib_msg *m, uint8_t *buf, size_t len)
 	rail_put_u16(p + 14, (uint16_t)m->flags);
 	rail_put_u64(p + 16, m->ctrl_addr);
 	rail_put_u32(p + 24, m->refuse_code);
+	rail_put_u64(p + 28, m->eager_addr);
+	rail_put_u64(p + 36, m->aux_addr);
+	rail_put_u32(p + 44, m->eager_slot_bytes);
+	rail_put_u16(p + 48, (uint16_t)m->eager_slots);
+	rail_put_u16(p + 50, 0);
 	p += FIXED_SIZE;
 	for (int i = 0; i < m->ndevs; i++, p += DEV_SIZE) {
 		const struct rail_ib_wire_dev *d = &m->devs[i];
@@ -99,6 +105,28 @@ static int decode_devs(const uint8_t *p, struct rail_ib_msg *m, char *why, size_
 	return 0;
 }
 
+/* The eager ring an ACCEPT offers, and the credit word a READY names. */
+static int check_eager(const struct rail_ib_msg *m, char *why, size_t why_len)
+{
+	uint32_t n = (uint32_t)m->eager_slots, b = m->eager_slot_bytes;
+
+	if (m->type == RAIL_IB_MSG_ACCEPT && n &&
+	    ((n & (n - 1)) || n < 2 || n > RAIL_IB_EAGER_MAX_SLOTS || b < 64 ||
+	     b > RAIL_IB_EAGER_MAX_SLOT_BYTES || b % 64 || !m->eager_addr || !m->aux_addr ||
+	     m->eager_addr % 64)) {
+		snprintf(why, why_len, "handshake offers a bad eager ring (%u slots of %u bytes at "
+			 "0x%llx, want word 0x%llx)", n, b, (unsigned long long)m->eager_addr,
+			 (unsigned long long)m->aux_addr);
+		return -EBADMSG;
+	}
+	if (m->type == RAIL_IB_MSG_READY && (!m->aux_addr || m->aux_addr % 8)) {
+		snprintf(why, why_len, "handshake names a bad credit word (0x%llx)",
+			 (unsigned long long)m->aux_addr);
+		return -EBADMSG;
+	}
+	return 0;
+}
+
 int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, char *why,
 		       size_t why_len)
 {
@@ -133,6 +161,10 @@ int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, ch
 	out.flags = rail_get_u16(p + 14);
 	out.ctrl_addr = rail_get_u64(p + 16);
 	out.refuse_code = rail_get_u32(p + 24);
+	out.eager_addr = rail_get_u64(p + 28);
+	out.aux_addr = rail_get_u64(p + 36);
+	out.eager_slot_bytes = rail_get_u32(p + 44);
+	out.eager_slots = rail_get_u16(p + 48);
 	need = FIXED_SIZE + (size_t)out.ndevs * DEV_SIZE + (size_t)out.nqps * 4 + 1;
 	if (out.ndevs > RAIL_MAX_VDEV_DEVS || out.nqps > RAIL_IB_WIRE_MAX_QPS ||
 	    need > (size_t)body || need + p[need - 1] != (size_t)body ||
@@ -148,7 +180,9 @@ int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, ch
 			 out.type, out.ndevs, out.nqps, out.qps_per_dev);
 		return -EBADMSG;
 	}
-	err = decode_devs(p + FIXED_SIZE, &out, why, why_len);
+	err = check_eager(&out, why, why_len);
+	if (!err)
+		err = decode_devs(p + FIXED_SIZE, &out, why, why_len);
 	if (err)
 		return err;
 	p += FIXED_SIZE + (size_t)out.ndevs * DEV_SIZE;
@@ -163,24 +197,32 @@ int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, ch
 void rail_ib_cts_encode(const struct rail_ib_cts *c, uint8_t *p)
 {
 	rail_put_u64(p, c->addr);
-	rail_put_u64(p + 8, c->size);
+	rail_put_u32(p + 8, (uint32_t)c->size);
+	rail_put_u32(p + 12, c->ord);
 	for (int i = 0; i < RAIL_MAX_VDEV_DEVS; i++)
 		rail_put_u32(p + 16 + 4 * i, c->rkey[i]);
 	rail_put_u32(p + 48, (uint32_t)c->tag);
 	p[52] = (uint8_t)c->nreqs;
 	p[53] = (uint8_t)c->idx;
 	rail_put_u16(p + 54, 0);
-	rail_put_u64(p + 56, c->seq);
+	rail_put_u32(p + 56, c->credits);
+	rail_put_u32(p + 60, c->seq);
 }
 
-uint64_t rail_ib_cts_seq(const uint8_t *p)
+/* A u32 the NIC may be writing: one atomic load, then little-endian. */
+static uint32_t load_u32(const uint8_t *p)
 {
-	uint64_t v = __atomic_load_n((const uint64_t *)(const void *)(p + 56), __ATOMIC_ACQUIRE);
+	uint32_t v = __atomic_load_n((const uint32_t *)(const void *)p, __ATOMIC_ACQUIRE);
 
-	return rail_get_u64((const uint8_t *)&v);
+	return rail_get_u32((const uint8_t *)&v);
 }
 
-int rail_ib_cts_decode(const uint8_t *p, uint64_t expect_seq, int expect_idx,
+uint32_t rail_ib_cts_seq(const uint8_t *p)
+{
+	return load_u32(p + 60);
+}
+
+int rail_ib_cts_decode(const uint8_t *p, uint32_t expect_seq, int expect_idx,
 		       struct rail_ib_cts *c, char *why, size_t why_len)
 {
 	struct rail_ib_cts out;
@@ -188,18 +230,20 @@ int rail_ib_cts_decode(const uint8_t *p, uint64_t expect_seq, int expect_idx,
 	if (rail_ib_cts_seq(p) != expect_seq)
 		return -EAGAIN;
 	out.addr = rail_get_u64(p);
-	out.size = rail_get_u64(p + 8);
+	out.size = rail_get_u32(p + 8);
+	out.ord = rail_get_u32(p + 12);
 	for (int i = 0; i < RAIL_MAX_VDEV_DEVS; i++)
 		out.rkey[i] = rail_get_u32(p + 16 + 4 * i);
 	out.tag = (int32_t)rail_get_u32(p + 48);
 	out.nreqs = p[52];
 	out.idx = p[53];
+	out.credits = rail_get_u32(p + 56);
 	out.seq = expect_seq;
 	if (out.nreqs < 1 || out.nreqs > RAIL_MAX_RECVS || out.idx != expect_idx ||
 	    out.idx >= out.nreqs || out.size > RAIL_MAX_MSG_BYTES) {
-		snprintf(why, why_len, "clear-to-send entry %d of receive %llu corrupt (nreqs %d, "
-			 "idx %d, size %llu)", expect_idx, (unsigned long long)expect_seq - 1,
-			 out.nreqs, out.idx, (unsigned long long)out.size);
+		snprintf(why, why_len, "clear-to-send entry %d of CTS %u corrupt (nreqs %d, idx %d, "
+			 "size %llu)", expect_idx, expect_seq - 1, out.nreqs, out.idx,
+			 (unsigned long long)out.size);
 		return -EBADMSG;
 	}
 	*c = out;
@@ -222,6 +266,11 @@ uint32_t rail_ib_imm_refused(int idx, size_t size)
 	       (uint32_t)RAIL_MIN(size, (size_t)RAIL_IB_IMM_REFUSED_SIZE_MAX);
 }
 
+uint32_t rail_ib_imm_eager(void)
+{
+	return RAIL_IB_IMM_EAGER_VALUE;
+}
+
 int rail_ib_imm_decode(uint32_t imm, uint64_t *value, int *idx)
 {
 	*idx = 0;
@@ -238,20 +287,103 @@ int rail_ib_imm_decode(uint32_t imm, uint64_t *value, int *idx)
 		*value = n;
 		return RAIL_IB_IMM_COUNT;
 	}
+	if (imm == RAIL_IB_IMM_EAGER_VALUE) {
+		*value = 0;
+		return RAIL_IB_IMM_EAGER;
+	}
 	if (imm > RAIL_MAX_MSG_BYTES)
 		return -EBADMSG;
 	*value = imm;
 	return RAIL_IB_IMM_SIZE;
 }
 
-void rail_ib_sizes_encode(const size_t *sizes, int n, uint8_t *p)
+void rail_ib_sizes_encode(const uint32_t *sizes, int n, uint8_t *p)
 {
 	for (int i = 0; i < n; i++)
-		rail_put_u32(p + 4 * i, (uint32_t)sizes[i]);
+		rail_put_u32(p + 4 * i, sizes[i]);
 }
 
-void rail_ib_sizes_decode(const uint8_t *p, int n, size_t *sizes)
+int rail_ib_sizes_decode(const uint8_t *p, int n, uint32_t *sizes)
 {
-	for (int i = 0; i < n; i++)
-		sizes[i] = rail_get_u32(p + 4 * i);
+	for (int i = 0; i < n; i++) {
+		uint32_t v = rail_get_u32(p + 4 * i);
+
+		if (v > RAIL_MAX_MSG_BYTES && v != RAIL_IB_SIZE_EAGER)
+			return -EBADMSG;
+		sizes[i] = v;
+	}
+	return 0;
+}
+
+/* ---- the eager path ------------------------------------------------------ */
+
+void rail_ib_eager_encode(const struct rail_ib_eager_hdr *h, uint8_t *p)
+{
+	rail_put_u32(p, h->size);
+	rail_put_u32(p + 4, (uint32_t)h->tag);
+	rail_put_u32(p + 8, h->ord);
+	rail_put_u32(p + 12, h->seq);
+}
+
+uint32_t rail_ib_eager_seq(const uint8_t *p)
+{
+	return load_u32(p + 12);
+}
+
+int rail_ib_eager_decode(const uint8_t *p, uint32_t expect_seq, uint32_t max_payload,
+			 struct rail_ib_eager_hdr *h, char *why, size_t why_len)
+{
+	struct rail_ib_eager_hdr out;
+
+	if (rail_ib_eager_seq(p) != expect_seq)
+		return -EAGAIN;
+	out.size = rail_get_u32(p);
+	out.tag = (int32_t)rail_get_u32(p + 4);
+	out.ord = rail_get_u32(p + 8);
+	out.seq = expect_seq;
+	if (out.size > max_payload) {
+		snprintf(why, why_len, "eager message %u corrupt: %u bytes in a slot that holds %u "
+			 "(tag %d, ordinal %u)", expect_seq - 1, out.size, max_payload, out.tag,
+			 out.ord);
+		return -EBADMSG;
+	}
+	*h = out;
+	return 0;
+}
+
+void rail_ib_want_encode(const struct rail_ib_want *w, uint8_t *p)
+{
+	rail_put_u32(p, (uint32_t)w->tag);
+	rail_put_u32(p + 4, w->ord);
+	rail_put_u32(p + 8, 0);
+	rail_put_u32(p + 12, w->seq);
+}
+
+int rail_ib_want_decode(const uint8_t *p, uint32_t last_seq, struct rail_ib_want *w)
+{
+	uint32_t seq = load_u32(p + 12);
+
+	if (seq == last_seq)
+		return -EAGAIN;
+	w->tag = (int32_t)rail_get_u32(p);
+	w->ord = rail_get_u32(p + 4);
+	w->seq = seq;
+	return 0;
+}
+
+void rail_ib_credit_encode(uint32_t consumed, uint16_t want_ack, uint8_t *p)
+{
+	rail_put_u32(p, consumed);
+	rail_put_u16(p + 4, want_ack);
+	rail_put_u16(p + 6, RAIL_IB_CREDIT_READY);
+}
+
+void rail_ib_credit_decode(const uint8_t *p, uint32_t *consumed, uint16_t *want_ack, int *ready)
+{
+	uint64_t v = __atomic_load_n((const uint64_t *)(const void *)p, __ATOMIC_ACQUIRE);
+	const uint8_t *b = (const uint8_t *)&v;
+
+	*consumed = rail_get_u32(b);
+	*want_ack = rail_get_u16(b + 4);
+	*ready = (rail_get_u16(b + 6) & RAIL_IB_CREDIT_READY) != 0;
 }

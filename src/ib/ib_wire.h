@@ -3,19 +3,37 @@
  * encoded and decoded here and nowhere else (each decoder can be fuzzed on
  * its own): the out-of-band handshake messages, the clear-to-send (CTS)
  * entries the receiver RDMA-writes into the sender's FIFO, the immediate
- * value of the completing write, and the completion records.
+ * value of the completing write, the completion records, and the eager
+ * path's words: the trailer of an eager message, the sender's want word
+ * and the receiver's credit word. The protocol itself: ib_p2p.c.
  *
  * Handshake frame: 16-byte header {u32 magic "RIBW", u16 version, u16 type,
  * u32 body length, u32 FNV-1a of the body} + body:
  *   u64 nonce, u8 ndevs, u8 qps_per_dev, u8 tc, u8 sl, u16 nqps, u16 flags,
  *   u64 ctrl_addr, u32 refuse_code,
+ *   u64 eager_addr, u64 aux_addr, u32 eager_slot_bytes, u16 eager_slots, u16 0,
  *   ndevs x {u16 lid, u8 port, u8 link_layer, u8 mtu, u8 gid_index, u16 0,
  *            u32 ctrl_rkey, u8 gid[16]},
  *   nqps x u32 qpn, u8 text_len, text.
+ * ACCEPT: eager_addr = the receiver's eager ring (eager_slots slots of
+ * eager_slot_bytes, 0 slots: no eager path), aux_addr = its want word; both
+ * inside the completion-record region (ctrl_rkey). READY: aux_addr = the
+ * sender's credit word, inside its CTS FIFO region.
  *
- * CTS entry, 64 bytes: u64 addr, u64 size, u32 rkey[8] (one per receiver
- * member device), i32 tag, u8 nreqs, u8 idx, u16 0, u64 seq (written last;
- * seq = receive number + 1 marks the entry valid).
+ * CTS entry, 64 bytes: u64 addr, u32 size, u32 ord, u32 rkey[8] (one per
+ * receiver member device), i32 tag, u8 nreqs, u8 idx, u16 0, u32 credits,
+ * u32 seq (written last; seq = CTS number + 1 marks the entry valid). ord is
+ * the entry's ordinal among the receiver's entries with this tag; credits
+ * the receiver's consumed eager-message count when it wrote the entry.
+ *
+ * Eager slot: the message's payload ends where the 16-byte trailer
+ * {u32 size, i32 tag, u32 ord, u32 seq} begins, at the end of the slot; one
+ * RDMA WRITE carries both, seq (eager message number + 1) written last.
+ * Want word (receiver memory, 16 bytes): {i32 tag, u32 ord, u32 0, u32 seq}.
+ * Credit word (sender memory, 8 bytes): {u32 consumed, u16 want_ack, u16
+ * flags}; flags bit 0 (ready) is set in every credit word: the receiver
+ * writes the first one once its QPs are ready, and the sender writes
+ * nothing (eager, want) before it sees it.
  */
 #ifndef RAIL_IB_WIRE_H
 #define RAIL_IB_WIRE_H
@@ -26,7 +44,7 @@
 #include "transport.h"
 
 #define RAIL_IB_WIRE_MAGIC 0x57424952u /* "RIBW" */
-#define RAIL_IB_WIRE_VERSION 1
+#define RAIL_IB_WIRE_VERSION 2
 #define RAIL_IB_HDR_SIZE 16
 #define RAIL_IB_BODY_MAX 1024
 #define RAIL_IB_WIRE_MAX_QPS 128
@@ -66,6 +84,10 @@ struct rail_ib_msg {
 	int flags;
 	uint64_t ctrl_addr;
 	uint32_t refuse_code;
+	uint64_t eager_addr;
+	uint64_t aux_addr;
+	uint32_t eager_slot_bytes;
+	int eager_slots;
 	struct rail_ib_wire_dev devs[RAIL_MAX_VDEV_DEVS];
 	uint32_t qpn[RAIL_IB_WIRE_MAX_QPS];
 	char text[RAIL_IB_REFUSE_TEXT + 1];
@@ -86,40 +108,89 @@ struct rail_ib_cts {
 	int32_t tag;
 	int nreqs;
 	int idx;
-	uint64_t seq;
+	uint32_t ord;
+	uint32_t credits;
+	uint32_t seq;
 };
 
 void rail_ib_cts_encode(const struct rail_ib_cts *c, uint8_t *p);
 /* The seq field, read atomically (the NIC may be writing the entry). */
-uint64_t rail_ib_cts_seq(const uint8_t *p);
+uint32_t rail_ib_cts_seq(const uint8_t *p);
 /*
  * Decode an entry whose seq is expected: -EAGAIN if not there yet, -EBADMSG
- * (why) when present but malformed (nreqs, idx).
+ * (why) when present but malformed (nreqs, idx, size).
  */
-int rail_ib_cts_decode(const uint8_t *p, uint64_t expect_seq, int expect_idx,
+int rail_ib_cts_decode(const uint8_t *p, uint32_t expect_seq, int expect_idx,
 		       struct rail_ib_cts *c, char *why, size_t why_len);
 
 /*
  * Immediate data of the completing write: a size (one receive), a count
- * (grouped receive: the sizes are in the completion record), or a refusal
- * (the sender's message does not fit buffer idx; size saturates at 2^27-1).
+ * (grouped receive: the sizes are in the completion record), a refusal
+ * (the sender's message does not fit buffer idx; size saturates at 2^27-1),
+ * or "eager" (one receive whose message went through the eager ring).
  */
 #define RAIL_IB_IMM_MULTI 0x80000000u
 #define RAIL_IB_IMM_REFUSED 0xc0000000u
 #define RAIL_IB_IMM_REFUSED_SIZE_MAX ((1u << 27) - 1)
+#define RAIL_IB_IMM_EAGER_VALUE 0x7fffffffu
 enum rail_ib_imm_kind {
 	RAIL_IB_IMM_SIZE = 0,
 	RAIL_IB_IMM_COUNT = 1,
 	RAIL_IB_IMM_REFUSAL = 2,
+	RAIL_IB_IMM_EAGER = 3,
 };
 uint32_t rail_ib_imm_single(size_t size);
 uint32_t rail_ib_imm_multi(int nreqs);
 uint32_t rail_ib_imm_refused(int idx, size_t size);
+uint32_t rail_ib_imm_eager(void);
 /* The kind, with *value (size or count) and *idx; -EBADMSG for a value no sender produces. */
 int rail_ib_imm_decode(uint32_t imm, uint64_t *value, int *idx);
 
-/* Completion record: nreqs x u32 received sizes. */
-void rail_ib_sizes_encode(const size_t *sizes, int n, uint8_t *p);
-void rail_ib_sizes_decode(const uint8_t *p, int n, size_t *sizes);
+/*
+ * Completion record: nreqs x u32, the received size of each buffer, or
+ * RAIL_IB_SIZE_EAGER for a buffer whose message went through the eager ring.
+ */
+#define RAIL_IB_SIZE_EAGER 0xffffffffu
+void rail_ib_sizes_encode(const uint32_t *sizes, int n, uint8_t *p);
+/* -EBADMSG for a value that is neither a size (<= 1 GiB) nor RAIL_IB_SIZE_EAGER. */
+int rail_ib_sizes_decode(const uint8_t *p, int n, uint32_t *sizes);
+
+/* ---- the eager path ------------------------------------------------------ */
+#define RAIL_IB_EAGER_TRAILER 16
+#define RAIL_IB_EAGER_MAX_SLOTS 1024
+#define RAIL_IB_EAGER_MAX_SLOT_BYTES 65536
+#define RAIL_IB_WANT_SIZE 16
+#define RAIL_IB_CREDIT_SIZE 8
+
+struct rail_ib_eager_hdr {
+	uint32_t size;
+	int32_t tag;
+	uint32_t ord;
+	uint32_t seq;
+};
+/* Write the trailer at p (the last RAIL_IB_EAGER_TRAILER bytes of the slot's image). */
+void rail_ib_eager_encode(const struct rail_ib_eager_hdr *h, uint8_t *p);
+/* The trailer's seq, read atomically (the NIC may be writing the slot). */
+uint32_t rail_ib_eager_seq(const uint8_t *p);
+/*
+ * Decode the trailer at p: -EAGAIN while its seq is not expect_seq (not
+ * arrived), -EBADMSG (why) when the size exceeds max_payload.
+ */
+int rail_ib_eager_decode(const uint8_t *p, uint32_t expect_seq, uint32_t max_payload,
+			 struct rail_ib_eager_hdr *h, char *why, size_t why_len);
+
+struct rail_ib_want {
+	int32_t tag;
+	uint32_t ord;
+	uint32_t seq;
+};
+void rail_ib_want_encode(const struct rail_ib_want *w, uint8_t *p);
+/* -EAGAIN when the seq equals last_seq (nothing new), else 0. */
+int rail_ib_want_decode(const uint8_t *p, uint32_t last_seq, struct rail_ib_want *w);
+
+#define RAIL_IB_CREDIT_READY 1u
+void rail_ib_credit_encode(uint32_t consumed, uint16_t want_ack, uint8_t *p);
+/* Read atomically (the NIC may be writing it); *ready is 0 until the receiver wrote one. */
+void rail_ib_credit_decode(const uint8_t *p, uint32_t *consumed, uint16_t *want_ack, int *ready);
 
 #endif

@@ -1,30 +1,117 @@
 #!/bin/bash
 # rail-bench over the verbs transport side by side with perftest, in one
-# guest boot, on one device (rxe0 to itself), alternating, twice each.
+# guest boot, alternating run by run so that host noise hits both alike:
+#   same:  one device, rxe0 to itself
+#   cross: rxe1 (rail-bench's sender, perftest's client) to rxe0 (receiver,
+#          server): one direction across the veth pair
 #   test/rxe/run.sh --cmd test/rxe/bench.sh
-# Prints perftest's own lines and rail-bench's table; docs/PERFORMANCE.md
-# keeps the figures.
+#   test/rxe/run.sh --cmd test/rxe/bench.sh --env BENCH_ROUNDS=5 --env BENCH_MODES=same
+# Environment: BENCH_ROUNDS (default 3), BENCH_MODES ("same cross"),
+# RAIL_BENCH (rail-bench binaries, space separated, default build/rail-bench:
+# several compare builds in one boot, e.g. "build/old/rail-bench build/rail-bench"),
+# BENCH_BW_ITERS (default 2000), BENCH_WINDOW (rail-bench -W, default 32).
+# Prints perftest's and rail-bench's own lines, then one summary table:
+# 8-byte latency (perftest t_avg and t_typical, rail-bench's mean half round
+# trip) and bandwidth in MB/s with rail-bench / perftest ratios, per round,
+# and the median ratio per mode. docs/PERFORMANCE.md keeps the figures.
 set -uo pipefail
 . "$RXE_HARNESS/lib.sh"
-dev=${BENCH_DEV:-rxe0} ip=${BENCH_IP:-$RXE_IP0}
-g=$(rxe_ipv4_gid_index "$dev" "$ip") || { echo "no IPv4 GID on $dev"; exit 1; }
-export NCCL_RAIL_TRANSPORT=ib NCCL_IB_HCA="=$dev"
+rounds=${BENCH_ROUNDS:-3}
+modes=${BENCH_MODES:-same cross}
+read -r -a rbs <<<"${RAIL_BENCH:-build/rail-bench}"
+bw_iters=${BENCH_BW_ITERS:-2000}
+window=${BENCH_WINDOW:-32}
+g0=$(rxe_ipv4_gid_index rxe0 "$RXE_IP0") || { echo "no IPv4 GID on rxe0"; exit 1; }
+g1=$(rxe_ipv4_gid_index rxe1 "$RXE_IP1") || { echo "no IPv4 GID on rxe1"; exit 1; }
+export NCCL_RAIL_TRANSPORT=ib
+res=$(mktemp)
 port=18700
-for round in 1 2; do
-    for s in 65536 1048576; do
-        port=$((port + 1))
-        rxe_pair "write_bw_$s" $port 120 \
-            ib_write_bw -d "$dev" -x "$g" -p $port -s $s -n 2000 -F --report_gbits -- \
-            ib_write_bw -d "$dev" -x "$g" -p $port -s $s -n 2000 -F --report_gbits "$ip" \
-            | grep -E "client\| +[0-9]+ +[0-9]+"
-        echo "rail-bench bw $s:"
-        timeout 120 build/rail-bench -B -b $s -e $s -W 32 -n 2000 -t 5 | tail -1
-    done
+
+# perftest: server on rxe0; client on rxe0 (same) or rxe1 (cross).
+perf() { # MODE TOOL SIZE ITERS EXTRA...
+    local mode=$1 tool=$2 size=$3 iters=$4 cdev=rxe0 cg=$g0
+    shift 4
+    [ "$mode" = cross ] && cdev=rxe1 cg=$g1
     port=$((port + 1))
-    rxe_pair write_lat $port 120 \
-        ib_write_lat -d "$dev" -x "$g" -p $port -s 8 -n 5000 -F -- \
-        ib_write_lat -d "$dev" -x "$g" -p $port -s 8 -n 5000 -F "$ip" \
-        | grep -E "client\| +8 +"
-    echo "rail-bench lat 8:"
-    timeout 120 build/rail-bench -L -b 8 -e 8 -n 5000 | tail -1
+    rxe_pair "$tool" $port 180 \
+        "$tool" -d rxe0 -x "$g0" -p $port -s "$size" -n "$iters" -F "$@" -- \
+        "$tool" -d "$cdev" -x "$cg" -p $port -s "$size" -n "$iters" -F "$@" "$RXE_IP0" |
+        grep -E "client\| +$size +[0-9]+ "
+}
+
+# rail-bench: the parent (role A, device -d) sends in -B runs, the forked child (-D) receives.
+rail() { # MODE BINARY ARGS...
+    local mode=$1 rb=$2
+    shift 2
+    if [ "$mode" = cross ]; then
+        # device 0 is rxe0: the parent (role A, the sender in -B runs) on rxe1
+        NCCL_IB_HCA="=rxe0,rxe1" timeout 180 "$rb" -d 1 -D 0 "$@" | tail -1
+    else
+        NCCL_IB_HCA="=rxe0" timeout 180 "$rb" "$@" | tail -1
+    fi
+}
+
+for round in $(seq 1 "$rounds"); do
+    for mode in $modes; do
+        for s in 65536 1048576; do
+            line=$(perf "$mode" ib_write_bw $s "$bw_iters" --report_gbits)
+            echo "$mode r$round $line"
+            # BW average, Gb/s -> MB/s
+            v=$(awk '{ print $(NF-1) * 1000 / 8 }' <<<"$line")
+            echo "$mode $round bw$s perf ${v:-0}" >>"$res"
+            for i in "${!rbs[@]}"; do
+                line=$(rail "$mode" "${rbs[i]}" -B -b $s -e $s -W "$window" -n "$bw_iters" -t 5)
+                echo "$mode r$round ${rbs[i]} bw $s: $line"
+                v=$(awk '{ print $4 * 1000 }' <<<"$line")
+                echo "$mode $round bw$s rail$i ${v:-0}" >>"$res"
+            done
+        done
+        line=$(perf "$mode" ib_write_lat 8 5000)
+        echo "$mode r$round $line"
+        # bytes iters t_min t_max t_typical t_avg ...
+        read -r tt ta < <(awk '{ print $(NF-4), $(NF-3) }' <<<"${line#*|}")
+        echo "$mode $round lat perf_avg ${ta:-0}" >>"$res"
+        echo "$mode $round lat perf_typ ${tt:-0}" >>"$res"
+        for i in "${!rbs[@]}"; do
+            line=$(rail "$mode" "${rbs[i]}" -L -b 8 -e 8 -n 5000)
+            echo "$mode r$round ${rbs[i]} lat 8: $line"
+            echo "$mode $round lat rail$i $(awk '{ print $3 }' <<<"$line")" >>"$res"
+        done
+    done
 done
+
+echo "== summary (MB/s, us; ratio = rail-bench / perftest; latency ratio vs t_avg and t_typical)"
+for i in "${!rbs[@]}"; do echo "   rail$i = ${rbs[i]}"; done
+awk -v nr="${#rbs[@]}" '
+{ v[$1 " " $2 " " $3 " " $4] = $5; m[$1] = 1; r[$2] = 1 }
+function med(a, n,   i, j, t) {
+    for (i = 1; i <= n; i++)
+        for (j = i + 1; j <= n; j++)
+            if (a[j] < a[i]) { t = a[i]; a[i] = a[j]; a[j] = t }
+    return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
+}
+END {
+    printf "%-6s %-5s %-5s %8s %8s %8s %6s %6s | %7s %7s %5s | %7s %7s %5s\n", "mode", "rail",
+        "round", "lat_avg", "lat_typ", "rail", "x_avg", "x_typ", "64K_prf", "64K_rl", "ratio",
+        "1M_prf", "1M_rl", "ratio"
+    for (mo in m) for (b = 0; b < nr; b++) {
+        n = 0
+        for (ro = 1; (mo " " ro " lat rail" b) in v; ro++) {
+            k = mo " " ro
+            pa = v[k " lat perf_avg"]; pt = v[k " lat perf_typ"]; rl = v[k " lat rail" b]
+            b1p = v[k " bw65536 perf"]; b1r = v[k " bw65536 rail" b]
+            b2p = v[k " bw1048576 perf"]; b2r = v[k " bw1048576 rail" b]
+            n++
+            xa[n] = pa > 0 ? rl / pa : 0; xt[n] = pt > 0 ? rl / pt : 0
+            q1[n] = b1p > 0 ? b1r / b1p : 0; q2[n] = b2p > 0 ? b2r / b2p : 0
+            printf "%-6s %-5s %-5d %8.2f %8.2f %8.2f %6.2f %6.2f | %7.1f %7.1f %5.2f |", mo,
+                "rail" b, ro, pa, pt, rl, xa[n], xt[n], b1p, b1r, q1[n]
+            printf " %7.1f %7.1f %5.2f\n", b2p, b2r, q2[n]
+        }
+        if (n)
+            printf "%-6s %-5s %-5s %8s %8s %8s %6.2f %6.2f | %7s %7s %5.2f | %7s %7s %5.2f\n",
+                mo, "rail" b, "med", "", "", "", med(xa, n), med(xt, n), "", "", med(q1, n), "",
+                "", med(q2, n)
+    }
+}' "$res"
+rm -f "$res"

@@ -2,10 +2,14 @@
  * nccl-net-rail unit tests on real verbs (Soft-RoCE in the rxe guest, or any
  * RDMA host): one process, the receiver on device 0 and the sender on
  * device 1 (or 0), driven through src/api.h like a shim would. Covers data
- * transfer, grouped receives, the flush path, and injected failures of
- * ibv_reg_mr, ibv_create_qp, ibv_modify_qp and ibv_post_send: each must give
- * a named error (call, errno text, device:port, QP, peer) and leave no verbs
- * object behind (the wrapper table counts them).
+ * transfer, grouped receives, the flush path, the eager path (mixed small
+ * and large messages, sender ahead of the receiver, grouped receives with
+ * repeated tags, credit exhaustion while the receiver posts late, a GPU
+ * buffer reached through the loopback copy, sends larger than their
+ * receive), and injected failures of ibv_reg_mr, ibv_create_qp,
+ * ibv_modify_qp and ibv_post_send: each must give a named error (call,
+ * errno text, device:port, QP, peer) and leave no verbs object behind (the
+ * wrapper table counts them).
  *
  * Without an RDMA device every test is skipped, unless RAIL_TEST_REQUIRE_RDMA=1
  * (the rxe guest sets it) makes that a failure.
@@ -313,7 +317,7 @@ static void test_fault_post_send(void **state)
 {
 	uint8_t *buf = malloc(8192);
 	void *smh = NULL, *rmh = NULL, *req = NULL;
-	size_t sz = 4096;
+	size_t sz = 4096 + 1;	/* more than an eager message: the CTS goes at once */
 	void *d[1] = { buf };
 	int tag = 3;
 	struct live L;
@@ -324,8 +328,8 @@ static void test_fault_post_send(void **state)
 	live_init(&L, NULL);
 	live_connect(&L);
 	assert_non_null(L.rc);
-	assert_int_equal(rail_net_reg_mr(L.rc, buf, 4096, RAIL_PTR_HOST, &rmh), ncclSuccess);
-	assert_int_equal(rail_net_reg_mr(L.sc, buf + 4096, 4096, RAIL_PTR_HOST, &smh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(L.rc, buf, 4097, RAIL_PTR_HOST, &rmh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(L.sc, buf + 4097, 4095, RAIL_PTR_HOST, &smh), ncclSuccess);
 	/* The receiver's clear-to-send write fails. */
 	assert_int_equal(rail_verbs_fault_arm("ibv_post_send:EIO:1"), 0);
 	assert_int_not_equal(rail_net_irecv(L.rc, 1, d, &sz, &tag, &rmh, &req), ncclSuccess);
@@ -344,7 +348,7 @@ static void test_fault_post_send(void **state)
 
 static void test_fault_post_send_data(void **state)
 {
-	uint8_t *buf = malloc(8192);
+	uint8_t *buf = malloc(3 * 8192);
 	void *smh = NULL, *rmh = NULL, *rr = NULL, *sr = NULL;
 	uint64_t deadline = rail_now_ns() + 30ull * 1000000000ull;
 	ncclResult_t res = ncclSuccess;
@@ -356,13 +360,31 @@ static void test_fault_post_send_data(void **state)
 	live_init(&L, NULL);
 	live_connect(&L);
 	assert_non_null(L.rc);
-	assert_int_equal(rail_net_reg_mr(L.rc, buf, 4096, RAIL_PTR_HOST, &rmh), ncclSuccess);
-	assert_int_equal(rail_net_reg_mr(L.sc, buf + 4096, 4096, RAIL_PTR_HOST, &smh), ncclSuccess);
-	rr = post_until(0, &L, buf, 4096, 5, rmh);
+	assert_int_equal(rail_net_reg_mr(L.rc, buf, 8192, RAIL_PTR_HOST, &rmh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(L.sc, buf + 8192, 2 * 8192, RAIL_PTR_HOST, &smh),
+			 ncclSuccess);
+	/* An eager write fails at isend. */
 	assert_int_equal(rail_verbs_fault_arm("ibv_post_send:EIO:1"), 0);
+	assert_int_not_equal(rail_net_isend(L.sc, buf + 8192, 100, 5, smh, &sr), ncclSuccess);
+	unit_assert_logged2(RAIL_LOG_WARN, "ibv_post_send(eager RDMA write)", "Input/output error");
+	unit_assert_logged2(RAIL_LOG_WARN, "ibv_post_send(eager RDMA write)", "to peer");
+	rail_verbs_fault_clear();
+	rail_net_dereg_mr(L.rc, rmh);
+	rail_net_dereg_mr(L.sc, smh);
+	live_fini(&L);
+
 	/* The sender's data write fails once the clear-to-send has arrived. */
+	live_init(&L, NULL);
+	live_connect(&L);
+	assert_non_null(L.rc);
+	assert_int_equal(rail_net_reg_mr(L.rc, buf, 8192, RAIL_PTR_HOST, &rmh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(L.sc, buf + 8192, 2 * 8192, RAIL_PTR_HOST, &smh),
+			 ncclSuccess);
+	rr = post_until(0, &L, buf, 8192, 5, rmh);
+	assert_int_equal(rail_verbs_fault_arm("ibv_post_send:EIO:1"), 0);
+	sr = NULL;
 	while (!sr && res == ncclSuccess && rail_now_ns() < deadline)
-		res = rail_net_isend(L.sc, buf + 4096, 4096, 5, smh, &sr);
+		res = rail_net_isend(L.sc, buf + 8192, 8192, 5, smh, &sr);
 	assert_int_not_equal(res, ncclSuccess);
 	unit_assert_logged2(RAIL_LOG_WARN, "ibv_post_send(RDMA write)", "Input/output error");
 	unit_assert_logged2(RAIL_LOG_WARN, "ibv_post_send(RDMA write)", "to peer");
@@ -371,6 +393,368 @@ static void test_fault_post_send_data(void **state)
 	rail_net_dereg_mr(L.rc, rmh);
 	rail_net_dereg_mr(L.sc, smh);
 	live_fini(&L);
+	free(buf);
+}
+
+/* ---- the eager path ---------------------------------------------------------- */
+
+/*
+ * A stream of n messages on one connection, message i (tag `tag`) of
+ * sizes[i] bytes into a receive of rooms[i] bytes, at most `window` sends
+ * and receives in flight. recv_late: the receiver posts nothing until the
+ * sender is refused (it got ahead). Checks sizes, bytes and the poison
+ * after each message. Returns how many sends were accepted before the first
+ * refusal when recv_late.
+ */
+struct stream {
+	int n, window, recv_late, tag;	/* window: sends in flight; receives: at most 32 */
+	const size_t *sizes, *rooms;
+};
+
+static void stream_bufs(const struct stream *st, size_t *soff, size_t *roff, size_t *stot,
+			size_t *rtot)
+{
+	*stot = *rtot = 0;
+	for (int i = 0; i < st->n; i++) {
+		soff[i] = *stot;
+		roff[i] = *rtot;
+		*stot += st->sizes[i] + 64;
+		*rtot += st->rooms[i] + 64;
+	}
+}
+
+static int stream_run(struct live *L, const struct stream *st)
+{
+	size_t soff[256], roff[256], stot, rtot;
+	void *sreq[256] = { 0 }, *rreq[256] = { 0 }, *smh = NULL, *rmh = NULL;
+	int sdone[256] = { 0 }, rdone[256] = { 0 }, ns = 0, nr = 0, ds = 0, dr = 0, ahead = -1;
+	uint64_t deadline = rail_now_ns() + 60ull * 1000000000ull;
+	uint8_t *sbuf, *rbuf;
+
+	assert_true(st->n <= 256);
+	stream_bufs(st, soff, roff, &stot, &rtot);
+	sbuf = malloc(stot);
+	rbuf = malloc(rtot);
+	for (int i = 0; i < st->n; i++)
+		fill(sbuf + soff[i], st->sizes[i], 1000u + (unsigned)i);
+	memset(rbuf, 0xee, rtot);
+	assert_int_equal(rail_net_reg_mr(L->sc, sbuf, stot, RAIL_PTR_HOST, &smh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(L->rc, rbuf, rtot, RAIL_PTR_HOST, &rmh), ncclSuccess);
+	while (ds < st->n || dr < st->n) {
+		if (rail_now_ns() > deadline)
+			fail_msg("stream stuck: %d/%d sends posted (%d done), %d/%d receives posted "
+				 "(%d done)", ns, st->n, ds, nr, st->n, dr);
+		while (ns < st->n && ns - ds < st->window) {
+			assert_int_equal(rail_net_isend(L->sc, sbuf + soff[ns], st->sizes[ns], st->tag,
+							smh, &sreq[ns]), ncclSuccess);
+			if (!sreq[ns]) {
+				if (ahead < 0)
+					ahead = ns;
+				break;
+			}
+			ns++;
+		}
+		while (nr < st->n && nr - dr < RAIL_MIN(st->window, RAIL_MAX_REQUESTS) &&
+		       (!st->recv_late || ahead >= 0)) {
+			void *d[1] = { rbuf + roff[nr] }, *m[1] = { rmh };
+			size_t sz = st->rooms[nr];
+			int t[1] = { st->tag };
+
+			assert_int_equal(rail_net_irecv(L->rc, 1, d, &sz, t, m, &rreq[nr]),
+					 ncclSuccess);
+			if (!rreq[nr])
+				break;
+			nr++;
+		}
+		for (int i = 0; i < ns; i++) {
+			int d = 0, got = -1;
+
+			if (sdone[i])
+				continue;
+			assert_int_equal(rail_net_test(sreq[i], &d, &got), ncclSuccess);
+			if (d) {
+				sdone[i] = 1;
+				ds++;
+			}
+		}
+		for (int i = 0; i < nr; i++) {
+			int d = 0, got = -1;
+
+			if (rdone[i])
+				continue;
+			assert_int_equal(rail_net_test(rreq[i], &d, &got), ncclSuccess);
+			if (!d)
+				continue;
+			rdone[i] = 1;
+			dr++;
+			assert_int_equal(got, (int)st->sizes[i]);
+			assert_memory_equal(rbuf + roff[i], sbuf + soff[i], st->sizes[i]);
+			assert_int_equal(rbuf[roff[i] + st->sizes[i]], 0xee);
+		}
+	}
+	assert_int_equal(rail_net_dereg_mr(L->sc, smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(L->rc, rmh), ncclSuccess);
+	free(sbuf);
+	free(rbuf);
+	return ahead;
+}
+
+/* Small and large messages mixed, the receiver first, then the sender ahead. */
+static void test_eager_mixed(void **state)
+{
+	static const size_t mix[] = { 8, 0, 4096, 4097, 100, 65536, 1, 1000, 300000, 17 };
+	size_t sizes[80], rooms[80];
+	struct stream st = { .n = 80, .window = 16, .sizes = sizes, .rooms = rooms, .tag = 9 };
+	struct live L;
+
+	(void)state;
+	if (!have_rdma())
+		skip();
+	for (int i = 0; i < 80; i++) {
+		sizes[i] = mix[(i * 3) % RAIL_ARRAY_SIZE(mix)];
+		/* some receives larger than the message: small ones then get a CTS too */
+		rooms[i] = i % 4 == 0 ? sizes[i] + 5000 : i % 4 == 1 ? sizes[i] + 10 : sizes[i];
+	}
+	live_init(&L, NULL);
+	live_connect(&L);
+	assert_non_null(L.rc);
+	stream_run(&L, &st);
+	st.recv_late = 1;
+	st.window = 32;
+	stream_run(&L, &st);
+	live_fini(&L);
+}
+
+/*
+ * The receiver posts nothing while the sender sends 200 small messages: the
+ * ring holds 64, the 65th is refused (no credits) and asks for them; then
+ * receives drain the ring, credits come back, and the rest flows, partly
+ * through CTSes the want made the receiver write.
+ */
+static void test_eager_credits(void **state)
+{
+	size_t sizes[200], rooms[200];
+	struct stream st = { .n = 200, .window = 200, .sizes = sizes, .rooms = rooms, .tag = 4,
+			     .recv_late = 1 };
+	struct live L;
+	int ahead;
+
+	(void)state;
+	if (!have_rdma())
+		skip();
+	for (int i = 0; i < 200; i++)
+		sizes[i] = rooms[i] = 8 + (size_t)(i % 7) * 300;
+	live_init(&L, NULL);
+	live_connect(&L);
+	assert_non_null(L.rc);
+	/* The first refusal comes when the ring is full. */
+	assert_int_equal(stream_run(&L, &st), 64);
+	/*
+	 * Again, on a connection whose counters went around: the receiver hands
+	 * credits back 16 at a time, so up to 15 slots may still count as used.
+	 */
+	for (int i = 0; i < 200; i++)
+		sizes[i] = rooms[i] = (size_t)(i % 3) * 2000;
+	ahead = stream_run(&L, &st);
+	assert_true(ahead > 64 - 16 && ahead <= 64);
+	live_fini(&L);
+}
+
+/* Grouped receives, tags repeated within a group, sends in another order. */
+static void grouped_round(struct live *L, int small, uint8_t *sbuf, uint8_t *rbuf, void *smh,
+			  void *rmh)
+{
+	/* two groups of {A, B, A}; buffer j of group g at rbuf + (g * 3 + j) * 70000 */
+	static const int gtags[3] = { 21, 22, 21 };
+	size_t len[6], room[6];
+	int got[2][3], order[6][2];
+	void *rr[2], *sr[6];
+
+	for (int i = 0; i < 6; i++) {
+		len[i] = small ? 10 + (size_t)i * 700 : 5000 + (size_t)i * 9000;
+		room[i] = len[i] + (i == 2 ? 3000 : 0);
+		fill(sbuf + i * 70000, len[i], 300u + (unsigned)i);
+	}
+	memset(rbuf, 0xee, 6 * 70000);
+	for (int g = 0; g < 2; g++) {
+		void *d[3], *m[3] = { rmh, rmh, rmh };
+		size_t sz[3];
+
+		for (int j = 0; j < 3; j++) {
+			d[j] = rbuf + (g * 3 + j) * 70000;
+			sz[j] = room[g * 3 + j];
+		}
+		rr[g] = NULL;
+		while (!rr[g])
+			assert_int_equal(rail_net_irecv(L->rc, 3, d, sz, (int *)gtags, m, &rr[g]),
+					 ncclSuccess);
+	}
+	/*
+	 * The k-th send with a tag fills the k-th buffer with that tag. Small:
+	 * every A first (the third and fourth belong to group 1, sent before
+	 * group 0 has its B), then the B's. Large ones wait for their CTS,
+	 * which the sender takes group by group: B before A within a group.
+	 */
+	if (small) {
+		int o[6][2] = { { 0, 0 }, { 0, 2 }, { 1, 0 }, { 1, 2 }, { 0, 1 }, { 1, 1 } };
+
+		memcpy(order, o, sizeof(o));
+	} else {
+		int o[6][2] = { { 0, 1 }, { 0, 0 }, { 0, 2 }, { 1, 1 }, { 1, 0 }, { 1, 2 } };
+
+		memcpy(order, o, sizeof(o));
+	}
+	for (int i = 0; i < 6; i++) {
+		/* the k-th send with a tag fills the k-th buffer with that tag */
+		int g = order[i][0], j = order[i][1];
+
+		sr[i] = post_until(1, L, sbuf + (g * 3 + j) * 70000, len[g * 3 + j], gtags[j], smh);
+	}
+	for (int i = 0; i < 6; i++)
+		assert_int_equal(wait_req(sr[i], &got[0][0]), ncclSuccess);
+	for (int g = 0; g < 2; g++) {
+		assert_int_equal(wait_req(rr[g], got[g]), ncclSuccess);
+		for (int j = 0; j < 3; j++) {
+			int b = g * 3 + j;
+
+			assert_int_equal(got[g][j], (int)len[b]);
+			assert_memory_equal(rbuf + b * 70000, sbuf + b * 70000, len[b]);
+			assert_int_equal(rbuf[b * 70000 + len[b]], 0xee);
+		}
+	}
+}
+
+static void test_eager_grouped(void **state)
+{
+	uint8_t *sbuf, *rbuf;
+	void *smh = NULL, *rmh = NULL;
+	struct live L;
+
+	(void)state;
+	if (!have_rdma())
+		skip();
+	sbuf = malloc(6 * 70000);
+	rbuf = malloc(6 * 70000);
+	live_init(&L, NULL);
+	live_connect(&L);
+	assert_non_null(L.rc);
+	assert_int_equal(rail_net_reg_mr(L.sc, sbuf, 6 * 70000, RAIL_PTR_HOST, &smh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(L.rc, rbuf, 6 * 70000, RAIL_PTR_HOST, &rmh), ncclSuccess);
+	grouped_round(&L, 1, sbuf, rbuf, smh, rmh);
+	grouped_round(&L, 0, sbuf, rbuf, smh, rmh);
+	grouped_round(&L, 1, sbuf, rbuf, smh, rmh);
+	rail_net_dereg_mr(L.sc, smh);
+	rail_net_dereg_mr(L.rc, rmh);
+	live_fini(&L);
+	free(sbuf);
+	free(rbuf);
+}
+
+/*
+ * Receive buffers the NIC must write (NCCL_RAIL_IB_FLUSH_HOST makes host
+ * buffers count as GPU memory): an eager message already in the ring is
+ * copied by an RDMA WRITE on the self-connected QP, not by the CPU; then
+ * the flush still works.
+ */
+static void test_eager_gpu_loopback(void **state)
+{
+	uint8_t *sbuf, *rbuf;
+	void *smh = NULL, *rmh = NULL, *sr, *rr, *fr = NULL;
+	void *d[1], *m[1];
+	int got = -1, fsz[1];
+	struct live L;
+
+	(void)state;
+	if (!have_rdma())
+		skip();
+	sbuf = malloc(8192);
+	rbuf = malloc(8192);
+	d[0] = rbuf;
+	setenv("NCCL_RAIL_IB_FLUSH_HOST", "1", 1);
+	live_init(&L, NULL);
+	unsetenv("NCCL_RAIL_IB_FLUSH_HOST");
+	live_connect(&L);
+	assert_non_null(L.rc);
+	assert_int_equal(rail_net_reg_mr(L.sc, sbuf, 8192, RAIL_PTR_HOST, &smh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(L.rc, rbuf, 8192, RAIL_PTR_HOST, &rmh), ncclSuccess);
+	m[0] = rmh;
+	for (int round = 0; round < 3; round++) {
+		size_t len = 100 + (size_t)round * 1500;
+
+		fill(sbuf, len, 70u + (unsigned)round);
+		memset(rbuf, 0xee, 8192);
+		/* The send first: it goes into the ring (no CTS yet). */
+		sr = post_until(1, &L, sbuf, len, 3, smh);
+		assert_int_equal(wait_req(sr, &got), ncclSuccess);
+		rr = post_until(0, &L, rbuf, 4096 + 100, 3, rmh);
+		assert_int_equal(wait_req(rr, &got), ncclSuccess);
+		assert_int_equal(got, (int)len);
+		assert_memory_equal(rbuf, sbuf, len);
+		assert_int_equal(rbuf[len], 0xee);
+		fsz[0] = got;
+		fr = NULL;
+		assert_int_equal(rail_net_iflush(L.rc, 1, d, fsz, m, &fr), ncclSuccess);
+		assert_non_null(fr);
+		assert_int_equal(wait_req(fr, NULL), ncclSuccess);
+	}
+	rail_net_dereg_mr(L.sc, smh);
+	rail_net_dereg_mr(L.rc, rmh);
+	live_fini(&L);
+	free(sbuf);
+	free(rbuf);
+}
+
+/*
+ * A send larger than its receive: 1000 bytes into 500 (eager: the receiver
+ * finds it out), 5000 into 4000 (the sender waits for a CTS that the
+ * receiver, with a small buffer, writes only when asked; then refuses).
+ */
+static void test_eager_send_larger(void **state)
+{
+	static const size_t send[2] = { 1000, 5000 }, room[2] = { 500, 4000 };
+	uint8_t *buf;
+
+	(void)state;
+	if (!have_rdma())
+		skip();
+	buf = malloc(16384);
+	for (int k = 0; k < 2; k++) {
+		void *smh = NULL, *rmh = NULL, *rr = NULL, *sr = NULL;
+		void *d[1] = { buf }, *m[1];
+		uint64_t deadline = rail_now_ns() + 30ull * 1000000000ull;
+		ncclResult_t sres = ncclSuccess, rres = ncclSuccess;
+		size_t sz = room[k];
+		int tag = 2, done = 0, got;
+		char s1[16], s2buf[16];
+		const char *s2 = s2buf;
+		struct live L;
+
+		live_init(&L, NULL);
+		live_connect(&L);
+		assert_non_null(L.rc);
+		assert_int_equal(rail_net_reg_mr(L.rc, buf, 8192, RAIL_PTR_HOST, &rmh), ncclSuccess);
+		assert_int_equal(rail_net_reg_mr(L.sc, buf + 8192, 8192, RAIL_PTR_HOST, &smh),
+				 ncclSuccess);
+		memset(buf, 0xee, 8192);
+		m[0] = rmh;
+		while (!rr)
+			assert_int_equal(rail_net_irecv(L.rc, 1, d, &sz, &tag, m, &rr), ncclSuccess);
+		/* Drive both sides until the receive fails. */
+		while (rres == ncclSuccess && !done && rail_now_ns() < deadline) {
+			if (!sr && sres == ncclSuccess)
+				sres = rail_net_isend(L.sc, buf + 8192, send[k], tag, smh, &sr);
+			rres = rail_net_test(rr, &done, &got);
+		}
+		assert_int_not_equal(rres, ncclSuccess);
+		snprintf(s1, sizeof(s1), "%zu", send[k]);
+		snprintf(s2buf, sizeof(s2buf), "%zu", room[k]);
+		unit_assert_logged2(RAIL_LOG_WARN, s1, s2);
+		for (size_t i = room[k]; i < 8192; i++)
+			assert_int_equal(buf[i], 0xee);
+		rail_net_dereg_mr(L.rc, rmh);
+		rail_net_dereg_mr(L.sc, smh);
+		live_fini(&L);
+	}
 	free(buf);
 }
 
@@ -412,6 +796,11 @@ int main(void)
 		cmocka_unit_test(test_fault_modify_qp),
 		cmocka_unit_test(test_fault_post_send),
 		cmocka_unit_test(test_fault_post_send_data),
+		cmocka_unit_test(test_eager_mixed),
+		cmocka_unit_test(test_eager_credits),
+		cmocka_unit_test(test_eager_grouped),
+		cmocka_unit_test(test_eager_gpu_loopback),
+		cmocka_unit_test(test_eager_send_larger),
 		cmocka_unit_test(test_wrong_nonce_refused),
 	};
 

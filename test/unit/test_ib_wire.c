@@ -19,6 +19,14 @@ static struct rail_ib_msg sample(int type)
 	m.sl = 3;
 	m.nqps = type == RAIL_IB_MSG_HELLO ? 0 : 4;
 	m.ctrl_addr = 0x7f0012345000ull;
+	if (type == RAIL_IB_MSG_ACCEPT) {
+		m.eager_slots = 64;
+		m.eager_slot_bytes = 4160;
+		m.eager_addr = 0x7f0012345840ull;
+		m.aux_addr = 0x7f0012345800ull;
+	} else if (type == RAIL_IB_MSG_READY) {
+		m.aux_addr = 0x7f0012346000ull;
+	}
 	for (int i = 0; i < m.ndevs; i++) {
 		m.devs[i].lid = (uint16_t)(10 + i);
 		m.devs[i].port = 1;
@@ -53,6 +61,9 @@ static void test_msg_roundtrip(void **state)
 		assert_int_equal(out.nqps, m.nqps);
 		assert_int_equal(out.tc, 106);
 		assert_true(out.ctrl_addr == m.ctrl_addr);
+		assert_true(out.eager_addr == m.eager_addr && out.aux_addr == m.aux_addr);
+		assert_int_equal(out.eager_slots, m.eager_slots);
+		assert_int_equal(out.eager_slot_bytes, m.eager_slot_bytes);
 		assert_memory_equal(out.devs, m.devs, sizeof(m.devs[0]) * 2);
 		assert_memory_equal(out.qpn, m.qpn, sizeof(m.qpn[0]) * (size_t)m.nqps);
 	}
@@ -102,6 +113,39 @@ static void test_msg_rejects(void **state)
 	assert_int_equal(rail_ib_msg_encode(&m, buf, sizeof(buf)), -EINVAL);
 }
 
+/* An ACCEPT's eager ring and a READY's credit word are checked like every field. */
+static void test_msg_eager_rejects(void **state)
+{
+	uint8_t buf[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
+	struct rail_ib_msg bad[6], out;
+	char why[200];
+
+	(void)state;
+	for (int i = 0; i < 5; i++)
+		bad[i] = sample(RAIL_IB_MSG_ACCEPT);
+	bad[0].eager_slots = 48;		/* not a power of two */
+	bad[1].eager_slot_bytes = 4100;		/* not a multiple of 64 */
+	bad[2].eager_slot_bytes = 1u << 20;	/* too large */
+	bad[3].eager_addr = 0;
+	bad[4].aux_addr = 0;
+	bad[5] = sample(RAIL_IB_MSG_READY);
+	bad[5].aux_addr = 0;
+	for (int i = 0; i < 6; i++) {
+		int len = rail_ib_msg_encode(&bad[i], buf, sizeof(buf));
+
+		assert_true(len > 0);
+		assert_int_equal(rail_ib_msg_decode(buf, (size_t)len, &out, why, sizeof(why)),
+				 -EBADMSG);
+		assert_true(strstr(why, "eager") || strstr(why, "credit"));
+	}
+	/* No eager ring at all is fine: the receiver then sends a CTS for everything. */
+	bad[0].eager_slots = 0;
+	bad[0].eager_addr = bad[0].aux_addr = 0;
+	assert_int_equal(rail_ib_msg_decode(buf, (size_t)rail_ib_msg_encode(&bad[0], buf, sizeof(buf)),
+					    &out, why, sizeof(why)), 0);
+	assert_int_equal(out.eager_slots, 0);
+}
+
 /* Mutated frames decode or fail cleanly; a valid checksum over garbage must not crash. */
 static void test_msg_fuzz(void **state)
 {
@@ -136,8 +180,14 @@ static void test_msg_fuzz(void **state)
 
 		assert_true(err == 0 || err == -EBADMSG);
 		if (!err) {
+			uint32_t n = (uint32_t)out.eager_slots;
+
 			assert_true(out.ndevs <= RAIL_MAX_VDEV_DEVS);
 			assert_true(out.nqps <= RAIL_IB_WIRE_MAX_QPS);
+			/* an accepted ring is always usable */
+			assert_true(n == 0 || ((n & (n - 1)) == 0 && out.eager_slot_bytes >= 64 &&
+					       out.eager_slot_bytes <= RAIL_IB_EAGER_MAX_SLOT_BYTES &&
+					       out.eager_addr && out.aux_addr));
 		}
 	}
 }
@@ -157,6 +207,8 @@ static void test_cts(void **state)
 	c.tag = -5;
 	c.nreqs = 3;
 	c.idx = 2;
+	c.ord = 0xfffffffeu;
+	c.credits = 777;
 	c.seq = 42;
 	rail_ib_cts_encode(&c, e);
 	assert_true(rail_ib_cts_seq(e) == 42);
@@ -165,10 +217,41 @@ static void test_cts(void **state)
 	assert_true(out.addr == c.addr && out.size == c.size);
 	assert_int_equal(out.tag, -5);
 	assert_int_equal(out.rkey[7], 0xdef);
+	assert_true(out.ord == 0xfffffffeu && out.credits == 777);
 	assert_int_equal(rail_ib_cts_decode(e, 42, 1, &out, why, sizeof(why)), -EBADMSG);
 	e[52] = 9; /* nreqs beyond 8 */
 	assert_int_equal(rail_ib_cts_decode(e, 42, 2, &out, why, sizeof(why)), -EBADMSG);
 	assert_non_null(strstr(why, "corrupt"));
+	e[52] = 3;
+	c.size = RAIL_MAX_MSG_BYTES + 1;	/* beyond 1 GiB */
+	rail_ib_cts_encode(&c, e);
+	assert_int_equal(rail_ib_cts_decode(e, 42, 2, &out, why, sizeof(why)), -EBADMSG);
+}
+
+/* Random CTS entries with a matching seq: decoded within limits or refused. */
+static void test_cts_fuzz(void **state)
+{
+	uint8_t e[RAIL_IB_CTS_SIZE];
+	struct rail_ib_cts out;
+	uint32_t x = 99;
+	char why[200];
+
+	(void)state;
+	for (int it = 0; it < 20000; it++) {
+		int err;
+
+		for (int i = 0; i < RAIL_IB_CTS_SIZE; i++) {
+			x = x * 1103515245u + 12345u;
+			e[i] = (uint8_t)(x >> 16);
+		}
+		if (it & 1)
+			e[52] = (uint8_t)(1 + it % 8);	/* often a plausible nreqs */
+		err = rail_ib_cts_decode(e, rail_ib_cts_seq(e), it % 8, &out, why, sizeof(why));
+		assert_true(err == 0 || err == -EBADMSG);
+		if (!err)
+			assert_true(out.nreqs >= 1 && out.nreqs <= RAIL_MAX_RECVS &&
+				    out.idx < out.nreqs && out.size <= RAIL_MAX_MSG_BYTES);
+	}
 }
 
 static void test_imm(void **state)
@@ -190,29 +273,106 @@ static void test_imm(void **state)
 	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_refused(7, 1ull << 31), &v, &idx),
 			 RAIL_IB_IMM_REFUSAL);
 	assert_true(v == RAIL_IB_IMM_REFUSED_SIZE_MAX);
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_eager(), &v, &idx), RAIL_IB_IMM_EAGER);
 	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_multi(9), &v, &idx), -EBADMSG);
 	assert_int_equal(rail_ib_imm_decode(RAIL_IB_IMM_MULTI | 1, &v, &idx), -EBADMSG);
-	assert_int_equal(rail_ib_imm_decode(0x7fffffff, &v, &idx), -EBADMSG);
+	assert_int_equal(rail_ib_imm_decode(0x7ffffffe, &v, &idx), -EBADMSG);
+	assert_int_equal(rail_ib_imm_decode(RAIL_MAX_MSG_BYTES + 1, &v, &idx), -EBADMSG);
 }
 
 static void test_sizes(void **state)
 {
-	size_t in[3] = { 0, 7, 1u << 30 }, out[3];
-	uint8_t buf[12];
+	uint32_t in[4] = { 0, 7, 1u << 30, RAIL_IB_SIZE_EAGER }, out[4];
+	uint8_t buf[16];
 
 	(void)state;
-	rail_ib_sizes_encode(in, 3, buf);
-	rail_ib_sizes_decode(buf, 3, out);
+	rail_ib_sizes_encode(in, 4, buf);
+	assert_int_equal(rail_ib_sizes_decode(buf, 4, out), 0);
 	assert_memory_equal(in, out, sizeof(in));
+	in[1] = (1u << 30) + 1;	/* neither a size nor EAGER */
+	rail_ib_sizes_encode(in, 4, buf);
+	assert_int_equal(rail_ib_sizes_decode(buf, 4, out), -EBADMSG);
+}
+
+static void test_eager_trailer(void **state)
+{
+	uint8_t slot[64];
+	struct rail_ib_eager_hdr h = { .size = 8, .tag = -3, .ord = 0xffffffffu, .seq = 5 }, out;
+	char why[200] = "";
+
+	(void)state;
+	memset(slot, 0, sizeof(slot));
+	/* A slot never written (zeros) holds no message. */
+	assert_int_equal(rail_ib_eager_decode(slot + 48, 1, 4096, &out, why, sizeof(why)), -EAGAIN);
+	rail_ib_eager_encode(&h, slot + 48);
+	assert_int_equal(rail_ib_eager_decode(slot + 48, 4, 4096, &out, why, sizeof(why)), -EAGAIN);
+	assert_int_equal(rail_ib_eager_decode(slot + 48, 5, 4096, &out, why, sizeof(why)), 0);
+	assert_true(out.size == 8 && out.tag == -3 && out.ord == 0xffffffffu && out.seq == 5);
+	h.size = 4097;	/* more than the slot holds */
+	rail_ib_eager_encode(&h, slot + 48);
+	assert_int_equal(rail_ib_eager_decode(slot + 48, 5, 4096, &out, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "4097"));
+}
+
+/* Garbage in a ring slot whose seq matches: the size, the one thing used, is checked. */
+static void test_eager_fuzz(void **state)
+{
+	uint8_t t[RAIL_IB_EAGER_TRAILER];
+	struct rail_ib_eager_hdr out;
+	uint32_t x = 7;
+	char why[200];
+
+	(void)state;
+	for (int it = 0; it < 20000; it++) {
+		int err;
+
+		for (int i = 0; i < RAIL_IB_EAGER_TRAILER; i++) {
+			x = x * 1103515245u + 12345u;
+			t[i] = (uint8_t)(x >> 16);
+		}
+		if (it & 1)
+			t[2] = t[3] = 0;	/* often a plausible size */
+		err = rail_ib_eager_decode(t, (uint32_t)t[12] | (uint32_t)t[13] << 8 |
+						      (uint32_t)t[14] << 16 | (uint32_t)t[15] << 24,
+					   4144, &out, why, sizeof(why));
+		assert_true(err == 0 || err == -EBADMSG);
+		if (!err)
+			assert_true(out.size <= 4144);
+	}
+}
+
+static void test_want_credit(void **state)
+{
+	uint8_t w[RAIL_IB_WANT_SIZE], c[RAIL_IB_CREDIT_SIZE] __attribute__((aligned(8)));
+	struct rail_ib_want in = { .tag = 12, .ord = 0x80000001u, .seq = 3 }, out;
+	uint32_t consumed;
+	uint16_t ack;
+	int ready;
+
+	(void)state;
+	memset(c, 0, sizeof(c));
+	rail_ib_credit_decode(c, &consumed, &ack, &ready);
+	assert_int_equal(ready, 0);	/* never written: not ready */
+	memset(w, 0, sizeof(w));
+	assert_int_equal(rail_ib_want_decode(w, 0, &out), -EAGAIN);
+	rail_ib_want_encode(&in, w);
+	assert_int_equal(rail_ib_want_decode(w, 3, &out), -EAGAIN);
+	assert_int_equal(rail_ib_want_decode(w, 2, &out), 0);
+	assert_true(out.tag == 12 && out.ord == 0x80000001u && out.seq == 3);
+	rail_ib_credit_encode(0xfffffff0u, 9, c);
+	rail_ib_credit_decode(c, &consumed, &ack, &ready);
+	assert_true(consumed == 0xfffffff0u && ack == 9 && ready == 1);
 }
 
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test(test_msg_roundtrip), cmocka_unit_test(test_refuse_text),
-		cmocka_unit_test(test_msg_rejects),   cmocka_unit_test(test_msg_fuzz),
-		cmocka_unit_test(test_cts),	      cmocka_unit_test(test_imm),
-		cmocka_unit_test(test_sizes),
+		cmocka_unit_test(test_msg_roundtrip),	  cmocka_unit_test(test_refuse_text),
+		cmocka_unit_test(test_msg_rejects),	  cmocka_unit_test(test_msg_eager_rejects),
+		cmocka_unit_test(test_msg_fuzz),	  cmocka_unit_test(test_cts),
+		cmocka_unit_test(test_cts_fuzz),	  cmocka_unit_test(test_imm),
+		cmocka_unit_test(test_sizes),		  cmocka_unit_test(test_eager_trailer),
+		cmocka_unit_test(test_eager_fuzz),	  cmocka_unit_test(test_want_credit),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,7 +1,8 @@
 #!/bin/bash
 # The conformance suite over the verbs transport: role A on rxe0, role B on
 # rxe1, then both on a fused virtual NIC of rxe0+rxe1 (makeVDevice), then
-# one device with 2 QPs per connection and the data split over them.
+# one device with 2 QPs per connection and the data split over them, then
+# with the eager ring off (every message through a clear-to-send).
 # rxe-timeout: 900
 set -uo pipefail
 
@@ -24,4 +25,7 @@ run "$conf" --plugin "$plugin" --fuse 0,1 --max-size 64M --abi 12
 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
     --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional
+NCCL_RAIL_IB_EAGER=0 \
+    run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
+    --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,close-inflight
 exit $((fails > 0))

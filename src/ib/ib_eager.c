@@ -1,0 +1,431 @@
+/*
+ * nccl-net-rail: the eager path of the verbs transport (the protocol is
+ * described in ib_p2p.c) and its flow control.
+ *
+ * Sender: a message of at most eager_max bytes from host memory, with a
+ * credit, is written into ring slot e % slots as one signaled RDMA WRITE of
+ * [payload][trailer] that ends at the end of the slot; the image is built in
+ * the staging slot of the same index (registered), and goes inline when it
+ * fits. Slot e is written only once the receiver consumed message
+ * e - slots, so neither the ring slot nor the staging slot is in use.
+ * Eager writes go on QP 0 (member 0 to the peer's member 0, whose rkey the
+ * ring has), so they reach the ring in order.
+ *
+ * Receiver: the trailer's seq (written last: one RDMA WRITE lands in
+ * address order, and the ring is registered without relaxed ordering) says
+ * the slot holds message e. Each message is matched by (tag, ord) to a
+ * buffer of a receive in flight, or waits in its slot until that receive is
+ * posted; a consumed slot is handed back by counting the consumed prefix.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ib/ib.h"
+#include "log.h"
+#include "rail.h"
+
+#define EAGER_QP 0
+#define WANT_SMALL_NS 100000ull		/* a small message from GPU memory */
+#define WANT_LARGE_NS 2000000ull	/* a large one: its CTS normally comes by itself */
+#define CREDIT_QP 0
+#define RECV_CTL_LIMIT 120		/* as for CTS writes (ib_recv.c) */
+
+/* ---- tag table ------------------------------------------------------------ */
+
+struct rail_ib_tag *rail_ib_tag_get(struct rail_ib_tags *t, int32_t tag)
+{
+	for (int i = 0; i < t->n; i++)
+		if (t->v[i].tag == tag)
+			return &t->v[i];
+	if (t->n == t->cap) {
+		int cap = t->cap ? 2 * t->cap : 4;
+		struct rail_ib_tag *v = realloc(t->v, (size_t)cap * sizeof(*v));
+
+		if (!v)
+			return NULL;
+		t->v = v;
+		t->cap = cap;
+	}
+	memset(&t->v[t->n], 0, sizeof(t->v[0]));
+	t->v[t->n].tag = tag;
+	return &t->v[t->n++];
+}
+
+void rail_ib_tags_free(struct rail_ib_tags *t)
+{
+	free(t->v);
+	memset(t, 0, sizeof(*t));
+}
+
+/* ---- sender ----------------------------------------------------------------- */
+
+int rail_ib_eager_fits(const struct rail_ib_comm *c, size_t size, const struct rail_ib_mh *mh)
+{
+	return c->eager_slots && size <= c->eager_max && (!mh || !mh->gpu);
+}
+
+void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits)
+{
+	uint32_t consumed;
+	uint16_t ack;
+	int ready;
+
+	rail_ib_credit_decode(c->fifo + RAIL_IB_CREDIT_OFF, &consumed, &ack, &ready);
+	if (!ready)
+		return;
+	c->ring_ready = 1;
+	if (rail_ib_before(c->e_credit, consumed))
+		c->e_credit = consumed;
+	if (rail_ib_before(c->e_credit, cts_credits))
+		c->e_credit = cts_credits;
+	c->want_ack = ack;	/* one want at a time: the latest is the one */
+}
+
+int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data, size_t size,
+		       int tag, uint32_t ord, int *no_credit)
+{
+	uint32_t e = c->e_sent, mask = (uint32_t)c->eager_slots - 1, len;
+	struct rail_ib_qp *q = &c->qps[EAGER_QP];
+	struct rail_ib_eager_hdr h;
+	uint8_t *img;
+	int err;
+
+	if (rail_unlikely(!c->ring_ready || e - c->e_credit >= (uint32_t)c->eager_slots)) {
+		rail_ib_credit_refresh(c, c->e_credit);
+		if (!c->ring_ready)
+			return -EAGAIN;	/* the receiver's QPs may not take writes yet */
+		if (e - c->e_credit >= (uint32_t)c->eager_slots) {
+			*no_credit = 1;
+			return -EAGAIN;
+		}
+	}
+	if (!rail_ib_sq_room(c, EAGER_QP, 1, RAIL_IB_EARLY_DEPTH))
+		return c->error ? c->error : -EAGAIN;
+	len = (uint32_t)size + RAIL_IB_EAGER_TRAILER;
+	img = c->sizes + RAIL_IB_STAGE_OFF + (size_t)(e & mask) * c->eager_slot_bytes;
+	if (size)
+		memcpy(img, data, size);
+	h.size = (uint32_t)size;
+	h.tag = tag;
+	h.ord = ord;
+	h.seq = e + 1;
+	rail_ib_eager_encode(&h, img + size);
+	err = rail_ib_ctl_write(c, EAGER_QP, img, len,
+				c->remote_ring_addr + (uint64_t)(e & mask) * c->eager_slot_bytes +
+					c->eager_slot_bytes - len,
+				c->remote_cmpl_rkey[q->remote_member], "eager RDMA write");
+	if (err)
+		return err;
+	c->e_sent++;
+	c->n_eager++;
+	r->sizes[0] = size;
+	r->tag = tag;
+	r->done = 1;
+	return 0;
+}
+
+/*
+ * The send (t->tag, t->next) of size bytes is refused for now: ask the
+ * receiver for credits and a CTS when it may not know we need one.
+ */
+int rail_ib_want_maybe(struct rail_ib_comm *c, struct rail_ib_tag *t, size_t size, int no_credit)
+{
+	struct rail_ib_qp *q = &c->qps[EAGER_QP];
+	uint8_t *stage = c->sizes + RAIL_IB_WANT_STAGE_OFF;
+	uint64_t delay = no_credit ? 0 : size > c->eager_max ? WANT_LARGE_NS : WANT_SMALL_NS;
+	struct rail_ib_want w;
+	int err;
+
+	if (!c->eager_slots || (t->wanted && !rail_ib_before(t->want, t->next)))
+		return 0;	/* the receiver writes every CTS, or was asked already */
+	if (!c->ring_ready) {
+		rail_ib_credit_refresh(c, c->e_credit);
+		if (!c->ring_ready)
+			return 0;	/* its QPs may not take writes yet */
+	}
+	if (c->blk_tag != t->tag || c->blk_ord != t->next || !c->blk_ns) {
+		c->blk_tag = t->tag;
+		c->blk_ord = t->next;
+		c->blk_ns = rail_now_ns();
+	}
+	if (delay && rail_now_ns() - c->blk_ns < delay)
+		return 0;
+	if (c->want_seq != c->want_ack) {
+		rail_ib_credit_refresh(c, c->e_credit);
+		if (c->want_seq != c->want_ack)
+			return 0;	/* one at a time */
+	}
+	if (!rail_ib_sq_room(c, EAGER_QP, 1, RAIL_IB_EARLY_DEPTH))
+		return c->error;
+	w.tag = t->tag;
+	w.ord = t->next;
+	w.seq = (uint16_t)(c->want_seq + 1);
+	rail_ib_want_encode(&w, stage);
+	err = rail_ib_ctl_write(c, EAGER_QP, stage, RAIL_IB_WANT_SIZE, c->remote_want_addr,
+				c->remote_cmpl_rkey[q->remote_member], "want");
+	if (err)
+		return err;
+	c->want_seq++;
+	c->n_wants++;
+	t->want = t->next;
+	t->wanted = 1;
+	return 0;
+}
+
+/* ---- receiver ------------------------------------------------------------------ */
+
+static uint8_t *ring_slot(struct rail_ib_comm *c, uint32_t e)
+{
+	return c->cmpl + RAIL_IB_RING_OFF +
+	       (size_t)(e & ((uint32_t)c->eager_slots - 1)) * c->eager_slot_bytes;
+}
+
+static struct rail_ib_ring_ent *ring_ent(struct rail_ib_comm *c, uint32_t e)
+{
+	return &c->ring[e & ((uint32_t)c->eager_slots - 1)];
+}
+
+/* Hand back the consumed prefix of the ring. */
+static void ring_advance(struct rail_ib_comm *c)
+{
+	while (c->e_head != c->e_seen && ring_ent(c, c->e_head)->state == RAIL_IB_RING_DONE) {
+		ring_ent(c, c->e_head)->state = RAIL_IB_RING_FREE;
+		c->e_head++;
+	}
+}
+
+/* Copy message e into GPU buffer i of r: an RDMA WRITE on the self-connected QP. */
+static int ring_loop(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *r, int i,
+		     const uint8_t *payload)
+{
+	struct rail_ib_devres *res = &c->res[0];
+	struct rail_ib_ring_ent *s = ring_ent(c, e);
+	struct ibv_sge sge = {
+		.addr = (uintptr_t)payload,
+		.length = s->h.size,
+		.lkey = res->ctrl_mr->lkey,
+	};
+	struct ibv_send_wr wr = {
+		.wr_id = rail_ib_wrid(RAIL_IB_WR_LOOP, e & ((uint32_t)c->eager_slots - 1), 0),
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+	}, *bad = NULL;
+	int ret;
+
+	if (!res->flush_qp)
+		return rail_ib_protocol_error(c, 0, "an eager message for a GPU buffer, and no "
+					      "loopback QP to copy it");
+	wr.wr.rdma.remote_addr = (uintptr_t)r->bufs[i];
+	wr.wr.rdma.rkey = r->mhs[i]->rkey[0];
+	ret = rail_ibv.post_send(res->flush_qp, &wr, &bad);
+	if (ret) {
+		ret = rail_verbs_err(ret);
+		RAIL_WARN("ibv_post_send(eager loopback copy) on %s:%d qp 0x%x (connection to peer "
+			  "%s) failed: %s", res->dev->hca->name, res->dev->port,
+			  res->flush_qp->qp_num, c->peer, RAIL_ERRSTR(-ret));
+		c->error = -ret;
+		return -ret;
+	}
+	s->state = RAIL_IB_RING_LOOP;
+	c->n_loops++;
+	s->r = r;
+	s->idx = (int8_t)i;
+	r->loops++;
+	return 0;
+}
+
+/* Message e fills buffer i of r. */
+static int ring_deliver(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *r, int i)
+{
+	struct rail_ib_ring_ent *s = ring_ent(c, e);
+	uint32_t size = s->h.size;
+	const uint8_t *payload = ring_slot(c, e) + c->eager_slot_bytes - RAIL_IB_EAGER_TRAILER -
+				 size;
+
+	if (size > r->sizes[i]) {
+		RAIL_WARN("receive %llu buffer %d of %d from peer %s on %s: the peer's eager message "
+			  "of %u bytes (tag %d) does not fit the %zu-byte buffer; a send larger "
+			  "than its receive is an error", (unsigned long long)r->seq, i, r->base.n,
+			  c->peer, c->res[0].dev->name, size, s->h.tag, r->sizes[i]);
+		c->error = -EMSGSIZE;
+		r->error = -EMSGSIZE;
+		return -EMSGSIZE;
+	}
+	r->pending &= (uint8_t)~(1u << i);
+	r->sizes[i] = size;
+	c->n_eager++;
+	if (size && r->mhs[i] && r->mhs[i]->gpu)
+		return ring_loop(c, e, r, i, payload);
+	if (size)
+		memcpy(r->bufs[i], payload, size);
+	s->state = RAIL_IB_RING_DONE;
+	rail_ib_recv_check_done(c, r);
+	return 0;
+}
+
+/* The buffer of r that message e fills, or -1. */
+static int ring_find(struct rail_ib_comm *c, uint32_t e, const struct rail_ib_req *r)
+{
+	const struct rail_ib_ring_ent *s = ring_ent(c, e);
+
+	for (int i = 0; i < r->base.n; i++)
+		if ((r->pending & (1u << i)) && r->tags[i] == s->h.tag && r->ords[i] == s->h.ord)
+			return i;
+	return -1;
+}
+
+/* Message e just arrived: the receive in flight it is for, if posted. */
+static int ring_match_msg(struct rail_ib_comm *c, uint32_t e)
+{
+	for (uint64_t k = c->recv_lo; k < c->seq; k++) {
+		struct rail_ib_req *r = c->recvs[k % RAIL_IB_SLOTS];
+		int i;
+
+		if (!r || r->seq != k || r->done)
+			continue;
+		i = ring_find(c, e, r);
+		if (i >= 0)
+			return ring_deliver(c, e, r, i);
+	}
+	return 0;
+}
+
+int rail_ib_ring_match_recv(struct rail_ib_comm *c, struct rail_ib_req *r)
+{
+	for (uint32_t e = c->e_head; e != c->e_seen && r->pending; e++) {
+		int i, err;
+
+		if (ring_ent(c, e)->state != RAIL_IB_RING_WAITING)
+			continue;
+		i = ring_find(c, e, r);
+		if (i < 0)
+			continue;
+		err = ring_deliver(c, e, r, i);
+		if (err)
+			return err;
+	}
+	ring_advance(c);
+	return 0;
+}
+
+int rail_ib_ring_peek(struct rail_ib_comm *c)
+{
+	return rail_ib_eager_seq(ring_slot(c, c->e_seen) + c->eager_slot_bytes -
+				 RAIL_IB_EAGER_TRAILER) == c->e_seen + 1;
+}
+
+int rail_ib_ring_poll(struct rail_ib_comm *c)
+{
+	char why[200];
+
+	if (!c->eager_slots)
+		return 0;
+	while (c->e_seen - c->e_head < (uint32_t)c->eager_slots) {
+		uint32_t e = c->e_seen;
+		struct rail_ib_ring_ent *s = ring_ent(c, e);
+		const uint8_t *trailer = ring_slot(c, e) + c->eager_slot_bytes - RAIL_IB_EAGER_TRAILER;
+		int err = rail_ib_eager_decode(trailer, e + 1, c->eager_max, &s->h, why, sizeof(why));
+
+		if (err == -EAGAIN)
+			break;
+		if (err) {
+			RAIL_WARN("connection from peer %s on %s: %s", c->peer, c->res[0].dev->name,
+				  why);
+			c->error = -EPROTO;
+			return -EPROTO;
+		}
+		s->state = RAIL_IB_RING_WAITING;
+		c->e_seen++;
+		err = ring_match_msg(c, e);
+		if (err)
+			return err;
+	}
+	ring_advance(c);
+	return 0;
+}
+
+int rail_ib_on_loop(struct rail_ib_comm *c, uint32_t slot)
+{
+	struct rail_ib_ring_ent *s;
+	struct rail_ib_req *r;
+
+	if (slot >= (uint32_t)c->eager_slots || c->ring[slot].state != RAIL_IB_RING_LOOP)
+		return rail_ib_protocol_error(c, 0, "completion of an unknown loopback copy");
+	s = &c->ring[slot];
+	r = s->r;
+	s->state = RAIL_IB_RING_DONE;
+	s->r = NULL;
+	if (c->error)
+		return c->error;	/* r may be gone */
+	r->loops--;
+	rail_ib_recv_check_done(c, r);
+	ring_advance(c);
+	return 0;
+}
+
+/*
+ * Credits go back when the receiver has nothing else to do (idle: a quarter
+ * of the ring consumed), at once when half of it is (busy), or when forced
+ * (a want's acknowledgement, "ready"): a write in the idle time of a
+ * ping-pong costs the next message nothing.
+ */
+int rail_ib_credit_return(struct rail_ib_comm *c, int mode)
+{
+	uint8_t *stage = c->cts_stage + RAIL_IB_CREDIT_STAGE_OFF;
+	const struct rail_ib_qp *q = &c->qps[CREDIT_QP];
+	uint32_t owed = c->e_head - c->e_returned;
+	int err;
+
+	if (!c->eager_slots)
+		return 0;
+	if (c->credit_owed)
+		mode = RAIL_IB_CREDIT_FORCE;
+	if (mode == RAIL_IB_CREDIT_BUSY ? owed < (uint32_t)c->eager_slots / 2
+	    : mode == RAIL_IB_CREDIT_IDLE ? owed < (uint32_t)c->eager_slots / 4 : 0)
+		return 0;
+	if (q->sq_posted - q->sq_retired >= RECV_CTL_LIMIT) {
+		err = rail_ib_poll(c);
+		if (err)
+			return err;
+		if (q->sq_posted - q->sq_retired >= RECV_CTL_LIMIT) {
+			c->credit_owed = 1;
+			return 0;
+		}
+	}
+	rail_ib_credit_encode(c->e_head, (uint16_t)c->want_seen, stage);
+	err = rail_ib_ctl_write(c, CREDIT_QP, stage, RAIL_IB_CREDIT_SIZE, c->remote_credit_addr,
+				c->remote_fifo_rkey[q->remote_member], "credit return");
+	if (err)
+		return err;
+	c->e_returned = c->e_head;
+	c->credit_owed = 0;
+	c->n_credits++;
+	return 0;
+}
+
+int rail_ib_want_poll(struct rail_ib_comm *c)
+{
+	struct rail_ib_want w;
+	struct rail_ib_tag *t;
+
+	if (!c->eager_slots ||
+	    rail_ib_want_decode(c->cmpl + RAIL_IB_WANT_OFF, c->want_seen, &w) == -EAGAIN)
+		return 0;
+	t = rail_ib_tag_get(&c->tags, w.tag);
+	if (!t) {
+		RAIL_WARN("connection from peer %s: out of memory for the tag table", c->peer);
+		c->error = -ENOMEM;
+		return -ENOMEM;
+	}
+	if (!t->wanted || rail_ib_before(t->want, w.ord))
+		t->want = w.ord;
+	t->wanted = 1;
+	c->want_seen = w.seq;
+	c->n_wants++;
+	c->cts_owed = 1;	/* CTSes for the receives in flight that have none */
+	c->credit_owed = 1;	/* credits, and the acknowledgement */
+	return 0;
+}
