@@ -124,13 +124,22 @@ static void *post_recv(struct bench_side *s, int c, char *buf, size_t size)
 	return req;
 }
 
-/* Half round trip, in microseconds. */
-static double bench_latency(struct bench_side *s, size_t size, int iters)
+static int cmp_u64(const void *a, const void *b)
 {
-	uint64_t t0 = rail_now_ns();
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* Half round trip, in microseconds: the mean, and the median in *p50 (if not NULL). */
+static double bench_latency(struct bench_side *s, size_t size, int iters, double *p50)
+{
+	uint64_t *rtt = p50 ? calloc((size_t)iters, sizeof(*rtt)) : NULL;
+	uint64_t t0 = rail_now_ns(), t = t0;
 
 	for (int i = 0; i < iters; i++) {
 		void *rr = post_recv(s, 0, s->rbuf, size);
+		uint64_t now;
 
 		if (s->role == 0) {
 			wait_req(post_send(s, 0, size), NULL);
@@ -139,8 +148,19 @@ static double bench_latency(struct bench_side *s, size_t size, int iters)
 			wait_req(rr, NULL);
 			wait_req(post_send(s, 0, size), NULL);
 		}
+		now = rail_now_ns();
+		if (rtt)
+			rtt[i] = now - t;
+		t = now;
 	}
-	return (double)(rail_now_ns() - t0) / 1e3 / iters / 2;
+	if (rtt) {
+		qsort(rtt, (size_t)iters, sizeof(*rtt), cmp_u64);
+		*p50 = (double)rtt[iters / 2] / 1e3 / 2;
+		free(rtt);
+	} else if (p50) {
+		*p50 = 0;
+	}
+	return (double)(t - t0) / 1e3 / iters / 2;
 }
 
 /* One attempt, as NCCL's proxy makes per pass: NULL when the plugin says "later". */
@@ -294,29 +314,29 @@ static void run_side(struct bench_side *s, const struct bench_opts *o)
 	setup_side(s, o);
 	if (s->role == 0)
 		printf("# rail-bench: %d connection(s) per direction, window %d, %s, sizes %zu..%zu\n"
-		       "#%12s %10s %12s %12s\n", o->comms, o->window,
+		       "#%12s %10s %12s %12s %12s\n", o->comms, o->window,
 		       o->bidir ? "bandwidth both ways at once (GB/s per direction)"
 				: "bandwidth one way", o->min_size, o->max_size,
-		       "size(B)", "iters", "lat(us)", "bw(GB/s)");
+		       "size(B)", "iters", "lat(us)", "bw(GB/s)", "lat_p50(us)");
 	for (size_t size = o->min_size; size <= o->max_size; size *= (size_t)o->factor) {
 		int iters = iters_for(o, size);
-		double lat = 0, bw = 0;
+		double lat = 0, bw = 0, p50 = 0;
 
 		if (o->check) {
 			fill_check(s, size, 0);
-			bench_latency(s, size, 1);
+			bench_latency(s, size, 1, NULL);
 			fill_check(s, size, 1);
 		}
 		if (!o->bw_only) {
-			bench_latency(s, size, o->warmup);
-			lat = bench_latency(s, size, RAIL_MAX(iters / 4, 3));
+			bench_latency(s, size, o->warmup, NULL);
+			lat = bench_latency(s, size, RAIL_MAX(iters / 4, 3), &p50);
 		}
 		if (!o->lat_only) {
 			bench_bandwidth(s, size, RAIL_MIN(o->warmup, iters), o->window, o->bidir);
 			bw = bench_bandwidth(s, size, iters, o->window, o->bidir);
 		}
 		if (s->role == 0) {
-			printf(" %12zu %10d %12.2f %12.3f\n", size, iters, lat, bw);
+			printf(" %12zu %10d %12.2f %12.3f %12.2f\n", size, iters, lat, bw, p50);
 			fflush(stdout);
 		}
 		if (size > o->max_size / (size_t)o->factor)

@@ -9,17 +9,19 @@
 # Environment: BENCH_ROUNDS (default 3), BENCH_MODES ("same cross"),
 # RAIL_BENCH (rail-bench binaries, space separated, default build/rail-bench:
 # several compare builds in one boot, e.g. "build/old/rail-bench build/rail-bench"),
-# BENCH_BW_ITERS (default 2000), BENCH_WINDOW (rail-bench -W, default 32).
+# BENCH_BW_BYTES (bytes per bandwidth run, default 512 MiB: a few seconds each,
+# rxe's rate swings from second to second), BENCH_WINDOW (rail-bench -W,
+# default 32). Latency: 5000 round trips each (rail-bench times -n / 4).
 # Prints perftest's and rail-bench's own lines, then one summary table:
-# 8-byte latency (perftest t_avg and t_typical, rail-bench's mean half round
-# trip) and bandwidth in MB/s with rail-bench / perftest ratios, per round,
+# 8-byte latency (perftest's t_avg and t_typical against rail-bench's mean
+# and median half round trip) and bandwidth in MB/s with rail-bench / perftest ratios, per round,
 # and the median ratio per mode. docs/PERFORMANCE.md keeps the figures.
 set -uo pipefail
 . "$RXE_HARNESS/lib.sh"
 rounds=${BENCH_ROUNDS:-3}
 modes=${BENCH_MODES:-same cross}
 read -r -a rbs <<<"${RAIL_BENCH:-build/rail-bench}"
-bw_iters=${BENCH_BW_ITERS:-2000}
+bw_bytes=${BENCH_BW_BYTES:-536870912}
 window=${BENCH_WINDOW:-32}
 g0=$(rxe_ipv4_gid_index rxe0 "$RXE_IP0") || { echo "no IPv4 GID on rxe0"; exit 1; }
 g1=$(rxe_ipv4_gid_index rxe1 "$RXE_IP1") || { echo "no IPv4 GID on rxe1"; exit 1; }
@@ -54,13 +56,14 @@ rail() { # MODE BINARY ARGS...
 for round in $(seq 1 "$rounds"); do
     for mode in $modes; do
         for s in 65536 1048576; do
+            bw_iters=$((bw_bytes / s))
             line=$(perf "$mode" ib_write_bw $s "$bw_iters" --report_gbits)
             echo "$mode r$round $line"
             # BW average, Gb/s -> MB/s
             v=$(awk '{ print $(NF-1) * 1000 / 8 }' <<<"$line")
             echo "$mode $round bw$s perf ${v:-0}" >>"$res"
             for i in "${!rbs[@]}"; do
-                line=$(rail "$mode" "${rbs[i]}" -B -b $s -e $s -W "$window" -n "$bw_iters" -t 5)
+                line=$(rail "$mode" "${rbs[i]}" -B -b $s -e $s -W "$window" -n "$bw_iters" -t 60)
                 echo "$mode r$round ${rbs[i]} bw $s: $line"
                 v=$(awk '{ print $4 * 1000 }' <<<"$line")
                 echo "$mode $round bw$s rail$i ${v:-0}" >>"$res"
@@ -73,9 +76,10 @@ for round in $(seq 1 "$rounds"); do
         echo "$mode $round lat perf_avg ${ta:-0}" >>"$res"
         echo "$mode $round lat perf_typ ${tt:-0}" >>"$res"
         for i in "${!rbs[@]}"; do
-            line=$(rail "$mode" "${rbs[i]}" -L -b 8 -e 8 -n 5000)
+            line=$(rail "$mode" "${rbs[i]}" -L -b 8 -e 8 -n 20000)
             echo "$mode r$round ${rbs[i]} lat 8: $line"
             echo "$mode $round lat rail$i $(awk '{ print $3 }' <<<"$line")" >>"$res"
+            echo "$mode $round lat p50rail$i $(awk '{ print $5 }' <<<"$line")" >>"$res"
         done
     done
 done
@@ -91,26 +95,27 @@ function med(a, n,   i, j, t) {
     return n % 2 ? a[(n + 1) / 2] : (a[n / 2] + a[n / 2 + 1]) / 2
 }
 END {
-    printf "%-6s %-5s %-5s %8s %8s %8s %6s %6s | %7s %7s %5s | %7s %7s %5s\n", "mode", "rail",
-        "round", "lat_avg", "lat_typ", "rail", "x_avg", "x_typ", "64K_prf", "64K_rl", "ratio",
-        "1M_prf", "1M_rl", "ratio"
+    printf "%-6s %-5s %-5s %8s %8s %8s %8s %6s %6s | %7s %7s %5s | %7s %7s %5s\n", "mode",
+        "rail", "round", "lat_avg", "lat_typ", "rl_mean", "rl_p50", "x_avg", "x_typ",
+        "64K_prf", "64K_rl", "ratio", "1M_prf", "1M_rl", "ratio"
     for (mo in m) for (b = 0; b < nr; b++) {
         n = 0
         for (ro = 1; (mo " " ro " lat rail" b) in v; ro++) {
             k = mo " " ro
             pa = v[k " lat perf_avg"]; pt = v[k " lat perf_typ"]; rl = v[k " lat rail" b]
+            rm = v[k " lat p50rail" b]
             b1p = v[k " bw65536 perf"]; b1r = v[k " bw65536 rail" b]
             b2p = v[k " bw1048576 perf"]; b2r = v[k " bw1048576 rail" b]
             n++
-            xa[n] = pa > 0 ? rl / pa : 0; xt[n] = pt > 0 ? rl / pt : 0
+            xa[n] = pa > 0 ? rl / pa : 0; xt[n] = pt > 0 ? rm / pt : 0
             q1[n] = b1p > 0 ? b1r / b1p : 0; q2[n] = b2p > 0 ? b2r / b2p : 0
-            printf "%-6s %-5s %-5d %8.2f %8.2f %8.2f %6.2f %6.2f | %7.1f %7.1f %5.2f |", mo,
-                "rail" b, ro, pa, pt, rl, xa[n], xt[n], b1p, b1r, q1[n]
+            printf "%-6s %-5s %-5d %8.2f %8.2f %8.2f %8.2f %6.2f %6.2f | %7.1f %7.1f %5.2f |",
+                mo, "rail" b, ro, pa, pt, rl, rm, xa[n], xt[n], b1p, b1r, q1[n]
             printf " %7.1f %7.1f %5.2f\n", b2p, b2r, q2[n]
         }
         if (n)
-            printf "%-6s %-5s %-5s %8s %8s %8s %6.2f %6.2f | %7s %7s %5.2f | %7s %7s %5.2f\n",
-                mo, "rail" b, "med", "", "", "", med(xa, n), med(xt, n), "", "", med(q1, n), "",
+            printf "%-6s %-5s %-5s %8s %8s %8s %8s %6.2f %6.2f | %7s %7s %5.2f | %7s %7s %5.2f\n",
+                mo, "rail" b, "med", "", "", "", "", med(xa, n), med(xt, n), "", "", med(q1, n), "",
                 "", med(q2, n)
     }
 }' "$res"
