@@ -11,7 +11,8 @@
 # several compare builds in one boot, e.g. "build/old/rail-bench build/rail-bench"),
 # BENCH_BW_BYTES (bytes per bandwidth run, default 512 MiB: a few seconds each,
 # rxe's rate swings from second to second), BENCH_WINDOW (rail-bench -W,
-# default 32). Latency: 5000 round trips each (rail-bench times -n / 4).
+# default 32), BENCH_LAT_ITERS (round trips per latency run, default 20000:
+# about a second, so that a burst of host noise does not decide a round).
 # Prints perftest's and rail-bench's own lines, then one summary table:
 # 8-byte latency (perftest's t_avg and t_typical against rail-bench's mean
 # and median half round trip) and bandwidth in MB/s with rail-bench / perftest ratios, per round,
@@ -22,6 +23,7 @@ rounds=${BENCH_ROUNDS:-3}
 modes=${BENCH_MODES:-same cross}
 read -r -a rbs <<<"${RAIL_BENCH:-build/rail-bench}"
 bw_bytes=${BENCH_BW_BYTES:-536870912}
+lat_iters=${BENCH_LAT_ITERS:-20000}
 window=${BENCH_WINDOW:-32}
 g0=$(rxe_ipv4_gid_index rxe0 "$RXE_IP0") || { echo "no IPv4 GID on rxe0"; exit 1; }
 g1=$(rxe_ipv4_gid_index rxe1 "$RXE_IP1") || { echo "no IPv4 GID on rxe1"; exit 1; }
@@ -69,14 +71,14 @@ for round in $(seq 1 "$rounds"); do
                 echo "$mode $round bw$s rail$i ${v:-0}" >>"$res"
             done
         done
-        line=$(perf "$mode" ib_write_lat 8 5000)
+        line=$(perf "$mode" ib_write_lat 8 "$lat_iters")
         echo "$mode r$round $line"
         # bytes iters t_min t_max t_typical t_avg ...
         read -r tt ta < <(awk '{ print $(NF-4), $(NF-3) }' <<<"${line#*|}")
         echo "$mode $round lat perf_avg ${ta:-0}" >>"$res"
         echo "$mode $round lat perf_typ ${tt:-0}" >>"$res"
         for i in "${!rbs[@]}"; do
-            line=$(rail "$mode" "${rbs[i]}" -L -b 8 -e 8 -n 20000)
+            line=$(rail "$mode" "${rbs[i]}" -L -b 8 -e 8 -n $((4 * lat_iters)) -t 60)
             echo "$mode r$round ${rbs[i]} lat 8: $line"
             echo "$mode $round lat rail$i $(awk '{ print $3 }' <<<"$line")" >>"$res"
             echo "$mode $round lat p50rail$i $(awk '{ print $5 }' <<<"$line")" >>"$res"
