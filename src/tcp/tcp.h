@@ -159,6 +159,7 @@ struct tcp_comm {
 	size_t rx_off;
 	/* first error seen by any thread; the message is logged once */
 	_Atomic int error;
+	_Atomic int warned;	/* the failure's WARN went out (before error was set) */
 	_Atomic int closing;
 	char peer[RAIL_ADDR_STRLEN];
 };

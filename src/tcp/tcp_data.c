@@ -30,15 +30,20 @@ int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
 	char msg[512];
 	va_list ap;
 
-	if (!atomic_compare_exchange_strong(&c->error, &expected, err))
-		return err;
-	if (atomic_load(&c->closing))
-		return err;
-	va_start(ap, fmt);
-	vsnprintf(msg, sizeof(msg), fmt, ap);
-	va_end(ap);
-	RAIL_WARN("%s comm on %s, peer %s: %s", c->is_send ? "send" : "receive",
-		  tcp_comm_dev_name(c), c->peer, msg);
+	/*
+	 * The WARN goes out before the error is published: a caller that sees
+	 * the error (test() on another thread) must find it in the log already.
+	 */
+	if (!atomic_load(&c->error) && !atomic_load(&c->closing) &&
+	    atomic_compare_exchange_strong(&c->warned, &expected, 1)) {
+		va_start(ap, fmt);
+		vsnprintf(msg, sizeof(msg), fmt, ap);
+		va_end(ap);
+		RAIL_WARN("%s comm on %s, peer %s: %s", c->is_send ? "send" : "receive",
+			  tcp_comm_dev_name(c), c->peer, msg);
+	}
+	expected = 0;
+	atomic_compare_exchange_strong(&c->error, &expected, err);
 	return err;
 }
 

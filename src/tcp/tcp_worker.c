@@ -86,10 +86,11 @@ static void *worker_main(void *arg)
 		t = &w->ring[tail & w->mask];
 		err = atomic_load(&c->error) ? -ECANCELED : move_chunk(c, t);
 		if (err) {
-			atomic_store(&t->req->failed, 1);
+			/* Logged before the request shows the failure (tcp_comm_fail). */
 			tcp_comm_fail(c, err, "%s %zu bytes on a data socket failed: %s; the peer "
 				      "process probably died or the network dropped the connection",
 				      c->is_send ? "sending" : "receiving", t->len, RAIL_ERRSTR(err));
+			atomic_store(&t->req->failed, 1);
 		}
 		atomic_fetch_sub_explicit(&t->req->pending, 1, memory_order_release);
 		atomic_store_explicit(&w->tail, ++tail, memory_order_release);
