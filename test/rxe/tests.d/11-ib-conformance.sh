@@ -1,6 +1,7 @@
 #!/bin/bash
 # The conformance suite over the verbs transport: role A on rxe0, role B on
-# rxe1, then both on a fused virtual NIC of rxe0+rxe1 (makeVDevice), then
+# rxe1 (every ABI), both roles on rxe0 (v12), then both on a fused virtual
+# NIC of rxe0+rxe1 (makeVDevice), then
 # one device with 2 QPs per connection and the data split over them, then
 # with the eager ring off (every message through a clear-to-send).
 # rxe-timeout: 900
@@ -21,6 +22,7 @@ run() {
 }
 
 run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 64M
+run "$conf" --plugin "$plugin" --dev 0 --peer-dev 0 --max-size 64M --abi 12
 run "$conf" --plugin "$plugin" --fuse 0,1 --max-size 64M --abi 12
 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
