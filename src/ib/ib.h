@@ -432,6 +432,8 @@ int rail_ib_want_poll(struct rail_ib_comm *c);
 int rail_ib_flush_init(struct rail_ib_comm *c);
 void rail_ib_flush_fini(struct rail_ib_comm *c);
 int rail_ib_eager_possible(struct rail_ib_comm *c);
+/* Post wr on member m's self-connected QP; a failure is logged (what), set on c and returned. */
+int rail_ib_loop_post(struct rail_ib_comm *c, int m, struct ibv_send_wr *wr, const char *what);
 int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **data,
 		   const int *sizes, void **mhandles);
 

@@ -212,23 +212,17 @@ static int ring_loop(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *r, 
 		.num_sge = 1,
 		.opcode = IBV_WR_RDMA_WRITE,
 		.send_flags = IBV_SEND_SIGNALED,
-	}, *bad = NULL;
-	int ret;
+	};
+	int err;
 
 	if (!res->flush_qp)
 		return rail_ib_protocol_error(c, 0, "an eager message for a GPU buffer, and no "
 					      "loopback QP to copy it");
 	wr.wr.rdma.remote_addr = (uintptr_t)r->bufs[i];
 	wr.wr.rdma.rkey = r->mhs[i]->rkey[0];
-	ret = rail_ibv.post_send(res->flush_qp, &wr, &bad);
-	if (ret) {
-		ret = rail_verbs_err(ret);
-		RAIL_WARN("ibv_post_send(eager loopback copy) on %s:%d qp 0x%x (connection to peer "
-			  "%s) failed: %s", res->dev->hca->name, res->dev->port,
-			  res->flush_qp->qp_num, c->peer, RAIL_ERRSTR(-ret));
-		c->error = -ret;
-		return -ret;
-	}
+	err = rail_ib_loop_post(c, 0, &wr, "eager loopback copy");
+	if (err)
+		return err;
 	s->state = RAIL_IB_RING_LOOP;
 	c->n_loops++;
 	s->r = r;

@@ -20,12 +20,9 @@
 #include "param.h"
 #include "rail.h"
 
-static int flush_wanted(struct rail_ib_comm *c)
+/* Whether a member device can register GPU memory (its ladder reached DMA-BUF or peermem). */
+static int comm_may_see_gpu(const struct rail_ib_comm *c)
 {
-	if (rail_param_int(RAIL_P_GDR_FLUSH_DISABLE))
-		return 0;
-	if (rail_param_int(RAIL_P_IB_FLUSH_HOST))
-		return 1;
 	for (int m = 0; m < c->ndevs; m++) {
 		const struct rail_ib_ladder *l = &c->res[m].dev->hca->ladder;
 
@@ -33,6 +30,15 @@ static int flush_wanted(struct rail_ib_comm *c)
 			return 1;
 	}
 	return 0;
+}
+
+static int flush_wanted(struct rail_ib_comm *c)
+{
+	if (rail_param_int(RAIL_P_GDR_FLUSH_DISABLE))
+		return 0;
+	if (rail_param_int(RAIL_P_IB_FLUSH_HOST))
+		return 1;
+	return comm_may_see_gpu(c);
 }
 
 static int flush_member(struct rail_ib_comm *c, int m)
@@ -85,13 +91,23 @@ int rail_ib_eager_possible(struct rail_ib_comm *c)
 		return 1;
 	if (rail_param_int(RAIL_P_IB_FLUSH_HOST))
 		return 0;
-	for (int m = 0; m < c->ndevs; m++) {
-		const struct rail_ib_ladder *l = &c->res[m].dev->hca->ladder;
+	return !comm_may_see_gpu(c);
+}
 
-		if (l->dmabuf || l->peermem)
-			return 0;
-	}
-	return 1;
+int rail_ib_loop_post(struct rail_ib_comm *c, int m, struct ibv_send_wr *wr, const char *what)
+{
+	struct rail_ib_devres *res = &c->res[m];
+	struct ibv_send_wr *bad = NULL;
+	int ret = rail_ibv.post_send(res->flush_qp, wr, &bad);
+
+	if (rail_likely(!ret))
+		return 0;
+	ret = rail_verbs_err(ret);
+	RAIL_WARN("ibv_post_send(%s) on %s:%d qp 0x%x (connection to peer %s) failed: %s", what,
+		  res->dev->hca->name, res->dev->port, res->flush_qp->qp_num, c->peer,
+		  RAIL_ERRSTR(-ret));
+	c->error = -ret;
+	return -ret;
 }
 
 void rail_ib_flush_fini(struct rail_ib_comm *c)
@@ -137,20 +153,13 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 				       .lkey = res->flush_mr->lkey };
 		struct ibv_send_wr wr = { .wr_id = (uintptr_t)r, .sg_list = &sge, .num_sge = 1,
 					  .opcode = IBV_WR_RDMA_READ,
-					  .send_flags = IBV_SEND_SIGNALED }, *bad = NULL;
-		int ret;
+					  .send_flags = IBV_SEND_SIGNALED };
 
 		wr.wr.rdma.remote_addr = (uintptr_t)data[last];
 		wr.wr.rdma.rkey = mh->rkey[m];
-		ret = rail_ibv.post_send(res->flush_qp, &wr, &bad);
-		if (ret) {
-			ret = rail_verbs_err(ret);
-			RAIL_WARN("ibv_post_send(flush RDMA read) on %s:%d qp 0x%x (connection to peer "
-				  "%s) failed: %s", res->dev->hca->name, res->dev->port,
-				  res->flush_qp->qp_num, c->peer, RAIL_ERRSTR(-ret));
-			c->error = -ret;
-			return -ret;
-		}
+		err = rail_ib_loop_post(c, m, &wr, "flush RDMA read");
+		if (err)
+			return err;
 		r->events[m]++;
 	}
 	return 0;

@@ -82,7 +82,6 @@ void rail_conf_inject_list(FILE *f)
 
 struct track {
 	void *req;
-	void *comm;
 	int n;
 	int dead;		/* hide-error: its error was hidden; never test it again */
 	void *data[RAIL_CONF_MAX_RECVS];
@@ -207,7 +206,7 @@ static ncclResult_t w_irecv(void *rc, int n, void **data, size_t *sizes, int *ta
 		return ncclSuccess;
 	}
 	if (res == ncclSuccess && *req) {
-		struct track t = { .req = *req, .comm = rc, .n = n };
+		struct track t = { .req = *req, .n = n };
 
 		for (int i = 0; i < n && i < RAIL_CONF_MAX_RECVS; i++) {
 			t.data[i] = data[i];
