@@ -1,5 +1,15 @@
-# nccl-net-rail build. `make` builds the plugin, the tools and the tests;
-# `make test` runs every suite; `make install PREFIX=...` installs.
+# nccl-net-rail build.
+#   make                  the plugin and the tools (a C compiler and the
+#                         rdma-core headers, libibverbs-dev, are all it needs)
+#   make check            quick tests: unit (cmocka), exports, README table,
+#                         conformance over TCP, rail-bench across namespaces
+#   make test             everything CI runs: check, sanitizers, clang, the
+#                         Soft-RoCE guest, the fresh-machine root, packages
+#   make install          PREFIX, LIBDIR, BINDIR, DOCDIR, DESTDIR; with
+#                         NCCL_DEFAULT_LINK=1 also libnccl-net.so, the name
+#                         NCCL loads when NCCL_NET_PLUGIN is unset
+#   make uninstall        the same variables
+#   make deb / make rpm   packages in build/pkg/ (packaging/)
 #
 # One static core library (build/librail-core.a) links into the plugin,
 # the tools and the tests. Sources are found by directory, so new files
@@ -12,6 +22,11 @@
 CC      ?= gcc
 BUILD   ?= build
 PREFIX  ?= /usr/local
+LIBDIR  ?= $(PREFIX)/lib
+BINDIR  ?= $(PREFIX)/bin
+DOCDIR  ?= $(PREFIX)/share/doc/nccl-net-rail
+NCCL_DEFAULT_LINK ?= 0
+VERSION := $(shell cat VERSION)
 WERROR  ?= 1
 SAN     ?=
 OPT     ?= -O2
@@ -24,7 +39,7 @@ WARN    := -Wall -Wextra -Wshadow -Wformat=2 -Wmissing-prototypes -Wno-format-no
 ifeq ($(WERROR),1)
 WARN    += -Werror
 endif
-CPPFLAGS += -D_GNU_SOURCE -Iinclude -Isrc
+CPPFLAGS += -D_GNU_SOURCE -Iinclude -Isrc -DRAIL_VERSION='"$(VERSION)"'
 CFLAGS  += -std=c11 $(OPT) -g -fPIC -fvisibility=hidden $(WARN) -pthread
 LDLIBS  += -ldl -pthread
 ifneq ($(SAN),)
@@ -48,15 +63,17 @@ TOOLS       := $(patsubst tools/%.c,$(BUILD)/%,$(subst _,-,$(TOOL_SRCS)))
 UNIT_TESTS  := $(UNIT_SRCS:test/unit/%.c=$(BUILD)/test/unit/%)
 CONFORMANCE := $(BUILD)/rail-conformance
 
-.PHONY: all plugin tools tests test test-unit test-conformance test-abi test-sanitizers \
-	test-clang test-rxe test-readme install clean readme
-all: plugin tools tests
+.PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
+	test-clang test-rxe test-readme test-netns test-fresh test-packages install uninstall \
+	clean readme deb rpm version
+all: plugin tools
 
 plugin: $(PLUGIN)
 tools: $(TOOLS)
 tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE))
 
-$(BUILD)/obj/%.o: %.c
+# Every object depends on VERSION: the number is compiled in (src/rail.h).
+$(BUILD)/obj/%.o: %.c VERSION
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  CC      $<")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -MMD -MP -c $< -o $@
@@ -72,12 +89,12 @@ $(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB) plugin/exports.map
 
 # tools/rail_info.c -> build/rail-info
 .SECONDEXPANSION:
-$(TOOLS): $(BUILD)/%: $$(subst -,_,tools/%.c) $(CORE_LIB)
+$(TOOLS): $(BUILD)/%: $$(subst -,_,tools/%.c) $(CORE_LIB) VERSION
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
-$(BUILD)/test/unit/%: test/unit/%.c $(CORE_LIB)
+$(BUILD)/test/unit/%: test/unit/%.c $(CORE_LIB) VERSION
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(CORE_LIB) -lcmocka $(LDLIBS)
@@ -102,7 +119,11 @@ test-conformance: $(PLUGIN) $(CONFORMANCE)
 	NCCL_RAIL_TRANSPORT=tcp $(CONFORMANCE) --plugin $(PLUGIN)
 	NCCL_RAIL_TRANSPORT=tcp $(CONFORMANCE) --plugin $(PLUGIN) --self-test
 
-# The conformance suite under AddressSanitizer and UBSan, in its own tree.
+# rail-bench --server / --client in two network namespaces joined by a veth
+# pair (root; skips saying why otherwise).
+test-netns: all
+	test/netns/run.sh $(BUILD)
+
 # The unit tests and the conformance suite under AddressSanitizer (leaks
 # included) and UndefinedBehaviorSanitizer, in their own build tree.
 test-sanitizers:
@@ -113,26 +134,71 @@ test-sanitizers:
 
 # Everything must also build warning-free with clang.
 test-clang:
-	$(MAKE) BUILD=build-clang CC=clang all
+	$(MAKE) BUILD=build-clang CC=clang all tests
 
 test-readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info
 
 # The verbs tests in a Soft-RoCE guest (test/rxe/), with the live verbs unit
 # test also built under the sanitizers.
-test-rxe: all
+test-rxe: all tests
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live
 	test/rxe/run.sh
 
-test: all test-unit test-abi test-readme test-conformance test-sanitizers test-clang test-rxe
+# The README's commands in a fresh Debian 12 root (debootstrap, cached in
+# build/fresh-cache), then the .deb installed there (test/fresh/).
+test-fresh: deb
+	test/fresh/run.sh
+
+# The packages build, and the .deb holds what it must (test/packaging.sh).
+test-packages: deb
+	test/check-packages.sh $(BUILD)/pkg
+
+check: all tests test-unit test-abi test-readme test-conformance test-netns
+
+test: check test-sanitizers test-clang test-packages test-fresh test-rxe
 
 readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info --update
 
+version:
+	@echo $(VERSION)
+
+# ---- install -------------------------------------------------------------
+
 install: all
-	install -d $(DESTDIR)$(PREFIX)/lib $(DESTDIR)$(PREFIX)/bin
-	install -m 0755 $(PLUGIN) $(DESTDIR)$(PREFIX)/lib/
-	install -m 0755 $(TOOLS) $(DESTDIR)$(PREFIX)/bin/
+	install -d $(DESTDIR)$(LIBDIR) $(DESTDIR)$(BINDIR) $(DESTDIR)$(DOCDIR)
+	install -m 0755 $(PLUGIN) $(DESTDIR)$(LIBDIR)/
+	install -m 0755 $(TOOLS) $(DESTDIR)$(BINDIR)/
+	install -m 0644 README.md LICENSE CHANGELOG.md nccl-net.conf.example $(DESTDIR)$(DOCDIR)/
+	install -m 0644 docs/*.md $(DESTDIR)$(DOCDIR)/
+ifeq ($(NCCL_DEFAULT_LINK),1)
+	ln -sf libnccl-net-rail.so $(DESTDIR)$(LIBDIR)/libnccl-net.so
+endif
+	@if [ -z "$(DESTDIR)" ] && command -v ldconfig >/dev/null && [ "$$(id -u)" = 0 ]; then \
+		ldconfig; \
+	fi
+	@echo "installed $(DESTDIR)$(LIBDIR)/libnccl-net-rail.so; NCCL finds it by name when"
+	@echo "$(LIBDIR) is on the loader's path (docs/DEPLOY.md): else set"
+	@echo "NCCL_NET_PLUGIN=$(LIBDIR)/libnccl-net-rail.so (NCCL 2.21+) or LD_LIBRARY_PATH."
+
+uninstall:
+	rm -f $(DESTDIR)$(LIBDIR)/libnccl-net-rail.so
+	@if [ -L $(DESTDIR)$(LIBDIR)/libnccl-net.so ] && \
+	    [ "$$(readlink $(DESTDIR)$(LIBDIR)/libnccl-net.so)" = libnccl-net-rail.so ]; then \
+		echo "rm -f $(DESTDIR)$(LIBDIR)/libnccl-net.so"; rm -f $(DESTDIR)$(LIBDIR)/libnccl-net.so; \
+	fi
+	rm -f $(patsubst $(BUILD)/%,$(DESTDIR)$(BINDIR)/%,$(TOOLS))
+	rm -rf $(DESTDIR)$(DOCDIR)
+
+# ---- packages ------------------------------------------------------------
+
+deb: all
+	packaging/make-deb.sh $(BUILD) $(VERSION)
+
+rpm:
+	packaging/make-rpm.sh $(BUILD) $(VERSION)
 
 clean:
-	rm -rf build build-san build-clang
+	rm -rf $(BUILD)/obj $(BUILD)/test $(BUILD)/pkg $(BUILD)/*.a $(BUILD)/*.so $(TOOLS) \
+		$(CONFORMANCE) build-san build-clang

@@ -10,7 +10,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define RAIL_VERSION_STRING "0.1.0"
+/*
+ * The one version number (file VERSION at the top of the tree): the .so, the
+ * tools' --version, the init log line and the packages all use it. The
+ * Makefile passes it in; a build by other means must pass it too.
+ */
+#ifndef RAIL_VERSION
+#error "RAIL_VERSION is not defined: build with make (it reads the file VERSION)"
+#endif
+#define RAIL_VERSION_STRING RAIL_VERSION
 
 #define RAIL_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
 #define RAIL_MIN(a, b) ((a) < (b) ? (a) : (b))

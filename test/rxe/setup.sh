@@ -64,8 +64,10 @@ need_root() {
 install_packages() {
     local missing=() p
     local installed
-    installed=" $(dpkg-query -W -f='${db:Status-Status} ${Package}\n' "${PACKAGES[@]}" 2>/dev/null |
-        sed -n 's/^installed //p' | tr '\n' ' ') "
+    # dpkg-query exits 1 when any of them is not installed (or unknown): that
+    # is the normal case on a fresh machine, not an error.
+    installed=" $({ dpkg-query -W -f='${db:Status-Status} ${Package}\n' "${PACKAGES[@]}" 2>/dev/null ||
+        true; } | sed -n 's/^installed //p' | tr '\n' ' ') "
     for p in "${PACKAGES[@]}"; do
         case $installed in *" $p "*) ;; *) missing+=("$p") ;; esac
     done
