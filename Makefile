@@ -64,7 +64,7 @@ UNIT_TESTS  := $(UNIT_SRCS:test/unit/%.c=$(BUILD)/test/unit/%)
 CONFORMANCE := $(BUILD)/rail-conformance
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
-	test-clang test-rxe test-readme test-netns test-fresh test-packages install uninstall \
+	test-clang test-rxe test-rxe-smoke test-readme test-netns test-fresh test-packages install uninstall \
 	clean readme deb rpm version
 all: plugin tools
 
@@ -144,6 +144,10 @@ test-readme: $(BUILD)/rail-info
 test-rxe: all tests
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live
 	test/rxe/run.sh
+
+# One boot of the guest with its smoke test (the fresh-machine test uses it).
+test-rxe-smoke: all tests
+	test/rxe/run.sh --tests 00-smoke
 
 # The README's commands in a fresh Debian 12 root (debootstrap, cached in
 # build/fresh-cache), then the .deb installed there (test/fresh/).

@@ -1,0 +1,236 @@
+#!/usr/bin/env bash
+# The fresh-machine test (make test-fresh): what a newcomer meets on a new
+# Debian 12 machine, proven in a Debian 12 root built from Debian's packages.
+#
+#   test/fresh/run.sh [--keep] [--quick]
+#
+# 1. debootstrap --variant=minbase bookworm, cached as a tarball in
+#    build/fresh-cache (rebuilt after 7 days), unpacked anew for each part.
+#    The root gets what a Debian 12 cloud image also has and minbase lacks:
+#    sudo, a user "newcomer" who may use it, the host's apt sources (main,
+#    updates, security) and resolv.conf. Nothing of the project's.
+# 2. Quick start: the checkout (tracked files and new, not ignored ones;
+#    never build/) is copied to /home/newcomer/nccl-net-rail, and the command
+#    lines of README.md between <!-- quickstart:begin --> and
+#    <!-- quickstart:end --> run there, one by one, as newcomer, exactly as
+#    written. `sudo .ci/run` runs with RAIL_CI_TARGET="check test-rxe-smoke"
+#    (kept through sudo by the root's sudoers): it installs every test
+#    dependency and the Soft-RoCE kernel, as on CI, then runs the quick
+#    tests and boots the Soft-RoCE guest once, not the whole of make test
+#    (which would start this test again). Before that it checks that the
+#    first command built the plugin and tools without libcmocka-dev.
+# 3. Package: a second fresh root gets build/pkg/nccl-net-rail_*.deb with
+#    `apt-get install ./file.deb` only, then: rail-info --version;
+#    rail-info --check with NCCL_NET_PLUGIN=rail must find the plugin NCCL
+#    would load, by name, in the system library directory; a two-process
+#    rail-bench run with its byte check.
+# --quick skips the sudo .ci/run line of part 2 (QEMU and the guest).
+# Every part runs in a private mount namespace (unshare -m), so /proc, /sys
+# and /dev/pts mounted for the root vanish with it. Output of each part goes
+# to build/fresh-runs/<part>.log; the last 40 lines are printed on failure.
+# Exit status: 0 pass, 1 a step failed, 2 cannot run here (not root, no
+# debootstrap); a skip says why.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd)
+CACHE=${FRESH_CACHE:-$REPO/build/fresh-cache}
+RUNS=$REPO/build/fresh-runs
+SUITE=bookworm
+MIRROR=${FRESH_MIRROR:-http://deb.debian.org/debian}
+USER_NAME=newcomer
+
+keep=0
+quick=0
+for arg in "$@"; do
+	case $arg in
+	--keep) keep=1 ;;
+	--quick) quick=1 ;;
+	-h | --help) sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//;/^set -e/d'; exit 0 ;;
+	*) echo "fresh: unknown argument $arg" >&2; exit 2 ;;
+	esac
+done
+
+log() { printf 'fresh: [%4ds] %s\n' "$SECONDS" "$*"; }
+die() { echo "fresh: FAIL: $*" >&2; exit 1; }
+
+if [ "$(id -u)" != 0 ]; then
+	echo "SKIP: fresh: needs root (debootstrap, chroot, mounts)"
+	exit 0
+fi
+command -v debootstrap >/dev/null || { echo "fresh: debootstrap not installed (apt-get install debootstrap)" >&2; exit 2; }
+command -v unshare >/dev/null || { echo "fresh: unshare not found (util-linux)" >&2; exit 2; }
+
+mkdir -p "$CACHE" "$RUNS"
+tarball=$CACHE/$SUITE-minbase.tar
+
+# The cached minbase root, made once a week.
+base_root() {
+	if [ -s "$tarball" ] && [ -z "$(find "$tarball" -mtime +7)" ]; then
+		return 0
+	fi
+	local tmp=$CACHE/.debootstrap.$$
+	rm -rf "$tmp"
+	log "debootstrap --variant=minbase $SUITE (cached in $tarball)"
+	if ! debootstrap --variant=minbase "$SUITE" "$tmp" "$MIRROR" >"$RUNS/debootstrap.log" 2>&1; then
+		tail -n 20 "$RUNS/debootstrap.log" >&2
+		rm -rf "$tmp"
+		die "debootstrap failed (log: $RUNS/debootstrap.log)"
+	fi
+	tar -C "$tmp" -cf "$tarball.tmp" .
+	mv "$tarball.tmp" "$tarball"
+	rm -rf "$tmp"
+}
+
+# Refuse to delete a root that still has something mounted under it.
+remove_root() {
+	local root=$1
+	[ -d "$root" ] || return 0
+	if grep -q " $root/" /proc/self/mounts; then
+		echo "fresh: $root still has mounts; not removing it" >&2
+		return 1
+	fi
+	rm -rf "$root"
+}
+
+cleanup() {
+	local r
+	for r in "$RUNS"/*.root; do
+		[ -d "$r" ] || continue
+		if [ "$keep" = 1 ]; then log "kept $r"; else remove_root "$r"; fi
+	done
+	return 0
+}
+trap cleanup EXIT
+
+# new_root NAME: a fresh copy of the cached root with the cloud-image basics,
+# in $ROOT.
+new_root() {
+	local root=$RUNS/$1.root
+	ROOT=$root
+	remove_root "$root"
+	mkdir -p "$root"
+	tar -C "$root" -xf "$tarball"
+	rm -f "$root/etc/apt/sources.list"
+	cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/" 2>/dev/null ||
+		cp /etc/apt/sources.list "$root/etc/apt/sources.list"
+	cp -L /etc/resolv.conf "$root/etc/resolv.conf"
+	echo "fresh-$1" >"$root/etc/hostname"
+	printf '127.0.0.1 localhost fresh-%s\n::1 localhost\n' "$1" >"$root/etc/hosts"
+	in_root "$root" root "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sudo >/dev/null" ||
+		die "cannot install sudo in the fresh root"
+	in_root "$root" root "useradd -m -s /bin/bash $USER_NAME &&
+		echo '$USER_NAME ALL=(ALL) NOPASSWD:ALL' >/etc/sudoers.d/$USER_NAME &&
+		echo 'Defaults env_keep += \"RAIL_CI_TARGET\"' >/etc/sudoers.d/rail-ci &&
+		chmod 0440 /etc/sudoers.d/$USER_NAME /etc/sudoers.d/rail-ci"
+}
+
+# in_root ROOT USER COMMAND: run COMMAND with bash -e in ROOT as USER, in a
+# private mount namespace with /proc, /sys and /dev/pts mounted.
+in_root() {
+	local root=$1 user=$2 cmd=$3
+	unshare -m --propagation private bash -c '
+		set -e
+		root=$1; user=$2; cmd=$3
+		mount -t proc proc "$root/proc"
+		mount -t sysfs sysfs "$root/sys"
+		mkdir -p "$root/dev/pts" "$root/dev/shm"
+		mount -t devpts -o newinstance,ptmxmode=0666 devpts "$root/dev/pts"
+		mount -t tmpfs tmpfs "$root/dev/shm"
+		mount -t tmpfs tmpfs "$root/run"
+		exec chroot "$root" /usr/bin/env -i TERM=dumb \
+			/usr/sbin/runuser -l "$user" -c "exec /bin/bash -e -o pipefail -c $(printf %q "$cmd")"
+	' in_root "$root" "$user" "$cmd"
+}
+
+# The README's quick-start command lines (inside the code fence between the markers).
+quickstart_lines() {
+	sed -n '/^<!-- quickstart:begin -->$/,/^<!-- quickstart:end -->$/p' "$REPO/README.md" |
+		sed -n '/^```/,/^```/p' | sed '/^```/d;/^[[:space:]]*$/d'
+}
+
+copy_checkout() {
+	local dest=$1
+	mkdir -p "$dest"
+	(cd "$REPO" && git ls-files -z --cached --others --exclude-standard |
+		while IFS= read -r -d '' f; do [ -e "$f" ] && printf '%s\0' "$f"; done |
+		tar --null -T - -cf -) | tar -xf - -C "$dest"
+	[ -d "$REPO/.git" ] && cp -a "$REPO/.git" "$dest/.git" 2>/dev/null || true
+}
+
+# run_part NAME COMMAND...: log to RUNS/NAME.log, print the tail on failure.
+# The part runs in a subshell outside any condition, so set -e holds in it.
+run_part() {
+	local name=$1 t0=$SECONDS rc=0
+	shift
+	log "$name ..."
+	set +e
+	("$@") >"$RUNS/$name.log" 2>&1
+	rc=$?
+	set -e
+	if [ "$rc" = 0 ]; then
+		log "$name: ok ($((SECONDS - t0)) s)"
+		return 0
+	fi
+	echo "---- last lines of $RUNS/$name.log" >&2
+	tail -n 40 "$RUNS/$name.log" >&2
+	die "$name failed after $((SECONDS - t0)) s"
+}
+
+quickstart() {
+	local root src n=0 line
+	new_root quickstart
+	root=$ROOT
+	src=$root/home/$USER_NAME/nccl-net-rail
+	copy_checkout "$src"
+	in_root "$root" root "chown -R $USER_NAME: /home/$USER_NAME/nccl-net-rail"
+	mapfile -t lines < <(quickstart_lines)
+	[ "${#lines[@]}" -ge 2 ] || die "README.md has no quick-start block with two commands (markers <!-- quickstart:begin/end -->)"
+	for line in "${lines[@]}"; do
+		n=$((n + 1))
+		case $line in
+		*".ci/run"*)
+			[ "$quick" = 1 ] && { echo "SKIP: quick-start line $n ($line): --quick"; continue; }
+			# The first line must have built everything without cmocka.
+			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && test -x build/libnccl-net-rail.so &&
+				test -x build/rail-info && test -x build/rail-bench && ! dpkg -s libcmocka-dev >/dev/null 2>&1" ||
+				die "after quick-start line 1 the plugin and tools are not all built, or cmocka was installed"
+			echo "== quick-start line $n: $line   (RAIL_CI_TARGET=check test-rxe-smoke)"
+			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && export RAIL_CI_TARGET='check test-rxe-smoke' && $line"
+			;;
+		*)
+			echo "== quick-start line $n: $line"
+			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && $line"
+			;;
+		esac
+	done
+}
+
+package() {
+	local root deb multiarch
+	multiarch=$(gcc -print-multiarch)
+	deb=$(ls "$REPO"/build/pkg/nccl-net-rail_"$(cat "$REPO/VERSION")"_*.deb 2>/dev/null | head -n1 || true)
+	[ -n "$deb" ] || die "no .deb in build/pkg (make deb)"
+	new_root package
+	root=$ROOT
+	cp "$deb" "$root/tmp/"
+	in_root "$root" "$USER_NAME" "cd /tmp && sudo apt-get install -y ./$(basename "$deb")"
+	in_root "$root" "$USER_NAME" "multiarch=$multiarch"'
+		set -x
+		rail-info --version
+		rail-bench --version
+		rail-rawtcp --version
+		# NCCL_NET_PLUGIN=rail must find the installed plugin by name, without ldconfig or LD_LIBRARY_PATH.
+		rc=0; NCCL_NET_PLUGIN=rail rail-info --check >/tmp/check.txt 2>&1 || rc=$?
+		cat /tmp/check.txt
+		[ "$rc" -le 1 ] || { echo "rail-info --check exited $rc"; exit 1; }
+		grep -q "/usr/lib/$multiarch/libnccl-net-rail.so" /tmp/check.txt
+		NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME=lo rail-bench -e 1M -c
+	'
+}
+
+t0=$SECONDS
+base_root
+run_part quickstart quickstart
+run_part package package
+log "all passed in $((SECONDS - t0)) s"

@@ -1,0 +1,2 @@
+#!/bin/sh
+echo "SKIP: test-netns: placeholder until rail-bench across hosts lands"
