@@ -882,6 +882,13 @@ static int oob_server(const char *spec, double timeout, struct bench_side *s)
 			err == -ETIMEDOUT ? "" : RAIL_ERRSTR(err));
 		return -1;
 	}
+	if (peer.sa.sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&peer.sin6.sin6_addr)) {
+		union rail_sockaddr v4 = { .sin = { .sin_family = AF_INET,
+						    .sin_port = peer.sin6.sin6_port } };
+
+		memcpy(&v4.sin.sin_addr, &peer.sin6.sin6_addr.s6_addr[12], 4);
+		peer = v4;
+	}
 	rail_sockaddr_str(&peer, s->peer_addr, sizeof(s->peer_addr));
 	s->role = 0;
 	return 0;
@@ -972,6 +979,16 @@ static int check_opts(const struct bench_opts *o)
 		bad = "--server and --client: one or the other";
 	else if (o->timeout <= 0)
 		bad = "--timeout must be a positive number of seconds";
+	if (!bad && (o->server || o->client)) {
+		char host[256];
+		int port;
+
+		if (split_endpoint(o->server ? "--server" : "--client", o->server ? o->server :
+				   o->client, host, sizeof(host), &port))
+			return -1;
+		if (o->client && !host[0])
+			bad = "--client needs the server's host, as in --client 10.0.0.2:5000";
+	}
 	if (bad)
 		fprintf(stderr, "rail-bench: %s (--help lists the options)\n", bad);
 	return bad ? -1 : 0;
