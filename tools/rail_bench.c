@@ -485,9 +485,9 @@ static void device_text(int dev, const char *devs, char *out, size_t len)
 		end = tail ? tail : p + strlen(p);
 	snprintf(out, len, "device %d = %.*s%s%s%s", dev, (int)(end - p), p, tail ? " (" : "",
 		 tail ? tail + 2 : "", tail ? ")" : "");
-	z = strstr(out, ":0 ");
-	if (z)
-		memmove(z, z + 2, strlen(z + 2) + 1);
+	for (z = strstr(out, ":0"); z; z = strstr(z + 1, ":0"))
+		if (z[2] == ' ' || z[2] == ')' || z[2] == '\0')
+			memmove(z, z + 2, strlen(z + 2) + 1);
 }
 
 static void opts_pack(const struct bench_opts *o, uint64_t *v)
