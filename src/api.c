@@ -25,6 +25,7 @@ static int api_refs;		/* live contexts, plus one for a legacy init */
 static int api_legacy;
 static const struct rail_transport_ops *api_ops;
 static int api_topo_fd = -1;	/* the NCCL topology memfd we exported */
+static char api_why[512];	/* why api_ops was chosen */
 
 ncclResult_t rail_result(int err)
 {
@@ -115,6 +116,7 @@ static ncclResult_t init_locked(ncclDebugLogger_t logger, int abi_version)
 	}
 	api_ops = ops;
 	api_refs++;
+	rail_strlcpy(api_why, why, sizeof(api_why));
 	ops->describe(devs, sizeof(devs));
 	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET,
 		  "nccl-net-rail %s (net ABI v%d): using the %s transport because %s; %s",
@@ -192,6 +194,22 @@ ncclResult_t rail_net_finalize(void *ctx)
 	}
 	pthread_mutex_unlock(&api_lock);
 	return ncclSuccess;
+}
+
+int rail_net_transport_info(const char **name, char *why, size_t why_len, char *devs,
+			    size_t devs_len)
+{
+	int err = -ENODEV;
+
+	pthread_mutex_lock(&api_lock);
+	if (api_ops) {
+		*name = api_ops->name;
+		rail_strlcpy(why, api_why, why_len);
+		api_ops->describe(devs, devs_len);
+		err = 0;
+	}
+	pthread_mutex_unlock(&api_lock);
+	return err;
 }
 
 static const struct rail_transport_ops *ops_or_warn(const char *call)

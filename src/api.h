@@ -17,6 +17,12 @@ ncclResult_t rail_net_init(void **ctx, uint64_t comm_id, int traffic_class,
 /* v6-v10: one process-wide init, never finalized. */
 ncclResult_t rail_net_init_legacy(ncclDebugLogger_t logger, int abi_version);
 ncclResult_t rail_net_finalize(void *ctx);
+/*
+ * For the tools: the transport in use, why it was chosen, and its one-line
+ * device summary (as in the init log line). -ENODEV before init.
+ */
+int rail_net_transport_info(const char **name, char *why, size_t why_len, char *devs,
+			    size_t devs_len);
 ncclResult_t rail_net_devices(int *ndev);
 ncclResult_t rail_net_get_properties(int dev, struct rail_props *props);
 ncclResult_t rail_net_listen(void *ctx, int dev, void *handle, void **listen_comm);

@@ -110,6 +110,34 @@ int rail_sockaddr_parse(const char *text, union rail_sockaddr *out)
 	return 0;
 }
 
+int rail_hostport_split(const char *text, char *host, size_t host_len, int *port)
+{
+	const char *colon, *p;
+	char *end;
+	long v;
+
+	if (text[0] == '[') {
+		colon = strchr(text, ']');
+		if (!colon || colon[1] != ':' || (size_t)(colon - text - 1) >= host_len)
+			return -EINVAL;
+		snprintf(host, host_len, "%.*s", (int)(colon - text - 1), text + 1);
+		p = colon + 2;
+	} else {
+		colon = strrchr(text, ':');
+		if (colon && strchr(text, ':') != colon)
+			return -EDESTADDRREQ;
+		if (colon && (size_t)(colon - text) >= host_len)
+			return -EINVAL;
+		snprintf(host, host_len, "%.*s", colon ? (int)(colon - text) : 0, text);
+		p = colon ? colon + 1 : text;
+	}
+	v = strtol(p, &end, 10);
+	if (!*p || *end || v < 1 || v > 65535)
+		return -EINVAL;
+	*port = (int)v;
+	return 0;
+}
+
 int rail_sock_set_nonblocking(int fd, int on)
 {
 	int flags = fcntl(fd, F_GETFL);
@@ -209,6 +237,44 @@ int rail_sock_connect_done(int fd)
 	if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len))
 		return -errno;
 	return err ? -err : 0;
+}
+
+int rail_sock_connect_by(const union rail_sockaddr *addr, uint64_t deadline_ns, int retry_refused,
+			 int *fd_out)
+{
+	for (;;) {
+		struct pollfd p = { .events = POLLOUT };
+		int64_t left_ms = ((int64_t)deadline_ns - (int64_t)rail_now_ns()) / 1000000;
+		int err = rail_sock_connect_start(addr, &p.fd);
+
+		if (err)
+			return err;
+		if (left_ms > 0 && poll(&p, 1, (int)left_ms) < 0)
+			err = -errno;
+		if (!err)
+			err = rail_sock_connect_done(p.fd);
+		if (err == -EAGAIN)
+			err = -ETIMEDOUT;
+		if (!err) {
+			*fd_out = p.fd;
+			return 0;
+		}
+		close(p.fd);
+		if (err != -ECONNREFUSED || !retry_refused ||
+		    rail_now_ns() + 200000000ull > deadline_ns)
+			return err;
+		usleep(200000);
+	}
+}
+
+int rail_sock_accept_wait(int listen_fd, int timeout_ms, int *fd_out, union rail_sockaddr *peer)
+{
+	struct pollfd p = { .fd = listen_fd, .events = POLLIN };
+	int n = poll(&p, 1, timeout_ms);
+
+	if (n < 0)
+		return -errno;
+	return n == 0 ? -ETIMEDOUT : rail_sock_accept(listen_fd, fd_out, peer);
 }
 
 int rail_sock_accept(int listen_fd, int *fd_out, union rail_sockaddr *peer)

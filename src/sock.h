@@ -7,6 +7,7 @@
 
 #include <netinet/in.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 
@@ -27,6 +28,13 @@ void rail_sockaddr_set_port(union rail_sockaddr *a, int port);
 /* Parse "ip", "ip:port", "[ipv6]:port". */
 int rail_sockaddr_parse(const char *text, union rail_sockaddr *out);
 
+/*
+ * "PORT", "HOST:PORT" or "[IPv6]:PORT": host gets HOST ("" when absent, no
+ * brackets). -EINVAL unless the port is 1..65535 or a bracket is missing;
+ * -EDESTADDRREQ for an IPv6 address without brackets.
+ */
+int rail_hostport_split(const char *text, char *host, size_t host_len, int *port);
+
 /* Listening socket on addr (port 0: any); *bound gets the real address. */
 int rail_sock_listen(const union rail_sockaddr *addr, int backlog, int *fd_out,
 		     union rail_sockaddr *bound);
@@ -34,6 +42,15 @@ int rail_sock_listen(const union rail_sockaddr *addr, int backlog, int *fd_out,
 int rail_sock_connect_start(const union rail_sockaddr *addr, int *fd_out);
 /* 0 when connected, -EAGAIN while in progress, -errno on failure. */
 int rail_sock_connect_done(int fd);
+/*
+ * A blocking-style connect that gives up at deadline_ns (rail_now_ns()):
+ * -ETIMEDOUT then. With retry_refused, a refusal is retried every 200 ms
+ * until the deadline (a server that is not up yet); the last error is returned.
+ */
+int rail_sock_connect_by(const union rail_sockaddr *addr, uint64_t deadline_ns, int retry_refused,
+			 int *fd_out);
+/* Wait up to timeout_ms for one connection: -ETIMEDOUT when none came. */
+int rail_sock_accept_wait(int listen_fd, int timeout_ms, int *fd_out, union rail_sockaddr *peer);
 /* -EAGAIN when nothing is pending. */
 int rail_sock_accept(int listen_fd, int *fd_out, union rail_sockaddr *peer);
 

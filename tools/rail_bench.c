@@ -1,19 +1,23 @@
 /*
  * rail-bench: latency and bandwidth of the plugin between two processes.
  *
- *   rail-bench [options]                 two processes on this host (fork)
- *   rail-bench --server PORT [options]    one side of a two-host run
- *   rail-bench --client HOST:PORT [opts]  the other side
+ *   rail-bench [options]                       two processes on this host (fork)
+ *   rail-bench --server [ADDR:]PORT [options]  one side of a two-host run
+ *   rail-bench --client HOST:PORT [options]    the other side; its options
+ *                                              are the run's (the server adopts them)
  *
  * Both processes use the plugin's version-neutral API (the same code NCCL
  * reaches through the ABI shims), with the transport chosen as the plugin
  * chooses it (NCCL_RAIL_TRANSPORT). Latency is half the round trip of a
  * ping-pong; bandwidth is one direction with a window of messages in
- * flight, like NCCL's pipelined steps.
+ * flight, like NCCL's pipelined steps. --total moves a given number of
+ * bytes instead of the size sweep, and --verify checks every byte of it.
  */
 #include <getopt.h>
 #include <sched.h>
 #include <inttypes.h>
+#include <netdb.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +26,11 @@
 #include <unistd.h>
 
 #include "api.h"
+#include "handle.h"
 #include "log.h"
 #include "rail.h"
 #include "sock.h"
+#include "wire.h"
 
 struct bench_opts {
 	size_t min_size, max_size;
@@ -36,34 +42,72 @@ struct bench_opts {
 	int comms;	/* parallel connections per direction */
 	int bidir;	/* bandwidth in both directions at once */
 	double seconds;
+	uint64_t total;	/* --total: bytes to move one way (0: the size sweep) */
+	size_t msg;	/* --msg: message size of --total */
+	int verify;	/* --verify: every byte of --total checked */
+	double timeout;	/* seconds to wait for the peer, or for progress */
+	uint64_t corrupt; /* --corrupt: 1 + the stream offset of a byte the sender flips */
+	const char *server, *client;
 };
 
 #define BENCH_MAX_COMMS 16
 #define BENCH_MAX_WINDOW 64
+#define BENCH_HELLO_SIZE 1024
+#define BENCH_NOPTS 17
 
 struct bench_side {
-	int role; /* 0 = A (starts the ping), 1 = B */
+	int role; /* 0 = A (server: starts the ping, sends), 1 = B (client) */
 	int oob;  /* out-of-band socket to the peer */
+	int dev;
+	int across;	/* --server/--client: both sides print */
+	char peer_addr[RAIL_ADDR_STRLEN];
 	int ncomms;
 	void *ctx;
 	void *send[BENCH_MAX_COMMS], *recv[BENCH_MAX_COMMS];
 	void *smh[BENCH_MAX_COMMS], *rmh[BENCH_MAX_COMMS];
 	void *sbuf, *rbuf;
+	size_t slen, rlen;
+	char peer_data[160]; /* the peer's data address, from its handle */
 };
 
-#define CHECK(call)                                                                  \
-	do {                                                                         \
-		ncclResult_t r_ = (call);                                            \
-		if (r_ != ncclSuccess) {                                             \
-			fprintf(stderr, "rail-bench: %s failed: result %d\n", #call, r_); \
-			exit(1);                                                     \
-		}                                                                    \
+/* What each side tells the other before anything else. */
+struct bench_hello {
+	uint32_t role;
+	uint64_t opt[BENCH_NOPTS];
+	struct { char version[32], transport[16], host[64], dev[256]; } str;
+};
+
+static const char *result_text(ncclResult_t r)
+{
+	switch (r) {
+	case ncclRemoteError:
+		return "the peer failed, or the network between the hosts dropped the connection";
+	case ncclSystemError:
+		return "a system or device error on this host";
+	case ncclInvalidUsage:
+	case ncclInvalidArgument:
+		return "rail-bench asked for something the transport does not allow";
+	default:
+		return "an internal error in the plugin";
+	}
+}
+
+/* what: the step in the user's words ("connecting to the peer"). */
+#define CHECK(call, what)                                                              \
+	do {                                                                           \
+		ncclResult_t r_ = (call);                                              \
+		if (r_ != ncclSuccess) {                                               \
+			fprintf(stderr, "rail-bench: %s failed: %s (the plugin's "     \
+				"warnings above say more)\n", (what), result_text(r_)); \
+			exit(1);                                                       \
+		}                                                                      \
 	} while (0)
 
 static void oob_xchg(int fd, const void *out, void *in, size_t len)
 {
 	if (rail_sock_send_all(fd, out, len) || rail_sock_recv_all(fd, in, len)) {
-		fprintf(stderr, "rail-bench: lost the out-of-band connection to the peer\n");
+		fprintf(stderr, "rail-bench: the peer closed the control connection: it failed "
+			"or was stopped (see its output)\n");
 		exit(1);
 	}
 }
@@ -75,34 +119,107 @@ static void oob_barrier(int fd)
 	oob_xchg(fd, &a, &b, 1);
 }
 
+static double secs_since(uint64_t t0)
+{
+	return (double)(rail_now_ns() - t0) / 1e9;
+}
+
 /* ncomms connections in each direction, all through one listen comm. */
-static void connect_all(struct bench_side *s, int dev)
+static void connect_all(struct bench_side *s, int dev, double timeout)
 {
 	char mine[NCCL_NET_HANDLE_MAXSIZE], theirs[NCCL_NET_HANDLE_MAXSIZE];
+	struct rail_handle ph;
+	char why[128];
 	void *lc = NULL;
+	uint64_t t0 = rail_now_ns();
 
-	CHECK(rail_net_listen(s->ctx, dev, mine, &lc));
+	CHECK(rail_net_listen(s->ctx, dev, mine, &lc), "listening for the peer's data connections");
 	oob_xchg(s->oob, mine, theirs, sizeof(mine));
+	if (rail_handle_decode(theirs, sizeof(theirs), &ph, why, sizeof(why)) == 0)
+		rail_sockaddr_str(&ph.addr, s->peer_data, sizeof(s->peer_data));
+	else
+		snprintf(s->peer_data, sizeof(s->peer_data), "(unreadable: %s)", why);
 	for (int c = 0; c < s->ncomms; c++) {
 		char h[NCCL_NET_HANDLE_MAXSIZE];
 
 		memcpy(h, theirs, sizeof(h));
 		while (!s->send[c] || !s->recv[c]) {
 			if (!s->send[c])
-				CHECK(rail_net_connect(s->ctx, dev, -1, h, &s->send[c]));
+				CHECK(rail_net_connect(s->ctx, dev, -1, h, &s->send[c]),
+				      "connecting to the peer's data address");
 			if (!s->recv[c])
-				CHECK(rail_net_accept(lc, &s->recv[c]));
+				CHECK(rail_net_accept(lc, &s->recv[c]),
+				      "accepting the peer's data connection");
+			if (s->send[c] && s->recv[c])
+				break;
+			if (secs_since(t0) > timeout) {
+				fprintf(stderr, "rail-bench: the data connections with the peer did "
+					"not complete within %.0f s (its data address is %s: is it "
+					"reachable from here? NCCL_SOCKET_IFNAME picks the interface "
+					"on each side, NCCL_IB_HCA the RDMA device)\n", timeout,
+					s->peer_data);
+				exit(1);
+			}
+			usleep(100);
 		}
 	}
-	CHECK(rail_net_close_listen(lc));
+	CHECK(rail_net_close_listen(lc), "closing the listener");
 }
+
+/* ---- data pattern (--verify) ----------------------------------------- */
+
+/* Byte i of message msg: depends on the offset and on the message number. */
+static inline uint64_t pattern_word(uint64_t msg, uint64_t word)
+{
+	return ((msg << 32) ^ word) * 0x9e3779b97f4a7c15ull + msg;
+}
+
+static void pattern_fill(unsigned char *b, size_t size, uint64_t msg)
+{
+	size_t i = 0;
+
+	for (; i + 8 <= size; i += 8) {
+		uint64_t v = pattern_word(msg, i / 8);
+
+		memcpy(b + i, &v, 8);
+	}
+	if (i < size) {
+		uint64_t v = pattern_word(msg, i / 8);
+
+		memcpy(b + i, &v, size - i);
+	}
+}
+
+/* The offset of the first wrong byte, or size when all are right. */
+static size_t pattern_check(const unsigned char *b, size_t size, uint64_t msg)
+{
+	unsigned char want[8];
+	size_t i = 0;
+
+	for (; i + 8 <= size; i += 8) {
+		uint64_t v = pattern_word(msg, i / 8);
+
+		if (memcmp(b + i, &v, 8))
+			break;
+	}
+	for (; i < size; i++) {
+		uint64_t v = pattern_word(msg, i / 8);
+
+		memcpy(want, &v, 8);
+		if (b[i] != want[i % 8])
+			return i;
+	}
+	return size;
+}
+
+/* ---- latency --------------------------------------------------------- */
 
 static void wait_req(void *req, int *size)
 {
 	int done = 0;
 
 	while (!done)
-		CHECK(rail_net_test(req, &done, size));
+		CHECK(rail_net_test(req, &done, size), "waiting for a transfer");
 }
 
 static void *post_send(struct bench_side *s, int c, size_t size)
@@ -110,7 +227,8 @@ static void *post_send(struct bench_side *s, int c, size_t size)
 	void *req = NULL;
 
 	while (!req)
-		CHECK(rail_net_isend(s->send[c], s->sbuf, size, s->role, s->smh[c], &req));
+		CHECK(rail_net_isend(s->send[c], s->sbuf, size, s->role, s->smh[c], &req),
+		      "posting a send");
 	return req;
 }
 
@@ -120,7 +238,8 @@ static void *post_recv(struct bench_side *s, int c, char *buf, size_t size)
 	int tag = !s->role;
 
 	while (!req)
-		CHECK(rail_net_irecv(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], &req));
+		CHECK(rail_net_irecv(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], &req),
+		      "posting a receive");
 	return req;
 }
 
@@ -163,6 +282,42 @@ static double bench_latency(struct bench_side *s, size_t size, int iters, double
 	return (double)(t - t0) / 1e3 / iters / 2;
 }
 
+/* ---- bandwidth and --total ------------------------------------------- */
+
+/*
+ * A sends and B receives (both ways with bidir) on every comm, each with
+ * `window` messages in flight. Like NCCL's proxy: each stream (a comm, one
+ * direction) posts in order what its window allows (a refused post is
+ * retried on a later pass, not spun on) and tests only its oldest request.
+ * Message j of the lane on comm c is message j * ncomms + c of the run
+ * (the --verify pattern's message number).
+ */
+struct bw_lane {
+	int is_send, comm;
+	int iters;
+	int posted, done;
+	void *req[BENCH_MAX_WINDOW];	/* [done, posted) in flight, by index % window */
+};
+
+struct bw_run {
+	size_t size;
+	int window, verify;
+	uint64_t bad_msgs, first_bad;	/* verify: wrong messages, first wrong byte of the run */
+	uint64_t checked;		/* verify: bytes checked */
+	uint64_t corrupt;		/* 1 + the stream offset the sender flips, or 0 */
+	double timeout;
+};
+
+static char *lane_buf(struct bench_side *s, const struct bw_lane *l, const struct bw_run *r,
+		      int idx)
+{
+	size_t slot = ((size_t)l->comm * (size_t)r->window + (size_t)(idx % r->window)) * r->size;
+
+	if (!l->is_send)
+		return (char *)s->rbuf + slot;
+	return r->verify ? (char *)s->sbuf + slot : s->sbuf;
+}
+
 /* One attempt, as NCCL's proxy makes per pass: NULL when the plugin says "later". */
 static void *try_post(struct bench_side *s, int is_send, int c, char *buf, size_t size)
 {
@@ -170,49 +325,59 @@ static void *try_post(struct bench_side *s, int is_send, int c, char *buf, size_
 	int tag = !s->role;
 
 	if (is_send)
-		CHECK(rail_net_isend(s->send[c], s->sbuf, size, s->role, s->smh[c], &req));
+		CHECK(rail_net_isend(s->send[c], buf, size, s->role, s->smh[c], &req),
+		      "posting a send");
 	else
-		CHECK(rail_net_irecv(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], &req));
+		CHECK(rail_net_irecv(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], &req),
+		      "posting a receive");
 	return req;
 }
 
-/*
- * A sends and B receives (both ways with bidir) on every comm, each with
- * `window` messages in flight; returns GB/s of one direction, all comms.
- * Like NCCL's proxy: each stream (a comm, one direction) posts in order
- * what its window allows (a refused post is retried on a later pass, not
- * spun on) and tests only its oldest request.
- */
-struct bw_lane {
-	int is_send, comm;
-	int posted, done;
-	void *req[BENCH_MAX_WINDOW];	/* [done, posted) in flight, by index % window */
-};
+static void lane_verify(struct bench_side *s, const struct bw_lane *l, struct bw_run *r)
+{
+	uint64_t msg = (uint64_t)l->done * (uint64_t)s->ncomms + (uint64_t)l->comm;
+	size_t bad = pattern_check((unsigned char *)lane_buf(s, l, r, l->done), r->size, msg);
 
-static int lane_pass(struct bench_side *s, struct bw_lane *l, size_t size, int iters, int window)
+	r->checked += r->size;
+	if (bad == r->size)
+		return;
+	if (r->bad_msgs++ == 0)
+		r->first_bad = msg * r->size + bad;
+}
+
+static int lane_pass(struct bench_side *s, struct bw_lane *l, struct bw_run *r)
 {
 	int d = 0;
 
-	while (l->posted < iters && l->posted - l->done < window) {
-		char *buf = (char *)s->rbuf + ((size_t)l->comm * window + l->posted % window) * size;
-		void *r = try_post(s, l->is_send, l->comm, buf, size);
+	while (l->posted < l->iters && l->posted - l->done < r->window) {
+		char *buf = lane_buf(s, l, r, l->posted);
+		void *req;
 
-		if (!r)
+		if (r->verify && l->is_send) {
+			uint64_t msg = (uint64_t)l->posted * (uint64_t)s->ncomms + (uint64_t)l->comm;
+			uint64_t at = r->corrupt - 1 - msg * r->size;
+
+			pattern_fill((unsigned char *)buf, r->size, msg);
+			if (r->corrupt && at < r->size)
+				buf[at] ^= 0x20;
+		}
+		req = try_post(s, l->is_send, l->comm, buf, r->size);
+		if (!req)
 			break;
-		l->req[l->posted++ % window] = r;
+		l->req[l->posted++ % r->window] = req;
 	}
 	if (l->done == l->posted)
 		return 0;
-	CHECK(rail_net_test(l->req[l->done % window], &d, NULL));
+	CHECK(rail_net_test(l->req[l->done % r->window], &d, NULL), "moving data");
+	if (d && r->verify && !l->is_send)
+		lane_verify(s, l, r);
 	l->done += d;
 	return d;
 }
 
-static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int window, int bidir)
+static int make_lanes(struct bench_side *s, struct bw_lane *lanes, int bidir, uint64_t msgs)
 {
-	struct bw_lane lanes[2 * BENCH_MAX_COMMS];
-	int nl = 0, left = 0, idle = 0;
-	uint64_t t0;
+	int nl = 0;
 
 	for (int c = 0; c < s->ncomms; c++) {
 		for (int dir = 0; dir < 2; dir++) {
@@ -222,19 +387,33 @@ static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int 
 				continue;
 			memset(&lanes[nl], 0, sizeof(lanes[nl]));
 			lanes[nl].is_send = is_send;
-			lanes[nl++].comm = c;
-			left += iters;
+			lanes[nl].comm = c;
+			/* messages c, c + ncomms, ... of msgs */
+			lanes[nl++].iters = (int)((msgs + (uint64_t)(s->ncomms - 1 - c)) /
+						  (uint64_t)s->ncomms);
 		}
 	}
+	return nl;
+}
+
+/* Moves msgs messages of r->size each way that runs; returns the seconds taken. */
+static double bench_move(struct bench_side *s, struct bw_run *r, uint64_t msgs, int bidir)
+{
+	struct bw_lane lanes[2 * BENCH_MAX_COMMS];
+	int nl = make_lanes(s, lanes, bidir, msgs), idle = 0;
+	uint64_t left = 0, t0, last = 0;
+
+	for (int i = 0; i < nl; i++)
+		left += (uint64_t)lanes[i].iters;
 	oob_barrier(s->oob);
 	t0 = rail_now_ns();
 	while (left > 0) {
 		int progressed = 0;
 
 		for (int i = 0; i < nl; i++) {
-			int d = lane_pass(s, &lanes[i], size, iters, window);
+			int d = lane_pass(s, &lanes[i], r);
 
-			left -= d;
+			left -= (uint64_t)d;
 			progressed |= d;
 		}
 		/*
@@ -243,29 +422,31 @@ static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int 
 		 * messages the helpers and the kernel need the cores, not us.
 		 */
 		idle = progressed ? 0 : idle + 1;
+		if (idle == 1)
+			last = rail_now_ns();
 		if (idle > 64)
 			usleep(idle > 1024 ? 100 : 20);
 		else if (idle)
 			sched_yield();
-	}
-	oob_barrier(s->oob);
-	return (double)size * iters * s->ncomms / (double)(rail_now_ns() - t0);
-}
-
-static void fill_check(struct bench_side *s, size_t size, int verify)
-{
-	unsigned char *b = verify ? s->rbuf : s->sbuf;
-
-	for (size_t i = 0; i < size; i++) {
-		unsigned char v = (unsigned char)(i * 131 + size);
-
-		if (!verify)
-			b[i] = v;
-		else if (b[i] != v) {
-			fprintf(stderr, "rail-bench: data mismatch at byte %zu of %zu\n", i, size);
+		if (idle > 1024 && (idle & 1023) == 0 && secs_since(last) > r->timeout) {
+			fprintf(stderr, "rail-bench: no data moved for %.0f s (%" PRIu64 " messages "
+				"still to go): the peer or the network between the hosts stopped\n",
+				r->timeout, left);
 			exit(1);
 		}
 	}
+	oob_barrier(s->oob);
+	return secs_since(t0);
+}
+
+/* GB/s of one direction, all comms. */
+static double bench_bandwidth(struct bench_side *s, size_t size, int iters, int window, int bidir,
+			      double timeout)
+{
+	struct bw_run r = { .size = size, .window = window, .timeout = timeout };
+	double t = bench_move(s, &r, (uint64_t)iters * (uint64_t)s->ncomms, bidir);
+
+	return (double)size * iters * s->ncomms / t / 1e9;
 }
 
 static int iters_for(const struct bench_opts *o, size_t size)
@@ -277,43 +458,210 @@ static int iters_for(const struct bench_opts *o, size_t size)
 	return n < 3 ? 3 : n;
 }
 
-static void setup_side(struct bench_side *s, const struct bench_opts *o)
-{
-	size_t rlen = o->max_size * (size_t)o->window * (size_t)o->comms;
+/* ---- the two sides ----------------------------------------------------- */
 
-	s->ncomms = o->comms;
-	CHECK(rail_net_init(&s->ctx, 0x7261696c, -1, NULL, 12));
-	connect_all(s, s->role == 0 ? o->dev : o->peer_dev);
-	if (posix_memalign(&s->sbuf, 4096, o->max_size) || posix_memalign(&s->rbuf, 4096, rlen)) {
-		fprintf(stderr, "rail-bench: cannot allocate %zu bytes\n", rlen);
+/*
+ * "device D = ...": the "[D]..." entry of the transport's device summary
+ * (without the ":0" port of an address), and the summary's tail after ';'.
+ */
+static void device_text(int dev, const char *devs, char *out, size_t len)
+{
+	char tag[16], *z;
+	const char *p, *end, *tail = strchr(devs, ';');
+	struct rail_props props;
+	int n = snprintf(tag, sizeof(tag), "[%d]", dev);
+
+	p = strstr(devs, tag);
+	if (!p || (tail && p > tail)) {
+		if (rail_net_get_properties(dev, &props) == ncclSuccess)
+			snprintf(out, len, "device %d = %s, %d Mbps", dev, props.name, props.speed);
+		else
+			snprintf(out, len, "device %d", dev);
+		return;
+	}
+	p += n;
+	end = strstr(p, " [");
+	if (!end || (tail && end > tail))
+		end = tail ? tail : p + strlen(p);
+	snprintf(out, len, "device %d = %.*s%s%s%s", dev, (int)(end - p), p, tail ? " (" : "",
+		 tail ? tail + 2 : "", tail ? ")" : "");
+	for (z = strstr(out, ":0"); z; z = strstr(z + 1, ":0"))
+		if (z[2] == ' ' || z[2] == ')' || z[2] == '\0')
+			memmove(z, z + 2, strlen(z + 2) + 1);
+}
+
+static void opts_pack(const struct bench_opts *o, uint64_t *v)
+{
+	uint64_t a[BENCH_NOPTS] = {
+		o->min_size, o->max_size, (uint64_t)o->factor, (uint64_t)o->iters,
+		(uint64_t)o->warmup, (uint64_t)o->window, (uint64_t)o->check,
+		(uint64_t)o->lat_only, (uint64_t)o->bw_only, (uint64_t)o->comms,
+		(uint64_t)o->bidir, (uint64_t)(o->seconds * 1e6), o->total, o->msg,
+		(uint64_t)o->verify, (uint64_t)(o->timeout * 1e3), o->corrupt,
+	};
+
+	memcpy(v, a, sizeof(a));
+}
+
+static void opts_unpack(const uint64_t *v, struct bench_opts *o)
+{
+	o->min_size = v[0], o->max_size = v[1], o->factor = (int)v[2], o->iters = (int)v[3];
+	o->warmup = (int)v[4], o->window = (int)v[5], o->check = (int)v[6];
+	o->lat_only = (int)v[7], o->bw_only = (int)v[8], o->comms = (int)v[9];
+	o->bidir = (int)v[10], o->seconds = (double)v[11] / 1e6, o->total = v[12];
+	o->msg = v[13], o->verify = (int)v[14], o->timeout = (double)v[15] / 1e3;
+	o->corrupt = v[16];
+}
+
+static void hello_pack(const struct bench_hello *h, uint8_t *b)
+{
+	memset(b, 0, BENCH_HELLO_SIZE);
+	memcpy(b, "RAILBNCH", 8);
+	rail_put_u32(b + 8, 1);
+	rail_put_u32(b + 12, h->role);
+	for (int i = 0; i < BENCH_NOPTS; i++)
+		rail_put_u64(b + 16 + 8 * i, h->opt[i]);
+	memcpy(b + 16 + 8 * BENCH_NOPTS, &h->str, sizeof(h->str));
+}
+
+static int hello_unpack(const uint8_t *b, struct bench_hello *h)
+{
+	if (memcmp(b, "RAILBNCH", 8) || rail_get_u32(b + 8) != 1)
+		return -EPROTO;
+	h->role = rail_get_u32(b + 12);
+	for (int i = 0; i < BENCH_NOPTS; i++)
+		h->opt[i] = rail_get_u64(b + 16 + 8 * i);
+	memcpy(&h->str, b + 16 + 8 * BENCH_NOPTS, sizeof(h->str));
+	h->str.version[sizeof(h->str.version) - 1] = '\0';
+	h->str.transport[sizeof(h->str.transport) - 1] = '\0';
+	h->str.host[sizeof(h->str.host) - 1] = h->str.dev[sizeof(h->str.dev) - 1] = '\0';
+	return 0;
+}
+
+/*
+ * Tell the peer who we are; the client's run options become the server's.
+ * Refuses a peer on another transport (the handles would not match).
+ */
+static void hello_exchange(struct bench_side *s, struct bench_opts *o, const char *transport,
+			   const char *dev, struct bench_hello *peer)
+{
+	uint8_t out[BENCH_HELLO_SIZE], in[BENCH_HELLO_SIZE];
+	struct bench_hello me = { .role = (uint32_t)s->role };
+
+	rail_strlcpy(me.str.version, RAIL_VERSION_STRING, sizeof(me.str.version));
+	rail_strlcpy(me.str.transport, transport, sizeof(me.str.transport));
+	if (gethostname(me.str.host, sizeof(me.str.host)))
+		rail_strlcpy(me.str.host, "?", sizeof(me.str.host));
+	me.str.host[sizeof(me.str.host) - 1] = '\0';
+	rail_strlcpy(me.str.dev, dev, sizeof(me.str.dev));
+	opts_pack(o, me.opt);
+	hello_pack(&me, out);
+	oob_xchg(s->oob, out, in, sizeof(out));
+	if (hello_unpack(in, peer)) {
+		fprintf(stderr, "rail-bench: the program at %s is not rail-bench (or a very different "
+			"version): check the host and port\n", s->peer_addr);
 		exit(1);
 	}
-	memset(s->sbuf, 0, o->max_size);
-	memset(s->rbuf, 0, rlen);
+	if (strcmp(peer->str.transport, transport)) {
+		fprintf(stderr, "rail-bench: this side uses the %s transport but the peer (%s) uses %s: "
+			"set NCCL_RAIL_TRANSPORT to the same value on both sides\n", transport,
+			s->peer_addr, peer->str.transport);
+		exit(1);
+	}
+	if (strcmp(peer->str.version, RAIL_VERSION_STRING))
+		fprintf(stderr, "rail-bench: note: the peer runs nccl-net-rail %s, this side %s\n",
+			peer->str.version, RAIL_VERSION_STRING);
+	if (s->role == 0 && s->across)
+		opts_unpack(peer->opt, o);
+}
+
+static void print_header(const struct bench_side *s, const struct bench_opts *o, const char *name,
+			 const char *why, const char *dev, const struct bench_hello *peer)
+{
+	const char *me = !s->across ? "this process" : s->role == 0 ? "server" : "client";
+	const char *them = !s->across ? "forked peer" : s->role == 0 ? "client" : "server";
+	char host[64] = "?";
+
+	gethostname(host, sizeof(host) - 1);
+	printf("# rail-bench (nccl-net-rail %s)\n", RAIL_VERSION_STRING);
+	printf("# transport: %s, chosen because %s\n", name, why);
+	printf("# %s (this side, host %s): %s\n", me, host, dev);
+	printf("# %s (%s, host %s): nccl-net-rail %s, %s, %s; data address %s\n", them,
+	       s->peer_addr, peer->str.host, peer->str.version, peer->str.transport, peer->str.dev, s->peer_data);
+	if (o->total)
+		printf("# moving %" PRIu64 " bytes %s as %" PRIu64 " messages of %zu bytes, %d "
+		       "connection(s), window %d%s\n", o->total,
+		       o->bidir ? "each way" : s->role == 0 ? "to the peer" : "from the peer",
+		       o->total / o->msg, o->msg, o->comms, o->window,
+		       o->verify ? ", every byte verified" : "");
+	fflush(stdout);
+}
+
+static void alloc_bufs(struct bench_side *s, const struct bench_opts *o)
+{
+	size_t size = o->total ? o->msg : o->max_size;
+
+	s->rlen = size * (size_t)o->window * (size_t)o->comms;
+	s->slen = o->total && o->verify ? s->rlen : size;
+	if (posix_memalign(&s->sbuf, 4096, s->slen) || posix_memalign(&s->rbuf, 4096, s->rlen)) {
+		fprintf(stderr, "rail-bench: cannot allocate %zu bytes of buffers: use a smaller "
+			"message size, window or connection count\n", s->slen + s->rlen);
+		exit(1);
+	}
+	memset(s->sbuf, 0, s->slen);
+	memset(s->rbuf, 0, s->rlen);
+}
+
+static void setup_side(struct bench_side *s, struct bench_opts *o)
+{
+	char why[512], devs[1024], dev[256];
+	struct bench_hello peer;
+	const char *name = "?";
+	int ndev = 0;
+
+	CHECK(rail_net_init(&s->ctx, 0x7261696c, -1, NULL, 12),
+	      "starting the plugin (rail-info explains what it found)");
+	rail_net_transport_info(&name, why, sizeof(why), devs, sizeof(devs));
+	CHECK(rail_net_devices(&ndev), "counting devices");
+	if (s->dev < 0 || s->dev >= ndev) {
+		fprintf(stderr, "rail-bench: there is no device %d: the %s transport has %d on this "
+			"host (0..%d; rail-info lists them)\n", s->dev, name, ndev, ndev - 1);
+		exit(1);
+	}
+	device_text(s->dev, devs, dev, sizeof(dev));
+	hello_exchange(s, o, name, dev, &peer);
+	s->ncomms = o->comms;
+	connect_all(s, s->dev, o->timeout);
+	if (s->role == 0 || s->across)
+		print_header(s, o, name, why, dev, &peer);
+	alloc_bufs(s, o);
 	for (int c = 0; c < s->ncomms; c++) {
-		CHECK(rail_net_reg_mr(s->send[c], s->sbuf, o->max_size, NCCL_PTR_HOST, &s->smh[c]));
-		CHECK(rail_net_reg_mr(s->recv[c], s->rbuf, rlen, NCCL_PTR_HOST, &s->rmh[c]));
+		CHECK(rail_net_reg_mr(s->send[c], s->sbuf, s->slen, NCCL_PTR_HOST, &s->smh[c]),
+		      "registering the send buffer");
+		CHECK(rail_net_reg_mr(s->recv[c], s->rbuf, s->rlen, NCCL_PTR_HOST, &s->rmh[c]),
+		      "registering the receive buffer");
 	}
 }
 
 static void teardown_side(struct bench_side *s)
 {
 	for (int c = 0; c < s->ncomms; c++) {
-		CHECK(rail_net_dereg_mr(s->send[c], s->smh[c]));
-		CHECK(rail_net_dereg_mr(s->recv[c], s->rmh[c]));
-		CHECK(rail_net_close_send(s->send[c]));
-		CHECK(rail_net_close_recv(s->recv[c]));
+		CHECK(rail_net_dereg_mr(s->send[c], s->smh[c]), "releasing a buffer");
+		CHECK(rail_net_dereg_mr(s->recv[c], s->rmh[c]), "releasing a buffer");
+		CHECK(rail_net_close_send(s->send[c]), "closing a connection");
+		CHECK(rail_net_close_recv(s->recv[c]), "closing a connection");
 	}
-	CHECK(rail_net_finalize(s->ctx));
+	CHECK(rail_net_finalize(s->ctx), "stopping the plugin");
 	free(s->sbuf);
 	free(s->rbuf);
 }
 
-static void run_side(struct bench_side *s, const struct bench_opts *o)
+static void run_sweep(struct bench_side *s, const struct bench_opts *o)
 {
-	setup_side(s, o);
-	if (s->role == 0)
-		printf("# rail-bench: %d connection(s) per direction, window %d, %s, sizes %zu..%zu\n"
+	int print = s->role == 0 || s->across;
+
+	if (print)
+		printf("# %d connection(s) per direction, window %d, %s, sizes %zu..%zu\n"
 		       "#%12s %10s %12s %12s %12s\n", o->comms, o->window,
 		       o->bidir ? "bandwidth both ways at once (GB/s per direction)"
 				: "bandwidth one way", o->min_size, o->max_size,
@@ -323,148 +671,414 @@ static void run_side(struct bench_side *s, const struct bench_opts *o)
 		double lat = 0, bw = 0, p50 = 0;
 
 		if (o->check) {
-			fill_check(s, size, 0);
+			size_t bad;
+
+			pattern_fill(s->sbuf, size, size);
 			bench_latency(s, size, 1, NULL);
-			fill_check(s, size, 1);
+			bad = pattern_check(s->rbuf, size, size);
+			if (bad != size) {
+				fprintf(stderr, "rail-bench: data mismatch at byte %zu of a %zu-byte "
+					"message\n", bad, size);
+				exit(1);
+			}
 		}
 		if (!o->bw_only) {
 			bench_latency(s, size, o->warmup, NULL);
 			lat = bench_latency(s, size, RAIL_MAX(iters / 4, 3), &p50);
 		}
 		if (!o->lat_only) {
-			bench_bandwidth(s, size, RAIL_MIN(o->warmup, iters), o->window, o->bidir);
-			bw = bench_bandwidth(s, size, iters, o->window, o->bidir);
+			bench_bandwidth(s, size, RAIL_MIN(o->warmup, iters), o->window, o->bidir,
+					o->timeout);
+			bw = bench_bandwidth(s, size, iters, o->window, o->bidir, o->timeout);
 		}
-		if (s->role == 0) {
+		if (print) {
 			printf(" %12zu %10d %12.2f %12.3f %12.2f\n", size, iters, lat, bw, p50);
 			fflush(stdout);
 		}
 		if (size > o->max_size / (size_t)o->factor)
 			break;
 	}
-	teardown_side(s);
 }
 
+/* --total: move the bytes, verify them, agree with the peer; 0 when all is well. */
+static int run_total(struct bench_side *s, const struct bench_opts *o)
+{
+	struct bw_run r = { .size = o->msg, .window = o->window, .verify = o->verify,
+			    .timeout = o->timeout, .corrupt = o->corrupt };
+	uint64_t msgs = o->total / o->msg;
+	uint8_t mine[24], theirs[24];
+	double t = bench_move(s, &r, msgs, o->bidir);
+	uint64_t peer_bad, peer_first, peer_checked;
+
+	rail_put_u64(mine, r.bad_msgs), rail_put_u64(mine + 8, r.first_bad);
+	rail_put_u64(mine + 16, r.checked);
+	oob_xchg(s->oob, mine, theirs, sizeof(mine));
+	peer_bad = rail_get_u64(theirs), peer_first = rail_get_u64(theirs + 8);
+	peer_checked = rail_get_u64(theirs + 16);
+	if (s->role == 0 || s->across) {
+		printf("rail-bench: moved %" PRIu64 " bytes%s in %.3f s: %.3f GB/s (%.2f Gbit/s)\n",
+		       o->total, o->bidir ? " each way" : "", t, (double)o->total / t / 1e9,
+		       (double)o->total * 8 / t / 1e9);
+		if (o->verify && !r.bad_msgs && !peer_bad)
+			printf("rail-bench: verified: every byte right (%" PRIu64 " bytes checked "
+			       "by the receiver)\n", r.checked + peer_checked);
+	}
+	if (r.bad_msgs)
+		fprintf(stderr, "rail-bench: DATA MISMATCH: %" PRIu64 " of the messages received "
+			"here were wrong; the first wrong byte is at offset %" PRIu64 " of the "
+			"stream\n", r.bad_msgs, r.first_bad);
+	if (peer_bad)
+		fprintf(stderr, "rail-bench: DATA MISMATCH at the peer: %" PRIu64 " wrong messages, "
+			"first wrong byte at offset %" PRIu64 "\n", peer_bad, peer_first);
+	return r.bad_msgs || peer_bad;
+}
+
+static int run_side(struct bench_side *s, struct bench_opts *o)
+{
+	int rc = 0;
+
+	setup_side(s, o);
+	if (o->total)
+		rc = run_total(s, o);
+	else
+		run_sweep(s, o);
+	fflush(stdout);
+	teardown_side(s);
+	return rc;
+}
+
+/* ---- command line ---------------------------------------------------- */
+
+/* "4M", "1G", "8192": 0 when it is not a size. */
 static size_t parse_size(const char *s)
 {
 	char *end;
 	double v = strtod(s, &end);
 
 	switch (*end) {
-	case 'k': case 'K': v *= 1024; break;
-	case 'm': case 'M': v *= 1024 * 1024; break;
-	case 'g': case 'G': v *= 1024.0 * 1024 * 1024; break;
+	case 'k': case 'K': v *= 1024; end++; break;
+	case 'm': case 'M': v *= 1024 * 1024; end++; break;
+	case 'g': case 'G': v *= 1024.0 * 1024 * 1024; end++; break;
 	}
+	if (end == s || *end || v < 1 || v > 1e15)
+		return 0;
 	return (size_t)v;
 }
 
-static void usage(void)
+static void usage(FILE *f)
 {
-	printf("usage: rail-bench [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
-	       "                  [-W WINDOW] [-C CONNS] [-x] [-d DEV] [-D PEER_DEV] [-c] [-L|-B]\n"
-	       "                  [-t SEC]\n"
-	       "                  [--server PORT | --client HOST:PORT]\n"
-	       "  -b/-e  smallest/largest message (default 8 and 1G; k/M/G suffixes)\n"
-	       "  -f     size multiplier per step (default 2)\n"
-	       "  -n     most iterations per size (default 1000; fewer for large sizes)\n"
-	       "  -W     messages in flight per connection for bandwidth (default 8, at most 64)\n"
-	       "  -C     connections per direction, all busy at once (default 1, at most 16)\n"
-	       "  -x     bandwidth in both directions at once (as in an all-reduce)\n"
-	       "  -d/-D  device of this process / of the forked peer (default 0/0)\n"
-	       "  -c     check every byte of one transfer per size\n"
-	       "  -L/-B  latency only / bandwidth only\n"
-	       "  -t     time budget per size in seconds at 1 GB/s (default 0.5)\n"
-	       "The transport is the plugin's choice: set NCCL_RAIL_TRANSPORT=tcp|ib to force.\n");
+	fprintf(f,
+		"usage: rail-bench [-b MIN] [-e MAX] [-f FACTOR] [-n ITERS] [-w WARMUP]\n"
+		"                  [-W WINDOW] [-C CONNS] [-x] [-d DEV] [-D PEER_DEV] [-c] [-L|-B]\n"
+		"                  [-t SEC] [--total BYTES [--msg BYTES] [--verify]]\n"
+		"                  [--server [ADDR:]PORT | --client HOST:PORT] [--timeout SEC]\n"
+		"  -b/-e  smallest/largest message (default 8 and 1G; k/M/G suffixes)\n"
+		"  -f     size multiplier per step (default 2)\n"
+		"  -n     most iterations per size (default 1000; fewer for large sizes)\n"
+		"  -W     messages in flight per connection for bandwidth (default 8, at most 64)\n"
+		"  -C     connections per direction, all busy at once (default 1, at most 16)\n"
+		"  -x     bandwidth in both directions at once (as in an all-reduce)\n"
+		"  -d/-D  device of this process / of the forked peer (default 0/0)\n"
+		"  -c     check every byte of one transfer per size\n"
+		"  -L/-B  latency only / bandwidth only\n"
+		"  -t     time budget per size in seconds at 1 GB/s (default 0.5)\n"
+		"  --total BYTES  instead of the size sweep, move BYTES one way (the server sends)\n"
+		"  --msg BYTES    message size of --total (default 4M; BYTES a multiple of it)\n"
+		"  --verify       check every byte --total moved; exit 1 on any wrong byte\n"
+		"  --server [ADDR:]PORT  wait for a client on PORT (every address, or ADDR)\n"
+		"  --client HOST:PORT    run against that server; the client's options are the\n"
+		"                        run's ([IPv6]:PORT for IPv6 addresses)\n"
+		"  --timeout SEC  wait at most SEC for the peer and for progress (default 60)\n"
+		"  --corrupt OFF  (test aid) the sender flips the byte at stream offset OFF\n"
+		"  --version      print the version\n"
+		"The transport is the plugin's choice: set NCCL_RAIL_TRANSPORT=tcp|ib to force,\n"
+		"NCCL_SOCKET_IFNAME for the interface, NCCL_IB_HCA for the RDMA device.\n");
 }
 
-static int oob_setup(const char *server, const char *client, int *fd, int *role)
-{
-	union rail_sockaddr a;
-	int lfd, err;
+/* ---- the control connection (--server / --client) -------------------- */
 
-	if (server) {
+static void oob_fail(const char *target, int port, int err)
+{
+	fprintf(stderr, "rail-bench: cannot reach %s: ", target);
+	if (err == -ECONNREFUSED)
+		fprintf(stderr, "connection refused (is `rail-bench --server %d` running there? "
+			"firewall?)\n", port);
+	else if (err == -ETIMEDOUT)
+		fprintf(stderr, "no answer (wrong address, host down, or a firewall dropping "
+			"packets?)\n");
+	else if (err == -EHOSTUNREACH || err == -ENETUNREACH)
+		fprintf(stderr, "no route to that host (check the address and this host's "
+			"interfaces)\n");
+	else
+		fprintf(stderr, "%s\n", RAIL_ERRSTR(err));
+}
+
+/* The user's --server/--client text: host (or "") and port; -1 with a message. */
+static int split_endpoint(const char *opt, const char *text, char *host, size_t hlen, int *port)
+{
+	int err = rail_hostport_split(text, host, hlen, port);
+
+	if (err == -EDESTADDRREQ)
+		fprintf(stderr, "rail-bench: %s %s: write an IPv6 address in brackets, as in "
+			"[fe80::1%%eth0]:5000\n", opt, text);
+	else if (err)
+		fprintf(stderr, "rail-bench: %s %s: expected %s with a port number from 1 to "
+			"65535\n", opt, text, !strcmp(opt, "--server") ? "PORT or ADDR:PORT" :
+			"HOST:PORT");
+	return err ? -1 : 0;
+}
+
+static int oob_listen(const char *spec, int *lfd)
+{
+	char host[256];
+	union rail_sockaddr a, bound;
+	int port, err;
+
+	if (split_endpoint("--server", spec, host, sizeof(host), &port))
+		return -1;
+	memset(&a, 0, sizeof(a));
+	if (host[0] && rail_sockaddr_parse(host, &a)) {
+		fprintf(stderr, "rail-bench: --server %s: '%s' is not an IP address of this host\n",
+			spec, host);
+		return -1;
+	}
+	if (!host[0])
+		a.sin6.sin6_family = AF_INET6; /* every address, IPv4 too */
+	rail_sockaddr_set_port(&a, port);
+	err = rail_sock_listen(&a, 1, lfd, &bound);
+	if (err == -EAFNOSUPPORT && !host[0]) { /* no IPv6 here */
 		memset(&a, 0, sizeof(a));
 		a.sin.sin_family = AF_INET;
-		rail_sockaddr_set_port(&a, atoi(server));
-		err = rail_sock_listen(&a, 1, &lfd, &a);
-		while (!err && (err = rail_sock_accept(lfd, fd, &a)) == -EAGAIN)
-			usleep(1000);
-		*role = 0;
-	} else {
-		err = rail_sockaddr_parse(client, &a);
-		if (!err)
-			err = rail_sock_connect_start(&a, fd);
-		while (!err && (err = rail_sock_connect_done(*fd)) == -EAGAIN)
-			usleep(1000);
-		*role = 1;
+		rail_sockaddr_set_port(&a, port);
+		err = rail_sock_listen(&a, 1, lfd, &bound);
 	}
-	if (!err)
-		err = rail_sock_set_nonblocking(*fd, 0);
-	return err;
+	if (err) {
+		fprintf(stderr, "rail-bench: cannot listen on %s port %d: %s%s\n",
+			host[0] ? host : "every address,", port, RAIL_ERRSTR(err),
+			err == -EADDRINUSE ? " (another server there? pick another port)"
+			: err == -EADDRNOTAVAIL ? " (that address is not on this host)"
+			: err == -EACCES ? " (ports below 1024 need root)" : "");
+		return -1;
+	}
+	printf("# rail-bench: waiting for a client on port %d of %s (run `rail-bench --client "
+	       "THIS_HOST:%d` on the other host)\n", port, host[0] ? host : "every address", port);
+	fflush(stdout);
+	return 0;
 }
 
-int main(int argc, char **argv)
+static int oob_server(const char *spec, double timeout, struct bench_side *s)
+{
+	union rail_sockaddr peer;
+	int lfd, err;
+
+	if (oob_listen(spec, &lfd))
+		return -1;
+	err = rail_sock_accept_wait(lfd, (int)(timeout * 1000), &s->oob, &peer);
+	close(lfd);
+	if (err) {
+		fprintf(stderr, "rail-bench: no client connected within %.0f s%s%s\n", timeout,
+			err == -ETIMEDOUT ? " (start `rail-bench --client HOST:PORT` on the other "
+					    "host; firewall? --timeout waits longer)" : ": ",
+			err == -ETIMEDOUT ? "" : RAIL_ERRSTR(err));
+		return -1;
+	}
+	if (peer.sa.sa_family == AF_INET6 && IN6_IS_ADDR_V4MAPPED(&peer.sin6.sin6_addr)) {
+		union rail_sockaddr v4 = { .sin = { .sin_family = AF_INET,
+						    .sin_port = peer.sin6.sin6_port } };
+
+		memcpy(&v4.sin.sin_addr, &peer.sin6.sin6_addr.s6_addr[12], 4);
+		peer = v4;
+	}
+	rail_sockaddr_str(&peer, s->peer_addr, sizeof(s->peer_addr));
+	s->role = 0;
+	return 0;
+}
+
+static int oob_client(const char *spec, double timeout, struct bench_side *s)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM }, *res, *ai;
+	uint64_t deadline = rail_now_ns() + (uint64_t)(timeout * 1e9);
+	char host[256], ports[16];
+	int port, rc, err = -EHOSTUNREACH;
+
+	if (split_endpoint("--client", spec, host, sizeof(host), &port))
+		return -1;
+	if (!host[0]) {
+		fprintf(stderr, "rail-bench: --client %s: give the server's host, as in "
+			"--client 10.0.0.2:%d\n", spec, port);
+		return -1;
+	}
+	snprintf(ports, sizeof(ports), "%d", port);
+	printf("# rail-bench: connecting to %s (waiting up to %.0f s for the server)\n", spec,
+	       timeout);
+	fflush(stdout);
+	rc = getaddrinfo(host, ports, &hints, &res);
+	if (rc) {
+		fprintf(stderr, "rail-bench: cannot resolve host '%s': %s (check the name, or give "
+			"an IP address)\n", host, gai_strerror(rc));
+		return -1;
+	}
+	for (ai = res; ai && err; ai = ai->ai_next) {
+		union rail_sockaddr a;
+
+		memset(&a, 0, sizeof(a));
+		memcpy(&a, ai->ai_addr, RAIL_MIN((size_t)ai->ai_addrlen, sizeof(a)));
+		err = rail_sock_connect_by(&a, deadline, 1, &s->oob);
+	}
+	freeaddrinfo(res);
+	if (err) {
+		oob_fail(spec, port, err);
+		return -1;
+	}
+	snprintf(s->peer_addr, sizeof(s->peer_addr), "%s", spec);
+	s->role = 1;
+	return 0;
+}
+
+static int oob_setup(const struct bench_opts *o, struct bench_side *s)
+{
+	int err = o->server ? oob_server(o->server, o->timeout, s)
+			    : oob_client(o->client, o->timeout, s);
+
+	if (err)
+		return err;
+	s->across = 1;
+	s->dev = o->dev;
+	/* A peer host that vanishes without closing shows up as an error, not a hang. */
+	rail_sock_set_liveness(s->oob, 30, 0);
+	return rail_sock_set_nonblocking(s->oob, 0);
+}
+
+/* ---- main ------------------------------------------------------------ */
+
+static int check_opts(const struct bench_opts *o)
+{
+	const char *bad = NULL;
+
+	if (o->factor < 2)
+		bad = "-f must be at least 2";
+	else if (o->window < 1 || o->window > BENCH_MAX_WINDOW)
+		bad = "-W must be from 1 to 64";
+	else if (o->comms < 1 || o->comms > BENCH_MAX_COMMS)
+		bad = "-C must be from 1 to 16";
+	else if (o->min_size < 1 || o->max_size < o->min_size)
+		bad = "-b and -e need sizes with MIN <= MAX (k/M/G suffixes)";
+	else if (o->iters < 1)
+		bad = "-n must be at least 1";
+	else if (o->msg < 1 || o->msg > RAIL_MAX_MSG_BYTES)
+		bad = "--msg must be from 1 byte to 1G";
+	else if (o->total && o->total % o->msg)
+		bad = "--total must be a multiple of --msg";
+	else if (o->total && o->total / o->msg > 0x7fffffffull)
+		bad = "--total / --msg: too many messages";
+	else if (o->corrupt && !o->verify)
+		bad = "--corrupt goes with --verify";
+	else if (o->verify && !o->total)
+		bad = "--verify goes with --total (the size sweep has -c)";
+	else if (o->server && o->client)
+		bad = "--server and --client: one or the other";
+	else if (o->timeout <= 0)
+		bad = "--timeout must be a positive number of seconds";
+	if (!bad && (o->server || o->client)) {
+		char host[256];
+		int port;
+
+		if (split_endpoint(o->server ? "--server" : "--client", o->server ? o->server :
+				   o->client, host, sizeof(host), &port))
+			return -1;
+		if (o->client && !host[0])
+			bad = "--client needs the server's host, as in --client 10.0.0.2:5000";
+	}
+	if (bad)
+		fprintf(stderr, "rail-bench: %s (--help lists the options)\n", bad);
+	return bad ? -1 : 0;
+}
+
+static int parse_opts(int argc, char **argv, struct bench_opts *o)
 {
 	static const struct option longopts[] = {
 		{ "server", required_argument, NULL, 'S' },
 		{ "client", required_argument, NULL, 'K' },
+		{ "total", required_argument, NULL, 'T' },
+		{ "msg", required_argument, NULL, 'M' },
+		{ "verify", no_argument, NULL, 'V' },
+		{ "timeout", required_argument, NULL, 'O' },
+		{ "corrupt", required_argument, NULL, 'X' },
+		{ "version", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
 	};
-	struct bench_opts o = { .min_size = 8, .max_size = 1ull << 30, .factor = 2, .iters = 1000,
-				.warmup = 5, .window = 8, .comms = 1, .seconds = 0.5 };
-	const char *server = NULL, *client = NULL;
-	struct bench_side s = { 0 };
-	int c, sv[2], status = 0;
+	int c;
 
 	while ((c = getopt_long(argc, argv, "b:e:f:n:w:W:C:xd:D:cLBt:h", longopts, NULL)) != -1) {
 		switch (c) {
-		case 'b': o.min_size = parse_size(optarg); break;
-		case 'e': o.max_size = parse_size(optarg); break;
-		case 'f': o.factor = atoi(optarg); break;
-		case 'n': o.iters = atoi(optarg); break;
-		case 'w': o.warmup = atoi(optarg); break;
-		case 'W': o.window = atoi(optarg); break;
-		case 'C': o.comms = atoi(optarg); break;
-		case 'x': o.bidir = 1; break;
-		case 'd': o.dev = atoi(optarg); break;
-		case 'D': o.peer_dev = atoi(optarg); break;
-		case 'c': o.check = 1; break;
-		case 'L': o.lat_only = 1; break;
-		case 'B': o.bw_only = 1; break;
-		case 't': o.seconds = atof(optarg); break;
-		case 'S': server = optarg; break;
-		case 'K': client = optarg; break;
-		default: usage(); return c == 'h' ? 0 : 2;
+		case 'b': o->min_size = parse_size(optarg); break;
+		case 'e': o->max_size = parse_size(optarg); break;
+		case 'f': o->factor = atoi(optarg); break;
+		case 'n': o->iters = atoi(optarg); break;
+		case 'w': o->warmup = atoi(optarg); break;
+		case 'W': o->window = atoi(optarg); break;
+		case 'C': o->comms = atoi(optarg); break;
+		case 'x': o->bidir = 1; break;
+		case 'd': o->dev = atoi(optarg); break;
+		case 'D': o->peer_dev = atoi(optarg); break;
+		case 'c': o->check = 1; break;
+		case 'L': o->lat_only = 1; break;
+		case 'B': o->bw_only = 1; break;
+		case 't': o->seconds = atof(optarg); break;
+		case 'S': o->server = optarg; break;
+		case 'K': o->client = optarg; break;
+		case 'T': o->total = parse_size(optarg); if (!o->total) o->msg = 0; break;
+		case 'M': o->msg = parse_size(optarg); break;
+		case 'V': o->verify = 1; break;
+		case 'O': o->timeout = atof(optarg); break;
+		case 'X': o->corrupt = 1 + strtoull(optarg, NULL, 0); break;
+		case 'v': printf("rail-bench (nccl-net-rail %s)\n", RAIL_VERSION_STRING); exit(0);
+		case 'h': usage(stdout); exit(0);
+		default: usage(stderr); return -1;
 		}
 	}
-	if (o.factor < 2 || o.window < 1 || o.window > BENCH_MAX_WINDOW || o.comms < 1 ||
-	    o.comms > BENCH_MAX_COMMS || o.min_size < 1 ||
-	    o.max_size < o.min_size || o.iters < 1) {
-		usage();
+	if (optind < argc) {
+		fprintf(stderr, "rail-bench: unexpected argument '%s' (--help lists the options)\n",
+			argv[optind]);
+		return -1;
+	}
+	return check_opts(o);
+}
+
+int main(int argc, char **argv)
+{
+	struct bench_opts o = { .min_size = 8, .max_size = 1ull << 30, .factor = 2, .iters = 1000,
+				.warmup = 5, .window = 8, .comms = 1, .seconds = 0.5,
+				.msg = 4u << 20, .timeout = 60 };
+	struct bench_side s = { 0 };
+	int sv[2], status = 0, rc;
+	pid_t pid;
+
+	if (parse_opts(argc, argv, &o))
 		return 2;
-	}
-	if (server || client) {
-		if (oob_setup(server, client, &s.oob, &s.role)) {
-			fprintf(stderr, "rail-bench: out-of-band connection failed\n");
+	if (o.server || o.client) {
+		if (oob_setup(&o, &s))
 			return 1;
-		}
-		run_side(&s, &o);
-		return 0;
+		return run_side(&s, &o);
 	}
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
 		return 1;
+	snprintf(s.peer_addr, sizeof(s.peer_addr), "pid %d", (int)getpid());
 	fflush(stdout);
-	if (fork() == 0) {
+	pid = fork();
+	if (pid == 0) {
 		close(sv[0]);
 		s.oob = sv[1];
 		s.role = 1;
-		run_side(&s, &o);
-		_exit(0);
+		s.dev = o.peer_dev;
+		_exit(run_side(&s, &o));
 	}
 	close(sv[1]);
+	snprintf(s.peer_addr, sizeof(s.peer_addr), "pid %d", (int)pid);
 	s.oob = sv[0];
-	run_side(&s, &o);
+	s.dev = o.dev;
+	rc = run_side(&s, &o);
 	wait(&status);
-	return WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+	return rc ? rc : WIFEXITED(status) ? WEXITSTATUS(status) : 1;
 }

@@ -2,6 +2,7 @@
  * rail-rawtcp: the loopback TCP ceiling that rail-bench is compared with.
  *
  *   rail-rawtcp [-P STREAMS] [-s SECONDS] [-l CALL_SIZE] [-x] [-a ADDR]
+ *   rail-rawtcp --version
  *
  * Opens STREAMS TCP connections to itself (default over 127.0.0.1), one
  * sender and one receiver thread per stream (in two processes, like two
@@ -10,6 +11,7 @@
  * connections (per-direction GB/s), as in a two-rank all-reduce.
  */
 #include <arpa/inet.h>
+#include <getopt.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
@@ -87,15 +89,23 @@ int main(int argc, char **argv)
 	struct sockaddr_in sa = { .sin_family = AF_INET };
 	socklen_t len = sizeof(sa);
 
-	while ((opt = getopt(argc, argv, "P:s:l:xa:h")) != -1) {
+	static const struct option longopts[] = {
+		{ "version", no_argument, NULL, 'V' },
+		{ "help", no_argument, NULL, 'h' },
+		{ NULL, 0, NULL, 0 },
+	};
+
+	while ((opt = getopt_long(argc, argv, "P:s:l:xa:h", longopts, NULL)) != -1) {
 		switch (opt) {
 		case 'P': streams = atoi(optarg); break;
 		case 's': seconds = atof(optarg); break;
 		case 'l': call = (size_t)atol(optarg); break;
 		case 'x': bidir = 1; break;
 		case 'a': addr = optarg; break;
+		case 'V': printf("rail-rawtcp (nccl-net-rail %s)\n", RAIL_VERSION_STRING); return 0;
 		default:
-			printf("usage: rail-rawtcp [-P STREAMS] [-s SECONDS] [-l CALL_SIZE] [-x] [-a ADDR]\n");
+			printf("usage: rail-rawtcp [-P STREAMS] [-s SECONDS] [-l CALL_SIZE] [-x] [-a ADDR] "
+			       "| --version\n");
 			return opt == 'h' ? 0 : 2;
 		}
 	}

@@ -7,6 +7,7 @@
 #include <net/if.h>
 #include <poll.h>
 #include <pthread.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "rail.h"
@@ -384,6 +385,96 @@ static void test_connect_refused(void **state)
 	assert_int_equal(err, -ECONNREFUSED);
 }
 
+static void split_ok(const char *text, const char *host, int port)
+{
+	char h[64];
+	int p = -1, err = rail_hostport_split(text, h, sizeof(h), &p);
+
+	if (err || strcmp(h, host) || p != port)
+		fail_msg("'%s': err %d host '%s' port %d, expected '%s' %d", text, err,
+			 err ? "" : h, p, host, port);
+}
+
+static void test_hostport_split(void **state)
+{
+	char h[8];
+	int p = 7;
+
+	(void)state;
+	split_ok("5000", "", 5000);
+	split_ok("10.0.0.2:5000", "10.0.0.2", 5000);
+	split_ok("node-7.example:1", "node-7.example", 1);
+	split_ok("[fe80::1%eth0]:65535", "fe80::1%eth0", 65535);
+	assert_int_equal(rail_hostport_split("fe80::1:5000", h, sizeof(h), &p), -EDESTADDRREQ);
+	assert_int_equal(rail_hostport_split("host", h, sizeof(h), &p), -EINVAL);
+	assert_int_equal(rail_hostport_split("host:", h, sizeof(h), &p), -EINVAL);
+	assert_int_equal(rail_hostport_split("host:0", h, sizeof(h), &p), -EINVAL);
+	assert_int_equal(rail_hostport_split("host:65536", h, sizeof(h), &p), -EINVAL);
+	assert_int_equal(rail_hostport_split("host:50x", h, sizeof(h), &p), -EINVAL);
+	assert_int_equal(rail_hostport_split("[::1]5000", h, sizeof(h), &p), -EINVAL);
+	assert_int_equal(rail_hostport_split("[::1:5000", h, sizeof(h), &p), -EINVAL);
+	assert_int_equal(rail_hostport_split("a-very-long-host:5", h, sizeof(h), &p), -EINVAL);
+	assert_int_equal(p, 7); /* untouched on failure */
+}
+
+/* Refused: at once without retries, at the deadline (not before) with them. */
+static void test_connect_by_refused(void **state)
+{
+	union rail_sockaddr addr = parse_ok("127.0.0.1:0"), bound;
+	uint64_t t0;
+	int lfd, fd = -1;
+
+	(void)state;
+	assert_int_equal(rail_sock_listen(&addr, 1, &lfd, &bound), 0);
+	close(lfd);
+	t0 = rail_now_ns();
+	assert_int_equal(rail_sock_connect_by(&bound, t0 + 2000000000ull, 0, &fd), -ECONNREFUSED);
+	assert_true(rail_now_ns() - t0 < 1000000000ull);
+	t0 = rail_now_ns();
+	assert_int_equal(rail_sock_connect_by(&bound, t0 + 500000000ull, 1, &fd), -ECONNREFUSED);
+	assert_true(rail_now_ns() - t0 >= 300000000ull);
+	assert_int_equal(fd, -1);
+}
+
+/* A server that starts listening while the client retries is reached. */
+static void test_connect_by_late_server(void **state)
+{
+	union rail_sockaddr addr = parse_ok("127.0.0.1:0"), bound, peer;
+	int lfd, fd = -1, afd = -1;
+	pid_t pid;
+
+	(void)state;
+	assert_int_equal(rail_sock_listen(&addr, 1, &lfd, &bound), 0);
+	close(lfd);
+	pid = fork();
+	if (pid == 0) {
+		usleep(300000);
+		if (rail_sock_listen(&bound, 1, &lfd, &peer) ||
+		    rail_sock_accept_wait(lfd, WAIT_MS, &afd, &peer))
+			_exit(1);
+		_exit(0);
+	}
+	assert_int_equal(rail_sock_connect_by(&bound, rail_now_ns() + 5000000000ull, 1, &fd), 0);
+	close(fd);
+	assert_int_equal(waitpid(pid, &afd, 0), pid);
+	assert_true(WIFEXITED(afd) && WEXITSTATUS(afd) == 0);
+}
+
+static void test_accept_wait_timeout(void **state)
+{
+	union rail_sockaddr addr = parse_ok("127.0.0.1:0"), bound, peer;
+	int lfd, fd = -1;
+	uint64_t t0;
+
+	(void)state;
+	assert_int_equal(rail_sock_listen(&addr, 1, &lfd, &bound), 0);
+	t0 = rail_now_ns();
+	assert_int_equal(rail_sock_accept_wait(lfd, 200, &fd, &peer), -ETIMEDOUT);
+	assert_true(rail_now_ns() - t0 >= 150000000ull);
+	assert_int_equal(fd, -1);
+	close(lfd);
+}
+
 static void test_listen_in_use(void **state)
 {
 	union rail_sockaddr addr = parse_ok("127.0.0.1:0"), bound, bound2;
@@ -500,6 +591,10 @@ int main(void)
 		cmocka_unit_test(test_loopback_ipv6),
 		cmocka_unit_test(test_connect_refused),
 		cmocka_unit_test(test_listen_in_use),
+		cmocka_unit_test(test_hostport_split),
+		cmocka_unit_test(test_connect_by_refused),
+		cmocka_unit_test(test_connect_by_late_server),
+		cmocka_unit_test(test_accept_wait_timeout),
 		cmocka_unit_test(test_send_to_closed_peer),
 		cmocka_unit_test(test_send_recv_all),
 		cmocka_unit_test(test_nonblocking_flag),
