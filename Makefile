@@ -16,7 +16,8 @@
 # need no Makefile change:
 #   src/*.c src/*/*.c      -> core library
 #   plugin/*.c             -> the plugin's ABI shims
-#   tools/<name>.c         -> build/<name> (underscores become dashes)
+#   tools/<name>.c         -> build/<name> (underscores become dashes), with
+#                             tools/<name>/*.c if that folder exists
 #   test/unit/test_*.c     -> build/test/unit/test_* (cmocka)
 
 CC      ?= gcc
@@ -87,12 +88,14 @@ $(PLUGIN): $(PLUGIN_OBJS) $(CORE_LIB) plugin/exports.map
 	$(Q)$(CC) -shared $(LDFLAGS) -Wl,--version-script=plugin/exports.map -Wl,-z,defs \
 		-o $@ $(PLUGIN_OBJS) $(CORE_LIB) $(LDLIBS)
 
-# tools/rail_info.c -> build/rail-info
+# tools/rail_info.c -> build/rail-info; a tool may keep more of its sources
+# in tools/<name>/ (tools/rail_bench/*.c go into build/rail-bench).
 .SECONDEXPANSION:
-$(TOOLS): $(BUILD)/%: $$(subst -,_,tools/%.c) $(CORE_LIB) VERSION
+$(TOOLS): $(BUILD)/%: $$(subst -,_,tools/%.c) $$(wildcard $$(subst -,_,tools/%)/*.c) \
+		$$(wildcard $$(subst -,_,tools/%)/*.h) $(CORE_LIB) VERSION
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
-	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+	$(Q)$(CC) $(CPPFLAGS) -Itools $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c,$^) $(CORE_LIB) $(LDLIBS)
 
 $(BUILD)/test/unit/%: test/unit/%.c $(CORE_LIB) VERSION
 	@mkdir -p $(dir $@)
