@@ -29,6 +29,7 @@
 #include "log.h"
 #include "rail.h"
 #include "sock.h"
+#include "wire.h"
 
 #include "rail_bench/bench.h"
 
