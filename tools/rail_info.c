@@ -403,7 +403,7 @@ static void plugin_not_rail(struct report *r, const struct rail_netplugin_entry 
 	if (!errs[0] && !np->entries[0].loaded)
 		tries_text(&np->entries[0], errs, sizeof(errs));
 	problem(r, 1, "plugin", "NCCL_NET_PLUGIN=%s: %s (%s), so NCCL %s; %s", np->value,
-		np->names_rail ? "nccl-net-rail does not load" : "no library loads",
+		np->names_rail ? "nccl-net-rail does not load" : "no net plugin loads",
 		errs[0] ? errs : "no such library",
 		c ? "uses another plugin" : "falls back to its built-in IB/Socket transports",
 		PLUGIN_REMEDY);
