@@ -69,8 +69,8 @@ static void report_gids(struct out *o, const char *hca, int port, int tbl_len)
 	rail_ib_gid_choose(tab, n < 0 ? 0 : n, &p, &c);
 	if (o->json)
 		fprintf(o->f, ", \"gids\": [");
-	else
-		fprintf(o->f, "    GID table%s:\n", n < 0 ? " unreadable from sysfs" : "");
+	else if (n < 0)
+		fprintf(o->f, "    GID table: unreadable from sysfs: %s\n", RAIL_ERRSTR(n));
 	for (int i = 0, first = 1; i < n; i++) {
 		const struct rail_ib_gid_entry *e = &tab[i];
 		static const uint8_t zero[16];
@@ -84,6 +84,8 @@ static void report_gids(struct out *o, const char *hca, int port, int tbl_len)
 			jstr(o->f, gid_type(e, t, sizeof(t)));
 			fprintf(o->f, "}");
 		} else {
+			if (first)
+				fprintf(o->f, "    GID table:\n");
 			fprintf(o->f, "      [%d] %-40s %s%s%s\n", e->index, e->text,
 				gid_type(e, t, sizeof(t)), e->valid ? "" : "(zero or link-local: never chosen)",
 				e->index == c.index ? "  <= chosen" : "");
@@ -111,7 +113,7 @@ static void report_port(struct out *o, struct ibv_context *ctx, const char *hca,
 	if (o->json) {
 		fprintf(o->f, "%s{\"port\": %d, \"state\": \"%s\", \"link_layer\": \"%s\", "
 			"\"speed_mbps\": %d, \"active_mtu\": %d, \"max_mtu\": %d, \"lid\": %u, "
-			"\"used\": %s, \"why\": ", first ? "" : ", ", port, state_str(a->state),
+			"\"used\": %s, \"reason\": ", first ? "" : ", ", port, state_str(a->state),
 			rail_link_layer_str(a->link_layer), speed, rail_ib_mtu_bytes(a->active_mtu),
 			rail_ib_mtu_bytes(a->max_mtu), a->lid, pi.kept ? "true" : "false");
 		jstr(o->f, pi.why);
@@ -195,9 +197,9 @@ void rail_ib_report(FILE *f, int json)
 	rail_params_load();
 	if (rail_verbs_load(why, sizeof(why))) {
 		if (json) {
-			fprintf(f, "{\"available\": false, \"reason\": ");
+			fprintf(f, "{\"library_loaded\": false, \"library_error\": ");
 			jstr(f, why);
-			fprintf(f, "}");
+			fprintf(f, ", \"devices\": []}");
 		} else {
 			fprintf(f, "verbs transport unavailable: %s\n", why);
 		}
@@ -206,7 +208,7 @@ void rail_ib_report(FILE *f, int json)
 	rail_ib_hca_filter_load();
 	list = rail_ibv.get_device_list(&n);
 	if (json)
-		fprintf(f, "{\"available\": %s, \"devices\": [", n > 0 ? "true" : "false");
+		fprintf(f, "{\"library_loaded\": true, \"library_error\": \"\", \"devices\": [");
 	else if (n <= 0)
 		fprintf(f, "verbs transport: no RDMA device\n");
 	for (int i = 0; list && i < n; i++)

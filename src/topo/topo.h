@@ -229,14 +229,19 @@ void rail_topo_log_gpu(const struct rail_topo *t, const char *bdf);
 
 /*
  * rail-info: the GPU x NIC matrix, the choice per GPU with its reason,
- * NUMA nodes, netdevs and advice (text), or one JSON object:
- *   {"gpus": [{"bdf", "numa", "locality", "reason", "source", "nics":
- *     [{"name", "port", "relation", "netdev", "rate_mbps"}]}],
- *    "devices": [...], "netdevs": [...], "numa_nodes": N,
- *    "gpu_nic_map": {...}, "warnings": [...]}
+ * the RDMA devices and the netdevs (text; sections with nothing to show
+ * are left out, and the advice is not printed: rail-info lists t->warn
+ * with its other problems), or one JSON object:
+ *   {"sysfs_root", "numa_node_count", "gpus": [{"index", "bdf", "numa",
+ *     "pci_vendor", "pci_device", "nvidia", "pci_path", "locality",
+ *     "source", "reason", "nics": [{"name", "port", "relation", "netdev",
+ *     "speed_mbps", "rail"}], "relations"}],
+ *    "rdma_devices": [{..., "ports": [{..., "usable", "reason"}]}],
+ *    "netdevs": [...], "gpu_nic_map": {"set", "used", "status"},
+ *    "warnings": [...]}
  */
 void rail_topo_print(const struct rail_topo *t, FILE *out, int json);
-/* The members of that object without the braces, to embed them in another. */
+/* The members of that object but "warnings", without the braces, to embed them in another. */
 void rail_topo_print_json_members(const struct rail_topo *t, FILE *out);
 
 #endif

@@ -65,7 +65,7 @@ static void json_pick(const struct rail_topo *t, FILE *out, const struct rail_to
 	fprintf(out, ", \"port\": %d, \"relation\": \"%s\", \"netdev\": ", port->port,
 		rail_topo_rel_name(p->rel));
 	json_str(out, port->netdev);
-	fprintf(out, ", \"rate_mbps\": %d, \"rail\": %d}", port->rate_mbps,
+	fprintf(out, ", \"speed_mbps\": %d, \"rail\": %d}", port->rate_mbps,
 		rail_of(t, p->nic, port->port));
 }
 
@@ -76,7 +76,7 @@ static void json_gpu(const struct rail_topo *t, FILE *out, int g)
 
 	fprintf(out, "    {\"index\": %d, \"bdf\": ", g);
 	json_str(out, gpu->bdf);
-	fprintf(out, ", \"numa\": %d, \"vendor\": \"0x%04x\", \"device\": \"0x%04x\", "
+	fprintf(out, ", \"numa\": %d, \"pci_vendor\": \"0x%04x\", \"pci_device\": \"0x%04x\", "
 		"\"nvidia\": %s, \"pci_path\": ", gpu->numa, gpu->vendor, gpu->device,
 		gpu->nvidia ? "true" : "false");
 	json_str(out, gpu->pci_path);
@@ -107,8 +107,9 @@ static void json_nic(const struct rail_topo *t, FILE *out, int n)
 	json_str(out, nic->bdf);
 	fprintf(out, ", \"pci_path\": ");
 	json_str(out, nic->pci_path);
-	fprintf(out, ", \"numa\": %d, \"vendor\": \"0x%04x\", \"device\": \"0x%04x\", \"vf\": %s, "
-		"\"pf\": ", nic->numa, nic->vendor, nic->device, nic->is_vf ? "true" : "false");
+	fprintf(out, ", \"numa\": %d, \"pci_vendor\": \"0x%04x\", \"pci_device\": \"0x%04x\", "
+		"\"vf\": %s, \"pf\": ", nic->numa, nic->vendor, nic->device,
+		nic->is_vf ? "true" : "false");
 	json_str(out, nic->pf_bdf);
 	fprintf(out, ",\n     \"ports\": [");
 	for (int p = 0; p < nic->nports; p++) {
@@ -118,9 +119,9 @@ static void json_nic(const struct rail_topo *t, FILE *out, int n)
 			"\"link_layer\": ", p ? ", " : "", port->port, state_text(port->state),
 			port->phys_state);
 		json_str(out, port->link_layer);
-		fprintf(out, ", \"rate_mbps\": %d, \"netdev\": ", port->rate_mbps);
+		fprintf(out, ", \"speed_mbps\": %d, \"netdev\": ", port->rate_mbps);
 		json_str(out, port->netdev);
-		fprintf(out, ", \"usable\": %s, \"why_not\": ", port->usable ? "true" : "false");
+		fprintf(out, ", \"usable\": %s, \"reason\": ", port->usable ? "true" : "false");
 		json_str(out, port->usable ? "" : port->why_not);
 		fprintf(out, ", \"rail\": %d}", rail_of(t, n, port->port));
 	}
@@ -133,7 +134,7 @@ static void json_netdev(FILE *out, const struct rail_topo_netdev *nd)
 	json_str(out, nd->name);
 	fprintf(out, ", \"bdf\": ");
 	json_str(out, nd->bdf);
-	fprintf(out, ", \"numa\": %d, \"rdma\": ", nd->numa);
+	fprintf(out, ", \"numa\": %d, \"rdma_device\": ", nd->numa);
 	json_str(out, nd->ibdev);
 	fprintf(out, ", \"rdma_port\": %d, \"speed_mbps\": %d, \"operstate\": ",
 		nd->ibdev[0] ? nd->ibport : 0, nd->speed_mbps);
@@ -145,12 +146,12 @@ void rail_topo_print_json_members(const struct rail_topo *t, FILE *out)
 {
 	fprintf(out, "\"sysfs_root\": ");
 	json_str(out, rail_sysfs_root()[0] ? rail_sysfs_root() : "/");
-	fprintf(out, ", \"numa_nodes\": %d,\n  \"gpus\": [\n", t->nnuma);
+	fprintf(out, ", \"numa_node_count\": %d,\n  \"gpus\": [\n", t->nnuma);
 	for (int g = 0; g < t->ngpus; g++) {
 		json_gpu(t, out, g);
 		fprintf(out, "%s\n", g + 1 < t->ngpus ? "," : "");
 	}
-	fprintf(out, "  ],\n  \"devices\": [\n");
+	fprintf(out, "  ],\n  \"rdma_devices\": [\n");
 	for (int n = 0; n < t->nnics; n++) {
 		json_nic(t, out, n);
 		fprintf(out, "%s\n", n + 1 < t->nnics ? "," : "");
@@ -163,7 +164,12 @@ void rail_topo_print_json_members(const struct rail_topo *t, FILE *out)
 	fprintf(out, "  ],\n  \"gpu_nic_map\": {\"set\": %s, \"used\": %s, \"status\": ",
 		t->map_set ? "true" : "false", t->map_used ? "true" : "false");
 	json_str(out, t->map_status);
-	fprintf(out, "},\n  \"warnings\": [");
+	fprintf(out, "}");
+}
+
+static void json_warnings(const struct rail_topo *t, FILE *out)
+{
+	fprintf(out, ",\n  \"warnings\": [");
 	for (int i = 0; i < t->nwarn; i++) {
 		fprintf(out, "%s\n    ", i ? "," : "");
 		json_str(out, t->warn[i]);
@@ -188,7 +194,7 @@ static void text_matrix(const struct rail_topo *t, FILE *out)
 	}
 	fprintf(out, "  PIX same PCIe switch, PXB several switches, PHB one host bridge,\n"
 		     "  NODE other host bridge on the same NUMA node, SYS other NUMA node or "
-		     "unknown\n\n");
+		     "unknown\n");
 }
 
 static void text_choices(const struct rail_topo *t, FILE *out)
@@ -214,7 +220,8 @@ static void text_choices(const struct rail_topo *t, FILE *out)
 
 static void text_devices(const struct rail_topo *t, FILE *out)
 {
-	fprintf(out, "\nRDMA devices (topology view):\n");
+	if (t->nnics)
+		fprintf(out, "\nRDMA devices (topology view):\n");
 	for (int n = 0; n < t->nnics; n++) {
 		const struct rail_topo_nic *nic = &t->nics[n];
 
@@ -231,7 +238,8 @@ static void text_devices(const struct rail_topo *t, FILE *out)
 				port->usable ? "" : port->why_not);
 		}
 	}
-	fprintf(out, "\nNetwork interfaces:\n");
+	if (t->nnetdevs)
+		fprintf(out, "\nNetwork interfaces:\n");
 	for (int i = 0; i < t->nnetdevs; i++) {
 		const struct rail_topo_netdev *nd = &t->netdevs[i];
 
@@ -247,20 +255,21 @@ static void text_devices(const struct rail_topo *t, FILE *out)
 
 static void print_text(const struct rail_topo *t, FILE *out)
 {
-	fprintf(out, "Topology (sysfs root %s): %d GPU%s, %d RDMA device%s, %d NUMA node%s\n\n",
+	fprintf(out, "Topology (sysfs root %s): %d GPU%s, %d RDMA device%s, %d NUMA node%s\n",
 		rail_sysfs_root()[0] ? rail_sysfs_root() : "/", t->ngpus, t->ngpus == 1 ? "" : "s",
 		t->nnics, t->nnics == 1 ? "" : "s", t->nnuma, t->nnuma == 1 ? "" : "s");
-	if (t->ngpus && t->nnics)
+	if (t->ngpus && t->nnics) {
+		fprintf(out, "\n");
 		text_matrix(t, out);
-	if (t->ngpus)
+	}
+	if (t->ngpus) {
+		fprintf(out, "\n");
 		text_choices(t, out);
+	}
 	text_devices(t, out);
 	fprintf(out, "\nNCCL_RAIL_GPU_NIC_MAP: %s%s%s\n",
 		!t->map_set ? "unset" : t->map_used ? "used" : "not used",
 		t->map_status[0] ? ", " : "", t->map_status);
-	fprintf(out, "\nAdvice:%s\n", t->nwarn ? "" : " none");
-	for (int i = 0; i < t->nwarn; i++)
-		fprintf(out, "  - %s\n", t->warn[i]);
 }
 
 void rail_topo_print(const struct rail_topo *t, FILE *out, int json)
@@ -268,6 +277,7 @@ void rail_topo_print(const struct rail_topo *t, FILE *out, int json)
 	if (json) {
 		fprintf(out, "{");
 		rail_topo_print_json_members(t, out);
+		json_warnings(t, out);
 		fprintf(out, "}\n");
 	} else
 		print_text(t, out);

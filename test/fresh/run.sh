@@ -224,7 +224,9 @@ package() {
 		rc=0; NCCL_NET_PLUGIN=rail rail-info --check >/tmp/check.txt 2>&1 || rc=$?
 		cat /tmp/check.txt
 		[ "$rc" -le 1 ] || { echo "rail-info --check exited $rc"; exit 1; }
-		grep -q "/usr/lib/$multiarch/libnccl-net-rail.so" /tmp/check.txt
+		# The report names the file NCCL would load and its version.
+		NCCL_NET_PLUGIN=rail rail-info >/tmp/info.txt 2>&1 || true
+		grep "rail: /usr/lib/$multiarch/libnccl-net-rail.so: nccl-net-rail" /tmp/info.txt
 		NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME=lo rail-bench -e 1M -c
 	'
 }

@@ -10,8 +10,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include "ncclconf.h"
 #include "param.h"
 #include "rail.h"
 #include "sysfs.h"
@@ -177,21 +179,45 @@ static void test_snapshot_details(void **state)
 
 /* ---- JSON ------------------------------------------------------------------ */
 
-static void check_doc(const char *what, const char *text, int want_report)
+/* rail-info's top-level keys (README "rail-info as a gate"), and its exit code. */
+static void check_report_keys(const char *what, const struct tj *doc, int rc)
+{
+	static const char *const keys[] = { "schema", "rail_info_version", "abi_versions",
+					    "status", "exit_code", "problems", "nccl_conf_files",
+					    "net_plugin", "transport", "verbs", "numa_nodes",
+					    "parameters", "topology" };
+	const struct tj *schema = tj_get(doc, "schema"), *code = tj_get(doc, "exit_code");
+
+	for (size_t k = 0; k < RAIL_ARRAY_SIZE(keys); k++)
+		if (!tj_get(doc, keys[k]))
+			fail_msg("%s: rail-info key \"%s\" missing", what, keys[k]);
+	if (schema->type != TJ_NUM || schema->num != 1)
+		fail_msg("%s: \"schema\" is not the integer 1", what);
+	if (code->type != TJ_NUM || (int)code->num != rc)
+		fail_msg("%s: exited %d but \"exit_code\" says %g", what, rc, code->num);
+}
+
+/* report_rc: -1 for the topology model's JSON, else rail-info's exit code. */
+static void check_doc(const char *what, const char *text, int report_rc)
 {
 	static const char *const gpu_keys[] = { "bdf", "numa", "locality", "reason", "nics" };
 	static const char *const nic_keys[] = { "name", "port", "relation" };
-	const struct tj *gpus, *devs;
+	const struct tj *gpus, *devs, *topo;
 	const char *err;
 	struct tj doc;
 	long at;
 
 	if (tj_parse(text, &doc, &err, &at))
 		fail_msg("%s: invalid JSON: %s at offset %ld: %.80s", what, err, at, text + at);
-	gpus = tj_get(&doc, "gpus");
-	devs = tj_get(&doc, "devices");
+	topo = &doc;
+	if (report_rc >= 0) {
+		check_report_keys(what, &doc, report_rc);
+		topo = tj_get(&doc, "topology");
+	}
+	gpus = tj_get(topo, "gpus");
+	devs = tj_get(topo, "rdma_devices");
 	if (!gpus || gpus->type != TJ_ARR || !devs || devs->type != TJ_ARR)
-		fail_msg("%s: no \"gpus\" and \"devices\" arrays", what);
+		fail_msg("%s: no \"gpus\" and \"rdma_devices\" arrays", what);
 	for (int g = 0; g < gpus->n; g++) {
 		const struct tj *nics = tj_get(&gpus->items[g], "nics");
 		const char *loc = tj_str(&gpus->items[g], "locality");
@@ -207,9 +233,6 @@ static void check_doc(const char *what, const char *text, int want_report)
 					fail_msg("%s: GPU %d NIC %d has no \"%s\"", what, g, n,
 						 nic_keys[k]);
 	}
-	if (want_report && (!tj_get(&doc, "version") || !tj_get(&doc, "abis") ||
-			    !tj_get(&doc, "config") || !tj_get(&doc, "transport")))
-		fail_msg("%s: rail-info keys missing", what);
 	tj_free(&doc);
 }
 
@@ -224,7 +247,7 @@ static void test_model_json_valid(void **state)
 		snprintf(root, sizeof(root), FX "%s", fixtures[i]);
 		rail_sysfs_set_root(root);
 		text = model_json(NULL);
-		check_doc(root, text, 0);
+		check_doc(root, text, -1);
 		free(text);
 	}
 	/* the mini parser really rejects broken documents */
@@ -241,7 +264,12 @@ static void test_model_json_valid(void **state)
 
 /* ---- rail-info -------------------------------------------------------------- */
 
-static char *run(const char *cmd)
+/*
+ * The command's standard output. rail-info's reports exit 0, 1 or 2 by
+ * readiness; *rc gets the status, and anything else (a crash, 64) fails.
+ * With rc NULL only 0 is accepted.
+ */
+static char *run_rc(const char *cmd, int *rc_out)
 {
 	FILE *p = popen(cmd, "r");
 	char *buf = NULL;
@@ -260,13 +288,21 @@ static char *run(const char *cmd)
 		buf[len++] = (char)c;
 	}
 	rc = pclose(p);
-	if (rc)
+	rc = WIFEXITED(rc) ? WEXITSTATUS(rc) : 128;
+	if (rc_out ? rc > 2 : rc != 0)
 		fail_msg("%s exited with %d", cmd, rc);
+	if (rc_out)
+		*rc_out = rc;
 	if (!buf)
 		buf = calloc(1, 1);
 	else
 		buf[len] = '\0';
 	return buf;
+}
+
+static char *run(const char *cmd)
+{
+	return run_rc(cmd, NULL);
 }
 
 static void need_rail_info(void)
@@ -300,9 +336,11 @@ static void test_rail_info_json(void **state)
 	for (size_t i = 0; i < RAIL_ARRAY_SIZE(fixtures); i++) {
 		char *out;
 
+		int rc;
+
 		snprintf(cmd, sizeof(cmd), "%s --sysfs-root " FX "%s --json", rail_info, fixtures[i]);
-		out = run(cmd);
-		check_doc(cmd, out, 1);
+		out = run_rc(cmd, &rc);
+		check_doc(cmd, out, rc);
 		free(out);
 		if (python) {
 			snprintf(cmd, sizeof(cmd), "%s --sysfs-root " FX "%s --json | "
@@ -313,9 +351,10 @@ static void test_rail_info_json(void **state)
 	}
 	snprintf(cmd, sizeof(cmd), "%s --json", rail_info); /* this machine */
 	{
-		char *out = run(cmd);
+		int rc;
+		char *out = run_rc(cmd, &rc);
 
-		check_doc(cmd, out, 1);
+		check_doc(cmd, out, rc);
 		free(out);
 	}
 }
@@ -324,9 +363,20 @@ static void test_rail_info_config(void **state)
 {
 	static const char *const formats[] = { "text", "markdown", "json" };
 	static const char *const flags[] = { "--config", "--config --markdown", "--config --json" };
+	char paths[RAIL_NCCLCONF_MAX_FILES][PATH_MAX];
+	const char *list[RAIL_NCCLCONF_MAX_FILES];
+	struct rail_ncclconf conf;
+	int n;
 
 	(void)state;
 	need_rail_info();
+	/* rail-info applies NCCL's configuration files first: do the same here */
+	n = rail_ncclconf_default_paths(paths, RAIL_NCCLCONF_MAX_FILES);
+	for (int i = 0; i < n; i++)
+		list[i] = paths[i];
+	assert_int_equal(rail_ncclconf_apply(list, n, &conf), 0);
+	rail_ncclconf_free(&conf);
+	rail_params_reload();
 	for (size_t i = 0; i < RAIL_ARRAY_SIZE(formats); i++) {
 		char cmd[600], *out, *want = NULL;
 		size_t len = 0;
@@ -349,6 +399,7 @@ static void test_rail_info_snapshot(void **state)
 {
 	static const char *const roots[] = { FX "roce-h100", FX "azure-ndv5", "/" };
 	char dir[64], cmd[1024];
+	int rc;
 
 	(void)state;
 	need_rail_info();
@@ -358,9 +409,9 @@ static void test_rail_info_snapshot(void **state)
 		make_tmp(dir, sizeof(dir));
 		snprintf(cmd, sizeof(cmd), "%s --sysfs-root %s --snapshot %s/snap --no-transport "
 			 "2>/dev/null", rail_info, roots[i], dir);
-		a = run(cmd);
+		a = run_rc(cmd, &rc);
 		snprintf(cmd, sizeof(cmd), "%s --sysfs-root %s/snap --no-transport", rail_info, dir);
-		b = run(cmd);
+		b = run_rc(cmd, &rc);
 		/* only the root line may differ */
 		p = strstr(a, "Topology (sysfs root ");
 		assert_non_null(p);

@@ -8,7 +8,9 @@
 # rxe-timeout: 120
 set -uo pipefail
 
-json=$(build/rail-info --json 2>/dev/null) || { echo "rail-info --json failed"; exit 1; }
+# Exit status 0 ready or 1 usable with warnings (NCCL_NET_PLUGIN is unset here).
+rc=0; json=$(build/rail-info --json 2>/dev/null) || rc=$?
+[ "$rc" -le 1 ] || { echo "rail-info --json exited $rc"; exit 1; }
 printf '%s\n' "$json" >"$RXE_TEST_OUT/rail-info.json"
 
 python3 - "$RXE_GID_INDEX0" "$RXE_GID_INDEX1" "$RXE_TEST_OUT/rail-info.json" <<'PY' || exit 1
@@ -16,8 +18,8 @@ import json, sys
 want = {"rxe0": int(sys.argv[1]), "rxe1": int(sys.argv[2])}
 with open(sys.argv[3]) as f:
     doc = json.load(f)
-ib = doc["ib"]
-assert ib["available"], "verbs report says unavailable"
+ib = doc["verbs"]
+assert ib["library_loaded"] and ib["devices"], f"verbs report: {ib}"
 bad = 0
 for d in ib["devices"]:
     name = d["name"]
