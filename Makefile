@@ -105,7 +105,7 @@ $(BUILD)/test/unit/%: test/unit/%.c $(CORE_LIB) VERSION
 $(CONFORMANCE): $(CONF_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
--include $(shell find $(BUILD) -name '*.d' -type f 2>/dev/null)
+-include $(shell find $(BUILD)/obj $(BUILD)/test -name '*.d' -type f 2>/dev/null)
 
 # ---- tests ---------------------------------------------------------------
 

@@ -72,16 +72,16 @@ else
 	dpkg-deb -x "$deb" "$x"
 	for t in rail-info rail-bench rail-rawtcp; do
 		out=$("$x/usr/bin/$t" --version 2>&1 || true)
-		if grep -q "nccl-net-rail $version" <<<"$out"; then
+		if [ "$out" = "$t (nccl-net-rail) $version" ]; then
 			ok "deb: $t --version says $version"
 		else
 			fail "deb: $t --version printed: $out"
 		fi
 	done
-	if strings "$x/usr/lib/$multiarch/libnccl-net-rail.so" | grep -q "nccl-net-rail $version"; then
+	if strings "$x/usr/lib/$multiarch/libnccl-net-rail.so" | grep -c "^@(#)nccl-net-rail $version\$" >/dev/null; then
 		ok "deb: the plugin carries version $version"
 	else
-		fail "deb: no 'nccl-net-rail $version' string in the plugin"
+		fail "deb: no '@(#)nccl-net-rail $version' ident in the plugin"
 	fi
 fi
 

@@ -734,7 +734,7 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'V': o->verify = 1; break;
 		case 'O': o->timeout = atof(optarg); break;
 		case 'X': o->corrupt = 1 + strtoull(optarg, NULL, 0); break;
-		case 'v': printf("rail-bench (nccl-net-rail %s)\n", RAIL_VERSION_STRING); exit(0);
+		case 'v': printf("rail-bench (nccl-net-rail) %s\n", RAIL_VERSION_STRING); exit(0);
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
 		}

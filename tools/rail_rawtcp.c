@@ -102,7 +102,7 @@ int main(int argc, char **argv)
 		case 'l': call = (size_t)atol(optarg); break;
 		case 'x': bidir = 1; break;
 		case 'a': addr = optarg; break;
-		case 'V': printf("rail-rawtcp (nccl-net-rail %s)\n", RAIL_VERSION_STRING); return 0;
+		case 'V': printf("rail-rawtcp (nccl-net-rail) %s\n", RAIL_VERSION_STRING); return 0;
 		default:
 			printf("usage: rail-rawtcp [-P STREAMS] [-s SECONDS] [-l CALL_SIZE] [-x] [-a ADDR] "
 			       "| --version\n");
