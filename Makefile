@@ -18,6 +18,8 @@
 #   plugin/*.c             -> the plugin's ABI shims
 #   tools/<name>.c         -> build/<name> (underscores become dashes)
 #   test/unit/test_*.c     -> build/test/unit/test_* (cmocka)
+#   test/fakeverbs/*.c     -> build/test/fakeverbs/libfakeverbs.so, the fake
+#                             libibverbs the unit tests load (NCCL_IBVERBS_LIB)
 
 CC      ?= gcc
 BUILD   ?= build
@@ -52,6 +54,7 @@ PLUGIN_SRCS := $(sort $(wildcard plugin/*.c))
 TOOL_SRCS   := $(sort $(wildcard tools/*.c))
 UNIT_SRCS   := $(sort $(wildcard test/unit/test_*.c))
 CONF_SRCS   := $(sort $(wildcard test/conformance/*.c))
+FAKEVERBS_SRCS := $(sort $(wildcard test/fakeverbs/*.c))
 
 CORE_OBJS   := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 PLUGIN_OBJS := $(PLUGIN_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -62,6 +65,7 @@ PLUGIN      := $(BUILD)/libnccl-net-rail.so
 TOOLS       := $(patsubst tools/%.c,$(BUILD)/%,$(subst _,-,$(TOOL_SRCS)))
 UNIT_TESTS  := $(UNIT_SRCS:test/unit/%.c=$(BUILD)/test/unit/%)
 CONFORMANCE := $(BUILD)/rail-conformance
+FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-readme test-netns test-fresh test-packages install uninstall \
@@ -70,7 +74,7 @@ all: plugin tools
 
 plugin: $(PLUGIN)
 tools: $(TOOLS)
-tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE))
+tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS)
 
 # Every object depends on VERSION: the number is compiled in (src/rail.h).
 $(BUILD)/obj/%.o: %.c VERSION
@@ -99,6 +103,15 @@ $(BUILD)/test/unit/%: test/unit/%.c $(CORE_LIB) VERSION
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(CORE_LIB) -lcmocka $(LDLIBS)
 
+# The fake libibverbs: exports only the ibv_* calls, at rdma-core's symbol
+# versions (test/fakeverbs/fakeverbs.map), hence default visibility.
+$(FAKEVERBS): $(FAKEVERBS_SRCS) test/fakeverbs/fv.h test/fakeverbs/fakeverbs.map VERSION
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -fvisibility=default $(LDFLAGS) -shared \
+		-Wl,--version-script=test/fakeverbs/fakeverbs.map -Wl,-z,defs -o $@ \
+		$(FAKEVERBS_SRCS) $(LDLIBS)
+
 $(CONFORMANCE): $(CONF_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -107,8 +120,10 @@ $(CONFORMANCE): $(CONF_OBJS)
 # ---- tests ---------------------------------------------------------------
 
 # Some unit tests also check the rail-info binary (they skip, saying why, without it).
-test-unit: $(UNIT_TESTS) $(BUILD)/rail-info
-	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; $$t; done
+# The fake-verbs tests find the fake library through RAIL_FAKEVERBS_LIB.
+test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(FAKEVERBS)
+	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; \
+		RAIL_FAKEVERBS_LIB=$(abspath $(FAKEVERBS)) $$t; done
 
 test-abi: $(PLUGIN)
 	test/check-exports.sh $(PLUGIN)
