@@ -94,14 +94,19 @@ const struct rail_ib_vdev *rail_ib_vdev_get(int vdev);
 /* The OOB address (listen sockets bind it). */
 const union rail_sockaddr *rail_ib_oob_addr(void);
 const char *rail_link_layer_str(int ll);
-int rail_ib_port_speed(int active_speed, int active_width);
+/* NCCL's table: Mbps for an active_speed(_ex) code and an active_width code. */
+int rail_ib_port_speed(uint32_t active_speed, int active_width);
 int rail_ib_mtu_bytes(enum ibv_mtu mtu);
 
 /* ---- discovery, shared with the report (ib_init.c) --------------------- */
 struct rail_ib_port_info {
 	char hca[RAIL_IB_NAME_MAX];
 	int port;
-	struct ibv_port_attr attr;
+	union {
+		struct ibv_port_attr attr;
+		struct rail_port_attr attr_ext;	/* with active_speed_ex */
+	};
+	int speed;		/* Mbps, rail_ib_port_mbps */
 	int kept;
 	char why[160];		/* why not kept */
 };

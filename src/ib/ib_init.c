@@ -62,12 +62,12 @@ const char *rail_link_layer_str(int ll)
 }
 
 /* NCCL's tables: Mbps per lane for the first set bit of active_speed, lanes per width bit. */
-int rail_ib_port_speed(int active_speed, int active_width)
+int rail_ib_port_speed(uint32_t active_speed, int active_width)
 {
 	static const int speeds[] = { 2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000,
 				      200000 };
 	static const int widths[] = { 1, 4, 8, 12, 2 };
-	int s = active_speed ? __builtin_ctz((unsigned)active_speed) : 0;
+	int s = active_speed ? __builtin_ctz(active_speed) : 0;
 	int w = active_width ? __builtin_ctz((unsigned)active_width) : 0;
 
 	if (s >= (int)RAIL_ARRAY_SIZE(speeds))
@@ -75,6 +75,24 @@ int rail_ib_port_speed(int active_speed, int active_width)
 	if (w >= (int)RAIL_ARRAY_SIZE(widths))
 		w = 0;
 	return speeds[s] * widths[w];
+}
+
+/*
+ * NCCL's rule (init.cc): ibv_query_port_speed (100 Mb/s units; a RoCE LAG
+ * answers its aggregate) where the library has it and NCCL_IB_QUERY_PORT_SPEED
+ * allows, else the table on active_speed_ex (XDR and faster), else on the
+ * 8-bit active_speed.
+ */
+static int port_mbps(struct ibv_context *ctx, int port, const struct rail_port_attr *a)
+{
+	uint32_t ex = rail_port_active_speed_ex(a);
+	uint64_t q = 0;
+
+	if (rail_param_int(RAIL_P_IB_QUERY_PORT_SPEED) && rail_ibv.query_port_speed &&
+	    rail_ibv.query_port_speed(ctx, (uint32_t)port, &q) == 0 && q > 0 &&
+	    q <= INT32_MAX / 100)
+		return (int)(q * 100);
+	return rail_ib_port_speed(ex ? ex : a->attr.active_speed, a->attr.active_width);
 }
 
 int rail_ib_mtu_bytes(enum ibv_mtu mtu)
@@ -98,12 +116,13 @@ int rail_ib_port_check(struct ibv_context *ctx, const char *hca, int port,
 	memset(out, 0, sizeof(*out));
 	rail_strlcpy(out->hca, hca, sizeof(out->hca));
 	out->port = port;
-	ret = rail_ibv.query_port(ctx, (uint8_t)port, &out->attr);
+	ret = rail_ibv.query_port(ctx, (uint8_t)port, &out->attr_ext);
 	if (ret) {
 		snprintf(out->why, sizeof(out->why), "ibv_query_port failed: %s",
 			 RAIL_ERRSTR(-rail_verbs_err(ret)));
 		return -rail_verbs_err(ret);
 	}
+	out->speed = port_mbps(ctx, port, &out->attr_ext);
 	if (out->attr.state != IBV_PORT_ACTIVE) {
 		snprintf(out->why, sizeof(out->why), "port state %s, not ACTIVE",
 			 port_state_str(out->attr.state));
@@ -211,7 +230,7 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 				  ? IBV_LINK_LAYER_INFINIBAND : pi->attr.link_layer;
 	dev->mtu = pi->attr.active_mtu;
 	dev->lid = pi->attr.lid;
-	dev->speed = rail_ib_port_speed(pi->attr.active_speed, pi->attr.active_width);
+	dev->speed = pi->speed;
 	dev->gid_tbl_len = pi->attr.gid_tbl_len;
 	dev->guid = hca->attr.sys_image_guid;
 	dev->rail = entry ? entry->rail : -1;

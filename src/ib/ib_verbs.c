@@ -7,7 +7,8 @@
  * ibv_query_port as a static inline that prefers the extended context op
  * (verbs_context->query_port, which knows the caller's struct size) and
  * falls back to the exported ibv_query_port@IBVERBS_1.1 with the old
- * layout; our shim does the same. ibv_post_send, ibv_post_recv and
+ * layout; our shim does the same, with room for the fields newer
+ * rdma-core appends (struct rail_port_attr). ibv_post_send, ibv_post_recv and
  * ibv_poll_cq are inlines calling the provider through ctx->ops.
  */
 #include <dlfcn.h>
@@ -68,6 +69,7 @@ static const struct verbs_sym syms[] = {
 	{ "ibv_ack_async_event", "IBVERBS_1.1", SLOT(ack_async_event), 0 },
 	{ "ibv_event_type_str", "IBVERBS_1.1", SLOT(event_type_str), 0 },
 	{ "ibv_wc_status_str", "IBVERBS_1.1", SLOT(wc_status_str), 0 },
+	{ "ibv_query_port_speed", "IBVERBS_1.16", SLOT(query_port_speed), 1 },
 };
 
 /* Names accepted by rail_verbs_override, including the inline-backed slots. */
@@ -89,6 +91,7 @@ static const struct {
 	{ "ack_async_event", SLOT(ack_async_event) }, { "event_type_str", SLOT(event_type_str) },
 	{ "wc_status_str", SLOT(wc_status_str) },     { "post_send", SLOT(post_send) },
 	{ "post_recv", SLOT(post_recv) },	      { "poll_cq", SLOT(poll_cq) },
+	{ "query_port_speed", SLOT(query_port_speed) },
 };
 
 static void **slot_ptr(struct rail_verbs *t, size_t offset)
@@ -105,14 +108,22 @@ int rail_verbs_err(int ret)
 
 /* ---- shims for the inlines and the live-object counters ---------------- */
 
-static int shim_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
+static int shim_query_port(struct ibv_context *ctx, uint8_t port, struct rail_port_attr *attr)
 {
 	struct verbs_context *vctx = verbs_get_ctx_op(ctx, query_port);
 
-	if (vctx)
-		return vctx->query_port(ctx, port, attr, sizeof(*attr));
 	memset(attr, 0, sizeof(*attr));
-	return compat_query_port(ctx, port, attr);
+	if (vctx)
+		return vctx->query_port(ctx, port, &attr->attr, sizeof(*attr));
+	return compat_query_port(ctx, port, &attr->attr);
+}
+
+uint32_t rail_port_active_speed_ex(const struct rail_port_attr *a)
+{
+	uint32_t v;
+
+	memcpy(&v, (const char *)a + RAIL_PORT_SPEED_EX_OFF, sizeof(v));
+	return v;
 }
 
 static int shim_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)

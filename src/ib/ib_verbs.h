@@ -14,6 +14,26 @@
 
 #include <infiniband/verbs.h>
 #include <stddef.h>
+#include <stdint.h>
+
+/*
+ * struct ibv_port_attr with room for the fields newer rdma-core appends,
+ * whatever verbs.h this is built against: rdma-core 48+ puts u32
+ * active_speed_ex (XDR and faster; the 8-bit active_speed reads 0 for XDR)
+ * right after port_cap_flags2. query_port passes the whole size, so a
+ * library that knows the field fills it and an older one leaves it 0.
+ */
+struct rail_port_attr {
+	struct ibv_port_attr attr;
+	unsigned char ext[16];
+};
+#define RAIL_PORT_SPEED_EX_OFF \
+	((offsetof(struct ibv_port_attr, port_cap_flags2) + 2 + 3) / 4 * 4)
+_Static_assert(RAIL_PORT_SPEED_EX_OFF + 4 <= sizeof(struct rail_port_attr),
+	       "struct rail_port_attr has no room for active_speed_ex");
+
+/* active_speed_ex, or 0 where the library does not know it. */
+uint32_t rail_port_active_speed_ex(const struct rail_port_attr *a);
 
 struct rail_verbs {
 	struct ibv_device **(*get_device_list)(int *num);
@@ -22,7 +42,9 @@ struct rail_verbs {
 	struct ibv_context *(*open_device)(struct ibv_device *dev);
 	int (*close_device)(struct ibv_context *ctx);
 	int (*query_device)(struct ibv_context *ctx, struct ibv_device_attr *attr);
-	int (*query_port)(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
+	int (*query_port)(struct ibv_context *ctx, uint8_t port, struct rail_port_attr *attr);
+	/* Optional (IBVERBS_1.16): effective port speed in 100 Mb/s. */
+	int (*query_port_speed)(struct ibv_context *ctx, uint32_t port, uint64_t *speed);
 	int (*query_gid)(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
 	struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
 	int (*dealloc_pd)(struct ibv_pd *pd);

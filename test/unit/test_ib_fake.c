@@ -217,6 +217,43 @@ static void props(int dev, struct rail_props *p)
 
 /* ---- defect 1: port speed ----------------------------------------------- */
 
+/* XDR (0x100) does not fit the 8-bit active_speed: active_speed_ex carries it. */
+static void test_speed_xdr(void **state)
+{
+	struct fake *F;
+	struct rail_props p;
+
+	(void)state;
+	F = fake_start("lib port_speed=no\n"
+		       "device mlx5_0\n"
+		       "port 1 link=ib speed=xdr width=4x lid=3\n"
+		       "gid 0 fe80::2:c903:a0:1\n");
+	assert_int_equal(F->ndev, 1);
+	props(0, &p);
+	assert_int_equal(p.speed, 800000);	/* 200 Gb/s per lane x 4 */
+	fake_stop(F);
+}
+
+/* ibv_query_port_speed, where libibverbs has it, wins: a RoCE LAG reports both members. */
+static void test_speed_query_port_speed_lag(void **state)
+{
+	struct fake *F;
+	struct rail_props p;
+	char line[LINE];
+
+	(void)state;
+	F = fake_start("device mlx5_bond_0\n"
+		       "port 1 link=eth speed=ndr width=4x port_speed=8000\n"
+		       "gid 0 fe80::a:b:c:d type=v1\n"
+		       "gid 1 ::ffff:10.1.0.1 type=v1\n"
+		       "gid 2 ::ffff:10.1.0.1 type=v2\n");
+	assert_int_equal(F->ndev, 1);
+	props(0, &p);
+	assert_int_equal(p.speed, 800000);
+	assert_true(log_find(F, 0, line, "ibv_query_port_speed", "dev=mlx5_bond_0", NULL));
+	fake_stop(F);
+}
+
 /* Without ibv_query_port_speed and active_speed_ex (rdma-core < 48): NCCL's table. */
 static void test_speed_old_library(void **state)
 {
@@ -354,6 +391,8 @@ static void test_transfer_through_fake(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_speed_xdr, teardown),
+		cmocka_unit_test_teardown(test_speed_query_port_speed_lag, teardown),
 		cmocka_unit_test_teardown(test_speed_old_library, teardown),
 		cmocka_unit_test_teardown(test_ib_local_no_grh, teardown),
 		cmocka_unit_test_teardown(test_dmabuf_aligned_range, teardown),
