@@ -75,7 +75,15 @@ struct rail_ib_dev {
 	int gid_tbl_len;
 	struct rail_ib_gid_choice gid;
 	uint64_t guid;		/* sys_image_guid */
-	char pci_path[PATH_MAX];
+	char pci_path[PATH_MAX];	/* the PCI function's real sysfs path */
+	/*
+	 * What NCCL reports (init.cc): the path with the function digit
+	 * zeroed (and the device digits, NCCL_IB_MERGE_VFS), so that the ports
+	 * and functions of one card sit on one NIC; and a port number unique
+	 * on that card: ibv port + the number of earlier devices on that path.
+	 */
+	char nccl_pci_path[PATH_MAX];
+	int nccl_port;
 	int rail, plane;	/* from NCCL_IB_HCA, -1 unset */
 	atomic_int port_err;	/* PORT_ERR seen */
 };

@@ -218,6 +218,32 @@ fail:
 	return NULL;
 }
 
+/* NCCL's pciPath: "...:1b:00.1" -> "...:1b:00.0"; merging VFs, "...:1b:05.2" -> "...:1b:00.0". */
+static void nccl_pci_path(struct rail_ib_dev *dev)
+{
+	size_t n = strlen(dev->pci_path);
+
+	rail_strlcpy(dev->nccl_pci_path, dev->pci_path, sizeof(dev->nccl_pci_path));
+	if (n < 4)
+		return;
+	dev->nccl_pci_path[n - 1] = '0';
+	if (rail_param_int(RAIL_P_IB_MERGE_VFS))
+		dev->nccl_pci_path[n - 3] = dev->nccl_pci_path[n - 4] = '0';
+}
+
+/* NCCL's port: ibv port + earlier devices on the same (merged) PCI path. */
+static void nccl_ports(void)
+{
+	for (int i = 0; i < ib.ndev; i++) {
+		struct rail_ib_dev *d = &ib.devs[i];
+
+		d->nccl_port = d->port;
+		for (int j = 0; j < i && d->nccl_pci_path[0]; j++)
+			if (!strcmp(ib.devs[j].nccl_pci_path, d->nccl_pci_path))
+				d->nccl_port++;
+	}
+}
+
 static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 		     const struct rail_ib_port_info *pi, const struct rail_match_entry *entry)
 {
@@ -248,6 +274,7 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device", hca->name);
 	if (rail_sysfs_realpath(path, dev->pci_path, sizeof(dev->pci_path)))
 		dev->pci_path[0] = '\0';
+	nccl_pci_path(dev);
 }
 
 /* GID for RoCE ports; IB ports use index 0 (addressed by LID). */
@@ -405,6 +432,7 @@ static int ib_init(char *why, size_t why_len)
 			snprintf(why, why_len, "no usable RDMA port");
 		return 0;
 	}
+	nccl_ports();
 	for (int i = 0; i < ib.ndev; i++) {
 		ib.vdevs[i].ndevs = 1;
 		ib.vdevs[i].devs[0] = i;
@@ -439,9 +467,9 @@ static void props_fill_member(struct rail_props *props, const struct rail_ib_dev
 	int ptr = rail_ib_ladder_ptr_support(&d->hca->ladder);
 
 	if (first) {
-		props->pci_path = d->pci_path[0] ? d->pci_path : NULL;
+		props->pci_path = d->nccl_pci_path[0] ? d->nccl_pci_path : NULL;
 		props->guid = d->guid;
-		props->port = d->port;
+		props->port = d->nccl_port;
 		props->ptr_support = ptr;
 		props->max_comms = d->hca->attr.max_qp;
 		props->rail_id = d->rail;

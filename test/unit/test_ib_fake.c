@@ -278,6 +278,51 @@ static void test_speed_old_library(void **state)
 
 /* ---- defect 3: two-port NICs -------------------------------------------- */
 
+static const char two_functions[] =
+	"device mlx5_0 pci=0000:1b:00.0 sys_image_guid=0x1070fd0300a1b2c0\n"
+	"port 1 link=eth speed=ndr width=4x\n"
+	"gid 0 fe80::1 type=v1\n"
+	"gid 1 ::ffff:10.1.0.1 type=v2\n"
+	"device mlx5_1 pci=0000:1b:00.1 sys_image_guid=0x1070fd0300a1b2c0\n"
+	"port 1 link=eth speed=ndr width=4x\n"
+	"gid 0 fe80::2 type=v1\n"
+	"gid 1 ::ffff:10.2.0.1 type=v2\n"
+	"device mlx5_2 pci=0000:3d:00.0 sys_image_guid=0x1070fd0300a1c4d0\n"
+	"port 1 link=ib speed=ndr width=4x lid=7\n"
+	"gid 0 fe80::3\n"
+	"port 2 link=ib speed=ndr width=4x lid=8\n"
+	"gid 0 fe80::4\n";
+
+/*
+ * NCCL: pciPath with the function digit zeroed (and the device digits, for
+ * VFs), port = ibv port + the number of earlier devices with that path,
+ * guid = sys_image_guid. Its search charges NICs with equal guid and port
+ * to one budget, so each port and PCI function needs its own port number.
+ */
+static void test_two_port_nics(void **state)
+{
+	struct fake *F;
+	struct rail_props p[4];
+
+	(void)state;
+	F = fake_start(two_functions);
+	assert_int_equal(F->ndev, 4);
+	for (int i = 0; i < 4; i++)
+		props(i, &p[i]);
+	assert_int_equal(p[0].port, 1);
+	assert_int_equal(p[1].port, 2);
+	assert_int_equal(p[2].port, 1);
+	assert_int_equal(p[3].port, 3);	/* ibv port 2 + 1 earlier entry of 3d:00.0 */
+	assert_true(p[0].guid == 0x1070fd0300a1b2c0ull && p[1].guid == p[0].guid);
+	assert_true(p[2].guid == 0x1070fd0300a1c4d0ull && p[3].guid == p[2].guid);
+	assert_non_null(p[0].pci_path);
+	assert_non_null(p[1].pci_path);
+	assert_string_equal(p[0].pci_path, "/sys/devices/pci0000:00/0000:1b:00.0");
+	assert_string_equal(p[1].pci_path, "/sys/devices/pci0000:00/0000:1b:00.0");
+	assert_string_equal(p[3].pci_path, "/sys/devices/pci0000:00/0000:3d:00.0");
+	fake_stop(F);
+}
+
 /* ---- defect 4: fork safety ---------------------------------------------- */
 
 /* ---- defect 5: the address vector on InfiniBand ------------------------- */
@@ -394,6 +439,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_speed_xdr, teardown),
 		cmocka_unit_test_teardown(test_speed_query_port_speed_lag, teardown),
 		cmocka_unit_test_teardown(test_speed_old_library, teardown),
+		cmocka_unit_test_teardown(test_two_port_nics, teardown),
 		cmocka_unit_test_teardown(test_ib_local_no_grh, teardown),
 		cmocka_unit_test_teardown(test_dmabuf_aligned_range, teardown),
 		cmocka_unit_test_teardown(test_transfer_through_fake, teardown),
