@@ -44,6 +44,7 @@ struct verbs_sym {
 #define NOSLOT ((size_t)-1)
 
 static const struct verbs_sym syms[] = {
+	{ "ibv_fork_init", "IBVERBS_1.1", SLOT(fork_init), 0 },
 	{ "ibv_get_device_list", "IBVERBS_1.1", SLOT(get_device_list), 0 },
 	{ "ibv_free_device_list", "IBVERBS_1.1", SLOT(free_device_list), 0 },
 	{ "ibv_get_device_name", "IBVERBS_1.1", SLOT(get_device_name), 0 },
@@ -77,6 +78,7 @@ static const struct {
 	const char *name;
 	size_t offset;
 } slots[] = {
+	{ "fork_init", SLOT(fork_init) },
 	{ "get_device_list", SLOT(get_device_list) }, { "free_device_list", SLOT(free_device_list) },
 	{ "get_device_name", SLOT(get_device_name) }, { "open_device", SLOT(open_device) },
 	{ "close_device", SLOT(close_device) },	      { "query_device", SLOT(query_device) },
@@ -263,6 +265,25 @@ static void fill_table(void)
 	rail_ibv.destroy_qp = count_destroy_qp;
 }
 
+/*
+ * NCCL calls ibv_fork_init once, unconditionally, before listing devices
+ * (init.cc). With it, registered pages are kept out of fork() children
+ * (MADV_DONTFORK) on kernels without copy-on-fork for pinned pages (before
+ * 5.13), so a fork() (a DataLoader worker) cannot leave the NIC writing
+ * into pages the parent no longer owns. RDMAV_FORK_SAFE / IBV_FORK_SAFE
+ * are read by libibverbs itself, which then calls it on its own.
+ */
+static void fork_init(void)
+{
+	int ret = loaded.fork_init();
+
+	if (ret)
+		RAIL_WARN("ibv_fork_init failed: %s; registered buffers are not protected from "
+			  "fork() in this process (kernels before 5.13 need it: avoid fork() "
+			  "after NCCL init, or use a newer kernel)",
+			  RAIL_ERRSTR(-rail_verbs_err(ret)));
+}
+
 int rail_verbs_load(char *why, size_t why_len)
 {
 	int err = 0;
@@ -285,6 +306,7 @@ int rail_verbs_load(char *why, size_t why_len)
 	}
 	lib_handle = h;
 	lib_refs = 1;
+	fork_init();
 	fill_table();
 out:
 	pthread_mutex_unlock(&lib_lock);

@@ -36,6 +36,7 @@ _Static_assert(RAIL_PORT_SPEED_EX_OFF + 4 <= sizeof(struct rail_port_attr),
 uint32_t rail_port_active_speed_ex(const struct rail_port_attr *a);
 
 struct rail_verbs {
+	int (*fork_init)(void);
 	struct ibv_device **(*get_device_list)(int *num);
 	void (*free_device_list)(struct ibv_device **list);
 	const char *(*get_device_name)(struct ibv_device *dev);
@@ -79,7 +80,9 @@ extern struct rail_verbs rail_ibv;
 
 /*
  * Load libibverbs (NCCL_IBVERBS_LIB, then libibverbs.so.1) and fill the
- * table; reference-counted. 0, or -ENOENT/-ENOSYS with why explaining.
+ * table; reference-counted. A fresh load calls ibv_fork_init first, as
+ * NCCL does, before any verbs object exists. 0, or -ENOENT/-ENOSYS with
+ * why explaining.
  */
 int rail_verbs_load(char *why, size_t why_len);
 void rail_verbs_unload(void);

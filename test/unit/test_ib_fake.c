@@ -325,6 +325,25 @@ static void test_two_port_nics(void **state)
 
 /* ---- defect 4: fork safety ---------------------------------------------- */
 
+/* ibv_fork_init runs once, before any device is listed or opened. */
+static void test_fork_init_first(void **state)
+{
+	struct fake *F;
+	char first[LINE];
+	FILE *f;
+
+	(void)state;
+	F = fake_start("device mlx5_0\nport 1 link=ib lid=3\ngid 0 fe80::1\n");
+	f = fopen(F->log, "r");
+	assert_non_null(f);
+	assert_non_null(fgets(first, sizeof(first), f));
+	fclose(f);
+	if (strncmp(first, "ibv_fork_init ", 14))
+		fail_msg("the first verbs call is not ibv_fork_init but: %s", first);
+	assert_int_equal(log_count(F, "ibv_fork_init", NULL, NULL), 1);
+	fake_stop(F);
+}
+
 /* ---- defect 5: the address vector on InfiniBand ------------------------- */
 
 /* The RTR of the send comm's QP on dev (the connecting side's first modify to RTR). */
@@ -440,6 +459,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_speed_query_port_speed_lag, teardown),
 		cmocka_unit_test_teardown(test_speed_old_library, teardown),
 		cmocka_unit_test_teardown(test_two_port_nics, teardown),
+		cmocka_unit_test_teardown(test_fork_init_first, teardown),
 		cmocka_unit_test_teardown(test_ib_local_no_grh, teardown),
 		cmocka_unit_test_teardown(test_dmabuf_aligned_range, teardown),
 		cmocka_unit_test_teardown(test_transfer_through_fake, teardown),
