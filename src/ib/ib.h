@@ -71,6 +71,7 @@ struct rail_ib_dev {
 	int link_layer;		/* IBV_LINK_LAYER_* */
 	enum ibv_mtu mtu;	/* active */
 	uint16_t lid;
+	uint8_t port_flags;	/* ibv_port_attr.flags: IBV_QPF_GRH_REQUIRED */
 	int speed;		/* Mbps */
 	int gid_tbl_len;
 	struct rail_ib_gid_choice gid;

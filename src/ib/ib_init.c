@@ -256,6 +256,7 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 				  ? IBV_LINK_LAYER_INFINIBAND : pi->attr.link_layer;
 	dev->mtu = pi->attr.active_mtu;
 	dev->lid = pi->attr.lid;
+	dev->port_flags = pi->attr.flags;
 	dev->speed = pi->speed;
 	dev->gid_tbl_len = pi->attr.gid_tbl_len;
 	dev->guid = hca->attr.sys_image_guid;
@@ -277,19 +278,41 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 	nccl_pci_path(dev);
 }
 
-/* GID for RoCE ports; IB ports use index 0 (addressed by LID). */
+/*
+ * InfiniBand, as NCCL (connect.cc): GID index NCCL_IB_ROUTABLE_FLID_GID_INDEX
+ * when the port has it and it carries a FLID (routed IB), else 0. The GID
+ * goes to the peer, which adds a GRH when the port requires one or the
+ * subnets differ (rail_ib_qp_rtr_rts).
+ */
+static void dev_gid_ib(struct rail_ib_dev *dev)
+{
+	int idx = (int)rail_param_int(RAIL_P_IB_ROUTABLE_FLID_GID_INDEX);
+	union ibv_gid gid;
+
+	dev->gid.index = 0;
+	if (idx > 0 && idx < dev->gid_tbl_len &&
+	    rail_ibv.query_gid(dev->hca->ctx, (uint8_t)dev->port, idx, &gid) == 0 &&
+	    rail_ib_gid_flid(gid.raw) != 0) {
+		dev->gid.index = idx;
+		memcpy(dev->gid.raw, gid.raw, 16);
+		snprintf(dev->gid.reason, sizeof(dev->gid.reason), "InfiniBand: LID %u, routable "
+			 "GID index %d (FLID 0x%x)", dev->lid, idx, rail_ib_gid_flid(gid.raw));
+		return;
+	}
+	if (rail_ibv.query_gid(dev->hca->ctx, (uint8_t)dev->port, 0, &gid) == 0)
+		memcpy(dev->gid.raw, gid.raw, 16);
+	snprintf(dev->gid.reason, sizeof(dev->gid.reason), "InfiniBand: LID %u%s", dev->lid,
+		 dev->port_flags & IBV_QPF_GRH_REQUIRED ? ", GRH required" : "");
+}
+
+/* GID for RoCE ports; IB ports: dev_gid_ib. */
 static int dev_gid(struct rail_ib_dev *dev, char *why, size_t why_len)
 {
 	char g[64];
 	int err;
 
 	if (dev->link_layer != IBV_LINK_LAYER_ETHERNET) {
-		union ibv_gid gid;
-
-		dev->gid.index = 0;
-		if (rail_ibv.query_gid(dev->hca->ctx, (uint8_t)dev->port, 0, &gid) == 0)
-			memcpy(dev->gid.raw, gid.raw, 16);
-		snprintf(dev->gid.reason, sizeof(dev->gid.reason), "InfiniBand: LID %u", dev->lid);
+		dev_gid_ib(dev);
 		return 0;
 	}
 	err = rail_ib_gid_select(dev->hca->name, dev->port, dev->gid_tbl_len, &dev->gid);

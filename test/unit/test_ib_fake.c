@@ -353,6 +353,27 @@ static void rtr_line(struct fake *F, const char *dev, char *line)
 		fail_msg("no RTR recorded on %s", dev);
 }
 
+/* A port flagged GRH_REQUIRED needs a GRH in every address vector. */
+static void test_ib_grh_required(void **state)
+{
+	struct fake *F;
+	char line[LINE], buf[64];
+
+	(void)state;
+	F = fake_start("device mlx5_0\n"
+		       "port 1 link=ib lid=5 flags=grh_required\n"
+		       "gid 0 fe80::2:c903:a0:1\n");
+	fake_connect(F, 0, 0, -1);
+	assert_int_equal(log_count(F, "ibv_modify_qp", "state=RTR", "ret=EINVAL"), 0);
+	rtr_line(F, "dev=mlx5_0", line);
+	assert_int_equal(kvnum(line, "ah.is_global"), 1);
+	assert_int_equal(kvnum(line, "ah.dlid"), 5);
+	assert_string_equal(kv(line, "ah.dgid", buf, sizeof(buf)), "fe80::2:c903:a0:1");
+	assert_int_equal(kvnum(line, "ah.sgid_index"), 0);
+	assert_int_equal(kvnum(line, "ah.hop_limit"), 255);
+	fake_stop(F);
+}
+
 /* An IB port without the flag, on one subnet: LID routing, no GRH (as NCCL). */
 static void test_ib_local_no_grh(void **state)
 {
@@ -365,6 +386,63 @@ static void test_ib_local_no_grh(void **state)
 	rtr_line(F, "dev=mlx5_0", line);
 	assert_int_equal(kvnum(line, "ah.is_global"), 0);
 	assert_int_equal(kvnum(line, "ah.dlid"), 5);
+	fake_stop(F);
+}
+
+/*
+ * Routed IB: GID index NCCL_IB_ROUTABLE_FLID_GID_INDEX (1) carries a FLID
+ * (bytes 4-5) and the subnet (bytes 6-7); peers on different subnets are
+ * addressed with a GRH and the remote FLID as dlid.
+ */
+static void test_ib_routed_flid(void **state)
+{
+	struct fake *F;
+	char line[LINE], buf[64];
+
+	(void)state;
+	F = fake_start("device mlx5_0\n"
+		       "port 1 link=ib lid=5\n"
+		       "gid 0 fe80::2:c903:a0:1\n"
+		       "gid 1 fec0:0:11:1:2:c903:a0:1\n"
+		       "device mlx5_1\n"
+		       "port 1 link=ib lid=6\n"
+		       "gid 0 fe80::2:c903:a0:2\n"
+		       "gid 1 fec0:0:22:2:2:c903:a0:2\n");
+	fake_connect(F, 0, 1, -1);
+	rtr_line(F, "dev=mlx5_1", line);	/* sender on mlx5_1 toward mlx5_0 */
+	assert_int_equal(kvnum(line, "ah.is_global"), 1);
+	assert_int_equal(kvnum(line, "ah.dlid"), 0x11);
+	assert_int_equal(kvnum(line, "ah.sgid_index"), 1);
+	assert_string_equal(kv(line, "ah.dgid", buf, sizeof(buf)), "fec0:0:11:1:2:c903:a0:1");
+	/* the receiver's QP toward mlx5_1 (its loopback QP to itself stays LID-routed) */
+	if (!log_find(F, 0, line, "ibv_modify_qp", "dev=mlx5_0", "ah.dgid=fec0:0:22:2:"))
+		fail_msg("no RTR on mlx5_0 toward mlx5_1's routable GID");
+	assert_int_equal(kvnum(line, "ah.is_global"), 1);
+	assert_int_equal(kvnum(line, "ah.dlid"), 0x22);
+	assert_int_equal(kvnum(line, "ah.sgid_index"), 1);
+	fake_stop(F);
+}
+
+/* The service level follows the communicator's traffic class unless NCCL_IB_SL is set. */
+static void test_ib_sl_from_traffic_class(void **state)
+{
+	struct fake *F;
+	char line[LINE];
+	static const char conf[] = "device mlx5_0\nport 1 link=ib lid=5\ngid 0 fe80::1\n";
+
+	(void)state;
+	F = fake_start(conf);
+	fake_connect(F, 0, 0, 5);
+	for (int i = 0; log_find(F, i, line, "ibv_modify_qp", "state=RTR", NULL); i++)
+		assert_int_equal(kvnum(line, "ah.sl"), 5);
+	assert_true(log_count(F, "ibv_modify_qp", "state=RTR", NULL) >= 2);
+	fake_stop(F);
+
+	setenv("NCCL_IB_SL", "3", 1);
+	F = fake_start(conf);
+	fake_connect(F, 0, 0, 5);
+	for (int i = 0; log_find(F, i, line, "ibv_modify_qp", "state=RTR", NULL); i++)
+		assert_int_equal(kvnum(line, "ah.sl"), 3);
 	fake_stop(F);
 }
 
@@ -460,7 +538,10 @@ int main(void)
 		cmocka_unit_test_teardown(test_speed_old_library, teardown),
 		cmocka_unit_test_teardown(test_two_port_nics, teardown),
 		cmocka_unit_test_teardown(test_fork_init_first, teardown),
+		cmocka_unit_test_teardown(test_ib_grh_required, teardown),
 		cmocka_unit_test_teardown(test_ib_local_no_grh, teardown),
+		cmocka_unit_test_teardown(test_ib_routed_flid, teardown),
+		cmocka_unit_test_teardown(test_ib_sl_from_traffic_class, teardown),
 		cmocka_unit_test_teardown(test_dmabuf_aligned_range, teardown),
 		cmocka_unit_test_teardown(test_transfer_through_fake, teardown),
 	};
