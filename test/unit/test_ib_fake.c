@@ -465,6 +465,35 @@ static void *reg_dmabuf(struct fake *F, uint64_t va, size_t size, uint64_t offse
 	return mh;
 }
 
+/*
+ * A buffer 0x100 into its page with a DMA-BUF offset below 0x100: the
+ * registration can start only at the buffer, so the cache must not claim
+ * the head of the page; a later buffer there gets its own registration.
+ */
+static void test_dmabuf_unaligned_cache(void **state)
+{
+	struct fake *F;
+	char line[LINE];
+	long pg = sysconf(_SC_PAGESIZE);
+	void *a, *b;
+
+	(void)state;
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	a = reg_dmabuf(F, GPU_VA + 0x100, 0x2000, 0x40);
+	assert_true(log_find(F, 0, line, "ibv_reg_dmabuf_mr", "fd=77", NULL));
+	assert_int_equal(kvnum(line, "offset"), 0x40);
+	assert_int_equal(kvnum(line, "iova"), (long long)(GPU_VA + 0x100));
+	/* up to the page end after the buffer */
+	assert_int_equal(kvnum(line, "len"), (long long)(((0x100 + 0x2000 + pg - 1) / pg) * pg -
+							  0x100));
+	b = reg_dmabuf(F, GPU_VA, 0x80, 0);
+	assert_int_equal(log_count(F, "ibv_reg_dmabuf_mr", "fd=77", NULL), 2);
+	assert_int_equal(rail_net_dereg_mr(F->rc, b), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(F->rc, a), ncclSuccess);
+	fake_stop(F);
+}
+
 /* With enough offset, the whole page range is registered: iova page-aligned. */
 static void test_dmabuf_aligned_range(void **state)
 {
@@ -481,6 +510,32 @@ static void test_dmabuf_aligned_range(void **state)
 	assert_int_equal(kvnum(line, "offset"), pg);
 	assert_int_equal(kvnum(line, "iova"), (long long)GPU_VA);
 	assert_int_equal(kvnum(line, "len"), pg);
+	assert_int_equal(rail_net_dereg_mr(F->rc, a), ncclSuccess);
+	fake_stop(F);
+}
+
+/* NCCL_IB_PCI_RELAXED_ORDERING (2: when ibv_reg_mr_iova2 exists) covers DMA-BUF too. */
+static void test_dmabuf_relaxed_ordering(void **state)
+{
+	struct fake *F;
+	char line[LINE];
+	void *a;
+
+	(void)state;
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	a = reg_dmabuf(F, GPU_VA, 4096, 0);
+	assert_true(log_find(F, 0, line, "ibv_reg_dmabuf_mr", "fd=77", NULL));
+	assert_true(kvnum(line, "access") & IBV_ACCESS_RELAXED_ORDERING);
+	assert_int_equal(rail_net_dereg_mr(F->rc, a), ncclSuccess);
+	fake_stop(F);
+
+	setenv("NCCL_IB_PCI_RELAXED_ORDERING", "0", 1);
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	a = reg_dmabuf(F, GPU_VA, 4096, 0);
+	assert_true(log_find(F, 0, line, "ibv_reg_dmabuf_mr", "fd=77", NULL));
+	assert_false(kvnum(line, "access") & IBV_ACCESS_RELAXED_ORDERING);
 	assert_int_equal(rail_net_dereg_mr(F->rc, a), ncclSuccess);
 	fake_stop(F);
 }
@@ -542,7 +597,9 @@ int main(void)
 		cmocka_unit_test_teardown(test_ib_local_no_grh, teardown),
 		cmocka_unit_test_teardown(test_ib_routed_flid, teardown),
 		cmocka_unit_test_teardown(test_ib_sl_from_traffic_class, teardown),
+		cmocka_unit_test_teardown(test_dmabuf_unaligned_cache, teardown),
 		cmocka_unit_test_teardown(test_dmabuf_aligned_range, teardown),
+		cmocka_unit_test_teardown(test_dmabuf_relaxed_ordering, teardown),
 		cmocka_unit_test_teardown(test_transfer_through_fake, teardown),
 	};
 
