@@ -1,7 +1,8 @@
 # nccl-net-rail build.
 #   make                  the plugin and the tools (a C compiler and the
 #                         rdma-core headers, libibverbs-dev, are all it needs)
-#   make check            quick tests: unit (cmocka), exports, README table,
+#   make check            quick tests: unit (cmocka), the verbs tests on the
+#                         fake provider, exports, README table,
 #                         conformance over TCP, rail-bench across namespaces
 #   make test             everything CI runs: check, sanitizers, clang, the
 #                         Soft-RoCE guest, the fresh-machine root, packages
@@ -69,7 +70,7 @@ FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-readme test-netns test-fresh test-packages install uninstall \
-	clean readme deb rpm version
+	clean readme deb rpm version test-fakeverbs
 all: plugin tools
 
 plugin: $(PLUGIN)
@@ -125,6 +126,11 @@ test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(FAKEVERBS)
 	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; \
 		RAIL_FAKEVERBS_LIB=$(abspath $(FAKEVERBS)) $$t; done
 
+# The live verbs unit tests on the fake provider, per description in
+# test/fakeverbs/conf/ (no RDMA device needed).
+test-fakeverbs: $(UNIT_TESTS) $(FAKEVERBS)
+	test/fakeverbs/run-live.sh $(BUILD)
+
 test-abi: $(PLUGIN)
 	test/check-exports.sh $(PLUGIN)
 
@@ -143,7 +149,7 @@ test-netns: all
 # included) and UndefinedBehaviorSanitizer, in their own build tree.
 test-sanitizers:
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 plugin tests build-san/rail-info
-	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 test-unit
+	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 test-unit test-fakeverbs
 	ASAN_OPTIONS=detect_leaks=1 NCCL_RAIL_TRANSPORT=tcp \
 		build-san/rail-conformance --plugin build-san/libnccl-net-rail.so --max-size 64M
 
@@ -169,7 +175,7 @@ test-fresh: deb
 test-packages: deb
 	test/check-packages.sh $(BUILD)/pkg
 
-check: all tests test-unit test-abi test-readme test-conformance test-netns
+check: all tests test-unit test-fakeverbs test-abi test-readme test-conformance test-netns
 
 test: check test-sanitizers test-clang test-packages test-fresh test-rxe
 
