@@ -1,7 +1,8 @@
 # nccl-net-rail build.
 #   make                  the plugin and the tools (a C compiler and the
 #                         rdma-core headers, libibverbs-dev, are all it needs)
-#   make check            quick tests: unit (cmocka), exports, README table,
+#   make check            quick tests: unit (cmocka), the verbs tests on the
+#                         fake provider, exports, README table,
 #                         conformance over TCP, rail-bench across namespaces
 #   make test             everything CI runs: check, sanitizers, clang, the
 #                         Soft-RoCE guest, the fresh-machine root, packages
@@ -19,6 +20,8 @@
 #   tools/<name>.c         -> build/<name> (underscores become dashes), with
 #                             tools/<name>/*.c if that folder exists
 #   test/unit/test_*.c     -> build/test/unit/test_* (cmocka)
+#   test/fakeverbs/*.c     -> build/test/fakeverbs/libfakeverbs.so, the fake
+#                             libibverbs the unit tests load (NCCL_IBVERBS_LIB)
 
 CC      ?= gcc
 BUILD   ?= build
@@ -53,6 +56,7 @@ PLUGIN_SRCS := $(sort $(wildcard plugin/*.c))
 TOOL_SRCS   := $(sort $(wildcard tools/*.c))
 UNIT_SRCS   := $(sort $(wildcard test/unit/test_*.c))
 CONF_SRCS   := $(sort $(wildcard test/conformance/*.c))
+FAKEVERBS_SRCS := $(sort $(wildcard test/fakeverbs/*.c))
 
 CORE_OBJS   := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 PLUGIN_OBJS := $(PLUGIN_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -63,15 +67,16 @@ PLUGIN      := $(BUILD)/libnccl-net-rail.so
 TOOLS       := $(patsubst tools/%.c,$(BUILD)/%,$(subst _,-,$(TOOL_SRCS)))
 UNIT_TESTS  := $(UNIT_SRCS:test/unit/%.c=$(BUILD)/test/unit/%)
 CONFORMANCE := $(BUILD)/rail-conformance
+FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
-	test-clang test-rxe test-rxe-smoke test-readme test-netns test-fresh test-packages install uninstall \
-	clean readme deb rpm version
+	test-clang test-rxe test-rxe-smoke test-readme test-netns test-fresh test-packages install \
+	uninstall clean readme deb rpm version test-fakeverbs
 all: plugin tools
 
 plugin: $(PLUGIN)
 tools: $(TOOLS)
-tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE))
+tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS)
 
 # Every object depends on VERSION: the number is compiled in (src/rail.h).
 $(BUILD)/obj/%.o: %.c VERSION
@@ -102,6 +107,15 @@ $(BUILD)/test/unit/%: test/unit/%.c $(CORE_LIB) VERSION
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -MMD -MP -o $@ $< $(CORE_LIB) -lcmocka $(LDLIBS)
 
+# The fake libibverbs: exports only the ibv_* calls, at rdma-core's symbol
+# versions (test/fakeverbs/fakeverbs.map), hence default visibility.
+$(FAKEVERBS): $(FAKEVERBS_SRCS) test/fakeverbs/fv.h test/fakeverbs/fakeverbs.map VERSION
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -fvisibility=default $(LDFLAGS) -shared \
+		-Wl,--version-script=test/fakeverbs/fakeverbs.map -Wl,-z,defs -o $@ \
+		$(FAKEVERBS_SRCS) $(LDLIBS)
+
 $(CONFORMANCE): $(CONF_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -109,10 +123,17 @@ $(CONFORMANCE): $(CONF_OBJS)
 
 # ---- tests ---------------------------------------------------------------
 
-# Some unit tests also run the rail-info binary, and load the plugin through
-# it (they skip, saying why, without them).
-test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(PLUGIN)
-	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; $$t; done
+# Some unit tests also run the rail-info binary and load the plugin through
+# it (they skip, saying why, without them). The fake-verbs tests find the
+# fake library through RAIL_FAKEVERBS_LIB.
+test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(PLUGIN) $(FAKEVERBS)
+	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; \
+		RAIL_FAKEVERBS_LIB=$(abspath $(FAKEVERBS)) $$t; done
+
+# The live verbs unit tests on the fake provider, per description in
+# test/fakeverbs/conf/ (no RDMA device needed).
+test-fakeverbs: $(UNIT_TESTS) $(FAKEVERBS)
+	test/fakeverbs/run-live.sh $(BUILD)
 
 test-abi: $(PLUGIN)
 	test/check-exports.sh $(PLUGIN)
@@ -132,7 +153,7 @@ test-netns: all
 # included) and UndefinedBehaviorSanitizer, in their own build tree.
 test-sanitizers:
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 plugin tests build-san/rail-info
-	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 test-unit
+	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 test-unit test-fakeverbs
 	ASAN_OPTIONS=detect_leaks=1 NCCL_RAIL_TRANSPORT=tcp \
 		build-san/rail-conformance --plugin build-san/libnccl-net-rail.so --max-size 64M
 
@@ -162,7 +183,7 @@ test-fresh: deb
 test-packages: deb
 	test/check-packages.sh $(BUILD)/pkg
 
-check: all tests test-unit test-abi test-readme test-conformance test-netns
+check: all tests test-unit test-fakeverbs test-abi test-readme test-conformance test-netns
 
 test: check test-sanitizers test-clang test-packages test-fresh test-rxe
 

@@ -71,11 +71,20 @@ struct rail_ib_dev {
 	int link_layer;		/* IBV_LINK_LAYER_* */
 	enum ibv_mtu mtu;	/* active */
 	uint16_t lid;
+	uint8_t port_flags;	/* ibv_port_attr.flags: IBV_QPF_GRH_REQUIRED */
 	int speed;		/* Mbps */
 	int gid_tbl_len;
 	struct rail_ib_gid_choice gid;
 	uint64_t guid;		/* sys_image_guid */
-	char pci_path[PATH_MAX];
+	char pci_path[PATH_MAX];	/* the PCI function's real sysfs path */
+	/*
+	 * What NCCL reports (init.cc): the path with the function digit
+	 * zeroed (and the device digits, NCCL_IB_MERGE_VFS), so that the ports
+	 * and functions of one card sit on one NIC; and a port number unique
+	 * on that card: ibv port + the number of earlier devices on that path.
+	 */
+	char nccl_pci_path[PATH_MAX];
+	int nccl_port;
 	int rail, plane;	/* from NCCL_IB_HCA, -1 unset */
 	atomic_int port_err;	/* PORT_ERR seen */
 };
@@ -94,14 +103,19 @@ const struct rail_ib_vdev *rail_ib_vdev_get(int vdev);
 /* The OOB address (listen sockets bind it). */
 const union rail_sockaddr *rail_ib_oob_addr(void);
 const char *rail_link_layer_str(int ll);
-int rail_ib_port_speed(int active_speed, int active_width);
+/* NCCL's table: Mbps for an active_speed(_ex) code and an active_width code. */
+int rail_ib_port_speed(uint32_t active_speed, int active_width);
 int rail_ib_mtu_bytes(enum ibv_mtu mtu);
 
 /* ---- discovery, shared with the report (ib_init.c) --------------------- */
 struct rail_ib_port_info {
 	char hca[RAIL_IB_NAME_MAX];
 	int port;
-	struct ibv_port_attr attr;
+	union {
+		struct ibv_port_attr attr;
+		struct rail_port_attr attr_ext;	/* with active_speed_ex */
+	};
+	int speed;		/* Mbps, rail_ib_port_mbps */
 	int kept;
 	char why[160];		/* why not kept */
 };

@@ -330,8 +330,9 @@ static int sender_hello(struct rail_ib_hs *hs)
 	struct rail_ib_msg m;
 
 	memset(&m, 0, sizeof(m));
+	/* NCCL (connect.cc): both follow the communicator's traffic class unless set. */
 	c->tc = tc >= 0 ? tc : hs->opts.traffic_class >= 0 ? hs->opts.traffic_class : 0;
-	c->sl = sl >= 0 ? sl : 0;
+	c->sl = sl >= 0 ? sl : hs->opts.traffic_class >= 0 ? hs->opts.traffic_class : 0;
 	m.type = RAIL_IB_MSG_HELLO;
 	m.nonce = hs->nonce;
 	m.qps_per_dev = (int)rail_param_int(RAIL_P_IB_QPS_PER_CONNECTION);

@@ -72,4 +72,15 @@ int rail_ib_gid_select(const char *dev, int port, int tbl_len, struct rail_ib_gi
 /* "::ffff:192.0.2.1" style text of a raw GID. */
 const char *rail_ib_gid_str(const uint8_t raw[16], char *buf, size_t len);
 
+/* InfiniBand GID fields NCCL reads (bytes 4-5: FLID, 6-7: local subnet prefix). */
+static inline unsigned rail_ib_gid_flid(const uint8_t *raw)
+{
+	return (unsigned)raw[4] << 8 | raw[5];
+}
+
+static inline unsigned rail_ib_gid_subnet(const uint8_t *raw)
+{
+	return (unsigned)raw[6] << 8 | raw[7];
+}
+
 #endif

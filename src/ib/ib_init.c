@@ -62,12 +62,12 @@ const char *rail_link_layer_str(int ll)
 }
 
 /* NCCL's tables: Mbps per lane for the first set bit of active_speed, lanes per width bit. */
-int rail_ib_port_speed(int active_speed, int active_width)
+int rail_ib_port_speed(uint32_t active_speed, int active_width)
 {
 	static const int speeds[] = { 2500, 5000, 10000, 10000, 14000, 25000, 50000, 100000,
 				      200000 };
 	static const int widths[] = { 1, 4, 8, 12, 2 };
-	int s = active_speed ? __builtin_ctz((unsigned)active_speed) : 0;
+	int s = active_speed ? __builtin_ctz(active_speed) : 0;
 	int w = active_width ? __builtin_ctz((unsigned)active_width) : 0;
 
 	if (s >= (int)RAIL_ARRAY_SIZE(speeds))
@@ -75,6 +75,24 @@ int rail_ib_port_speed(int active_speed, int active_width)
 	if (w >= (int)RAIL_ARRAY_SIZE(widths))
 		w = 0;
 	return speeds[s] * widths[w];
+}
+
+/*
+ * NCCL's rule (init.cc): ibv_query_port_speed (100 Mb/s units; a RoCE LAG
+ * answers its aggregate) where the library has it and NCCL_IB_QUERY_PORT_SPEED
+ * allows, else the table on active_speed_ex (XDR and faster), else on the
+ * 8-bit active_speed.
+ */
+static int port_mbps(struct ibv_context *ctx, int port, const struct rail_port_attr *a)
+{
+	uint32_t ex = rail_port_active_speed_ex(a);
+	uint64_t q = 0;
+
+	if (rail_param_int(RAIL_P_IB_QUERY_PORT_SPEED) && rail_ibv.query_port_speed &&
+	    rail_ibv.query_port_speed(ctx, (uint32_t)port, &q) == 0 && q > 0 &&
+	    q <= INT32_MAX / 100)
+		return (int)(q * 100);
+	return rail_ib_port_speed(ex ? ex : a->attr.active_speed, a->attr.active_width);
 }
 
 int rail_ib_mtu_bytes(enum ibv_mtu mtu)
@@ -98,12 +116,13 @@ int rail_ib_port_check(struct ibv_context *ctx, const char *hca, int port,
 	memset(out, 0, sizeof(*out));
 	rail_strlcpy(out->hca, hca, sizeof(out->hca));
 	out->port = port;
-	ret = rail_ibv.query_port(ctx, (uint8_t)port, &out->attr);
+	ret = rail_ibv.query_port(ctx, (uint8_t)port, &out->attr_ext);
 	if (ret) {
 		snprintf(out->why, sizeof(out->why), "ibv_query_port failed: %s",
 			 RAIL_ERRSTR(-rail_verbs_err(ret)));
 		return -rail_verbs_err(ret);
 	}
+	out->speed = port_mbps(ctx, port, &out->attr_ext);
 	if (out->attr.state != IBV_PORT_ACTIVE) {
 		snprintf(out->why, sizeof(out->why), "port state %s, not ACTIVE",
 			 port_state_str(out->attr.state));
@@ -199,6 +218,32 @@ fail:
 	return NULL;
 }
 
+/* NCCL's pciPath: "...:1b:00.1" -> "...:1b:00.0"; merging VFs, "...:1b:05.2" -> "...:1b:00.0". */
+static void nccl_pci_path(struct rail_ib_dev *dev)
+{
+	size_t n = strlen(dev->pci_path);
+
+	rail_strlcpy(dev->nccl_pci_path, dev->pci_path, sizeof(dev->nccl_pci_path));
+	if (n < 4)
+		return;
+	dev->nccl_pci_path[n - 1] = '0';
+	if (rail_param_int(RAIL_P_IB_MERGE_VFS))
+		dev->nccl_pci_path[n - 3] = dev->nccl_pci_path[n - 4] = '0';
+}
+
+/* NCCL's port: ibv port + earlier devices on the same (merged) PCI path. */
+static void nccl_ports(void)
+{
+	for (int i = 0; i < ib.ndev; i++) {
+		struct rail_ib_dev *d = &ib.devs[i];
+
+		d->nccl_port = d->port;
+		for (int j = 0; j < i && d->nccl_pci_path[0]; j++)
+			if (!strcmp(ib.devs[j].nccl_pci_path, d->nccl_pci_path))
+				d->nccl_port++;
+	}
+}
+
 static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 		     const struct rail_ib_port_info *pi, const struct rail_match_entry *entry)
 {
@@ -211,7 +256,8 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 				  ? IBV_LINK_LAYER_INFINIBAND : pi->attr.link_layer;
 	dev->mtu = pi->attr.active_mtu;
 	dev->lid = pi->attr.lid;
-	dev->speed = rail_ib_port_speed(pi->attr.active_speed, pi->attr.active_width);
+	dev->port_flags = pi->attr.flags;
+	dev->speed = pi->speed;
 	dev->gid_tbl_len = pi->attr.gid_tbl_len;
 	dev->guid = hca->attr.sys_image_guid;
 	dev->rail = entry ? entry->rail : -1;
@@ -229,21 +275,44 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device", hca->name);
 	if (rail_sysfs_realpath(path, dev->pci_path, sizeof(dev->pci_path)))
 		dev->pci_path[0] = '\0';
+	nccl_pci_path(dev);
 }
 
-/* GID for RoCE ports; IB ports use index 0 (addressed by LID). */
+/*
+ * InfiniBand, as NCCL (connect.cc): GID index NCCL_IB_ROUTABLE_FLID_GID_INDEX
+ * when the port has it and it carries a FLID (routed IB), else 0. The GID
+ * goes to the peer, which adds a GRH when the port requires one or the
+ * subnets differ (rail_ib_qp_rtr_rts).
+ */
+static void dev_gid_ib(struct rail_ib_dev *dev)
+{
+	int idx = (int)rail_param_int(RAIL_P_IB_ROUTABLE_FLID_GID_INDEX);
+	union ibv_gid gid;
+
+	dev->gid.index = 0;
+	if (idx > 0 && idx < dev->gid_tbl_len &&
+	    rail_ibv.query_gid(dev->hca->ctx, (uint8_t)dev->port, idx, &gid) == 0 &&
+	    rail_ib_gid_flid(gid.raw) != 0) {
+		dev->gid.index = idx;
+		memcpy(dev->gid.raw, gid.raw, 16);
+		snprintf(dev->gid.reason, sizeof(dev->gid.reason), "InfiniBand: LID %u, routable "
+			 "GID index %d (FLID 0x%x)", dev->lid, idx, rail_ib_gid_flid(gid.raw));
+		return;
+	}
+	if (rail_ibv.query_gid(dev->hca->ctx, (uint8_t)dev->port, 0, &gid) == 0)
+		memcpy(dev->gid.raw, gid.raw, 16);
+	snprintf(dev->gid.reason, sizeof(dev->gid.reason), "InfiniBand: LID %u%s", dev->lid,
+		 dev->port_flags & IBV_QPF_GRH_REQUIRED ? ", GRH required" : "");
+}
+
+/* GID for RoCE ports; IB ports: dev_gid_ib. */
 static int dev_gid(struct rail_ib_dev *dev, char *why, size_t why_len)
 {
 	char g[64];
 	int err;
 
 	if (dev->link_layer != IBV_LINK_LAYER_ETHERNET) {
-		union ibv_gid gid;
-
-		dev->gid.index = 0;
-		if (rail_ibv.query_gid(dev->hca->ctx, (uint8_t)dev->port, 0, &gid) == 0)
-			memcpy(dev->gid.raw, gid.raw, 16);
-		snprintf(dev->gid.reason, sizeof(dev->gid.reason), "InfiniBand: LID %u", dev->lid);
+		dev_gid_ib(dev);
 		return 0;
 	}
 	err = rail_ib_gid_select(dev->hca->name, dev->port, dev->gid_tbl_len, &dev->gid);
@@ -386,6 +455,7 @@ static int ib_init(char *why, size_t why_len)
 			snprintf(why, why_len, "no usable RDMA port");
 		return 0;
 	}
+	nccl_ports();
 	for (int i = 0; i < ib.ndev; i++) {
 		ib.vdevs[i].ndevs = 1;
 		ib.vdevs[i].devs[0] = i;
@@ -420,9 +490,9 @@ static void props_fill_member(struct rail_props *props, const struct rail_ib_dev
 	int ptr = rail_ib_ladder_ptr_support(&d->hca->ladder);
 
 	if (first) {
-		props->pci_path = d->pci_path[0] ? d->pci_path : NULL;
+		props->pci_path = d->nccl_pci_path[0] ? d->nccl_pci_path : NULL;
 		props->guid = d->guid;
-		props->port = d->port;
+		props->port = d->nccl_port;
 		props->ptr_support = ptr;
 		props->max_comms = d->hca->attr.max_qp;
 		props->rail_id = d->rail;

@@ -7,7 +7,10 @@
  * a registered buffer is cheap). One mutex per HCA: regMr runs on NCCL's
  * service thread while test runs on the progress thread, and comms share
  * the HCA. Access rights: local write and remote write always (a buffer
- * may be a receive target), remote read only where a flush will read it.
+ * may be a receive target), remote read only where a flush will read it;
+ * PCIe relaxed ordering on every kind of registration, as NCCL (reg.cc).
+ * An entry records the range the NIC registered (its iova range), which for
+ * DMA-BUF may start inside the first page (reg_range).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,6 +43,7 @@ static size_t page_size(void)
 	return pg;
 }
 
+/* An entry covering [s, e) with these rights (sorted by start). */
 static struct rail_ib_mr_ent *cache_find(struct rail_ib_hca *hca, uintptr_t s, uintptr_t e,
 					 int access)
 {
@@ -97,21 +101,39 @@ static const char *reg_hint(int err, int gpu)
 	return "check dmesg for the driver's reason";
 }
 
-/* Register the page range with the HCA's PD; NULL with errno on failure. */
-static struct ibv_mr *reg_range(struct rail_ib_hca *hca, uintptr_t s, size_t len, int access,
+/*
+ * NCCL's rule (init.cc): relaxed ordering when NCCL_IB_PCI_RELAXED_ORDERING
+ * is 1 or 2 and libibverbs has ibv_reg_mr_iova2 (IBVERBS_1.8, the API that
+ * knows the flag), for host, peermem and DMA-BUF registrations alike.
+ */
+static int relaxed_ordering(void)
+{
+	return rail_ibv.reg_mr_iova2 && rail_param_int(RAIL_P_IB_PCI_RELAXED_ORDERING);
+}
+
+/*
+ * Register the page range [*s, *s + *len) with the HCA's PD; NULL with
+ * errno on failure. A DMA-BUF whose offset is smaller than the buffer's
+ * distance from its page start cannot be mapped from the page start: the
+ * range then starts at the buffer, and *s, *len say so.
+ */
+static struct ibv_mr *reg_range(struct rail_ib_hca *hca, uintptr_t *s, size_t *len, int access,
 				int fd, uint64_t offset, uintptr_t addr)
 {
+	if (relaxed_ordering())
+		access |= IBV_ACCESS_RELAXED_ORDERING;
 	if (fd >= 0) {
-		uintptr_t delta = addr - s;
+		uintptr_t delta = addr - *s;
 
 		if (offset >= delta)
-			return rail_ibv.reg_dmabuf_mr(hca->pd, offset - delta, len, s, fd, access);
-		return rail_ibv.reg_dmabuf_mr(hca->pd, offset, len - delta, addr, fd, access);
+			return rail_ibv.reg_dmabuf_mr(hca->pd, offset - delta, *len, *s, fd, access);
+		*len -= delta;
+		*s = addr;
+		return rail_ibv.reg_dmabuf_mr(hca->pd, offset, *len, addr, fd, access);
 	}
-	if (rail_ibv.reg_mr_iova2 && rail_param_int(RAIL_P_IB_PCI_RELAXED_ORDERING))
-		return rail_ibv.reg_mr_iova2(hca->pd, (void *)s, len, s,
-					     (unsigned)access | IBV_ACCESS_RELAXED_ORDERING);
-	return rail_ibv.reg_mr(hca->pd, (void *)s, len, access);
+	if (access & IBV_ACCESS_RELAXED_ORDERING)
+		return rail_ibv.reg_mr_iova2(hca->pd, (void *)*s, *len, *s, (unsigned)access);
+	return rail_ibv.reg_mr(hca->pd, (void *)*s, *len, access);
 }
 
 static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int access, int fd,
@@ -120,11 +142,14 @@ static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int a
 	struct rail_ib_hca *hca = d->hca;
 	uintptr_t s = (uintptr_t)addr & ~(uintptr_t)(page_size() - 1);
 	uintptr_t e = RAIL_ALIGN_UP((uintptr_t)addr + RAIL_MAX(size, 1), page_size());
+	uintptr_t a = (uintptr_t)addr;
+	size_t len = e - s;
 	struct rail_ib_mr_ent *ent;
 	int err = 0;
 
 	pthread_mutex_lock(&hca->mr_lock);
-	ent = cache_find(hca, s, e, access);
+	/* the bytes asked for: an entry may start inside the first page */
+	ent = cache_find(hca, a, a + RAIL_MAX(size, 1), access);
 	if (ent) {
 		ent->refs++;
 		goto out;
@@ -134,7 +159,7 @@ static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int a
 		err = -ENOMEM;
 		goto out;
 	}
-	ent->mr = reg_range(hca, s, e - s, access, fd, offset, (uintptr_t)addr);
+	ent->mr = reg_range(hca, &s, &len, access, fd, offset, a);
 	if (!ent->mr) {
 		err = -(errno ? errno : EIO);
 		RAIL_WARN("%s(%p, %zu bytes%s) on %s:%d for a connection to peer %s failed: %s; %s",
@@ -144,8 +169,8 @@ static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int a
 		free(ent);
 		goto out;
 	}
-	ent->start = s;
-	ent->len = e - s;
+	ent->start = s;		/* what was registered */
+	ent->len = len;
 	ent->access = access;
 	ent->refs = 1;
 	ent->dmabuf = fd >= 0;

@@ -229,20 +229,51 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send)
 	return 0;
 }
 
-static void fill_ah(struct ibv_qp_attr *a, const struct rail_ib_dev *d,
-		    const struct rail_ib_wire_dev *remote, int tc, int sl)
+static void fill_grh(struct ibv_qp_attr *a, const struct rail_ib_dev *d,
+		     const struct rail_ib_wire_dev *remote)
 {
+	a->ah_attr.is_global = 1;
+	memcpy(a->ah_attr.grh.dgid.raw, remote->gid, 16);
+	a->ah_attr.grh.sgid_index = (uint8_t)d->gid.index;
+	a->ah_attr.grh.hop_limit = 255;
+	a->ah_attr.grh.flow_label = 0;
+}
+
+/*
+ * NCCL's address vector (connect.cc): RoCE always has a GRH with the
+ * traffic class. InfiniBand routes by LID inside a subnet; a GRH is added
+ * when the port requires one (IBV_QPF_GRH_REQUIRED) or the peer's GID is on
+ * another subnet, and then the peer's FLID is the dlid (routed IB). The
+ * service level is the connection's (NCCL_IB_SL, else the traffic class).
+ */
+static void fill_ah(struct rail_ib_comm *c, struct ibv_qp *qp, struct ibv_qp_attr *a,
+		    const struct rail_ib_dev *d, const struct rail_ib_wire_dev *remote)
+{
+	unsigned local_subnet = rail_ib_gid_subnet(d->gid.raw);
+	unsigned remote_subnet = rail_ib_gid_subnet(remote->gid);
+
 	a->ah_attr.port_num = (uint8_t)d->port;
-	a->ah_attr.sl = (uint8_t)sl;
+	a->ah_attr.sl = (uint8_t)c->sl;
 	if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
-		a->ah_attr.is_global = 1;
-		memcpy(a->ah_attr.grh.dgid.raw, remote->gid, 16);
-		a->ah_attr.grh.sgid_index = (uint8_t)d->gid.index;
-		a->ah_attr.grh.hop_limit = 255;
-		a->ah_attr.grh.traffic_class = (uint8_t)tc;
-		a->ah_attr.grh.flow_label = 0;
-	} else {
-		a->ah_attr.dlid = remote->lid;
+		fill_grh(a, d, remote);
+		a->ah_attr.grh.traffic_class = (uint8_t)c->tc;
+		return;
+	}
+	a->ah_attr.dlid = remote->lid;
+	if (local_subnet != remote_subnet) {
+		unsigned flid = rail_ib_gid_flid(remote->gid);
+
+		if (flid)
+			a->ah_attr.dlid = (uint16_t)flid;
+		else
+			RAIL_WARN("ibv_modify_qp(RTR) on %s:%d qp 0x%x to peer %s: the peer's GID is "
+				  "on subnet 0x%04x, this port's on 0x%04x, but it has no FLID; using "
+				  "its LID %u, which routes only inside a subnet (check "
+				  "NCCL_IB_ROUTABLE_FLID_GID_INDEX on both sides)", d->hca->name, d->port,
+				  qp->qp_num, c->peer, remote_subnet, local_subnet, remote->lid);
+		fill_grh(a, d, remote);
+	} else if (d->port_flags & IBV_QPF_GRH_REQUIRED) {
+		fill_grh(a, d, remote);
 	}
 }
 
@@ -280,7 +311,7 @@ int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 	a.rq_psn = 0;
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = 12;
-	fill_ah(&a, d, remote, c->tc, c->sl);
+	fill_ah(c, qp, &a, d, remote);
 	t0 = rail_now_ns();
 	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 				 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |

@@ -109,7 +109,7 @@ static void report_port(struct out *o, struct ibv_context *ctx, const char *hca,
 	int speed;
 
 	rail_ib_port_check(ctx, hca, port, &pi, NULL);
-	speed = rail_ib_port_speed(a->active_speed, a->active_width);
+	speed = pi.speed;
 	if (o->json) {
 		fprintf(o->f, "%s{\"port\": %d, \"state\": \"%s\", \"link_layer\": \"%s\", "
 			"\"speed_mbps\": %d, \"active_mtu\": %d, \"max_mtu\": %d, \"lid\": %u, "

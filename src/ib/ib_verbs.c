@@ -7,7 +7,8 @@
  * ibv_query_port as a static inline that prefers the extended context op
  * (verbs_context->query_port, which knows the caller's struct size) and
  * falls back to the exported ibv_query_port@IBVERBS_1.1 with the old
- * layout; our shim does the same. ibv_post_send, ibv_post_recv and
+ * layout; our shim does the same, with room for the fields newer
+ * rdma-core appends (struct rail_port_attr). ibv_post_send, ibv_post_recv and
  * ibv_poll_cq are inlines calling the provider through ctx->ops.
  */
 #include <dlfcn.h>
@@ -43,6 +44,7 @@ struct verbs_sym {
 #define NOSLOT ((size_t)-1)
 
 static const struct verbs_sym syms[] = {
+	{ "ibv_fork_init", "IBVERBS_1.1", SLOT(fork_init), 0 },
 	{ "ibv_get_device_list", "IBVERBS_1.1", SLOT(get_device_list), 0 },
 	{ "ibv_free_device_list", "IBVERBS_1.1", SLOT(free_device_list), 0 },
 	{ "ibv_get_device_name", "IBVERBS_1.1", SLOT(get_device_name), 0 },
@@ -68,6 +70,7 @@ static const struct verbs_sym syms[] = {
 	{ "ibv_ack_async_event", "IBVERBS_1.1", SLOT(ack_async_event), 0 },
 	{ "ibv_event_type_str", "IBVERBS_1.1", SLOT(event_type_str), 0 },
 	{ "ibv_wc_status_str", "IBVERBS_1.1", SLOT(wc_status_str), 0 },
+	{ "ibv_query_port_speed", "IBVERBS_1.16", SLOT(query_port_speed), 1 },
 };
 
 /* Names accepted by rail_verbs_override, including the inline-backed slots. */
@@ -75,6 +78,7 @@ static const struct {
 	const char *name;
 	size_t offset;
 } slots[] = {
+	{ "fork_init", SLOT(fork_init) },
 	{ "get_device_list", SLOT(get_device_list) }, { "free_device_list", SLOT(free_device_list) },
 	{ "get_device_name", SLOT(get_device_name) }, { "open_device", SLOT(open_device) },
 	{ "close_device", SLOT(close_device) },	      { "query_device", SLOT(query_device) },
@@ -89,6 +93,7 @@ static const struct {
 	{ "ack_async_event", SLOT(ack_async_event) }, { "event_type_str", SLOT(event_type_str) },
 	{ "wc_status_str", SLOT(wc_status_str) },     { "post_send", SLOT(post_send) },
 	{ "post_recv", SLOT(post_recv) },	      { "poll_cq", SLOT(poll_cq) },
+	{ "query_port_speed", SLOT(query_port_speed) },
 };
 
 static void **slot_ptr(struct rail_verbs *t, size_t offset)
@@ -105,14 +110,22 @@ int rail_verbs_err(int ret)
 
 /* ---- shims for the inlines and the live-object counters ---------------- */
 
-static int shim_query_port(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr)
+static int shim_query_port(struct ibv_context *ctx, uint8_t port, struct rail_port_attr *attr)
 {
 	struct verbs_context *vctx = verbs_get_ctx_op(ctx, query_port);
 
-	if (vctx)
-		return vctx->query_port(ctx, port, attr, sizeof(*attr));
 	memset(attr, 0, sizeof(*attr));
-	return compat_query_port(ctx, port, attr);
+	if (vctx)
+		return vctx->query_port(ctx, port, &attr->attr, sizeof(*attr));
+	return compat_query_port(ctx, port, &attr->attr);
+}
+
+uint32_t rail_port_active_speed_ex(const struct rail_port_attr *a)
+{
+	uint32_t v;
+
+	memcpy(&v, (const char *)a + RAIL_PORT_SPEED_EX_OFF, sizeof(v));
+	return v;
 }
 
 static int shim_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
@@ -252,6 +265,25 @@ static void fill_table(void)
 	rail_ibv.destroy_qp = count_destroy_qp;
 }
 
+/*
+ * NCCL calls ibv_fork_init once, unconditionally, before listing devices
+ * (init.cc). With it, registered pages are kept out of fork() children
+ * (MADV_DONTFORK) on kernels without copy-on-fork for pinned pages (before
+ * 5.13), so a fork() (a DataLoader worker) cannot leave the NIC writing
+ * into pages the parent no longer owns. RDMAV_FORK_SAFE / IBV_FORK_SAFE
+ * are read by libibverbs itself, which then calls it on its own.
+ */
+static void fork_init(void)
+{
+	int ret = loaded.fork_init();
+
+	if (ret)
+		RAIL_WARN("ibv_fork_init failed: %s; registered buffers are not protected from "
+			  "fork() in this process (kernels before 5.13 need it: avoid fork() "
+			  "after NCCL init, or use a newer kernel)",
+			  RAIL_ERRSTR(-rail_verbs_err(ret)));
+}
+
 int rail_verbs_load(char *why, size_t why_len)
 {
 	int err = 0;
@@ -274,6 +306,7 @@ int rail_verbs_load(char *why, size_t why_len)
 	}
 	lib_handle = h;
 	lib_refs = 1;
+	fork_init();
 	fill_table();
 out:
 	pthread_mutex_unlock(&lib_lock);

@@ -14,15 +14,38 @@
 
 #include <infiniband/verbs.h>
 #include <stddef.h>
+#include <stdint.h>
+
+/*
+ * struct ibv_port_attr with room for the fields newer rdma-core appends,
+ * whatever verbs.h this is built against: rdma-core 48+ puts u32
+ * active_speed_ex (XDR and faster; the 8-bit active_speed reads 0 for XDR)
+ * right after port_cap_flags2. query_port passes the whole size, so a
+ * library that knows the field fills it and an older one leaves it 0.
+ */
+struct rail_port_attr {
+	struct ibv_port_attr attr;
+	unsigned char ext[16];
+};
+#define RAIL_PORT_SPEED_EX_OFF \
+	((offsetof(struct ibv_port_attr, port_cap_flags2) + 2 + 3) / 4 * 4)
+_Static_assert(RAIL_PORT_SPEED_EX_OFF + 4 <= sizeof(struct rail_port_attr),
+	       "struct rail_port_attr has no room for active_speed_ex");
+
+/* active_speed_ex, or 0 where the library does not know it. */
+uint32_t rail_port_active_speed_ex(const struct rail_port_attr *a);
 
 struct rail_verbs {
+	int (*fork_init)(void);
 	struct ibv_device **(*get_device_list)(int *num);
 	void (*free_device_list)(struct ibv_device **list);
 	const char *(*get_device_name)(struct ibv_device *dev);
 	struct ibv_context *(*open_device)(struct ibv_device *dev);
 	int (*close_device)(struct ibv_context *ctx);
 	int (*query_device)(struct ibv_context *ctx, struct ibv_device_attr *attr);
-	int (*query_port)(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *attr);
+	int (*query_port)(struct ibv_context *ctx, uint8_t port, struct rail_port_attr *attr);
+	/* Optional (IBVERBS_1.16): effective port speed in 100 Mb/s. */
+	int (*query_port_speed)(struct ibv_context *ctx, uint32_t port, uint64_t *speed);
 	int (*query_gid)(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid);
 	struct ibv_pd *(*alloc_pd)(struct ibv_context *ctx);
 	int (*dealloc_pd)(struct ibv_pd *pd);
@@ -57,7 +80,9 @@ extern struct rail_verbs rail_ibv;
 
 /*
  * Load libibverbs (NCCL_IBVERBS_LIB, then libibverbs.so.1) and fill the
- * table; reference-counted. 0, or -ENOENT/-ENOSYS with why explaining.
+ * table; reference-counted. A fresh load calls ibv_fork_init first, as
+ * NCCL does, before any verbs object exists. 0, or -ENOENT/-ENOSYS with
+ * why explaining.
  */
 int rail_verbs_load(char *why, size_t why_len);
 void rail_verbs_unload(void);

@@ -1,0 +1,141 @@
+/*
+ * fakeverbs: a libibverbs stand-in for tests (README.md in this folder).
+ *
+ * The library exports the ibv_* calls nccl-net-rail binds with dlvsym, at
+ * the symbol versions rdma-core gives them (fakeverbs.map). Its devices come
+ * from a description file (RAIL_FAKEVERBS_CONF); every call, work request
+ * and attribute it is given goes to a log (RAIL_FAKEVERBS_LOG) that tests
+ * read back. Work requests between QPs of one process are carried out with
+ * memcpy, so a whole connection runs in one test process.
+ *
+ * One lock (fv_lock) guards all state: the fake is about behaviour, not
+ * speed.
+ */
+#ifndef FAKEVERBS_FV_H
+#define FAKEVERBS_FV_H
+
+#include <infiniband/verbs.h>
+#include <pthread.h>
+#include <stdint.h>
+
+/* verbs.h wraps some exported names in macros; the fake defines the real ones. */
+#undef ibv_get_device_list
+#undef ibv_query_port
+#undef ibv_reg_mr
+#undef ibv_reg_mr_iova
+
+#define FV_MAX_DEVS 16
+#define FV_MAX_PORTS 4
+#define FV_MAX_GIDS 16
+#define FV_NAME 64
+
+/* rdma-core 48+ appends u32 active_speed_ex after port_cap_flags2. */
+#define FV_SPEED_EX_OFF ((offsetof(struct ibv_port_attr, port_cap_flags2) + 2 + 3) & ~(size_t)3)
+
+struct fv_gid {
+	int valid;
+	union ibv_gid gid;
+	int type;		/* 0 IB, 1 RoCE v1, 2 RoCE v2 */
+};
+
+struct fv_port {
+	int state;		/* enum ibv_port_state */
+	int link_layer;
+	uint32_t speed;		/* active_speed code, may exceed 8 bits (XDR 0x100) */
+	int width;		/* active_width code */
+	int mtu;		/* enum ibv_mtu */
+	uint16_t lid, sm_lid;
+	uint8_t flags;		/* ibv_port_attr.flags (IBV_QPF_GRH_REQUIRED) */
+	long port_speed;	/* ibv_query_port_speed, 100 Mb/s units; -1: computed, -2: fails */
+	int gid_tbl_len;
+	struct fv_gid gids[FV_MAX_GIDS];
+};
+
+struct fv_dev {
+	struct ibv_device ibdev;	/* first: the pointer handed out */
+	char pci[32];
+	uint64_t sys_image_guid, node_guid;
+	uint32_t vendor_part_id;
+	int max_qp, max_cqe, max_qp_wr, max_inline;
+	int dmabuf;		/* 1: ibv_reg_dmabuf_mr works (fd -1 gives EBADF) */
+	int data_in_order;	/* ibv_query_qp_data_in_order's answer */
+	int ece;		/* 0: EOPNOTSUPP, else the vendor_id/options answered */
+	int nports;
+	struct fv_port ports[FV_MAX_PORTS];
+};
+
+struct fv_conf {
+	int ndevs;
+	struct fv_dev devs[FV_MAX_DEVS];
+	int speed_ex;		/* query_port fills active_speed_ex (rdma-core 48+) */
+	int port_speed;		/* ibv_query_port_speed answers (IBVERBS_1.16) */
+};
+
+extern struct fv_conf fv_conf;
+extern pthread_mutex_t fv_lock;
+
+/* fv_conf.c: (re)load RAIL_FAKEVERBS_CONF; 0 or an errno (logged to stderr). */
+int fv_conf_load(void);
+/* Write the sysfs files the plugin reads under RAIL_FAKEVERBS_SYSFS, if set. */
+void fv_sysfs_write(void);
+const char *fv_gid_str(const union ibv_gid *g, char *buf, size_t len);
+
+/* fv_log.c: one line per event, "call key=value ...". */
+void fv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+void fv_log_reopen(void);
+
+/* fv_verbs.c / fv_data.c */
+struct fv_ctx {
+	struct verbs_context vctx;	/* ibv_context is its last member */
+	struct fv_dev *dev;
+	int async_pipe[2];
+};
+
+struct fv_mr {
+	struct ibv_mr mr;
+	int access;
+	uint64_t iova;
+	int dmabuf;		/* no host mapping: data is not copied */
+	struct fv_mr *next;
+};
+
+struct fv_cq {
+	struct ibv_cq cq;
+	int cap, head, count;
+	struct ibv_wc *wcs;
+};
+
+struct fv_recv {
+	uint64_t wr_id;
+	uint64_t addr;
+	uint32_t len, lkey;
+	int nsge;
+};
+
+struct fv_qp {
+	struct ibv_qp qp;
+	struct fv_dev *dev;
+	int port;
+	int state;
+	uint32_t dest_qpn;
+	int access;
+	int sq_sig_all;
+	uint32_t max_inline;
+	int rcap, rhead, rcount;
+	struct fv_recv *rq;
+	struct fv_qp *next;
+};
+
+struct fv_dev *fv_ctx_dev(struct ibv_context *ctx);
+struct fv_mr *fv_mr_by_key(uint32_t key, int remote);
+struct fv_qp *fv_qp_by_num(uint32_t qpn);
+void fv_cq_push(struct fv_cq *cq, const struct ibv_wc *wc);
+
+int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
+int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+int fv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+
+/* Not in every verbs.h (rdma-core adds it with IBVERBS_1.16). */
+int ibv_query_port_speed(struct ibv_context *context, uint32_t port_num, uint64_t *port_speed);
+
+#endif

@@ -1,0 +1,251 @@
+/*
+ * fakeverbs: the data path between QPs of one process. A work request is
+ * carried out when it is posted: RDMA WRITE and READ copy with memcpy
+ * between the registered ranges (checked against lkey, rkey, bounds and
+ * access rights), WRITE_WITH_IMM and SEND take a posted receive of the
+ * destination QP, and completions go to the CQs at once. Memory registered
+ * through DMA-BUF has no host mapping here: its copies are skipped (the
+ * request still completes). A destination QP in another process cannot be
+ * reached: such requests complete with IBV_WC_RETRY_EXC_ERR.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "fv.h"
+
+static const char *opname(enum ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_WRITE: return "RDMA_WRITE";
+	case IBV_WR_RDMA_WRITE_WITH_IMM: return "RDMA_WRITE_WITH_IMM";
+	case IBV_WR_SEND: return "SEND";
+	case IBV_WR_SEND_WITH_IMM: return "SEND_WITH_IMM";
+	case IBV_WR_RDMA_READ: return "RDMA_READ";
+	default: return "OTHER";
+	}
+}
+
+/* Host address of [iova, iova+len) in MR m, NULL if outside; *skip for DMA-BUF. */
+static char *mr_addr(const struct fv_mr *m, uint64_t iova, uint64_t len, int *skip)
+{
+	if (iova < m->iova || iova + len > m->iova + m->mr.length)
+		return NULL;
+	*skip = m->dmabuf;
+	return m->dmabuf ? (char *)1 : (char *)m->mr.addr + (iova - m->iova);
+}
+
+/*
+ * Check the local SGEs and copy them, one after the other, to dst (NULL:
+ * only check; skip_dst: the destination has no host mapping). Returns the
+ * total length or -1.
+ */
+static long gather(const struct fv_qp *q, const struct ibv_send_wr *wr, char *dst, int skip_dst)
+{
+	uint64_t off = 0;
+
+	for (int i = 0; i < wr->num_sge; i++) {
+		const struct ibv_sge *s = &wr->sg_list[i];
+		int skip = 0;
+		char *p = (char *)(uintptr_t)s->addr;
+
+		if (!(wr->send_flags & IBV_SEND_INLINE)) {
+			struct fv_mr *m = fv_mr_by_key(s->lkey, 0);
+
+			if (!m || m->mr.pd != q->qp.pd || !(p = mr_addr(m, s->addr, s->length, &skip)))
+				return -1;
+		}
+		if (dst && !skip && !skip_dst)
+			memmove(dst + off, p, s->length);
+		off += s->length;
+	}
+	return (long)off;
+}
+
+static struct fv_recv *take_recv(struct fv_qp *d)
+{
+	struct fv_recv *r;
+
+	if (!d->rcount)
+		return NULL;
+	r = &d->rq[d->rhead];
+	d->rhead = (d->rhead + 1) % d->rcap;
+	d->rcount--;
+	return r;
+}
+
+/* Carry out one WR; returns the sender's completion status. */
+static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr, uint32_t *len)
+{
+	struct fv_qp *d = fv_qp_by_num(q->dest_qpn);
+	enum ibv_wr_opcode op = wr->opcode;
+	struct fv_mr *rm = NULL;
+	long n = 0;
+	int skip = 0;
+	char *p = NULL;
+
+	if (!d || d->state < IBV_QPS_RTR || d->state == IBV_QPS_ERR)
+		return IBV_WC_RETRY_EXC_ERR;
+	if (op == IBV_WR_RDMA_READ) {
+		struct fv_mr *lm = wr->num_sge == 1 ? fv_mr_by_key(wr->sg_list[0].lkey, 0) : NULL;
+		char *dst;
+		int lskip = 0;
+
+		rm = fv_mr_by_key(wr->wr.rdma.rkey, 1);
+		if (!lm || !(dst = mr_addr(lm, wr->sg_list[0].addr, wr->sg_list[0].length, &lskip)))
+			return IBV_WC_LOC_PROT_ERR;
+		if (!rm || !(rm->access & IBV_ACCESS_REMOTE_READ) ||
+		    !(p = mr_addr(rm, wr->wr.rdma.remote_addr, wr->sg_list[0].length, &skip)))
+			return IBV_WC_REM_ACCESS_ERR;
+		if (!skip && !lskip)
+			memcpy(dst, p, wr->sg_list[0].length);
+		*len = wr->sg_list[0].length;
+		return IBV_WC_SUCCESS;
+	}
+	n = gather(q, wr, NULL, 0);
+	if (n < 0)
+		return IBV_WC_LOC_PROT_ERR;
+	*len = (uint32_t)n;
+	if (op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+		rm = fv_mr_by_key(wr->wr.rdma.rkey, 1);
+		if (n && (!rm || !(rm->access & IBV_ACCESS_REMOTE_WRITE) ||
+			  !(p = mr_addr(rm, wr->wr.rdma.remote_addr, (uint64_t)n, &skip))))
+			return IBV_WC_REM_ACCESS_ERR;
+		if (n)
+			gather(q, wr, p, skip);
+	}
+	if (op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) {
+		struct fv_recv *r = take_recv(d);
+		struct ibv_wc wc;
+
+		if (!r)
+			return IBV_WC_RNR_RETRY_EXC_ERR;
+		memset(&wc, 0, sizeof(wc));
+		wc.wr_id = r->wr_id;
+		wc.status = IBV_WC_SUCCESS;
+		wc.qp_num = d->qp.qp_num;
+		wc.src_qp = q->qp.qp_num;
+		wc.byte_len = (uint32_t)n;
+		wc.opcode = op == IBV_WR_RDMA_WRITE_WITH_IMM ? IBV_WC_RECV_RDMA_WITH_IMM : IBV_WC_RECV;
+		if (op != IBV_WR_SEND) {
+			wc.wc_flags = IBV_WC_WITH_IMM;
+			wc.imm_data = wr->imm_data;
+		}
+		if (op != IBV_WR_RDMA_WRITE_WITH_IMM && n) {
+			struct fv_mr *m = fv_mr_by_key(r->lkey, 0);
+
+			if (!m || (uint32_t)n > r->len || !(p = mr_addr(m, r->addr, (uint64_t)n, &skip)))
+				return IBV_WC_REM_ACCESS_ERR;
+			gather(q, wr, p, skip);
+		}
+		fv_cq_push((struct fv_cq *)(void *)d->qp.recv_cq, &wc);
+	}
+	return IBV_WC_SUCCESS;
+}
+
+static enum ibv_wc_opcode wc_op(enum ibv_wr_opcode op)
+{
+	switch (op) {
+	case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+	case IBV_WR_SEND: case IBV_WR_SEND_WITH_IMM: return IBV_WC_SEND;
+	default: return IBV_WC_RDMA_WRITE;
+	}
+}
+
+static void log_wr(const struct fv_qp *q, const struct ibv_send_wr *wr)
+{
+	uint64_t len = 0;
+
+	for (int i = 0; i < wr->num_sge; i++)
+		len += wr->sg_list[i].length;
+	fv_log("ibv_post_send dev=%s qpn=0x%x wr_id=0x%llx opcode=%s send_flags=0x%x num_sge=%d "
+	       "len=%llu lkey=0x%x remote_addr=0x%llx rkey=0x%x imm=0x%x", q->dev->ibdev.name,
+	       q->qp.qp_num, (unsigned long long)wr->wr_id, opname(wr->opcode), wr->send_flags,
+	       wr->num_sge, (unsigned long long)len, wr->num_sge ? wr->sg_list[0].lkey : 0,
+	       (unsigned long long)wr->wr.rdma.remote_addr, wr->wr.rdma.rkey,
+	       wr->opcode == IBV_WR_RDMA_WRITE_WITH_IMM || wr->opcode == IBV_WR_SEND_WITH_IMM
+		       ? wr->imm_data : 0);
+}
+
+int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct fv_qp *q = (struct fv_qp *)(void *)qp;
+
+	pthread_mutex_lock(&fv_lock);
+	for (; wr; wr = wr->next) {
+		enum ibv_wc_status st = IBV_WC_WR_FLUSH_ERR;
+		struct ibv_wc wc;
+		uint32_t len = 0;
+
+		log_wr(q, wr);
+		if (q->state != IBV_QPS_RTS && q->state != IBV_QPS_ERR) {
+			fv_log("ibv_post_send qpn=0x%x ret=EINVAL why=\"QP not in RTS\"", qp->qp_num);
+			*bad = wr;
+			pthread_mutex_unlock(&fv_lock);
+			return EINVAL;
+		}
+		if (q->state == IBV_QPS_RTS)
+			st = execute(q, wr, &len);
+		if (st != IBV_WC_SUCCESS) {
+			fv_log("wc qpn=0x%x wr_id=0x%llx status=%d", qp->qp_num,
+			       (unsigned long long)wr->wr_id, (int)st);
+			q->state = IBV_QPS_ERR;
+			qp->state = IBV_QPS_ERR;
+		}
+		if (st == IBV_WC_SUCCESS && !(wr->send_flags & IBV_SEND_SIGNALED) && !q->sq_sig_all)
+			continue;
+		memset(&wc, 0, sizeof(wc));
+		wc.wr_id = wr->wr_id;
+		wc.status = st;
+		wc.opcode = wc_op(wr->opcode);
+		wc.qp_num = qp->qp_num;
+		wc.byte_len = len;
+		fv_cq_push((struct fv_cq *)(void *)qp->send_cq, &wc);
+	}
+	pthread_mutex_unlock(&fv_lock);
+	return 0;
+}
+
+int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct fv_qp *q = (struct fv_qp *)(void *)qp;
+
+	pthread_mutex_lock(&fv_lock);
+	for (; wr; wr = wr->next) {
+		struct fv_recv *r;
+
+		fv_log("ibv_post_recv dev=%s qpn=0x%x wr_id=0x%llx num_sge=%d", q->dev->ibdev.name,
+		       qp->qp_num, (unsigned long long)wr->wr_id, wr->num_sge);
+		if (q->rcount == q->rcap - 1 || q->state == IBV_QPS_RESET) {
+			*bad = wr;
+			pthread_mutex_unlock(&fv_lock);
+			return ENOMEM;
+		}
+		r = &q->rq[(q->rhead + q->rcount++) % q->rcap];
+		memset(r, 0, sizeof(*r));
+		r->wr_id = wr->wr_id;
+		r->nsge = wr->num_sge;
+		if (wr->num_sge) {
+			r->addr = wr->sg_list[0].addr;
+			r->len = wr->sg_list[0].length;
+			r->lkey = wr->sg_list[0].lkey;
+		}
+	}
+	pthread_mutex_unlock(&fv_lock);
+	return 0;
+}
+
+int fv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
+{
+	struct fv_cq *c = (struct fv_cq *)(void *)cq;
+	int got = 0;
+
+	pthread_mutex_lock(&fv_lock);
+	while (got < n && c->count) {
+		wc[got++] = c->wcs[c->head];
+		c->head = (c->head + 1) % c->cap;
+		c->count--;
+	}
+	pthread_mutex_unlock(&fv_lock);
+	return got;
+}

@@ -1,0 +1,513 @@
+/*
+ * fakeverbs: devices, contexts, queries, protection domains, memory
+ * regions, completion queues and queue pairs. The data path (post_send,
+ * post_recv, poll_cq) is in fv_data.c.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "fv.h"
+
+pthread_mutex_t fv_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int open_ctxs;
+static uint32_t next_qpn = 0x100, next_key = 0x1000;
+static struct fv_mr *mrs;
+static struct fv_qp *qps;
+
+#define LOCKED(expr) do { pthread_mutex_lock(&fv_lock); expr; pthread_mutex_unlock(&fv_lock); } while (0)
+
+struct fv_dev *fv_ctx_dev(struct ibv_context *ctx)
+{
+	struct verbs_context *v = verbs_get_ctx(ctx);
+
+	return ((struct fv_ctx *)(void *)v)->dev;
+}
+
+static const char *ctx_name(struct ibv_context *ctx)
+{
+	return fv_ctx_dev(ctx)->ibdev.name;
+}
+
+/* ---- library, devices, contexts ----------------------------------------- */
+
+int ibv_fork_init(void)
+{
+	LOCKED(fv_log_reopen(); fv_log("ibv_fork_init ret=0"));
+	return 0;
+}
+
+struct ibv_device **ibv_get_device_list(int *num)
+{
+	struct ibv_device **list;
+	int n;
+
+	pthread_mutex_lock(&fv_lock);
+	fv_log_reopen();
+	if (open_ctxs == 0) {	/* a fresh start reads the description again */
+		fv_conf_load();
+		fv_sysfs_write();
+	}
+	n = fv_conf.ndevs;
+	list = calloc((size_t)n + 1, sizeof(*list));
+	for (int i = 0; list && i < n; i++)
+		list[i] = &fv_conf.devs[i].ibdev;
+	fv_log("ibv_get_device_list n=%d", n);
+	pthread_mutex_unlock(&fv_lock);
+	if (!list) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	if (num)
+		*num = n;
+	return list;
+}
+
+void ibv_free_device_list(struct ibv_device **list)
+{
+	free(list);
+}
+
+const char *ibv_get_device_name(struct ibv_device *dev)
+{
+	return dev->name;
+}
+
+static void fill_port(struct fv_dev *d, int pn, struct ibv_port_attr *a, size_t size)
+{
+	const struct fv_port *p = &d->ports[pn - 1];
+
+	memset(a, 0, size);
+	a->state = (enum ibv_port_state)p->state;
+	a->max_mtu = IBV_MTU_4096;
+	a->active_mtu = (enum ibv_mtu)p->mtu;
+	a->gid_tbl_len = p->gid_tbl_len;
+	a->port_cap_flags = IBV_PORT_CM_SUP;
+	a->max_msg_sz = 1u << 30;
+	a->pkey_tbl_len = 128;
+	a->lid = p->link_layer == IBV_LINK_LAYER_ETHERNET ? 0 : p->lid;
+	a->sm_lid = p->sm_lid;
+	a->active_width = (uint8_t)p->width;
+	a->active_speed = (uint8_t)p->speed;	/* the kernel's u8: XDR (0x100) reads 0 */
+	a->phys_state = p->state == IBV_PORT_ACTIVE ? 5 : 3;
+	a->link_layer = (uint8_t)p->link_layer;
+	if (size > offsetof(struct ibv_port_attr, flags))
+		a->flags = p->flags;
+	if (fv_conf.speed_ex && size >= FV_SPEED_EX_OFF + 4) {
+		uint32_t ex = p->speed;
+
+		memcpy((char *)a + FV_SPEED_EX_OFF, &ex, sizeof(ex));
+	}
+}
+
+/* verbs_context->query_port: what verbs.h's inline ibv_query_port calls. */
+static int query_port_ex(struct ibv_context *ctx, uint8_t port, struct ibv_port_attr *a,
+			 size_t size)
+{
+	struct fv_dev *d = fv_ctx_dev(ctx);
+
+	pthread_mutex_lock(&fv_lock);
+	fv_log("ibv_query_port dev=%s port=%u size=%zu", d->ibdev.name, port, size);
+	if (port < 1 || port > d->nports) {
+		pthread_mutex_unlock(&fv_lock);
+		return EINVAL;
+	}
+	fill_port(d, port, a, size);
+	pthread_mutex_unlock(&fv_lock);
+	return 0;
+}
+
+/* The exported legacy entry: the layout before 'flags', never extended. */
+int ibv_query_port(struct ibv_context *ctx, uint8_t port, struct _compat_ibv_port_attr *attr)
+{
+	return query_port_ex(ctx, port, (struct ibv_port_attr *)(void *)attr,
+			     offsetof(struct ibv_port_attr, flags));
+}
+
+struct ibv_context *ibv_open_device(struct ibv_device *dev)
+{
+	struct fv_ctx *c = calloc(1, sizeof(*c));
+	struct ibv_context *ctx;
+
+	if (!c) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	if (pipe2(c->async_pipe, O_CLOEXEC | O_NONBLOCK)) {
+		free(c);
+		return NULL;
+	}
+	c->dev = (struct fv_dev *)(void *)dev;
+	c->vctx.sz = sizeof(c->vctx);
+	c->vctx.query_port = query_port_ex;
+	ctx = &c->vctx.context;
+	ctx->device = dev;
+	ctx->cmd_fd = -1;
+	ctx->async_fd = c->async_pipe[0];
+	ctx->num_comp_vectors = 1;
+	ctx->abi_compat = __VERBS_ABI_IS_EXTENDED;
+	ctx->ops.post_send = fv_post_send;
+	ctx->ops.post_recv = fv_post_recv;
+	ctx->ops.poll_cq = fv_poll_cq;
+	pthread_mutex_init(&ctx->mutex, NULL);
+	LOCKED(open_ctxs++; fv_log("ibv_open_device dev=%s", dev->name));
+	return ctx;
+}
+
+int ibv_close_device(struct ibv_context *ctx)
+{
+	struct fv_ctx *c = (struct fv_ctx *)(void *)verbs_get_ctx(ctx);
+
+	LOCKED(open_ctxs--; fv_log("ibv_close_device dev=%s", c->dev->ibdev.name));
+	close(c->async_pipe[0]);
+	close(c->async_pipe[1]);
+	pthread_mutex_destroy(&ctx->mutex);
+	free(c);
+	return 0;
+}
+
+int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
+{
+	struct fv_dev *d = fv_ctx_dev(ctx);
+
+	memset(a, 0, sizeof(*a));
+	snprintf(a->fw_ver, sizeof(a->fw_ver), "28.99.1000");
+	a->node_guid = d->node_guid;
+	a->sys_image_guid = d->sys_image_guid;
+	a->max_mr_size = ~0ull;
+	a->page_size_cap = 0xfffff000;
+	a->vendor_id = 0x02c9;
+	a->vendor_part_id = d->vendor_part_id;
+	a->max_qp = d->max_qp;
+	a->max_qp_wr = d->max_qp_wr;
+	a->max_sge = 30;
+	a->max_cq = 1 << 24;
+	a->max_cqe = d->max_cqe;
+	a->max_mr = 1 << 24;
+	a->max_pd = 1 << 24;
+	a->max_qp_rd_atom = 16;
+	a->max_qp_init_rd_atom = 16;
+	a->atomic_cap = IBV_ATOMIC_HCA;
+	a->max_pkeys = 128;
+	a->phys_port_cnt = (uint8_t)d->nports;
+	LOCKED(fv_log("ibv_query_device dev=%s ports=%d", d->ibdev.name, d->nports));
+	return 0;
+}
+
+int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gid *gid)
+{
+	struct fv_dev *d = fv_ctx_dev(ctx);
+	char g[64];
+
+	if (port < 1 || port > d->nports || index < 0 || index >= FV_MAX_GIDS)
+		return -1;
+	*gid = d->ports[port - 1].gids[index].gid;
+	LOCKED(fv_log("ibv_query_gid dev=%s port=%u index=%d gid=%s", d->ibdev.name, port, index,
+		      fv_gid_str(gid, g, sizeof(g))));
+	return 0;
+}
+
+int ibv_query_port_speed(struct ibv_context *ctx, uint32_t port, uint64_t *speed)
+{
+	static const int lane[] = { 25, 50, 100, 100, 140, 250, 500, 1000, 2000 };
+	static const int lanes[] = { 1, 4, 8, 12, 2 };
+	struct fv_dev *d = fv_ctx_dev(ctx);
+	const struct fv_port *p;
+	int ret = 0;
+
+	pthread_mutex_lock(&fv_lock);
+	if (!fv_conf.port_speed || port < 1 || port > (uint32_t)d->nports ||
+	    d->ports[port - 1].port_speed == -2) {
+		ret = EOPNOTSUPP;
+	} else {
+		p = &d->ports[port - 1];
+		if (p->port_speed >= 0)
+			*speed = (uint64_t)p->port_speed;
+		else
+			*speed = (uint64_t)lane[p->speed ? __builtin_ctz(p->speed) % 9 : 0] *
+				 (uint64_t)lanes[p->width ? __builtin_ctz((unsigned)p->width) % 5 : 0];
+	}
+	fv_log("ibv_query_port_speed dev=%s port=%u ret=%d speed=%llu", d->ibdev.name, port, ret,
+	       ret ? 0ull : (unsigned long long)*speed);
+	pthread_mutex_unlock(&fv_lock);
+	return ret;
+}
+
+int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
+{
+	char b;
+
+	(void)ev;
+	if (read(ctx->async_fd, &b, 1) != 1)	/* nothing is ever queued */
+		errno = EAGAIN;
+	return -1;
+}
+
+void ibv_ack_async_event(struct ibv_async_event *ev)
+{
+	(void)ev;
+}
+
+const char *ibv_event_type_str(enum ibv_event_type type)
+{
+	return type == IBV_EVENT_DEVICE_FATAL ? "local catastrophic error" : "async event";
+}
+
+const char *ibv_wc_status_str(enum ibv_wc_status status)
+{
+	switch (status) {
+	case IBV_WC_SUCCESS: return "success";
+	case IBV_WC_REM_ACCESS_ERR: return "remote access error";
+	case IBV_WC_LOC_PROT_ERR: return "local protection error";
+	case IBV_WC_WR_FLUSH_ERR: return "Work Request Flushed Error";
+	case IBV_WC_RETRY_EXC_ERR: return "transport retry counter exceeded";
+	case IBV_WC_RNR_RETRY_EXC_ERR: return "RNR retry counter exceeded";
+	default: return "error";
+	}
+}
+
+/* ---- protection domains and memory regions ----------------------------- */
+
+struct ibv_pd *ibv_alloc_pd(struct ibv_context *ctx)
+{
+	struct ibv_pd *pd = calloc(1, sizeof(*pd));
+
+	if (!pd) {
+		errno = ENOMEM;
+		return NULL;
+	}
+	pd->context = ctx;
+	LOCKED(pd->handle = next_key++; fv_log("ibv_alloc_pd dev=%s pd=%u", ctx_name(ctx),
+					       pd->handle));
+	return pd;
+}
+
+int ibv_dealloc_pd(struct ibv_pd *pd)
+{
+	LOCKED(fv_log("ibv_dealloc_pd dev=%s pd=%u", ctx_name(pd->context), pd->handle));
+	free(pd);
+	return 0;
+}
+
+static struct ibv_mr *mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t len,
+			     uint64_t iova, int access, int fd, uint64_t offset)
+{
+	struct fv_mr *m;
+
+	pthread_mutex_lock(&fv_lock);
+	if (fd >= 0 && !fv_ctx_dev(pd->context)->dmabuf) {
+		fv_log("%s dev=%s ret=EOPNOTSUPP", call, ctx_name(pd->context));
+		pthread_mutex_unlock(&fv_lock);
+		errno = EOPNOTSUPP;
+		return NULL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m) {
+		pthread_mutex_unlock(&fv_lock);
+		errno = ENOMEM;
+		return NULL;
+	}
+	m->mr.context = pd->context;
+	m->mr.pd = pd;
+	m->mr.addr = addr;
+	m->mr.length = len;
+	m->mr.handle = next_key;
+	m->mr.lkey = next_key++;
+	m->mr.rkey = next_key++;
+	m->access = access;
+	m->iova = iova;
+	m->dmabuf = fd >= 0;
+	m->next = mrs;
+	mrs = m;
+	if (fd >= 0)
+		fv_log("%s dev=%s offset=0x%llx len=%zu iova=0x%llx fd=%d access=0x%x lkey=0x%x "
+		       "rkey=0x%x", call, ctx_name(pd->context), (unsigned long long)offset, len,
+		       (unsigned long long)iova, fd, access, m->mr.lkey, m->mr.rkey);
+	else
+		fv_log("%s dev=%s addr=%p len=%zu iova=0x%llx access=0x%x lkey=0x%x rkey=0x%x",
+		       call, ctx_name(pd->context), addr, len, (unsigned long long)iova, access,
+		       m->mr.lkey, m->mr.rkey);
+	pthread_mutex_unlock(&fv_lock);
+	return &m->mr;
+}
+
+struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
+{
+	return mr_new("ibv_reg_mr", pd, addr, len, (uintptr_t)addr, access, -1, 0);
+}
+
+struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
+				unsigned int access)
+{
+	return mr_new("ibv_reg_mr_iova2", pd, addr, len, iova, (int)access, -1, 0);
+}
+
+struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova,
+				 int fd, int access)
+{
+	if (fd < 0) {	/* the probe: a driver that knows DMA-BUF checks the fd */
+		int dmabuf = fv_ctx_dev(pd->context)->dmabuf;
+
+		LOCKED(fv_log("ibv_reg_dmabuf_mr dev=%s fd=%d ret=%s", ctx_name(pd->context), fd,
+			      dmabuf ? "EBADF" : "EOPNOTSUPP"));
+		errno = dmabuf ? EBADF : EOPNOTSUPP;
+		return NULL;
+	}
+	return mr_new("ibv_reg_dmabuf_mr", pd, NULL, len, iova, access, fd, offset);
+}
+
+int ibv_dereg_mr(struct ibv_mr *mr)
+{
+	pthread_mutex_lock(&fv_lock);
+	for (struct fv_mr **p = &mrs; *p; p = &(*p)->next) {
+		if (&(*p)->mr == mr) {
+			struct fv_mr *m = *p;
+
+			*p = m->next;
+			fv_log("ibv_dereg_mr dev=%s lkey=0x%x", ctx_name(mr->context), mr->lkey);
+			free(m);
+			break;
+		}
+	}
+	pthread_mutex_unlock(&fv_lock);
+	return 0;
+}
+
+/* Under fv_lock. remote: match the rkey, else the lkey. */
+struct fv_mr *fv_mr_by_key(uint32_t key, int remote)
+{
+	for (struct fv_mr *m = mrs; m; m = m->next)
+		if ((remote ? m->mr.rkey : m->mr.lkey) == key)
+			return m;
+	return NULL;
+}
+
+/* ---- completion queues --------------------------------------------------- */
+
+struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
+			     struct ibv_comp_channel *channel, int comp_vector)
+{
+	struct fv_cq *c = calloc(1, sizeof(*c));
+
+	(void)comp_vector;
+	if (!c || cqe < 1 || cqe > fv_ctx_dev(ctx)->max_cqe) {
+		free(c);
+		errno = c ? EINVAL : ENOMEM;
+		return NULL;
+	}
+	c->cap = cqe;
+	c->wcs = calloc((size_t)cqe, sizeof(*c->wcs));
+	if (!c->wcs) {
+		free(c);
+		errno = ENOMEM;
+		return NULL;
+	}
+	c->cq.context = ctx;
+	c->cq.channel = channel;
+	c->cq.cq_context = cq_context;
+	c->cq.cqe = cqe;
+	LOCKED(c->cq.handle = next_key++;
+	       fv_log("ibv_create_cq dev=%s cqe=%d cq=%u", ctx_name(ctx), cqe, c->cq.handle));
+	return &c->cq;
+}
+
+int ibv_destroy_cq(struct ibv_cq *cq)
+{
+	struct fv_cq *c = (struct fv_cq *)(void *)cq;
+
+	LOCKED(fv_log("ibv_destroy_cq dev=%s cq=%u", ctx_name(cq->context), cq->handle));
+	free(c->wcs);
+	free(c);
+	return 0;
+}
+
+/* Under fv_lock. An overflow is logged and the entry dropped (real CQs go to error). */
+void fv_cq_push(struct fv_cq *c, const struct ibv_wc *wc)
+{
+	if (c->count == c->cap) {
+		fv_log("cq_overflow cq=%u", c->cq.handle);
+		return;
+	}
+	c->wcs[(c->head + c->count++) % c->cap] = *wc;
+}
+
+/* ---- queue pairs -------------------------------------------------------- */
+
+struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
+{
+	struct fv_dev *d = fv_ctx_dev(pd->context);
+	struct fv_qp *q;
+
+	if (a->qp_type != IBV_QPT_RC || a->cap.max_inline_data > (uint32_t)d->max_inline ||
+	    a->cap.max_send_wr > (uint32_t)d->max_qp_wr ||
+	    a->cap.max_recv_wr > (uint32_t)d->max_qp_wr) {
+		LOCKED(fv_log("ibv_create_qp dev=%s type=%d max_send_wr=%u max_recv_wr=%u "
+			      "max_inline=%u ret=EINVAL", d->ibdev.name, a->qp_type,
+			      a->cap.max_send_wr, a->cap.max_recv_wr, a->cap.max_inline_data));
+		errno = EINVAL;
+		return NULL;
+	}
+	q = calloc(1, sizeof(*q));
+	if (q)
+		q->rq = calloc((size_t)a->cap.max_recv_wr + 1, sizeof(*q->rq));
+	if (!q || !q->rq) {
+		if (q)
+			free(q);
+		errno = ENOMEM;
+		return NULL;
+	}
+	q->dev = d;
+	q->rcap = (int)a->cap.max_recv_wr + 1;
+	q->sq_sig_all = a->sq_sig_all;
+	q->max_inline = a->cap.max_inline_data;
+	q->state = IBV_QPS_RESET;
+	q->qp.context = pd->context;
+	q->qp.qp_context = a->qp_context;
+	q->qp.pd = pd;
+	q->qp.send_cq = a->send_cq;
+	q->qp.recv_cq = a->recv_cq;
+	q->qp.qp_type = a->qp_type;
+	q->qp.state = IBV_QPS_RESET;
+	pthread_mutex_lock(&fv_lock);
+	q->qp.qp_num = next_qpn++;
+	q->qp.handle = q->qp.qp_num;
+	q->next = qps;
+	qps = q;
+	fv_log("ibv_create_qp dev=%s qpn=0x%x type=RC max_send_wr=%u max_recv_wr=%u "
+	       "max_send_sge=%u max_recv_sge=%u max_inline=%u sq_sig_all=%d", d->ibdev.name,
+	       q->qp.qp_num, a->cap.max_send_wr, a->cap.max_recv_wr, a->cap.max_send_sge,
+	       a->cap.max_recv_sge, a->cap.max_inline_data, a->sq_sig_all);
+	pthread_mutex_unlock(&fv_lock);
+	return &q->qp;
+}
+
+int ibv_destroy_qp(struct ibv_qp *qp)
+{
+	struct fv_qp *q = (struct fv_qp *)(void *)qp;
+
+	pthread_mutex_lock(&fv_lock);
+	for (struct fv_qp **p = &qps; *p; p = &(*p)->next) {
+		if (*p == q) {
+			*p = q->next;
+			break;
+		}
+	}
+	fv_log("ibv_destroy_qp dev=%s qpn=0x%x", q->dev->ibdev.name, qp->qp_num);
+	pthread_mutex_unlock(&fv_lock);
+	free(q->rq);
+	free(q);
+	return 0;
+}
+
+/* Under fv_lock. */
+struct fv_qp *fv_qp_by_num(uint32_t qpn)
+{
+	for (struct fv_qp *q = qps; q; q = q->next)
+		if (q->qp.qp_num == qpn)
+			return q;
+	return NULL;
+}

@@ -1,0 +1,19 @@
+#!/bin/sh
+# The live verbs unit tests (test_ib_live: transfers, grouped receives, the
+# flush, the eager ring, injected faults) on the fake provider, once per
+# description in test/fakeverbs/conf/. Usage: run-live.sh BUILD_DIR
+set -eu
+build=${1:-build}
+here=$(cd "$(dirname "$0")" && pwd)
+lib=$(cd "$build" && pwd)/test/fakeverbs/libfakeverbs.so
+for conf in "$here"/conf/*.conf; do
+	dir=$(mktemp -d /tmp/rail-fakeverbs-live-XXXXXX)
+	echo "== test_ib_live on $(basename "$conf")"
+	if ! NCCL_IBVERBS_LIB=$lib RAIL_FAKEVERBS_CONF=$conf RAIL_FAKEVERBS_SYSFS=$dir \
+	    NCCL_RAIL_SYSFS_ROOT=$dir NCCL_SOCKET_IFNAME=lo RAIL_TEST_REQUIRE_RDMA=1 \
+	    "$build/test/unit/test_ib_live"; then
+		echo "test_ib_live failed on $conf (kept $dir)" >&2
+		exit 1
+	fi
+	rm -rf "$dir"
+done

@@ -1,0 +1,616 @@
+/*
+ * nccl-net-rail unit tests on the fake verbs provider (test/fakeverbs/):
+ * the plugin loads libfakeverbs.so through NCCL_IBVERBS_LIB, which models
+ * ConnectX devices from a description written here and logs every verbs
+ * call; the tests assert what the plugin reports and asks of the devices
+ * against NCCL 2.30's IB transport (docs/NCCL-IB-PARITY.md): port speed
+ * (XDR, RoCE LAG), port and GUID of two-port NICs, fork safety, the
+ * address vector on InfiniBand (GRH when required, routed IB, service
+ * level), DMA-BUF registration ranges and relaxed ordering.
+ *
+ * The library comes from RAIL_FAKEVERBS_LIB (make test-unit sets it), else
+ * from next to this binary (build/test/unit/../fakeverbs/).
+ */
+#include "unit.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <unistd.h>
+
+#include <infiniband/verbs.h>
+
+#include "api.h"
+#include "handle.h"
+#include "param.h"
+#include "rail.h"
+#include "sysfs.h"
+
+#define NET_ABI 12
+#define LINE 1024
+
+struct fake {
+	char dir[64];
+	char conf[96], log[96];
+	void *ctx;
+	int ndev;
+	void *lc, *sc, *rc;
+};
+
+static char fake_lib[PATH_MAX];
+/* The one started plugin; the teardown finalizes it even after a failed assertion. */
+static struct fake fk;
+static int fk_live;
+
+static int find_lib(void)
+{
+	const char *env = getenv("RAIL_FAKEVERBS_LIB");
+	char exe[PATH_MAX];
+	ssize_t n;
+
+	if (env && env[0]) {
+		snprintf(fake_lib, sizeof(fake_lib), "%s", env);
+		return access(fake_lib, R_OK) == 0;
+	}
+	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	if (n <= 0)
+		return 0;
+	exe[n] = '\0';
+	*strrchr(exe, '/') = '\0';
+	snprintf(fake_lib, sizeof(fake_lib), "%.4000s/../fakeverbs/libfakeverbs.so", exe);
+	return access(fake_lib, R_OK) == 0;
+}
+
+static void write_file(const char *path, const char *text)
+{
+	FILE *f = fopen(path, "w");
+
+	assert_non_null(f);
+	fputs(text, f);
+	fclose(f);
+}
+
+/* Start the plugin on the devices `conf` describes. */
+static struct fake *fake_start(const char *conf)
+{
+	struct fake *F = &fk;
+
+	memset(F, 0, sizeof(*F));
+	snprintf(F->dir, sizeof(F->dir), "/tmp/rail-fakeverbs-XXXXXX");
+	assert_non_null(mkdtemp(F->dir));
+	snprintf(F->conf, sizeof(F->conf), "%.60s/devices.conf", F->dir);
+	snprintf(F->log, sizeof(F->log), "%.60s/verbs.log", F->dir);
+	write_file(F->conf, conf);
+	setenv("NCCL_IBVERBS_LIB", fake_lib, 1);
+	setenv("RAIL_FAKEVERBS_CONF", F->conf, 1);
+	setenv("RAIL_FAKEVERBS_LOG", F->log, 1);
+	setenv("RAIL_FAKEVERBS_SYSFS", F->dir, 1);
+	setenv("NCCL_RAIL_SYSFS_ROOT", F->dir, 1);
+	setenv("NCCL_RAIL_TRANSPORT", "ib", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	rail_params_reload();
+	rail_sysfs_set_root(F->dir);	/* read once per process otherwise */
+	unit_log_capture();
+	fk_live = 1;
+	assert_int_equal(rail_net_init(&F->ctx, 1, -1, NULL, NET_ABI), ncclSuccess);
+	assert_int_equal(rail_net_devices(&F->ndev), ncclSuccess);
+	return F;
+}
+
+static void fake_stop(struct fake *F)
+{
+	char cmd[128];
+	int bad = 0;
+
+	fk_live = 0;
+	bad |= F->sc && rail_net_close_send(F->sc) != ncclSuccess;
+	bad |= F->rc && rail_net_close_recv(F->rc) != ncclSuccess;
+	bad |= F->lc && rail_net_close_listen(F->lc) != ncclSuccess;
+	bad |= F->ctx && rail_net_finalize(F->ctx) != ncclSuccess;
+	unit_log_release();
+	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", F->dir);
+	if (getenv("RAIL_FAKEVERBS_KEEP"))
+		print_message("kept %s\n", F->dir);
+	else if (system(cmd) != 0)
+		print_message("could not remove %s\n", F->dir);
+	unsetenv("NCCL_IB_SL");
+	unsetenv("NCCL_IB_PCI_RELAXED_ORDERING");
+	rail_params_reload();
+	if (bad)
+		fail_msg("closing the comms or finalizing failed");
+}
+
+static int teardown(void **state)
+{
+	(void)state;
+	if (fk_live)
+		fake_stop(&fk);
+	return 0;
+}
+
+/* Connect a send comm on dev_send to a listener on dev_recv, both polled here. */
+static void fake_connect(struct fake *F, int dev_recv, int dev_send, int tc)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	uint64_t deadline = rail_now_ns() + 30ull * 1000000000ull;
+	ncclResult_t cr = ncclSuccess, ar = ncclSuccess;
+
+	assert_int_equal(rail_net_listen(F->ctx, dev_recv, handle, &F->lc), ncclSuccess);
+	while ((!F->sc || !F->rc) && rail_now_ns() < deadline) {
+		if (!F->sc && cr == ncclSuccess)
+			cr = rail_net_connect(F->ctx, dev_send, tc, handle, &F->sc);
+		if (!F->rc && ar == ncclSuccess)
+			ar = rail_net_accept(F->lc, &F->rc);
+		if (cr != ncclSuccess || ar != ncclSuccess)
+			break;
+	}
+	if (!F->sc || !F->rc) {
+		unit_log_dump();
+		fail_msg("connection on the fake devices failed (connect %d, accept %d)", cr, ar);
+	}
+}
+
+/* ---- the call log ------------------------------------------------------- */
+
+/* The n-th (from 0) log line starting with call and containing every needle; 0 if none. */
+static int log_find(const struct fake *F, int n, char *out, const char *call, const char *n1,
+		    const char *n2)
+{
+	FILE *f = fopen(F->log, "r");
+	char line[LINE];
+	size_t cl = strlen(call);
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f)) {
+		if (strncmp(line, call, cl) || line[cl] != ' ')
+			continue;
+		if ((n1 && !strstr(line, n1)) || (n2 && !strstr(line, n2)))
+			continue;
+		if (n-- == 0) {
+			line[strcspn(line, "\n")] = '\0';
+			snprintf(out, LINE, "%s", line);
+			fclose(f);
+			return 1;
+		}
+	}
+	fclose(f);
+	return 0;
+}
+
+static int log_count(const struct fake *F, const char *call, const char *n1, const char *n2)
+{
+	char line[LINE];
+	int n = 0;
+
+	while (log_find(F, n, line, call, n1, n2))
+		n++;
+	return n;
+}
+
+/* The value of " key=" in a log line; fails the test if absent. */
+static const char *kv(const char *line, const char *key, char *buf, size_t len)
+{
+	char pat[64];
+	const char *p;
+
+	snprintf(pat, sizeof(pat), " %s=", key);
+	p = strstr(line, pat);
+	if (!p)
+		fail_msg("no %s in: %s", key, line);
+	p += strlen(pat);
+	snprintf(buf, len, "%.*s", (int)strcspn(p, " \""), p);
+	return buf;
+}
+
+static long long kvnum(const char *line, const char *key)
+{
+	char buf[128];
+
+	return strtoll(kv(line, key, buf, sizeof(buf)), NULL, 0);
+}
+
+static void props(int dev, struct rail_props *p)
+{
+	memset(p, 0, sizeof(*p));
+	assert_int_equal(rail_net_get_properties(dev, p), ncclSuccess);
+}
+
+/* ---- defect 1: port speed ----------------------------------------------- */
+
+/* XDR (0x100) does not fit the 8-bit active_speed: active_speed_ex carries it. */
+static void test_speed_xdr(void **state)
+{
+	struct fake *F;
+	struct rail_props p;
+
+	(void)state;
+	F = fake_start("lib port_speed=no\n"
+		       "device mlx5_0\n"
+		       "port 1 link=ib speed=xdr width=4x lid=3\n"
+		       "gid 0 fe80::2:c903:a0:1\n");
+	assert_int_equal(F->ndev, 1);
+	props(0, &p);
+	assert_int_equal(p.speed, 800000);	/* 200 Gb/s per lane x 4 */
+	fake_stop(F);
+}
+
+/* ibv_query_port_speed, where libibverbs has it, wins: a RoCE LAG reports both members. */
+static void test_speed_query_port_speed_lag(void **state)
+{
+	struct fake *F;
+	struct rail_props p;
+	char line[LINE];
+
+	(void)state;
+	F = fake_start("device mlx5_bond_0\n"
+		       "port 1 link=eth speed=ndr width=4x port_speed=8000\n"
+		       "gid 0 fe80::a:b:c:d type=v1\n"
+		       "gid 1 ::ffff:10.1.0.1 type=v1\n"
+		       "gid 2 ::ffff:10.1.0.1 type=v2\n");
+	assert_int_equal(F->ndev, 1);
+	props(0, &p);
+	assert_int_equal(p.speed, 800000);
+	assert_true(log_find(F, 0, line, "ibv_query_port_speed", "dev=mlx5_bond_0", NULL));
+	fake_stop(F);
+}
+
+/* Without ibv_query_port_speed and active_speed_ex (rdma-core < 48): NCCL's table. */
+static void test_speed_old_library(void **state)
+{
+	struct fake *F;
+	struct rail_props p;
+
+	(void)state;
+	F = fake_start("lib port_speed=no speed_ex=no\n"
+		       "device mlx5_0\n"
+		       "port 1 link=ib speed=hdr width=2x lid=3\n"
+		       "gid 0 fe80::2:c903:a0:1\n"
+		       "device mlx5_1\n"
+		       "port 1 link=ib speed=fdr10 width=4x lid=4\n"
+		       "gid 0 fe80::2:c903:a0:2\n");
+	assert_int_equal(F->ndev, 2);
+	props(0, &p);
+	assert_int_equal(p.speed, 100000);	/* HDR 50 x 2 */
+	props(1, &p);
+	assert_int_equal(p.speed, 40000);	/* FDR10 10 x 4 */
+	fake_stop(F);
+}
+
+/* ---- defect 3: two-port NICs -------------------------------------------- */
+
+static const char two_functions[] =
+	"device mlx5_0 pci=0000:1b:00.0 sys_image_guid=0x1070fd0300a1b2c0\n"
+	"port 1 link=eth speed=ndr width=4x\n"
+	"gid 0 fe80::1 type=v1\n"
+	"gid 1 ::ffff:10.1.0.1 type=v2\n"
+	"device mlx5_1 pci=0000:1b:00.1 sys_image_guid=0x1070fd0300a1b2c0\n"
+	"port 1 link=eth speed=ndr width=4x\n"
+	"gid 0 fe80::2 type=v1\n"
+	"gid 1 ::ffff:10.2.0.1 type=v2\n"
+	"device mlx5_2 pci=0000:3d:00.0 sys_image_guid=0x1070fd0300a1c4d0\n"
+	"port 1 link=ib speed=ndr width=4x lid=7\n"
+	"gid 0 fe80::3\n"
+	"port 2 link=ib speed=ndr width=4x lid=8\n"
+	"gid 0 fe80::4\n";
+
+/*
+ * NCCL: pciPath with the function digit zeroed (and the device digits, for
+ * VFs), port = ibv port + the number of earlier devices with that path,
+ * guid = sys_image_guid. Its search charges NICs with equal guid and port
+ * to one budget, so each port and PCI function needs its own port number.
+ */
+static void test_two_port_nics(void **state)
+{
+	struct fake *F;
+	struct rail_props p[4];
+
+	(void)state;
+	F = fake_start(two_functions);
+	assert_int_equal(F->ndev, 4);
+	for (int i = 0; i < 4; i++)
+		props(i, &p[i]);
+	assert_int_equal(p[0].port, 1);
+	assert_int_equal(p[1].port, 2);
+	assert_int_equal(p[2].port, 1);
+	assert_int_equal(p[3].port, 3);	/* ibv port 2 + 1 earlier entry of 3d:00.0 */
+	assert_true(p[0].guid == 0x1070fd0300a1b2c0ull && p[1].guid == p[0].guid);
+	assert_true(p[2].guid == 0x1070fd0300a1c4d0ull && p[3].guid == p[2].guid);
+	assert_non_null(p[0].pci_path);
+	assert_non_null(p[1].pci_path);
+	assert_string_equal(p[0].pci_path, "/sys/devices/pci0000:00/0000:1b:00.0");
+	assert_string_equal(p[1].pci_path, "/sys/devices/pci0000:00/0000:1b:00.0");
+	assert_string_equal(p[3].pci_path, "/sys/devices/pci0000:00/0000:3d:00.0");
+	fake_stop(F);
+}
+
+/* ---- defect 4: fork safety ---------------------------------------------- */
+
+/* ibv_fork_init runs once, before any device is listed or opened. */
+static void test_fork_init_first(void **state)
+{
+	struct fake *F;
+	char first[LINE];
+	FILE *f;
+
+	(void)state;
+	F = fake_start("device mlx5_0\nport 1 link=ib lid=3\ngid 0 fe80::1\n");
+	f = fopen(F->log, "r");
+	assert_non_null(f);
+	assert_non_null(fgets(first, sizeof(first), f));
+	fclose(f);
+	if (strncmp(first, "ibv_fork_init ", 14))
+		fail_msg("the first verbs call is not ibv_fork_init but: %s", first);
+	assert_int_equal(log_count(F, "ibv_fork_init", NULL, NULL), 1);
+	fake_stop(F);
+}
+
+/* ---- defect 5: the address vector on InfiniBand ------------------------- */
+
+/* The RTR of the send comm's QP on dev (the connecting side's first modify to RTR). */
+static void rtr_line(struct fake *F, const char *dev, char *line)
+{
+	if (!log_find(F, 0, line, "ibv_modify_qp", "state=RTR", dev))
+		fail_msg("no RTR recorded on %s", dev);
+}
+
+/* A port flagged GRH_REQUIRED needs a GRH in every address vector. */
+static void test_ib_grh_required(void **state)
+{
+	struct fake *F;
+	char line[LINE], buf[64];
+
+	(void)state;
+	F = fake_start("device mlx5_0\n"
+		       "port 1 link=ib lid=5 flags=grh_required\n"
+		       "gid 0 fe80::2:c903:a0:1\n");
+	fake_connect(F, 0, 0, -1);
+	assert_int_equal(log_count(F, "ibv_modify_qp", "state=RTR", "ret=EINVAL"), 0);
+	rtr_line(F, "dev=mlx5_0", line);
+	assert_int_equal(kvnum(line, "ah.is_global"), 1);
+	assert_int_equal(kvnum(line, "ah.dlid"), 5);
+	assert_string_equal(kv(line, "ah.dgid", buf, sizeof(buf)), "fe80::2:c903:a0:1");
+	assert_int_equal(kvnum(line, "ah.sgid_index"), 0);
+	assert_int_equal(kvnum(line, "ah.hop_limit"), 255);
+	fake_stop(F);
+}
+
+/* An IB port without the flag, on one subnet: LID routing, no GRH (as NCCL). */
+static void test_ib_local_no_grh(void **state)
+{
+	struct fake *F;
+	char line[LINE];
+
+	(void)state;
+	F = fake_start("device mlx5_0\nport 1 link=ib lid=5\ngid 0 fe80::2:c903:a0:1\n");
+	fake_connect(F, 0, 0, -1);
+	rtr_line(F, "dev=mlx5_0", line);
+	assert_int_equal(kvnum(line, "ah.is_global"), 0);
+	assert_int_equal(kvnum(line, "ah.dlid"), 5);
+	fake_stop(F);
+}
+
+/*
+ * Routed IB: GID index NCCL_IB_ROUTABLE_FLID_GID_INDEX (1) carries a FLID
+ * (bytes 4-5) and the subnet (bytes 6-7); peers on different subnets are
+ * addressed with a GRH and the remote FLID as dlid.
+ */
+static void test_ib_routed_flid(void **state)
+{
+	struct fake *F;
+	char line[LINE], buf[64];
+
+	(void)state;
+	F = fake_start("device mlx5_0\n"
+		       "port 1 link=ib lid=5\n"
+		       "gid 0 fe80::2:c903:a0:1\n"
+		       "gid 1 fec0:0:11:1:2:c903:a0:1\n"
+		       "device mlx5_1\n"
+		       "port 1 link=ib lid=6\n"
+		       "gid 0 fe80::2:c903:a0:2\n"
+		       "gid 1 fec0:0:22:2:2:c903:a0:2\n");
+	fake_connect(F, 0, 1, -1);
+	rtr_line(F, "dev=mlx5_1", line);	/* sender on mlx5_1 toward mlx5_0 */
+	assert_int_equal(kvnum(line, "ah.is_global"), 1);
+	assert_int_equal(kvnum(line, "ah.dlid"), 0x11);
+	assert_int_equal(kvnum(line, "ah.sgid_index"), 1);
+	assert_string_equal(kv(line, "ah.dgid", buf, sizeof(buf)), "fec0:0:11:1:2:c903:a0:1");
+	/* the receiver's QP toward mlx5_1 (its loopback QP to itself stays LID-routed) */
+	if (!log_find(F, 0, line, "ibv_modify_qp", "dev=mlx5_0", "ah.dgid=fec0:0:22:2:"))
+		fail_msg("no RTR on mlx5_0 toward mlx5_1's routable GID");
+	assert_int_equal(kvnum(line, "ah.is_global"), 1);
+	assert_int_equal(kvnum(line, "ah.dlid"), 0x22);
+	assert_int_equal(kvnum(line, "ah.sgid_index"), 1);
+	fake_stop(F);
+}
+
+/* The service level follows the communicator's traffic class unless NCCL_IB_SL is set. */
+static void test_ib_sl_from_traffic_class(void **state)
+{
+	struct fake *F;
+	char line[LINE];
+	static const char conf[] = "device mlx5_0\nport 1 link=ib lid=5\ngid 0 fe80::1\n";
+
+	(void)state;
+	F = fake_start(conf);
+	fake_connect(F, 0, 0, 5);
+	for (int i = 0; log_find(F, i, line, "ibv_modify_qp", "state=RTR", NULL); i++)
+		assert_int_equal(kvnum(line, "ah.sl"), 5);
+	assert_true(log_count(F, "ibv_modify_qp", "state=RTR", NULL) >= 2);
+	fake_stop(F);
+
+	setenv("NCCL_IB_SL", "3", 1);
+	F = fake_start(conf);
+	fake_connect(F, 0, 0, 5);
+	for (int i = 0; log_find(F, i, line, "ibv_modify_qp", "state=RTR", NULL); i++)
+		assert_int_equal(kvnum(line, "ah.sl"), 3);
+	fake_stop(F);
+}
+
+/* ---- defect 8 and relaxed ordering: DMA-BUF registrations --------------- */
+
+static const char roce_dev[] = "device mlx5_0\n"
+			       "port 1 link=eth speed=ndr width=4x\n"
+			       "gid 0 fe80::1 type=v1\n"
+			       "gid 1 ::ffff:10.1.0.1 type=v2\n";
+
+#define GPU_VA 0x7f0000000000ull	/* never dereferenced: DMA-BUF memory is not mapped */
+
+static void *reg_dmabuf(struct fake *F, uint64_t va, size_t size, uint64_t offset)
+{
+	void *mh = NULL;
+
+	assert_int_equal(rail_net_reg_mr_dmabuf(F->rc, (void *)(uintptr_t)va, size, NCCL_PTR_CUDA,
+						offset, 77, &mh), ncclSuccess);
+	assert_non_null(mh);
+	return mh;
+}
+
+/*
+ * A buffer 0x100 into its page with a DMA-BUF offset below 0x100: the
+ * registration can start only at the buffer, so the cache must not claim
+ * the head of the page; a later buffer there gets its own registration.
+ */
+static void test_dmabuf_unaligned_cache(void **state)
+{
+	struct fake *F;
+	char line[LINE];
+	long pg = sysconf(_SC_PAGESIZE);
+	void *a, *b;
+
+	(void)state;
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	a = reg_dmabuf(F, GPU_VA + 0x100, 0x2000, 0x40);
+	assert_true(log_find(F, 0, line, "ibv_reg_dmabuf_mr", "fd=77", NULL));
+	assert_int_equal(kvnum(line, "offset"), 0x40);
+	assert_int_equal(kvnum(line, "iova"), (long long)(GPU_VA + 0x100));
+	/* up to the page end after the buffer */
+	assert_int_equal(kvnum(line, "len"), (long long)(((0x100 + 0x2000 + pg - 1) / pg) * pg -
+							  0x100));
+	b = reg_dmabuf(F, GPU_VA, 0x80, 0);
+	assert_int_equal(log_count(F, "ibv_reg_dmabuf_mr", "fd=77", NULL), 2);
+	assert_int_equal(rail_net_dereg_mr(F->rc, b), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(F->rc, a), ncclSuccess);
+	fake_stop(F);
+}
+
+/* With enough offset, the whole page range is registered: iova page-aligned. */
+static void test_dmabuf_aligned_range(void **state)
+{
+	struct fake *F;
+	char line[LINE];
+	long pg = sysconf(_SC_PAGESIZE);
+	void *a;
+
+	(void)state;
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	a = reg_dmabuf(F, GPU_VA + 0x100, 0x100, (uint64_t)pg + 0x100);
+	assert_true(log_find(F, 0, line, "ibv_reg_dmabuf_mr", "fd=77", NULL));
+	assert_int_equal(kvnum(line, "offset"), pg);
+	assert_int_equal(kvnum(line, "iova"), (long long)GPU_VA);
+	assert_int_equal(kvnum(line, "len"), pg);
+	assert_int_equal(rail_net_dereg_mr(F->rc, a), ncclSuccess);
+	fake_stop(F);
+}
+
+/* NCCL_IB_PCI_RELAXED_ORDERING (2: when ibv_reg_mr_iova2 exists) covers DMA-BUF too. */
+static void test_dmabuf_relaxed_ordering(void **state)
+{
+	struct fake *F;
+	char line[LINE];
+	void *a;
+
+	(void)state;
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	a = reg_dmabuf(F, GPU_VA, 4096, 0);
+	assert_true(log_find(F, 0, line, "ibv_reg_dmabuf_mr", "fd=77", NULL));
+	assert_true(kvnum(line, "access") & IBV_ACCESS_RELAXED_ORDERING);
+	assert_int_equal(rail_net_dereg_mr(F->rc, a), ncclSuccess);
+	fake_stop(F);
+
+	setenv("NCCL_IB_PCI_RELAXED_ORDERING", "0", 1);
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	a = reg_dmabuf(F, GPU_VA, 4096, 0);
+	assert_true(log_find(F, 0, line, "ibv_reg_dmabuf_mr", "fd=77", NULL));
+	assert_false(kvnum(line, "access") & IBV_ACCESS_RELAXED_ORDERING);
+	assert_int_equal(rail_net_dereg_mr(F->rc, a), ncclSuccess);
+	fake_stop(F);
+}
+
+/* ---- the fake's data path ------------------------------------------------ */
+
+/* A message goes through the fake: RDMA writes are carried out with memcpy. */
+static void test_transfer_through_fake(void **state)
+{
+	struct fake *F;
+	static char sbuf[65536], rbuf[65536];
+	void *smh = NULL, *rmh = NULL, *sreq = NULL, *rreq = NULL;
+	void *data[1] = { rbuf };
+	size_t sizes[1] = { sizeof(rbuf) };
+	int tags[1] = { 7 }, done = 0, got[1] = { 0 };
+	void *mhs[1];
+	uint64_t deadline;
+
+	(void)state;
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	for (size_t i = 0; i < sizeof(sbuf); i++)
+		sbuf[i] = (char)(i * 7 + 1);
+	memset(rbuf, 0, sizeof(rbuf));
+	assert_int_equal(rail_net_reg_mr(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &smh), 0);
+	assert_int_equal(rail_net_reg_mr(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST, &rmh), 0);
+	mhs[0] = rmh;
+	deadline = rail_now_ns() + 10ull * 1000000000ull;
+	while ((!sreq || !rreq) && rail_now_ns() < deadline) {
+		if (!rreq)
+			assert_int_equal(rail_net_irecv(F->rc, 1, data, sizes, tags, mhs, &rreq), 0);
+		if (!sreq)
+			assert_int_equal(rail_net_isend(F->sc, sbuf, sizeof(sbuf), 7, smh, &sreq), 0);
+	}
+	assert_non_null(sreq);
+	assert_non_null(rreq);
+	while (!done && rail_now_ns() < deadline)
+		assert_int_equal(rail_net_test(rreq, &done, got), ncclSuccess);
+	assert_true(done);
+	for (done = 0; !done && rail_now_ns() < deadline;)
+		assert_int_equal(rail_net_test(sreq, &done, NULL), ncclSuccess);
+	assert_int_equal(got[0], (int)sizeof(sbuf));
+	assert_memory_equal(sbuf, rbuf, sizeof(sbuf));
+	assert_true(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE", NULL) > 0);
+	assert_int_equal(rail_net_dereg_mr(F->sc, smh), 0);
+	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), 0);
+	fake_stop(F);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_speed_xdr, teardown),
+		cmocka_unit_test_teardown(test_speed_query_port_speed_lag, teardown),
+		cmocka_unit_test_teardown(test_speed_old_library, teardown),
+		cmocka_unit_test_teardown(test_two_port_nics, teardown),
+		cmocka_unit_test_teardown(test_fork_init_first, teardown),
+		cmocka_unit_test_teardown(test_ib_grh_required, teardown),
+		cmocka_unit_test_teardown(test_ib_local_no_grh, teardown),
+		cmocka_unit_test_teardown(test_ib_routed_flid, teardown),
+		cmocka_unit_test_teardown(test_ib_sl_from_traffic_class, teardown),
+		cmocka_unit_test_teardown(test_dmabuf_unaligned_cache, teardown),
+		cmocka_unit_test_teardown(test_dmabuf_aligned_range, teardown),
+		cmocka_unit_test_teardown(test_dmabuf_relaxed_ordering, teardown),
+		cmocka_unit_test_teardown(test_transfer_through_fake, teardown),
+	};
+
+	if (!find_lib()) {
+		if (getenv("RAIL_FAKEVERBS_LIB")) {
+			printf("test_ib_fake: RAIL_FAKEVERBS_LIB=%s cannot be read\n", fake_lib);
+			return 1;
+		}
+		printf("test_ib_fake: all %zu tests skipped: %s not built (make tests)\n",
+		       sizeof(tests) / sizeof(tests[0]), fake_lib);
+		return 0;
+	}
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
