@@ -75,6 +75,8 @@ struct rail_conf_net {
 	ncclResult_t (*init)(struct rail_conf_net *net, ncclDebugLogger_t logger);
 	ncclResult_t (*devices)(int *ndev);
 	ncclResult_t (*get_props)(int dev, struct rail_conf_props *props);
+	/* The table's getProperties as is: misuse checks pass NULL. */
+	ncclResult_t (*get_props_raw)(int dev, void *props);
 	ncclResult_t (*listen)(struct rail_conf_net *net, int dev, void *handle, void **lc);
 	/* *dev_comm receives what the plugin put in the device-handle slot (v7+). */
 	ncclResult_t (*connect)(struct rail_conf_net *net, int dev, void *handle, void **sc,
@@ -177,6 +179,8 @@ int rail_conf_close_inflight(struct rail_conf *cx);
 int rail_conf_peer_dies(struct rail_conf *cx);
 int rail_conf_bad_handle(struct rail_conf *cx);
 int rail_conf_reload(struct rail_conf *cx);
+int rail_conf_misuse(struct rail_conf *cx);
+int rail_conf_random_handle(struct rail_conf *cx);
 
 /* ---- reporting (report.c) ------------------------------------------------ */
 

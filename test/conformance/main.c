@@ -61,6 +61,8 @@ const struct rail_conf_scenario rail_conf_scenarios[] = {
 	  rail_conf_reload, 0, 1, 11 },
 	{ "iflush", "iflush on received host memory succeeds (NULL request = nothing to do)",
 	  rail_conf_iflush, 0, 0, 6 },
+	{ "misuse", "calls NCCL never makes (NULL props, ...) fail with a WARN, never crash",
+	  rail_conf_misuse, 1, 0, 6 },
 };
 const int rail_conf_nscenarios = sizeof(rail_conf_scenarios) / sizeof(rail_conf_scenarios[0]);
 
@@ -617,6 +619,7 @@ static const struct {
 	{ "listen-many", "overrun" },		{ "regmr-thread", "regmr-fail" },
 	{ "peer-dies", "hide-error" },		{ "bad-handle", "connect-hide-error" },
 	{ "reload", "leak-thread" },		{ "iflush", "flush-error" },
+	{ "misuse", "mute-warn" },
 };
 
 /* Every scenario must FAIL under its faults; returns the number that did not. */
