@@ -167,7 +167,14 @@ static int stage_create(int dev, void *handle, struct tcp_stage **out)
 		hh.index = (uint16_t)i;
 		tcp_hello_encode(&hh, s->hello[i]);
 	}
-	rail_handle_set_stage(handle, s);
+	err = rail_handle_set_stage(handle, s);
+	if (err) {
+		RAIL_WARN("connect on %s to %s: recording the connection in progress failed: %s; "
+			  "too many connects in progress at once?", tcp_dev_get(dev)->name,
+			  RAIL_ADDRSTR(&s->h.addr), RAIL_ERRSTR(err));
+		free(s);
+		return err;
+	}
 	*out = s;
 	return 0;
 }
@@ -250,8 +257,9 @@ int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle, struct
 	int err = 0, done = 1;
 
 	(void)opts;
+	/* s comes from the stage table (never from the handle's bytes). */
 	if (s && s->magic != TCP_STAGE_MAGIC)
-		s = NULL; /* a fresh copy of a handle with stale scratch bytes */
+		s = NULL;
 	if (!s) {
 		err = stage_create(dev, handle, &s);
 		if (err)

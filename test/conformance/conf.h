@@ -315,6 +315,13 @@ void rail_conf_pair_close(struct rail_conf *cx, struct rail_conf_pair *p);
 void rail_conf_close_send(struct rail_conf *cx, void *sc);
 void rail_conf_close_recv(struct rail_conf *cx, void *rc);
 void rail_conf_close_listen(struct rail_conf *cx, void *lc);
+/* bad-handle helpers (sc_fault.c), shared with random-handle. */
+/* A: accept must return nothing, and no error, until B sends DONE. */
+void rail_conf_watch_listener(struct rail_conf *cx, void *lc, const char *what);
+/* B: connect with this handle must fail (or its comm's first send), with a WARN. */
+void rail_conf_connect_refused(struct rail_conf *cx, const uint8_t *handle, const char *what);
+/* Both: one connection with this handle (B) / listen comm (A), then traffic. */
+void rail_conf_good_connection(struct rail_conf *cx, void *lc, const uint8_t *handle);
 /* The smaller maxRecvs of the two roles' devices. */
 int rail_conf_common_max_recvs(struct rail_conf *cx);
 /* The largest message both roles' devices accept (maxP2pBytes, v9+), capped by --max-size. */

@@ -63,6 +63,8 @@ const struct rail_conf_scenario rail_conf_scenarios[] = {
 	  rail_conf_iflush, 0, 0, 6 },
 	{ "misuse", "calls NCCL never makes (NULL props, ...) fail with a WARN, never crash",
 	  rail_conf_misuse, 1, 0, 6 },
+	{ "random-handle", "random handles are refused with a WARN; stray bytes after the handle "
+	  "are never trusted", rail_conf_random_handle, 1, 0, 6 },
 };
 const int rail_conf_nscenarios = sizeof(rail_conf_scenarios) / sizeof(rail_conf_scenarios[0]);
 
@@ -619,7 +621,7 @@ static const struct {
 	{ "listen-many", "overrun" },		{ "regmr-thread", "regmr-fail" },
 	{ "peer-dies", "hide-error" },		{ "bad-handle", "connect-hide-error" },
 	{ "reload", "leak-thread" },		{ "iflush", "flush-error" },
-	{ "misuse", "mute-warn" },
+	{ "misuse", "mute-warn" },		{ "random-handle", "connect-hide-error" },
 };
 
 /* Every scenario must FAIL under its faults; returns the number that did not. */
