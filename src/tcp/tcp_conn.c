@@ -243,10 +243,12 @@ static int stage_finish(struct tcp_stage *s, struct rail_comm **out)
 	struct tcp_comm *c;
 	int err = tcp_comm_create(s->dev, 1, s->fds, &s->layout, &s->h.addr, &c);
 
-	if (err)
-		return err;
 	for (int i = 0; i < s->nfds; i++)
-		s->fds[i] = -1; /* now owned by the comm */
+		s->fds[i] = -1; /* the comm's now, closed by it if it failed */
+	if (err) {
+		s->warned = 1; /* tcp_comm_create said why */
+		return err;
+	}
 	*out = &c->base;
 	return 0;
 }
@@ -450,15 +452,17 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 		}
 		tcp_reply_encode(0, reply);
 		err = rail_sock_send_nb(g->fds[0], reply, sizeof(reply), &off);
-		if (!err)
-			err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &c);
 		if (err) {
-			RAIL_WARN("accept: setting up the connection from %s failed: %s",
+			RAIL_WARN("accept: sending the reply to %s failed: %s",
 				  RAIL_ADDRSTR(&g->peer), RAIL_ERRSTR(err));
 			group_drop(lc, i);
 			return err;
 		}
+		/* The fds are the comm's from here on, also when it fails (it closed them). */
+		err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &c);
 		lc->groups[i] = lc->groups[--lc->ngroups];
+		if (err)
+			return err;
 		*out = &c->base;
 		return 0;
 	}

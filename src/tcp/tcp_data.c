@@ -67,6 +67,14 @@ static void comm_free(struct tcp_comm *c)
 	free(c);
 }
 
+/* Before the comm owns fds[]: close them, as tcp_comm_create promises. */
+static void fds_close(const int *fds, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
+}
+
 int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello *layout,
 		    const union rail_sockaddr *peer, struct tcp_comm **out)
 {
@@ -76,12 +84,13 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	uint32_t per_worker;
 	int err, liveness;
 
-	if (!c)
-		return -ENOMEM;
-	err = rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, dev,
-			     &rail_tcp_ops);
+	err = c ? rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, dev,
+				 &rail_tcp_ops) : -ENOMEM;
 	if (err) {
+		RAIL_WARN("setting up the %s comm to %s on %s failed: %s", is_send ? "send"
+			  : "receive", RAIL_ADDRSTR(peer), tcp_dev_get(dev)->name, RAIL_ERRSTR(err));
 		free(c);
+		fds_close(fds, layout->nsocks + 1);
 		return err;
 	}
 	c->is_send = is_send;
@@ -105,10 +114,13 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 		     (uint32_t)RAIL_DIV_UP(c->nsocks, c->nthreads);
 	err = tcp_workers_start(c, next_pow2(per_worker));
 	if (err) {
-		RAIL_WARN("starting %d helper threads for the connection to %s on %s failed: %s",
-			  c->nthreads, c->peer, tcp_comm_dev_name(c), RAIL_ERRSTR(err));
+		RAIL_WARN("%s comm on %s, peer %s: pthread_create for %d helper threads failed: %s; "
+			  "check the process and thread limits (ulimit -u, RLIMIT_NPROC, the pids "
+			  "cgroup's pids.max) or lower NCCL_SOCKET_NTHREADS", is_send ? "send"
+			  : "receive", tcp_comm_dev_name(c), c->peer, c->nthreads, RAIL_ERRSTR(err));
 		comm_free(c);
-		return err;
+		/* Not -EAGAIN: to the connect and accept state machines that means "call again". */
+		return err == -EAGAIN ? -ENOMEM : err;
 	}
 	*out = c;
 	return 0;

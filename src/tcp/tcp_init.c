@@ -71,6 +71,7 @@ static int tcp_init(char *why, size_t why_len)
 	for (int i = 0; i < n; i++)
 		tcp_fill_dev(&tcp_devs[i], &ifs[i]);
 	tcp_ndevs = n;
+	tcp_fault_arm();
 	return n;
 }
 

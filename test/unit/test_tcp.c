@@ -13,8 +13,13 @@
 
 #include <cmocka.h>
 
+#include <fcntl.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
 #include "api.h"
 #include "handle.h"
+#include "rail.h"
 #include "tcp/tcp.h"
 #include "unit.h"
 #include "wire.h"
@@ -145,6 +150,99 @@ static void test_wrong_nonce_refused(void **state)
 	unit_log_release();
 }
 
+/*
+ * Every close() of this binary (the core library is linked in statically)
+ * goes through here: a close of a number that is not open is a double close
+ * the process survived only by luck (in NCCL's process the number may belong
+ * to someone else by then).
+ */
+static int close_ebadf;
+
+int close(int fd)
+{
+	if (syscall(SYS_close, fd) == 0)
+		return 0;
+	if (errno == EBADF)
+		close_ebadf++;
+	return -1;
+}
+
+#define SENTINELS 256
+
+/* Take the lowest free fd numbers: those the plugin just closed. */
+static void sentinels_fill(int *fds, int *n, int more)
+{
+	while (more-- > 0 && *n < SENTINELS) {
+		fds[*n] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		assert_true(fds[*n] >= 0);
+		(*n)++;
+	}
+}
+
+/*
+ * Helper threads cannot start (pthread_create EAGAIN, as under RLIMIT_NPROC
+ * or a pids cgroup): connect and accept fail with a named error, and every
+ * socket is closed exactly once; no fd opened afterwards (the sentinels,
+ * which take the numbers the plugin freed) is closed by the plugin.
+ */
+static void test_thread_failure_closes_once(void **state)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	void *ctx = NULL, *lc = NULL, *sc = NULL, *rc = NULL;
+	ncclResult_t cres = ncclSuccess, ares = ncclSuccess;
+	int sent[SENTINELS], nsent = 0, calls = 0;
+	uint64_t until;
+
+	(void)state;
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	setenv("NCCL_RAIL_TCP_FAULT", "pthread_create:EAGAIN:1+", 1);
+	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
+	unit_log_capture();
+	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	close_ebadf = 0;
+	until = rail_now_ns() + 6000000000ull;
+	while (cres == ncclSuccess && !sc && rail_now_ns() < until) {
+		cres = rail_net_connect(ctx, 0, -1, handle, &sc);
+		if (ares == ncclSuccess && !rc)
+			ares = rail_net_accept(lc, &rc);
+		sentinels_fill(sent, &nsent, 4);
+		calls++;
+	}
+	/* A few more calls with the same handle buffer: nothing stale is closed. */
+	for (int i = 0; i < 3 && cres != ncclSuccess; i++) {
+		sentinels_fill(sent, &nsent, 8);
+		rail_net_connect(ctx, 0, -1, handle, &sc);
+	}
+	/* A sentinel closed by the plugin is open no more, or its number was reused by a later one. */
+	for (int i = 0; i < nsent; i++) {
+		if (fcntl(sent[i], F_GETFD) < 0)
+			fail_msg("sentinel fd %d (opened after the plugin freed its number) was closed "
+				 "by the plugin", sent[i]);
+		for (int j = 0; j < i; j++)
+			if (sent[j] == sent[i])
+				fail_msg("sentinel fd %d was closed by the plugin (its number was given "
+					 "to a later sentinel)", sent[i]);
+	}
+	if (close_ebadf)
+		fail_msg("%d close() calls on fds that were not open (double closes)", close_ebadf);
+	if (cres == ncclSuccess)
+		fail_msg("connect neither failed nor completed in %d calls", calls);
+	assert_int_equal(cres, ncclSystemError);
+	assert_null(sc);
+	assert_int_equal(ares, ncclSystemError);
+	assert_null(rc);
+	unit_assert_logged2(RAIL_LOG_WARN, "helper thread", "RLIMIT_NPROC");
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unit_log_release();
+	for (int i = 0; i < nsent; i++)
+		close(sent[i]);
+	unsetenv("NCCL_RAIL_TCP_FAULT");
+	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -153,6 +251,7 @@ int main(void)
 		cmocka_unit_test(test_frame_and_reply),
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_wrong_nonce_refused),
+		cmocka_unit_test(test_thread_failure_closes_once),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
