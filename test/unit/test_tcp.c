@@ -14,7 +14,11 @@
 #include <cmocka.h>
 
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "api.h"
@@ -243,6 +247,146 @@ static void test_thread_failure_closes_once(void **state)
 	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
 }
 
+#define STRAYS 100
+#define STRAY_FD_LIMIT 64
+
+/* Connect and wait for the comm, within 20 s; 0 or a message on stderr and 1. */
+static int real_connect(uint8_t *handle, void **sc)
+{
+	uint64_t until = rail_now_ns() + 20000000000ull;
+	ncclResult_t res = ncclSuccess;
+
+	*sc = NULL;
+	while (res == ncclSuccess && !*sc && rail_now_ns() < until) {
+		res = rail_net_connect(NULL, 0, -1, handle, sc);
+		usleep(200);
+	}
+	if (!*sc)
+		fprintf(stderr, "strays: the real connect %s\n", res == ncclSuccess ?
+			"did not complete in 20 s" : "failed");
+	return !*sc;
+}
+
+/* The stray maker (normal fd limit): idle strays, a real connect, strays gone, another. */
+static int strays_main(const uint8_t *handle, int ready_fd)
+{
+	const union rail_sockaddr *addr;
+	struct rail_handle h;
+	uint8_t hb[2][RAIL_HANDLE_SIZE];
+	int strays[STRAYS], rc = 0;
+	void *sc[2] = { NULL, NULL };
+	char why[128];
+
+	if (rail_handle_decode(handle, RAIL_HANDLE_SIZE, &h, why, sizeof(why)))
+		return 2;
+	addr = &h.addr;
+	for (int i = 0; i < STRAYS; i++) {
+		strays[i] = socket(addr->sa.sa_family, SOCK_STREAM, 0);
+		if (strays[i] < 0 || connect(strays[i], &addr->sa, sizeof(*addr)) < 0) {
+			perror("strays: connect");
+			return 2;
+		}
+	}
+	if (write(ready_fd, "s", 1) != 1)
+		return 2;
+	memcpy(hb[0], handle, RAIL_HANDLE_SIZE);
+	memcpy(hb[1], handle, RAIL_HANDLE_SIZE);
+	rc |= real_connect(hb[0], &sc[0]);
+	for (int i = 0; i < STRAYS; i++)
+		close(strays[i]);
+	rc |= real_connect(hb[1], &sc[1]);
+	if (write(ready_fd, "d", 1) != 1)
+		return 2;
+	for (int i = 0; i < 2; i++)
+		if (sc[i])
+			rail_net_close_send(sc[i]);
+	return rc;
+}
+
+/* The listener, under a low fd limit: accept must never fail, and get both real comms. */
+static int listener_main(void *lc, pid_t stray_pid, int ready_fd)
+{
+	uint64_t until = rail_now_ns() + 30000000000ull;
+	void *rc[2] = { NULL, NULL };
+	int got = 0;
+	char c;
+
+	if (read(ready_fd, &c, 1) != 1)
+		return 2;
+	while (got < 2 && rail_now_ns() < until) {
+		ncclResult_t res = rail_net_accept(lc, &rc[got]);
+
+		if (res != ncclSuccess) {
+			fprintf(stderr, "strays: accept returned %d with %d idle strays and a %d-fd "
+				"limit\n", (int)res, STRAYS, STRAY_FD_LIMIT);
+			kill(stray_pid, SIGKILL);
+			return 1;
+		}
+		if (rc[got])
+			got++;
+		usleep(200);
+	}
+	if (got < 2)
+		fprintf(stderr, "strays: %d of 2 real connections accepted in 30 s\n", got);
+	for (int i = 0; i < got; i++)
+		rail_net_close_recv(rc[i]);
+	return got < 2;
+}
+
+static int strays_process(void)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	struct rlimit rl;
+	void *ctx = NULL, *lc = NULL;
+	int p[2], status = 0, rc;
+	pid_t pid;
+
+	alarm(60);
+	if (rail_net_init(&ctx, 1, -1, NULL, 12) != ncclSuccess ||
+	    rail_net_listen(ctx, 0, handle, &lc) != ncclSuccess || pipe(p))
+		return 2;
+	pid = fork();
+	if (pid == 0)
+		_exit(strays_main(handle, p[1]));
+	getrlimit(RLIMIT_NOFILE, &rl);
+	rl.rlim_cur = STRAY_FD_LIMIT;
+	if (setrlimit(RLIMIT_NOFILE, &rl))
+		return 2;
+	rc = listener_main(lc, pid, p[0]);
+	waitpid(pid, &status, 0);
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		rc |= 4;
+	rail_net_close_listen(lc);
+	rail_net_finalize(ctx);
+	return rc;
+}
+
+/*
+ * 100 idle stray connections (a port scanner, a health check) to a listener
+ * whose process may hold 64 fds: accept never fails, and real connections
+ * are accepted while the strays are there and after they are gone.
+ */
+static void test_strays_do_not_disable_listener(void **state)
+{
+	int status = 0;
+	pid_t pid;
+
+	(void)state;
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0)
+		_exit(strays_process());
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	if (!WIFEXITED(status))
+		fail_msg("the listener process died of signal %d (60 s alarm: a hang)",
+			 WTERMSIG(status));
+	if (WEXITSTATUS(status))
+		fail_msg("the listener process exited with %d (1: accept failed or missed a real "
+			 "connection, 4: the real connects failed, 2: setup)", WEXITSTATUS(status));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -252,6 +396,7 @@ int main(void)
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_wrong_nonce_refused),
 		cmocka_unit_test(test_thread_failure_closes_once),
+		cmocka_unit_test(test_strays_do_not_disable_listener),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
