@@ -41,6 +41,7 @@ ncclResult_t rail_result(int err)
 	case -ENETUNREACH:
 	case -EPROTO:
 	case -EREMOTEIO:
+	case -RAIL_ECLOSED:
 		return ncclRemoteError;
 	case -EMSGSIZE:
 		return ncclInvalidUsage;
@@ -331,8 +332,11 @@ ncclResult_t rail_net_reg_mr(void *comm, void *data, size_t size, int type, void
 
 	if (!c || !mhandle)
 		return ncclInternalError;
-	if (!(type & (RAIL_PTR_HOST | RAIL_PTR_CUDA))) {
-		RAIL_WARN("regMr(%p, %zu bytes): unknown pointer type %d", data, size, type);
+	if (type != RAIL_PTR_HOST && type != RAIL_PTR_CUDA) {
+		RAIL_WARN("regMr(%p, %zu bytes) on device %d: unknown pointer type 0x%x, neither "
+			  "NCCL_PTR_HOST (0x%x) nor NCCL_PTR_CUDA (0x%x); DMA-BUF memory goes through "
+			  "regMrDmaBuf", data, size, c->dev, (unsigned)type, RAIL_PTR_HOST,
+			  RAIL_PTR_CUDA);
 		return ncclInternalError;
 	}
 	err = c->ops->reg_mr(c, data, size, type, &mh);

@@ -162,6 +162,10 @@ struct tcp_comm {
 	_Atomic int warned;	/* the failure's WARN went out (before error was set) */
 	_Atomic int closing;
 	char peer[RAIL_ADDR_STRLEN];
+	/* live memory registrations (ids handed out as mhandles), any thread */
+	pthread_mutex_t mr_lock;
+	uintptr_t *mrs;
+	int nmrs, cap_mrs;
 };
 
 /* tcp_conn.c */
@@ -192,6 +196,10 @@ int tcp_close(struct rail_comm *comm);
 int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 const char *tcp_comm_dev_name(const struct tcp_comm *c);
+
+/* tcp_init.c: memory registrations, tracked per comm so a second deregMr fails. */
+int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh);
+int tcp_dereg_mr(struct rail_comm *comm, void *mh);
 
 /* tcp_worker.c */
 int tcp_workers_start(struct tcp_comm *c, uint32_t ring_size);

@@ -63,6 +63,8 @@ static void comm_free(struct tcp_comm *c)
 	for (int i = 0; i < c->nsocks; i++)
 		if (c->fds[i] >= 0)
 			close(c->fds[i]);
+	pthread_mutex_destroy(&c->mr_lock);
+	free(c->mrs);
 	rail_comm_fini(&c->base);
 	free(c);
 }
@@ -93,6 +95,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 		fds_close(fds, layout->nsocks + 1);
 		return err;
 	}
+	pthread_mutex_init(&c->mr_lock, NULL);
 	c->is_send = is_send;
 	c->ctrl_fd = fds[0];
 	c->nsocks = layout->nsocks;
@@ -249,7 +252,7 @@ static int read_frame(struct tcp_comm *c)
 	if (err == -EAGAIN)
 		return 0;
 	if (err)
-		return tcp_comm_fail(c, err, "the control socket closed while waiting for message "
+		return tcp_comm_fail(c, err, "the control socket failed while waiting for message "
 				     "%llu (%s); the peer process probably exited or crashed",
 				     (unsigned long long)c->seq, RAIL_ERRSTR(err));
 	if (tcp_frame_decode(c->rx_frame, &c->rx) || c->rx.seq != c->seq)
@@ -267,6 +270,11 @@ static int match_entry(struct tcp_comm *c, struct tcp_req *r)
 	int e = -1;
 
 	if (r->base.n == 1) {
+		/* A single receive takes only its tag, as a group's entries do. */
+		if (r->tag[0] != c->rx.tag)
+			return tcp_comm_fail(c, -EINVAL, "message %llu has tag %d, the posted receive "
+					     "expects tag %d; the two sides' calls are out of step",
+					     (unsigned long long)c->seq, c->rx.tag, r->tag[0]);
 		e = 0;
 	} else {
 		for (int i = 0; i < r->base.n && e < 0; i++)
@@ -297,7 +305,7 @@ static int progress_recv(struct tcp_comm *c)
 			if (err == -EAGAIN)
 				return 0;
 			if (err)
-				return tcp_comm_fail(c, err, "the control socket closed while "
+				return tcp_comm_fail(c, err, "the control socket failed while "
 						     "receiving a %zu-byte message (%s); the peer "
 						     "process probably died", r->got[c->rx_entry],
 						     RAIL_ERRSTR(err));

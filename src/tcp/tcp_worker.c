@@ -42,7 +42,7 @@ static int move_chunk(struct tcp_comm *c, const struct tcp_task *t)
 			continue;
 		}
 		if (n == 0)
-			return -ECONNRESET;
+			return -RAIL_ECLOSED;
 		if (errno != EINTR)
 			return -errno;
 	}

@@ -36,9 +36,119 @@ static void misuse_properties(struct rail_conf *cx)
 	RAIL_CONF_CALL(cx, cx->net.get_props(cx->dev, &p), "getProperties after misuse");
 }
 
+/* regMr of a type that is neither HOST nor CUDA fails; so does a second deregMr. */
+static void misuse_regmr(struct rail_conf *cx)
+{
+	static const int bad[] = { 0, NCCL_PTR_HOST | NCCL_PTR_CUDA, NCCL_PTR_DMABUF, 0x10 };
+	struct rail_conf_pair p;
+	struct rail_conf_arena a;
+	char what[96];
+	void *mh = NULL;
+
+	rail_conf_pair_open(cx, &p);
+	rail_conf_arena_init(cx, &a, p.comm, 4096);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		rail_conf_stage(cx, "regMr type 0x%x", bad[i]);
+		snprintf(what, sizeof(what), "regMr(type 0x%x)", bad[i]);
+		MUST_FAIL(cx, cx->net.reg_mr(p.comm, a.base, 1024, bad[i], &mh), what);
+	}
+	rail_conf_stage(cx, "deregMr twice");
+	RAIL_CONF_CALL(cx, cx->net.reg_mr(p.comm, a.base, 1024, NCCL_PTR_HOST, &mh), "regMr");
+	RAIL_CONF_CALL(cx, cx->net.dereg_mr(p.comm, mh), "deregMr");
+	MUST_FAIL(cx, cx->net.dereg_mr(p.comm, mh), "a second deregMr of the same handle");
+	rail_conf_arena_dereg(cx, &a);
+	rail_conf_pair_close(cx, &p);
+	rail_conf_arena_free(&a);
+}
+
+/* A single receive for tag 7 gets a message with tag 5: an error naming both. */
+static void misuse_tag(struct rail_conf *cx)
+{
+	static const char *const needles[] = { "tag" };
+	struct rail_conf_pair p;
+	struct rail_conf_arena a;
+	void *req = NULL;
+	int size = 0;
+
+	rail_conf_pair_open(cx, &p);
+	rail_conf_arena_init(cx, &a, p.comm, 8192);
+	rail_conf_stage(cx, "single receive, wrong tag");
+	if (cx->role == RAIL_CONF_ROLE_A) {
+		void *d = a.base;
+		size_t sz = 4096;
+		int tag = 7, w = rail_conf_warn_count();
+		ncclResult_t res;
+
+		while (!req)
+			RAIL_CONF_CALL(cx, cx->net.irecv(p.comm, 1, &d, &sz, &tag, &a.mh, &req),
+				       "irecv");
+		rail_conf_barrier(cx, "tag-posted");
+		res = rail_conf_wait(cx, req, &size, "the receive for tag 7");
+		RAIL_CONF_CHECK(cx, res != ncclSuccess, "a receive posted for tag 7 completed with "
+				"a message sent with tag 5 (%d bytes)", size);
+		RAIL_CONF_CHECK(cx, rail_conf_warn_count() > w && rail_conf_warn_has(needles, 1),
+				"the tag mismatch failed the receive without a WARN naming the tag");
+	} else {
+		rail_conf_barrier(cx, "tag-posted");
+		while (!req)
+			RAIL_CONF_CALL(cx, cx->net.isend(p.comm, a.base, 1024, 5, a.mh, &req),
+				       "isend");
+		rail_conf_wait(cx, req, &size, "the send with tag 5");
+	}
+	rail_conf_barrier(cx, "tag-done");
+	rail_conf_arena_dereg(cx, &a);
+	rail_conf_pair_close(cx, &p);
+	rail_conf_arena_free(&a);
+}
+
+/* The sender closes: the receive fails saying the peer closed, not "reset". */
+static void misuse_eof(struct rail_conf *cx)
+{
+	static const char *const closed[] = { "closed" };
+	static const char *const reset[] = { "reset by peer" };
+	struct rail_conf_pair p;
+	struct rail_conf_arena a;
+	void *req = NULL;
+	int size = 0;
+
+	rail_conf_pair_open(cx, &p);
+	rail_conf_arena_init(cx, &a, p.comm, 8192);
+	rail_conf_stage(cx, "sender closes under a posted receive");
+	if (cx->role == RAIL_CONF_ROLE_A) {
+		void *d = a.base;
+		size_t sz = 4096;
+		int tag = 1;
+		ncclResult_t res;
+
+		rail_conf_warn_reset();
+		while (!req)
+			RAIL_CONF_CALL(cx, cx->net.irecv(p.comm, 1, &d, &sz, &tag, &a.mh, &req),
+				       "irecv");
+		rail_conf_barrier(cx, "eof-posted");
+		res = rail_conf_wait(cx, req, &size, "the receive whose sender closed");
+		RAIL_CONF_CHECK(cx, res != ncclSuccess, "the receive completed (%d bytes) although "
+				"the sender closed without sending", size);
+		RAIL_CONF_CHECK(cx, rail_conf_warn_has(closed, 1) && !rail_conf_warn_has(reset, 1),
+				"the peer closed the connection (end of file), but no WARN says so "
+				"or one says 'reset by peer'");
+		rail_conf_arena_dereg(cx, &a);
+		rail_conf_close_recv(cx, p.comm);
+		rail_conf_close_listen(cx, p.lc);
+	} else {
+		rail_conf_barrier(cx, "eof-posted");
+		rail_conf_arena_dereg(cx, &a);
+		rail_conf_close_send(cx, p.comm);
+	}
+	rail_conf_arena_free(&a);
+	rail_conf_barrier(cx, "eof-done");
+}
+
 int rail_conf_misuse(struct rail_conf *cx)
 {
 	misuse_properties(cx);
+	misuse_regmr(cx);
+	misuse_tag(cx);
+	misuse_eof(cx);
 	rail_conf_barrier(cx, "misuse-done");
 	return 0;
 }
