@@ -1,4 +1,5 @@
 /* nccl-net-rail: the version-neutral API; errno -> ncclResult_t happens here. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -164,9 +165,50 @@ ncclResult_t rail_net_init_legacy(ncclDebugLogger_t logger, int abi_version)
 	return res;
 }
 
+/*
+ * Keep this library mapped for the rest of the process: helper threads of
+ * comms left open would run unmapped code after NCCL's dlclose.
+ */
+static void pin_library(void)
+{
+	Dl_info info;
+
+	if (dladdr((void *)rail_net_finalize, &info) && info.dli_fname &&
+	    !dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
+		RAIL_WARN("finalize: pinning %s in memory failed: %s", info.dli_fname, dlerror());
+}
+
+/* The last finalize: stop everything, or say honestly why not. Holds api_lock. */
+static ncclResult_t finalize_last(void)
+{
+	int live = rail_comm_live();
+
+	if (live > 0) {
+		RAIL_WARN("finalize: %d comms (listen, send or receive) are still open; their helper "
+			  "threads keep running, so the %s transport stays up and the library stays "
+			  "loaded (dlclose will not unload it). Close every comm before the last "
+			  "finalize", live, api_ops->name);
+		pin_library();
+		return ncclInvalidUsage;
+	}
+	api_ops->fini();
+	api_ops = NULL;
+	rail_topo_reset();
+	rail_params_unload();
+	if (api_topo_fd >= 0) {
+		close(api_topo_fd);
+		api_topo_fd = -1;
+		unsetenv("NCCL_TOPO_FILE");
+	}
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "finalized: no comm open, every thread stopped");
+	rail_log_set_logger(NULL);
+	return ncclSuccess;
+}
+
 ncclResult_t rail_net_finalize(void *ctx)
 {
 	struct rail_ctx *c = ctx;
+	ncclResult_t res = ncclSuccess;
 
 	/* NCCL calls finalize even after a failed init, with no context. */
 	if (!c)
@@ -178,21 +220,10 @@ ncclResult_t rail_net_finalize(void *ctx)
 	c->magic = 0;
 	free(c);
 	pthread_mutex_lock(&api_lock);
-	if (api_refs > 0 && --api_refs == 0 && api_ops) {
-		api_ops->fini();
-		api_ops = NULL;
-		rail_topo_reset();
-		rail_params_unload();
-		if (api_topo_fd >= 0) {
-			close(api_topo_fd);
-			api_topo_fd = -1;
-			unsetenv("NCCL_TOPO_FILE");
-		}
-		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "finalized: every thread stopped");
-		rail_log_set_logger(NULL);
-	}
+	if (api_refs > 0 && --api_refs == 0 && api_ops)
+		res = finalize_last();
 	pthread_mutex_unlock(&api_lock);
-	return ncclSuccess;
+	return res;
 }
 
 static const struct rail_transport_ops *ops_or_warn(const char *call)

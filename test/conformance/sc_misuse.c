@@ -1,8 +1,10 @@
 /*
  * Conformance scenarios about misuse and hostile input: misuse (calls NCCL
  * would never make, which must end in an error, never a crash) and
- * random-handle (random and damaged connection handles fed to connect).
+ * random-handle (random and damaged connection handles fed to connect),
+ * finalize-open (the last finalize with comms still open, then dlclose).
  */
+#include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -210,5 +212,55 @@ int rail_conf_random_handle(struct rail_conf *cx)
 	for (int i = NCCL_NET_HANDLE_MAXSIZE - 1; i >= NCCL_NET_HANDLE_MAXSIZE - 32 && !h[i]; i--)
 		damaged[i] = (uint8_t)(rail_conf_mix64((uint64_t)i * 131) | 1);
 	rail_conf_good_connection(cx, lc, damaged);
+	return 0;
+}
+
+/* ---- finalize-open ---- */
+
+/*
+ * The last finalize with comms still open (NCCL never does this, a buggy
+ * caller might), then dlclose: the plugin must either stop every thread or
+ * say so and keep its code mapped; threads running in an unloaded library
+ * crash the process when they wake.
+ */
+int rail_conf_finalize_open(struct rail_conf *cx)
+{
+	static const size_t sizes[] = { RAIL_CONF_MIB };
+	struct rail_conf_pair p;
+	ncclResult_t res;
+	char why[256];
+	void *still;
+	int t0, t, warns;
+
+	t0 = rail_conf_count_dir("/proc/self/task");
+	cx->lib = dlopen(cx->opts->plugin, RTLD_NOW | RTLD_LOCAL);
+	RAIL_CONF_CHECK(cx, cx->lib, "dlopen: %s", dlerror());
+	if (rail_conf_bind(cx->lib, cx->abi, &cx->net, why, sizeof(why)))
+		rail_conf_fail(cx, "%s", why);
+	RAIL_CONF_CALL(cx, cx->net.init(&cx->net, rail_conf_logger), "init");
+	rail_conf_pair_open(cx, &p);
+	rail_conf_simple_traffic(cx, &p, 1, sizes, NULL, 1, "traffic before finalize");
+	rail_conf_barrier(cx, "before-finalize");
+	rail_conf_stage(cx, "finalize with comms open");
+	warns = rail_conf_warn_count();
+	res = cx->net.finalize(cx->net.ctx);
+	RAIL_CONF_CHECK(cx, dlclose(cx->lib) == 0, "dlclose: %s", dlerror());
+	cx->lib = NULL;
+	rail_conf_sleep_ms(200);
+	t = rail_conf_count_dir("/proc/self/task");
+	still = dlopen(cx->opts->plugin, RTLD_NOW | RTLD_NOLOAD);
+	if (still)
+		dlclose(still);
+	RAIL_CONF_CHECK(cx, t <= t0 || still, "%d threads after finalize+dlclose (%d before "
+			"dlopen) and the library is unloaded: they crash when they wake", t, t0);
+	if (t > t0) {
+		RAIL_CONF_CHECK(cx, res != ncclSuccess, "finalize returned ncclSuccess with comms "
+				"open and %d plugin threads still running", t - t0);
+		RAIL_CONF_CHECK(cx, rail_conf_warn_count() > warns, "finalize left threads running "
+				"without a WARN saying so");
+		rail_conf_note(cx, "finalize refused (%s), library kept loaded",
+			       rail_conf_result_str(res));
+	}
+	rail_conf_barrier(cx, "after-finalize");
 	return 0;
 }
