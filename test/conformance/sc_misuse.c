@@ -223,10 +223,13 @@ int rail_conf_random_handle(struct rail_conf *cx)
  * say so and keep its code mapped; threads running in an unloaded library
  * crash the process when they wake.
  */
+/* The comms this role leaves open stay referenced (no leak report: the caller holds them). */
+static struct rail_conf_pair fo_pair;
+
 int rail_conf_finalize_open(struct rail_conf *cx)
 {
 	static const size_t sizes[] = { RAIL_CONF_MIB };
-	struct rail_conf_pair p;
+	struct rail_conf_pair *pp = &fo_pair;
 	ncclResult_t res;
 	char why[256];
 	void *still;
@@ -238,8 +241,8 @@ int rail_conf_finalize_open(struct rail_conf *cx)
 	if (rail_conf_bind(cx->lib, cx->abi, &cx->net, why, sizeof(why)))
 		rail_conf_fail(cx, "%s", why);
 	RAIL_CONF_CALL(cx, cx->net.init(&cx->net, rail_conf_logger), "init");
-	rail_conf_pair_open(cx, &p);
-	rail_conf_simple_traffic(cx, &p, 1, sizes, NULL, 1, "traffic before finalize");
+	rail_conf_pair_open(cx, pp);
+	rail_conf_simple_traffic(cx, pp, 1, sizes, NULL, 1, "traffic before finalize");
 	rail_conf_barrier(cx, "before-finalize");
 	rail_conf_stage(cx, "finalize with comms open");
 	warns = rail_conf_warn_count();
