@@ -24,7 +24,7 @@ static ncclResult_t v12_init(void **ctx, uint64_t comm_id, ncclNetCommConfig_v12
 static ncclResult_t v12_get_properties(int dev, ncclNetProperties_v12_t *props)
 {
 	struct rail_props p;
-	ncclResult_t res = rail_net_get_properties(dev, &p);
+	ncclResult_t res = rail_shim_get_properties(dev, props, &p);
 
 	if (res == ncclSuccess) {
 		RAIL_SHIM_COPY_V9(props, p, NCCL_NET_MAX_DEVS_PER_NIC_V12);

@@ -10,7 +10,7 @@ static ncclResult_t v6_init(ncclDebugLogger_t logger)
 static ncclResult_t v6_get_properties(int dev, ncclNetProperties_v6_t *props)
 {
 	struct rail_props p;
-	ncclResult_t res = rail_net_get_properties(dev, &p);
+	ncclResult_t res = rail_shim_get_properties(dev, props, &p);
 
 	if (res == ncclSuccess)
 		RAIL_SHIM_COPY_V6(props, p);

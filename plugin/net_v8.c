@@ -10,7 +10,7 @@ static ncclResult_t v8_init(ncclDebugLogger_t logger)
 static ncclResult_t v8_get_properties(int dev, ncclNetProperties_v8_t *props)
 {
 	struct rail_props p;
-	ncclResult_t res = rail_net_get_properties(dev, &p);
+	ncclResult_t res = rail_shim_get_properties(dev, props, &p);
 
 	if (res == ncclSuccess)
 		RAIL_SHIM_COPY_V8(props, p);

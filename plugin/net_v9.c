@@ -15,7 +15,7 @@ static ncclResult_t v9_init(ncclDebugLogger_t logger)
 static ncclResult_t v9_get_properties(int dev, ncclNetProperties_v9_t *props)
 {
 	struct rail_props p;
-	ncclResult_t res = rail_net_get_properties(dev, &p);
+	ncclResult_t res = rail_shim_get_properties(dev, props, &p);
 
 	if (res == ncclSuccess)
 		RAIL_SHIM_COPY_V9(props, p, NCCL_NET_MAX_DEVS_PER_NIC_V9);

@@ -54,6 +54,21 @@
 		(dst)->maxCollBytes = (src).max_coll_bytes;                  \
 	} while (0)
 
+/*
+ * getProperties of every ABI: the ABI's struct (out) is checked here, before
+ * the shim copies into it.
+ */
+static inline ncclResult_t rail_shim_get_properties(int dev, const void *out,
+						    struct rail_props *p)
+{
+	if (!out) {
+		RAIL_WARN("getProperties(dev %d): the properties pointer is NULL; the caller "
+			  "must pass a struct to fill", dev);
+		return ncclInvalidArgument;
+	}
+	return rail_net_get_properties(dev, p);
+}
+
 /* ABIs with int sizes: widen the receive sizes. */
 static inline void rail_shim_sizes_from_int(int n, const int *in, size_t *out)
 {

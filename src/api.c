@@ -1,4 +1,5 @@
 /* nccl-net-rail: the version-neutral API; errno -> ncclResult_t happens here. */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -42,6 +43,7 @@ ncclResult_t rail_result(int err)
 	case -ENETUNREACH:
 	case -EPROTO:
 	case -EREMOTEIO:
+	case -RAIL_ECLOSED:
 		return ncclRemoteError;
 	case -EMSGSIZE:
 		return ncclInvalidUsage;
@@ -165,9 +167,50 @@ ncclResult_t rail_net_init_legacy(ncclDebugLogger_t logger, int abi_version)
 	return res;
 }
 
+/*
+ * Keep this library mapped for the rest of the process: helper threads of
+ * comms left open would run unmapped code after NCCL's dlclose.
+ */
+static void pin_library(void)
+{
+	Dl_info info;
+
+	if (dladdr((void *)rail_net_finalize, &info) && info.dli_fname &&
+	    !dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD | RTLD_NODELETE))
+		RAIL_WARN("finalize: pinning %s in memory failed: %s", info.dli_fname, dlerror());
+}
+
+/* The last finalize: stop everything, or say honestly why not. Holds api_lock. */
+static ncclResult_t finalize_last(void)
+{
+	int live = rail_comm_live();
+
+	if (live > 0) {
+		RAIL_WARN("finalize: %d comms (listen, send or receive) are still open; their helper "
+			  "threads keep running, so the %s transport stays up and the library stays "
+			  "loaded (dlclose will not unload it). Close every comm before the last "
+			  "finalize", live, api_ops->name);
+		pin_library();
+		return ncclInvalidUsage;
+	}
+	api_ops->fini();
+	api_ops = NULL;
+	rail_topo_reset();
+	rail_params_unload();
+	if (api_topo_fd >= 0) {
+		close(api_topo_fd);
+		api_topo_fd = -1;
+		unsetenv("NCCL_TOPO_FILE");
+	}
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "finalized: no comm open, every thread stopped");
+	rail_log_set_logger(NULL);
+	return ncclSuccess;
+}
+
 ncclResult_t rail_net_finalize(void *ctx)
 {
 	struct rail_ctx *c = ctx;
+	ncclResult_t res = ncclSuccess;
 
 	/* NCCL calls finalize even after a failed init, with no context. */
 	if (!c)
@@ -179,21 +222,10 @@ ncclResult_t rail_net_finalize(void *ctx)
 	c->magic = 0;
 	free(c);
 	pthread_mutex_lock(&api_lock);
-	if (api_refs > 0 && --api_refs == 0 && api_ops) {
-		api_ops->fini();
-		api_ops = NULL;
-		rail_topo_reset();
-		rail_params_unload();
-		if (api_topo_fd >= 0) {
-			close(api_topo_fd);
-			api_topo_fd = -1;
-			unsetenv("NCCL_TOPO_FILE");
-		}
-		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "finalized: every thread stopped");
-		rail_log_set_logger(NULL);
-	}
+	if (api_refs > 0 && --api_refs == 0 && api_ops)
+		res = finalize_last();
 	pthread_mutex_unlock(&api_lock);
-	return ncclSuccess;
+	return res;
 }
 
 int rail_net_transport_info(const char **name, char *why, size_t why_len, char *devs,
@@ -349,8 +381,11 @@ ncclResult_t rail_net_reg_mr(void *comm, void *data, size_t size, int type, void
 
 	if (!c || !mhandle)
 		return ncclInternalError;
-	if (!(type & (RAIL_PTR_HOST | RAIL_PTR_CUDA))) {
-		RAIL_WARN("regMr(%p, %zu bytes): unknown pointer type %d", data, size, type);
+	if (type != RAIL_PTR_HOST && type != RAIL_PTR_CUDA) {
+		RAIL_WARN("regMr(%p, %zu bytes) on device %d: unknown pointer type 0x%x, neither "
+			  "NCCL_PTR_HOST (0x%x) nor NCCL_PTR_CUDA (0x%x); DMA-BUF memory goes through "
+			  "regMrDmaBuf", data, size, c->dev, (unsigned)type, RAIL_PTR_HOST,
+			  RAIL_PTR_CUDA);
 		return ncclInternalError;
 	}
 	err = c->ops->reg_mr(c, data, size, type, &mh);

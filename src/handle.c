@@ -1,5 +1,8 @@
 /* nccl-net-rail: connection handle encoding and validation. */
+#include <errno.h>
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "handle.h"
@@ -101,15 +104,117 @@ int rail_handle_decode(const void *buf, size_t len, struct rail_handle *h, char 
 	return 0;
 }
 
+/*
+ * Connector stages: a table of (stage, owner buffer, generation). The
+ * handle holds only an index and a generation, so bytes from anywhere (a
+ * random or damaged handle, a copy, a stale buffer) never reach a pointer:
+ * they match a live entry of this very buffer or nothing.
+ */
+struct stage_slot {
+	void *stage;
+	const void *owner;
+	uint32_t gen;
+};
+
+static pthread_mutex_t stage_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct stage_slot *stage_slots;
+static uint32_t stage_cap, stage_live;
+static uint32_t stage_gen;	/* never reset: generations are unique per process */
+
+/* The live slot this buffer names, or NULL. Called with stage_lock held. */
+static struct stage_slot *stage_lookup(const void *buf)
+{
+	const uint8_t *p = (const uint8_t *)buf + RAIL_HANDLE_STAGE_OFFSET;
+	uint32_t idx = rail_get_u32(p), gen = rail_get_u32(p + 4);
+	struct stage_slot *s;
+
+	if (idx == 0 || idx > stage_cap || gen == 0)
+		return NULL;
+	s = &stage_slots[idx - 1];
+	return s->stage && s->gen == gen && s->owner == buf ? s : NULL;
+}
+
 void *rail_handle_get_stage(const void *buf)
 {
+	struct stage_slot *s;
 	void *stage;
 
-	memcpy(&stage, (const uint8_t *)buf + RAIL_HANDLE_STAGE_OFFSET, sizeof(stage));
+	pthread_mutex_lock(&stage_lock);
+	s = stage_lookup(buf);
+	stage = s ? s->stage : NULL;
+	pthread_mutex_unlock(&stage_lock);
 	return stage;
 }
 
-void rail_handle_set_stage(void *buf, void *stage)
+static void stage_write(void *buf, uint32_t idx, uint32_t gen)
 {
-	memcpy((uint8_t *)buf + RAIL_HANDLE_STAGE_OFFSET, &stage, sizeof(stage));
+	uint8_t *p = (uint8_t *)buf + RAIL_HANDLE_STAGE_OFFSET;
+
+	rail_put_u32(p, idx);
+	rail_put_u32(p + 4, gen);
+}
+
+static void stage_release(struct stage_slot *s)
+{
+	s->stage = NULL;
+	s->owner = NULL;
+	s->gen = 0;
+	if (--stage_live == 0) {
+		/* Nothing in progress: give the table back (dlclose leaves no leak). */
+		free(stage_slots);
+		stage_slots = NULL;
+		stage_cap = 0;
+	}
+}
+
+/* A free slot's index (0-based), growing the table. Called with stage_lock held. */
+static int stage_alloc(void)
+{
+	struct stage_slot *n;
+	uint32_t ncap, old = stage_cap;
+
+	for (uint32_t i = 0; i < stage_cap; i++)
+		if (!stage_slots[i].stage)
+			return (int)i;
+	ncap = stage_cap ? stage_cap * 2 : 64;
+	if (ncap > (1u << 20))
+		return -ENOSPC;
+	n = realloc(stage_slots, ncap * sizeof(*n));
+	if (!n)
+		return -ENOMEM;
+	memset(n + stage_cap, 0, (ncap - stage_cap) * sizeof(*n));
+	stage_slots = n;
+	stage_cap = ncap;
+	return (int)old;
+}
+
+int rail_handle_set_stage(void *buf, void *stage)
+{
+	struct stage_slot *s;
+	int idx, err = 0;
+
+	pthread_mutex_lock(&stage_lock);
+	s = stage_lookup(buf);
+	if (s && stage) {
+		s->stage = stage;
+	} else if (s) {
+		stage_release(s);
+		stage_write(buf, 0, 0);
+	} else if (stage) {
+		idx = stage_alloc();
+		if (idx < 0) {
+			err = idx;
+			stage_write(buf, 0, 0);
+		} else {
+			if (++stage_gen == 0)
+				stage_gen = 1;
+			stage_slots[idx] = (struct stage_slot){ stage, buf, stage_gen };
+			stage_live++;
+			stage_write(buf, (uint32_t)idx + 1, stage_gen);
+		}
+	} else {
+		stage_write(buf, 0, 0);
+	}
+	pthread_mutex_unlock(&stage_lock);
+	return err;
 }

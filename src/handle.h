@@ -18,7 +18,7 @@
 #define RAIL_HANDLE_SIZE 128
 #define RAIL_HANDLE_WIRE_SIZE 76	/* encoded bytes, checksum included */
 #define RAIL_HANDLE_PAYLOAD_MAX 32
-#define RAIL_HANDLE_STAGE_OFFSET 120	/* connector-local scratch pointer */
+#define RAIL_HANDLE_STAGE_OFFSET 120	/* connector-local stage index and generation */
 
 enum rail_transport_id {
 	RAIL_TRANSPORT_TCP = 1,
@@ -44,12 +44,16 @@ int rail_handle_decode(const void *buf, size_t len, struct rail_handle *h, char 
 		       size_t why_len);
 
 /*
- * The connector's scratch slot inside its copy of the handle. NCCL passes
- * the same handle buffer to every connect() retry, so in-progress state
- * lives here (the checksum does not cover it).
+ * The connector's in-progress state for one handle buffer. NCCL passes the
+ * same handle buffer to every connect() retry, so the buffer's last 8 bytes
+ * (not covered by the checksum) name an entry of a process-local table:
+ * index and generation, never a pointer. get returns the stage only when
+ * that entry is live and was set for this very buffer, so random, damaged,
+ * copied or stale bytes give NULL. set(buf, NULL) releases the entry.
+ * set returns 0, or -ENOMEM/-ENOSPC (the slot is then cleared).
  */
 void *rail_handle_get_stage(const void *buf);
-void rail_handle_set_stage(void *buf, void *stage);
+int rail_handle_set_stage(void *buf, void *stage);
 
 const char *rail_transport_name(int transport);
 

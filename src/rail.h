@@ -32,7 +32,14 @@
 /* Public entry points (the ncclNetPlugin_vN tables, tool mains) only. */
 #define RAIL_EXPORT __attribute__((visibility("default")))
 
-/* A thread-safe strerror for negative errno values. */
+/*
+ * Not a system errno: end of file, the peer closed its end of the connection
+ * (which ECONNRESET, "Connection reset by peer", would misreport). rail_strerror
+ * says so; rail_result maps it to ncclRemoteError.
+ */
+#define RAIL_ECLOSED 4095
+
+/* A thread-safe strerror for negative errno values (and RAIL_ECLOSED). */
 const char *rail_strerror(int neg_errno, char *buf, size_t len);
 #define RAIL_ERRSTR(err) rail_strerror((err), (char[96]){0}, 96)
 

@@ -310,7 +310,7 @@ int rail_sock_recv_nb(int fd, void *buf, size_t len, size_t *off)
 		ssize_t n = recv(fd, (char *)buf + *off, len - *off, MSG_DONTWAIT);
 
 		if (n == 0)
-			return -ECONNRESET;
+			return -RAIL_ECLOSED;
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;

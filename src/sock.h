@@ -56,7 +56,8 @@ int rail_sock_accept(int listen_fd, int *fd_out, union rail_sockaddr *peer);
 
 /*
  * Move bytes [*off, len) on a non-blocking socket. 0 when all len bytes are
- * done, -EAGAIN when more remain, -ECONNRESET when the peer closed, or -errno.
+ * done, -EAGAIN when more remain, -RAIL_ECLOSED when the peer closed (end of
+ * file), or -errno.
  */
 int rail_sock_send_nb(int fd, const void *buf, size_t len, size_t *off);
 int rail_sock_recv_nb(int fd, void *buf, size_t len, size_t *off);

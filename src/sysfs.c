@@ -24,6 +24,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "log.h"
 #include "param.h"
 #include "rail.h"
 #include "sysfs.h"
@@ -362,6 +363,31 @@ out:
 
 /* ---- reading ------------------------------------------------------------ */
 
+static const char *file_kind(mode_t m)
+{
+	return S_ISFIFO(m) ? "a FIFO" : S_ISSOCK(m) ? "a socket" : S_ISCHR(m) ? "a character device"
+	       : S_ISBLK(m) ? "a block device" : "not a regular file";
+}
+
+/*
+ * Attributes are regular files (directories fail with EISDIR at read, which
+ * snapshots rely on). Anything else, in a damaged copy, could block or
+ * never end: refused with -EINVAL.
+ */
+static int check_node(int fd, const char *full)
+{
+	struct stat st;
+
+	if (fstat(fd, &st))
+		return -errno;
+	if (S_ISREG(st.st_mode) || S_ISDIR(st.st_mode))
+		return 0;
+	RAIL_WARN("sysfs: %s is %s, not an attribute file; is the sysfs root (%s) a damaged "
+		  "copy? Check NCCL_RAIL_SYSFS_ROOT or rail-info --sysfs-root", full,
+		  file_kind(st.st_mode), sysfs_root[0] ? sysfs_root : "/");
+	return -EINVAL;
+}
+
 int rail_sysfs_read(const char *path, char *buf, size_t len)
 {
 	char full[PATH_MAX];
@@ -373,11 +399,17 @@ int rail_sysfs_read(const char *path, char *buf, size_t len)
 	err = rail_sysfs_path(full, sizeof(full), path);
 	if (err)
 		return err;
-	fd = open(full, O_RDONLY | O_CLOEXEC);
+	/* O_NONBLOCK: opening a FIFO must not wait for a writer. */
+	fd = open(full, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
 	if (fd < 0) {
 		err = -errno;
 		if (err != -ENOENT && recording())
 			record(REC_FAIL, path, NULL, 0);
+		return err;
+	}
+	err = check_node(fd, full);
+	if (err) {
+		close(fd);
 		return err;
 	}
 	n = read(fd, buf, len - 1);

@@ -1,4 +1,5 @@
 /* nccl-net-rail: transport choice and comm bookkeeping. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -6,6 +7,14 @@
 #include "param.h"
 #include "rail.h"
 #include "transport.h"
+
+/* Comms between rail_comm_init and rail_comm_fini, for finalize. */
+static _Atomic int comms_live;
+
+int rail_comm_live(void)
+{
+	return atomic_load(&comms_live);
+}
 
 int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
 		   const struct rail_transport_ops *ops)
@@ -20,19 +29,23 @@ int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
 	comm->dev = dev;
 	comm->ops = ops;
 	memset(&comm->reqs, 0, sizeof(comm->reqs));
-	if (cap == 0)
-		return 0;
-	err = rail_pool_init(&comm->reqs, cap, ops->req_size);
-	if (err)
+	err = cap ? rail_pool_init(&comm->reqs, cap, ops->req_size) : 0;
+	if (err) {
 		RAIL_WARN("%s: cannot allocate %u requests for a comm on device %d: %s", ops->name,
 			  cap, dev, RAIL_ERRSTR(err));
-	return err;
+		comm->kind = RAIL_COMM_DEAD;
+		return err;
+	}
+	atomic_fetch_add(&comms_live, 1);
+	return 0;
 }
 
 void rail_comm_fini(struct rail_comm *comm)
 {
 	if (comm->reqs.mem)
 		rail_pool_destroy(&comm->reqs);
+	if (comm->kind != RAIL_COMM_DEAD)
+		atomic_fetch_sub(&comms_live, 1);
 	comm->kind = RAIL_COMM_DEAD;
 }
 

@@ -135,6 +135,8 @@ struct rail_transport_ops {
 int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
 		   const struct rail_transport_ops *ops);
 void rail_comm_fini(struct rail_comm *comm);
+/* Comms initialised and not yet finalised (listen, send, receive; any transport). */
+int rail_comm_live(void);
 
 /* The transports this build knows. */
 extern const struct rail_transport_ops rail_tcp_ops;

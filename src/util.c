@@ -10,8 +10,14 @@
 const char *rail_strerror(int neg_errno, char *buf, size_t len)
 {
 	int err = neg_errno < 0 ? -neg_errno : neg_errno;
+	const char *s;
+
+	if (err == RAIL_ECLOSED) {
+		rail_strlcpy(buf, "the peer closed the connection", len);
+		return buf;
+	}
 	/* GNU strerror_r may return a static string instead of filling buf. */
-	const char *s = strerror_r(err, buf, len);
+	s = strerror_r(err, buf, len);
 
 	if (s != buf)
 		rail_strlcpy(buf, s, len);

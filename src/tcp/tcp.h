@@ -162,6 +162,10 @@ struct tcp_comm {
 	_Atomic int warned;	/* the failure's WARN went out (before error was set) */
 	_Atomic int closing;
 	char peer[RAIL_ADDR_STRLEN];
+	/* live memory registrations (ids handed out as mhandles), any thread */
+	pthread_mutex_t mr_lock;
+	uintptr_t *mrs;
+	int nmrs, cap_mrs;
 };
 
 /* tcp_conn.c */
@@ -172,6 +176,11 @@ int tcp_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm);
 int tcp_close_listen(struct rail_comm *listen_comm);
 
 /* tcp_data.c */
+/*
+ * The comm takes the nsocks + 1 fds (control socket first) on success and
+ * on failure alike: the caller forgets them either way, so each is closed
+ * exactly once. Every failure is logged here; never -EAGAIN.
+ */
 int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello *layout,
 		    const union rail_sockaddr *peer, struct tcp_comm **out);
 int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
@@ -188,11 +197,20 @@ int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 const char *tcp_comm_dev_name(const struct tcp_comm *c);
 
+/* tcp_init.c: memory registrations, tracked per comm so a second deregMr fails. */
+int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh);
+int tcp_dereg_mr(struct rail_comm *comm, void *mh);
+
 /* tcp_worker.c */
 int tcp_workers_start(struct tcp_comm *c, uint32_t ring_size);
 void tcp_workers_stop(struct tcp_comm *c);
 /* Queue a chunk for the worker owning socket sock. */
 void tcp_worker_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req);
+
+/* tcp_fault.c: NCCL_RAIL_TCP_FAULT, read at init. */
+void tcp_fault_arm(void);
+/* 0, or the -errno a helper thread creation must fail with. */
+int tcp_fault_thread_create(void);
 
 extern const struct rail_transport_ops rail_tcp_ops;
 

@@ -14,6 +14,12 @@
 #include "tcp/tcp.h"
 
 #define TCP_STAGE_MAGIC 0x47545354u /* "TSTG" */
+/*
+ * Accepted sockets whose hello has not arrived, at most: beyond, the oldest
+ * is dropped (a real connector sends its hello right after connecting; an
+ * idle one is a stray: a port scanner, a health check, a confused client).
+ */
+#define TCP_MAX_PENDING 128
 /* How long a refused connect is retried (listener backlog full, or not yet there). */
 #define TCP_REFUSED_RETRY_NS (5ull * 1000000000ull)
 
@@ -45,6 +51,8 @@ struct tcp_listen_comm {
 	int npend, cap_pend;
 	struct tcp_group *groups;
 	int ngroups, cap_groups;
+	unsigned long dropped;	/* strays dropped to make room (the first is a WARN) */
+	uint64_t fds_out_t0;	/* since when accept4 finds no free fd (0: it does) */
 };
 
 /* Connector state, kept in the handle across NCCL's connect() retries. */
@@ -167,7 +175,14 @@ static int stage_create(int dev, void *handle, struct tcp_stage **out)
 		hh.index = (uint16_t)i;
 		tcp_hello_encode(&hh, s->hello[i]);
 	}
-	rail_handle_set_stage(handle, s);
+	err = rail_handle_set_stage(handle, s);
+	if (err) {
+		RAIL_WARN("connect on %s to %s: recording the connection in progress failed: %s; "
+			  "too many connects in progress at once?", tcp_dev_get(dev)->name,
+			  RAIL_ADDRSTR(&s->h.addr), RAIL_ERRSTR(err));
+		free(s);
+		return err;
+	}
 	*out = s;
 	return 0;
 }
@@ -236,10 +251,12 @@ static int stage_finish(struct tcp_stage *s, struct rail_comm **out)
 	struct tcp_comm *c;
 	int err = tcp_comm_create(s->dev, 1, s->fds, &s->layout, &s->h.addr, &c);
 
-	if (err)
-		return err;
 	for (int i = 0; i < s->nfds; i++)
-		s->fds[i] = -1; /* now owned by the comm */
+		s->fds[i] = -1; /* the comm's now, closed by it if it failed */
+	if (err) {
+		s->warned = 1; /* tcp_comm_create said why */
+		return err;
+	}
 	*out = &c->base;
 	return 0;
 }
@@ -250,8 +267,9 @@ int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle, struct
 	int err = 0, done = 1;
 
 	(void)opts;
+	/* s comes from the stage table (never from the handle's bytes). */
 	if (s && s->magic != TCP_STAGE_MAGIC)
-		s = NULL; /* a fresh copy of a handle with stale scratch bytes */
+		s = NULL;
 	if (!s) {
 		err = stage_create(dev, handle, &s);
 		if (err)
@@ -389,6 +407,61 @@ static int progress_pending(struct tcp_listen_comm *lc)
 	return err;
 }
 
+/* Close the pending socket that has waited longest for its hello, to make room. */
+static void drop_oldest(struct tcp_listen_comm *lc, const char *why)
+{
+	int o = 0;
+	uint64_t ms;
+
+	for (int i = 1; i < lc->npend; i++)
+		if (lc->pend[i].t0 < lc->pend[o].t0)
+			o = i;
+	ms = (rail_now_ns() - lc->pend[o].t0) / 1000000;
+	if (lc->dropped++ == 0)
+		RAIL_WARN("accept on %s (%s): dropping the connection from %s, which sent no hello "
+			  "in %llu ms, to make room (%s); a port scanner or a client of another "
+			  "program? Further drops are logged at INFO", tcp_dev_get(lc->base.dev)->name,
+			  RAIL_ADDRSTR(&lc->addr), RAIL_ADDRSTR(&lc->pend[o].peer),
+			  (unsigned long long)ms, why);
+	else
+		RAIL_INFO(RAIL_LOG_NET, "accept on %s: dropped the connection from %s (no hello in "
+			  "%llu ms, %s; %lu dropped so far)", RAIL_ADDRSTR(&lc->addr),
+			  RAIL_ADDRSTR(&lc->pend[o].peer), (unsigned long long)ms, why, lc->dropped);
+	close(lc->pend[o].fd);
+	lc->pend[o] = lc->pend[--lc->npend];
+}
+
+/*
+ * accept4 found no free fd. Make room by dropping the oldest pending socket
+ * (1: try again); with none to drop, wait for the process to free fds (0)
+ * up to NCCL_RAIL_CONNECT_TIMEOUT, then fail (-errno).
+ */
+static int out_of_fds(struct tcp_listen_comm *lc, int err)
+{
+	int perr = progress_pending(lc);
+
+	if (perr)
+		return perr;
+	if (lc->npend > 0) {
+		drop_oldest(lc, "the process is out of file descriptors");
+		return 1;
+	}
+	if (!lc->fds_out_t0) {
+		lc->fds_out_t0 = rail_now_ns();
+		RAIL_WARN("accept on %s (%s) failed: %s; the process is out of file descriptors "
+			  "(raise ulimit -n); waiting up to NCCL_RAIL_CONNECT_TIMEOUT for some to be "
+			  "freed", tcp_dev_get(lc->base.dev)->name, RAIL_ADDRSTR(&lc->addr),
+			  RAIL_ERRSTR(err));
+	}
+	if (!tcp_timed_out(lc->fds_out_t0))
+		return 0;
+	RAIL_WARN("accept on %s (%s): still out of file descriptors after "
+		  "NCCL_RAIL_CONNECT_TIMEOUT=%lld s (%s); raise ulimit -n",
+		  tcp_dev_get(lc->base.dev)->name, RAIL_ADDRSTR(&lc->addr),
+		  (long long)rail_param_int(RAIL_P_CONNECT_TIMEOUT), RAIL_ERRSTR(err));
+	return err;
+}
+
 static int accept_new(struct tcp_listen_comm *lc)
 {
 	for (;;) {
@@ -397,10 +470,28 @@ static int accept_new(struct tcp_listen_comm *lc)
 
 		if (err == -EAGAIN)
 			return 0;
+		if (err == -EMFILE || err == -ENFILE || err == -ENOBUFS || err == -ENOMEM) {
+			err = out_of_fds(lc, err);
+			if (err == 1)
+				continue;
+			return err;
+		}
+		if (err == -ECONNABORTED || err == -EPERM || err == -EINTR)
+			continue; /* that connection is gone (or a firewall refused it) */
 		if (err) {
 			RAIL_WARN("accept on %s (%s) failed: %s", tcp_dev_get(lc->base.dev)->name,
 				  RAIL_ADDRSTR(&lc->addr), RAIL_ERRSTR(err));
 			return err;
+		}
+		lc->fds_out_t0 = 0;
+		if (lc->npend >= TCP_MAX_PENDING) {
+			err = progress_pending(lc);
+			if (err) {
+				close(fd);
+				return err;
+			}
+			if (lc->npend >= TCP_MAX_PENDING)
+				drop_oldest(lc, "too many connections without a hello");
 		}
 		err = grow((void **)&lc->pend, &lc->cap_pend, lc->npend + 1, sizeof(*lc->pend));
 		if (err) {
@@ -442,15 +533,17 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 		}
 		tcp_reply_encode(0, reply);
 		err = rail_sock_send_nb(g->fds[0], reply, sizeof(reply), &off);
-		if (!err)
-			err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &c);
 		if (err) {
-			RAIL_WARN("accept: setting up the connection from %s failed: %s",
+			RAIL_WARN("accept: sending the reply to %s failed: %s",
 				  RAIL_ADDRSTR(&g->peer), RAIL_ERRSTR(err));
 			group_drop(lc, i);
 			return err;
 		}
+		/* The fds are the comm's from here on, also when it fails (it closed them). */
+		err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &c);
 		lc->groups[i] = lc->groups[--lc->ngroups];
+		if (err)
+			return err;
 		*out = &c->base;
 		return 0;
 	}
@@ -460,8 +553,11 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 int tcp_accept(struct rail_comm *listen_comm, struct rail_comm **out)
 {
 	struct tcp_listen_comm *lc = (struct tcp_listen_comm *)listen_comm;
-	int err = accept_new(lc);
+	/* Reap closed and timed-out pending sockets first: they free fds for accept4. */
+	int err = progress_pending(lc);
 
+	if (!err)
+		err = accept_new(lc);
 	if (!err)
 		err = progress_pending(lc);
 	if (!err)

@@ -63,8 +63,18 @@ static void comm_free(struct tcp_comm *c)
 	for (int i = 0; i < c->nsocks; i++)
 		if (c->fds[i] >= 0)
 			close(c->fds[i]);
+	pthread_mutex_destroy(&c->mr_lock);
+	free(c->mrs);
 	rail_comm_fini(&c->base);
 	free(c);
+}
+
+/* Before the comm owns fds[]: close them, as tcp_comm_create promises. */
+static void fds_close(const int *fds, int n)
+{
+	for (int i = 0; i < n; i++)
+		if (fds[i] >= 0)
+			close(fds[i]);
 }
 
 int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello *layout,
@@ -76,14 +86,16 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	uint32_t per_worker;
 	int err, liveness;
 
-	if (!c)
-		return -ENOMEM;
-	err = rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, dev,
-			     &rail_tcp_ops);
+	err = c ? rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, dev,
+				 &rail_tcp_ops) : -ENOMEM;
 	if (err) {
+		RAIL_WARN("setting up the %s comm to %s on %s failed: %s", is_send ? "send"
+			  : "receive", RAIL_ADDRSTR(peer), tcp_dev_get(dev)->name, RAIL_ERRSTR(err));
 		free(c);
+		fds_close(fds, layout->nsocks + 1);
 		return err;
 	}
+	pthread_mutex_init(&c->mr_lock, NULL);
 	c->is_send = is_send;
 	c->ctrl_fd = fds[0];
 	c->nsocks = layout->nsocks;
@@ -105,10 +117,13 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 		     (uint32_t)RAIL_DIV_UP(c->nsocks, c->nthreads);
 	err = tcp_workers_start(c, next_pow2(per_worker));
 	if (err) {
-		RAIL_WARN("starting %d helper threads for the connection to %s on %s failed: %s",
-			  c->nthreads, c->peer, tcp_comm_dev_name(c), RAIL_ERRSTR(err));
+		RAIL_WARN("%s comm on %s, peer %s: pthread_create for %d helper threads failed: %s; "
+			  "check the process and thread limits (ulimit -u, RLIMIT_NPROC, the pids "
+			  "cgroup's pids.max) or lower NCCL_SOCKET_NTHREADS", is_send ? "send"
+			  : "receive", tcp_comm_dev_name(c), c->peer, c->nthreads, RAIL_ERRSTR(err));
 		comm_free(c);
-		return err;
+		/* Not -EAGAIN: to the connect and accept state machines that means "call again". */
+		return err == -EAGAIN ? -ENOMEM : err;
 	}
 	*out = c;
 	return 0;
@@ -237,7 +252,7 @@ static int read_frame(struct tcp_comm *c)
 	if (err == -EAGAIN)
 		return 0;
 	if (err)
-		return tcp_comm_fail(c, err, "the control socket closed while waiting for message "
+		return tcp_comm_fail(c, err, "the control socket failed while waiting for message "
 				     "%llu (%s); the peer process probably exited or crashed",
 				     (unsigned long long)c->seq, RAIL_ERRSTR(err));
 	if (tcp_frame_decode(c->rx_frame, &c->rx) || c->rx.seq != c->seq)
@@ -255,6 +270,11 @@ static int match_entry(struct tcp_comm *c, struct tcp_req *r)
 	int e = -1;
 
 	if (r->base.n == 1) {
+		/* A single receive takes only its tag, as a group's entries do. */
+		if (r->tag[0] != c->rx.tag)
+			return tcp_comm_fail(c, -EINVAL, "message %llu has tag %d, the posted receive "
+					     "expects tag %d; the two sides' calls are out of step",
+					     (unsigned long long)c->seq, c->rx.tag, r->tag[0]);
 		e = 0;
 	} else {
 		for (int i = 0; i < r->base.n && e < 0; i++)
@@ -285,7 +305,7 @@ static int progress_recv(struct tcp_comm *c)
 			if (err == -EAGAIN)
 				return 0;
 			if (err)
-				return tcp_comm_fail(c, err, "the control socket closed while "
+				return tcp_comm_fail(c, err, "the control socket failed while "
 						     "receiving a %zu-byte message (%s); the peer "
 						     "process probably died", r->got[c->rx_entry],
 						     RAIL_ERRSTR(err));

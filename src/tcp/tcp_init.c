@@ -1,5 +1,6 @@
 /* nccl-net-rail: TCP transport devices, properties and the ops table. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "ifaces.h"
@@ -71,6 +72,7 @@ static int tcp_init(char *why, size_t why_len)
 	for (int i = 0; i < n; i++)
 		tcp_fill_dev(&tcp_devs[i], &ifs[i]);
 	tcp_ndevs = n;
+	tcp_fault_arm();
 	return n;
 }
 
@@ -126,25 +128,62 @@ static void tcp_describe(char *buf, size_t len)
 			 ns > 0 ? ns : TCP_DEFAULT_SOCKS_PER_THREAD);
 }
 
-/* Host memory needs no registration with sockets; hand out a token. */
-static int tcp_token;
+/*
+ * Host memory needs no registration with sockets. Each regMr hands out a
+ * new id (never a pointer) that its comm records until deregMr, so a second
+ * deregMr, or one on another comm, fails instead of passing silently.
+ */
+static _Atomic uintptr_t tcp_mr_next = 1;
 
-static int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh)
+int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh)
 {
-	if (!(type & RAIL_PTR_HOST)) {
+	struct tcp_comm *c = (struct tcp_comm *)comm;
+	uintptr_t id;
+
+	if (type != RAIL_PTR_HOST) {
 		RAIL_WARN("regMr(%p, %zu bytes) on %s: the TCP transport only handles host "
-			  "memory (type %d)", data, size, tcp_devs[comm->dev].name, type);
+			  "memory (type 0x%x)", data, size, tcp_devs[comm->dev].name, type);
 		return -EINVAL;
 	}
-	*mh = &tcp_token;
+	pthread_mutex_lock(&c->mr_lock);
+	if (c->nmrs == c->cap_mrs) {
+		int ncap = c->cap_mrs ? c->cap_mrs * 2 : 8;
+		uintptr_t *n = realloc(c->mrs, (size_t)ncap * sizeof(*n));
+
+		if (!n) {
+			pthread_mutex_unlock(&c->mr_lock);
+			RAIL_WARN("regMr(%p, %zu bytes) on %s: out of memory", data, size,
+				  tcp_devs[comm->dev].name);
+			return -ENOMEM;
+		}
+		c->mrs = n;
+		c->cap_mrs = ncap;
+	}
+	/* Ids stay clear of small integers and of NULL. */
+	id = atomic_fetch_add(&tcp_mr_next, 1) << 4;
+	c->mrs[c->nmrs++] = id;
+	pthread_mutex_unlock(&c->mr_lock);
+	*mh = (void *)id;
 	return 0;
 }
 
-static int tcp_dereg_mr(struct rail_comm *comm, void *mh)
+int tcp_dereg_mr(struct rail_comm *comm, void *mh)
 {
-	(void)comm;
-	if (mh != &tcp_token) {
-		RAIL_WARN("deregMr: %p is not a memory handle of the TCP transport", mh);
+	struct tcp_comm *c = (struct tcp_comm *)comm;
+	int found = 0;
+
+	pthread_mutex_lock(&c->mr_lock);
+	for (int i = 0; i < c->nmrs && !found; i++) {
+		if (c->mrs[i] == (uintptr_t)mh) {
+			c->mrs[i] = c->mrs[--c->nmrs];
+			found = 1;
+		}
+	}
+	pthread_mutex_unlock(&c->mr_lock);
+	if (!found) {
+		RAIL_WARN("deregMr(%p) on the %s comm on %s, peer %s: not a live registration of "
+			  "this comm (deregistered twice, or registered on another comm?)", mh,
+			  c->is_send ? "send" : "receive", tcp_devs[comm->dev].name, c->peer);
 		return -EINVAL;
 	}
 	return 0;

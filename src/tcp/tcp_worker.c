@@ -42,7 +42,7 @@ static int move_chunk(struct tcp_comm *c, const struct tcp_task *t)
 			continue;
 		}
 		if (n == 0)
-			return -ECONNRESET;
+			return -RAIL_ECLOSED;
 		if (errno != EINTR)
 			return -errno;
 	}
@@ -135,7 +135,9 @@ static int worker_start(struct tcp_comm *c, struct tcp_worker *w, uint32_t ring_
 	/* Helpers never take the application's signals. */
 	sigfillset(&all);
 	pthread_sigmask(SIG_SETMASK, &all, &old);
-	err = -pthread_create(&w->thread, &attr, worker_main, w);
+	err = tcp_fault_thread_create();
+	if (!err)
+		err = -pthread_create(&w->thread, &attr, worker_main, w);
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	pthread_attr_destroy(&attr);
 	if (err) {

@@ -107,6 +107,10 @@ static void props_clear(struct rail_conf_props *p)
  * catches a plugin filling a newer (larger) layout.
  */
 #define PROPS_FN(V, COPY)                                                         \
+	static ncclResult_t v##V##_get_props_raw(int dev, void *p)                \
+	{                                                                         \
+		return t##V->getProperties(dev, p);                               \
+	}                                                                         \
 	static ncclResult_t v##V##_get_props(int dev, struct rail_conf_props *p)  \
 	{                                                                         \
 		struct {                                                          \
@@ -424,6 +428,7 @@ static ncclResult_t v12_make_vdevice(int *d, int ndevs, const int *devs)
 		(net)->init = v##V##_init;                                     \
 		(net)->devices = v##V##_devices;                               \
 		(net)->get_props = v##V##_get_props;                           \
+		(net)->get_props_raw = v##V##_get_props_raw;                   \
 		(net)->listen = v##V##_listen;                                 \
 		(net)->connect = v##V##_connect;                               \
 		(net)->accept = v##V##_accept;                                 \

@@ -75,6 +75,8 @@ struct rail_conf_net {
 	ncclResult_t (*init)(struct rail_conf_net *net, ncclDebugLogger_t logger);
 	ncclResult_t (*devices)(int *ndev);
 	ncclResult_t (*get_props)(int dev, struct rail_conf_props *props);
+	/* The table's getProperties as is: misuse checks pass NULL. */
+	ncclResult_t (*get_props_raw)(int dev, void *props);
 	ncclResult_t (*listen)(struct rail_conf_net *net, int dev, void *handle, void **lc);
 	/* *dev_comm receives what the plugin put in the device-handle slot (v7+). */
 	ncclResult_t (*connect)(struct rail_conf_net *net, int dev, void *handle, void **sc,
@@ -177,6 +179,9 @@ int rail_conf_close_inflight(struct rail_conf *cx);
 int rail_conf_peer_dies(struct rail_conf *cx);
 int rail_conf_bad_handle(struct rail_conf *cx);
 int rail_conf_reload(struct rail_conf *cx);
+int rail_conf_misuse(struct rail_conf *cx);
+int rail_conf_random_handle(struct rail_conf *cx);
+int rail_conf_finalize_open(struct rail_conf *cx);
 
 /* ---- reporting (report.c) ------------------------------------------------ */
 
@@ -311,6 +316,13 @@ void rail_conf_pair_close(struct rail_conf *cx, struct rail_conf_pair *p);
 void rail_conf_close_send(struct rail_conf *cx, void *sc);
 void rail_conf_close_recv(struct rail_conf *cx, void *rc);
 void rail_conf_close_listen(struct rail_conf *cx, void *lc);
+/* bad-handle helpers (sc_fault.c), shared with random-handle. */
+/* A: accept must return nothing, and no error, until B sends DONE. */
+void rail_conf_watch_listener(struct rail_conf *cx, void *lc, const char *what);
+/* B: connect with this handle must fail (or its comm's first send), with a WARN. */
+void rail_conf_connect_refused(struct rail_conf *cx, const uint8_t *handle, const char *what);
+/* Both: one connection with this handle (B) / listen comm (A), then traffic. */
+void rail_conf_good_connection(struct rail_conf *cx, void *lc, const uint8_t *handle);
 /* The smaller maxRecvs of the two roles' devices. */
 int rail_conf_common_max_recvs(struct rail_conf *cx);
 /* The largest message both roles' devices accept (maxP2pBytes, v9+), capped by --max-size. */

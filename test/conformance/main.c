@@ -61,6 +61,12 @@ const struct rail_conf_scenario rail_conf_scenarios[] = {
 	  rail_conf_reload, 0, 1, 11 },
 	{ "iflush", "iflush on received host memory succeeds (NULL request = nothing to do)",
 	  rail_conf_iflush, 0, 0, 6 },
+	{ "misuse", "calls NCCL never makes (NULL props, ...) fail with a WARN, never crash",
+	  rail_conf_misuse, 1, 0, 6 },
+	{ "random-handle", "random handles are refused with a WARN; stray bytes after the handle "
+	  "are never trusted", rail_conf_random_handle, 1, 0, 6 },
+	{ "finalize-open", "the last finalize with comms open, then dlclose: threads stopped, or "
+	  "a WARN and the library kept loaded (v11+)", rail_conf_finalize_open, 1, 1, 11 },
 };
 const int rail_conf_nscenarios = sizeof(rail_conf_scenarios) / sizeof(rail_conf_scenarios[0]);
 
@@ -617,6 +623,8 @@ static const struct {
 	{ "listen-many", "overrun" },		{ "regmr-thread", "regmr-fail" },
 	{ "peer-dies", "hide-error" },		{ "bad-handle", "connect-hide-error" },
 	{ "reload", "leak-thread" },		{ "iflush", "flush-error" },
+	{ "misuse", "mute-warn" },		{ "random-handle", "connect-hide-error" },
+	{ "finalize-open", "mute-warn" },
 };
 
 /* Every scenario must FAIL under its faults; returns the number that did not. */

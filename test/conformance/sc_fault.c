@@ -300,7 +300,7 @@ int rail_conf_peer_dies(struct rail_conf *cx)
 /* ---- bad-handle ---- */
 
 /* A: the listener must accept nothing (and not fail) until B says DONE. */
-static void watch_listener(struct rail_conf *cx, void *lc, const char *what)
+void rail_conf_watch_listener(struct rail_conf *cx, void *lc, const char *what)
 {
 	rail_conf_stage(cx, "accepting while the peer tries %s handles", what);
 	while (!rail_conf_ctl_poll(cx, RAIL_CONF_MSG_DONE, NULL, 0)) {
@@ -319,7 +319,7 @@ static void watch_listener(struct rail_conf *cx, void *lc, const char *what)
 }
 
 /* B: connect with a bad handle until it fails; a comm must fail its first request. */
-static void connect_refused(struct rail_conf *cx, const uint8_t *handle, const char *what)
+void rail_conf_connect_refused(struct rail_conf *cx, const uint8_t *handle, const char *what)
 {
 	uint8_t h[NCCL_NET_HANDLE_MAXSIZE];
 	uint64_t t0 = rail_conf_now_ns(), until = t0 + 20000000000ull;
@@ -367,7 +367,7 @@ static void connect_refused(struct rail_conf *cx, const uint8_t *handle, const c
 			rail_conf_result_str(res));
 }
 
-static void good_connection(struct rail_conf *cx, void *lc, const uint8_t *handle)
+void rail_conf_good_connection(struct rail_conf *cx, void *lc, const uint8_t *handle)
 {
 	static const size_t sizes[] = { 4096 };
 	struct rail_conf_pend pend;
@@ -398,7 +398,7 @@ int rail_conf_bad_handle(struct rail_conf *cx)
 	if (cx->role == RAIL_CONF_ROLE_A) {
 		lc = rail_conf_listen(cx, h[0]);
 		rail_conf_ctl_send(cx, RAIL_CONF_MSG_HANDLE, h[0], sizeof(h[0]));
-		watch_listener(cx, lc, "corrupt");
+		rail_conf_watch_listener(cx, lc, "corrupt");
 	} else {
 		rail_conf_ctl_recv(cx, RAIL_CONF_MSG_HANDLE, h[0], sizeof(h[0]));
 		for (size_t i = 0; i < sizeof(flip) / sizeof(flip[0]); i++) {
@@ -408,11 +408,11 @@ int rail_conf_bad_handle(struct rail_conf *cx)
 			memcpy(bad, h[0], sizeof(bad));
 			bad[flip[i]] ^= 0x5a;
 			snprintf(what, sizeof(what), "byte %d of the handle flipped", flip[i]);
-			connect_refused(cx, bad, what);
+			rail_conf_connect_refused(cx, bad, what);
 		}
 		rail_conf_ctl_send(cx, RAIL_CONF_MSG_DONE, NULL, 0);
 	}
-	good_connection(cx, lc, h[0]);
+	rail_conf_good_connection(cx, lc, h[0]);
 	if (!cx->full) {
 		rail_conf_note(cx, "stale-handle part on v6 and v12 only");
 		return 0;
@@ -425,13 +425,13 @@ int rail_conf_bad_handle(struct rail_conf *cx)
 		rail_conf_close_listen(cx, old);
 		lc = rail_conf_listen(cx, h[1]);
 		rail_conf_ctl_send(cx, RAIL_CONF_MSG_BLOB, h, sizeof(h));
-		watch_listener(cx, lc, "stale");
+		rail_conf_watch_listener(cx, lc, "stale");
 	} else {
 		rail_conf_ctl_recv(cx, RAIL_CONF_MSG_BLOB, h, sizeof(h));
-		connect_refused(cx, h[0], "the handle of a closed listen comm");
+		rail_conf_connect_refused(cx, h[0], "the handle of a closed listen comm");
 		rail_conf_ctl_send(cx, RAIL_CONF_MSG_DONE, NULL, 0);
 	}
-	good_connection(cx, lc, h[1]);
+	rail_conf_good_connection(cx, lc, h[1]);
 	return 0;
 }
 

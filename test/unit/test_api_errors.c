@@ -33,7 +33,8 @@ static void test_result_required_mappings(void **state)
 static void test_result_remote_errors(void **state)
 {
 	static const int remote[] = { ECONNRESET, ECONNREFUSED, ECONNABORTED, EPIPE, ENOTCONN,
-				      ETIMEDOUT, EHOSTUNREACH, ENETUNREACH, EPROTO, EREMOTEIO };
+				      ETIMEDOUT, EHOSTUNREACH, ENETUNREACH, EPROTO, EREMOTEIO,
+				      RAIL_ECLOSED };
 
 	(void)state;
 	for (size_t i = 0; i < RAIL_ARRAY_SIZE(remote); i++)
@@ -457,6 +458,14 @@ static void test_reg_mr(void **state)
 	mh = NULL;
 	assert_int_equal(rail_net_reg_mr(&c->send, buf, 8, 0, &mh), ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "unknown pointer type");
+	/* Only exactly HOST or CUDA: a mix or another bit names the type. */
+	assert_int_equal(rail_net_reg_mr(&c->send, buf, 8, RAIL_PTR_HOST | RAIL_PTR_CUDA, &mh),
+			 ncclInternalError);
+	unit_assert_logged(RAIL_LOG_WARN, "0x3");
+	assert_int_equal(rail_net_reg_mr(&c->send, buf, 8, RAIL_PTR_HOST | 0x10, &mh),
+			 ncclInternalError);
+	unit_assert_logged(RAIL_LOG_WARN, "0x11");
+	assert_null(mh);
 	fake.post_err = -ENOMEM;
 	assert_int_equal(rail_net_reg_mr(&c->recv, buf, 8, RAIL_PTR_HOST, &mh), ncclSystemError);
 	assert_null(mh);

@@ -295,34 +295,79 @@ static void test_flipped_bytes(void **state)
 static void test_stage_not_covered(void **state)
 {
 	struct rail_handle h = make_v6(), out;
-	uint8_t buf[RAIL_HANDLE_SIZE];
+	uint8_t buf[RAIL_HANDLE_SIZE], copy[RAIL_HANDLE_SIZE], saved[8];
 	char why[128] = "";
 	int anchor;
 
 	(void)state;
 	encode(&h, buf);
-	rail_handle_set_stage(buf, &anchor);
+	assert_int_equal(rail_handle_set_stage(buf, &anchor), 0);
 	assert_ptr_equal(rail_handle_get_stage(buf), &anchor);
 	assert_int_equal(rail_handle_decode(buf, sizeof(buf), &out, why, sizeof(why)), 0);
 	assert_same_handle(&h, &out);
-	/* The stage lives in the handle, at its offset. */
+	/* The slot holds no pointer: the stage's address appears nowhere in it. */
 	{
-		void *p;
+		void *p = &anchor;
 
-		memcpy(&p, buf + RAIL_HANDLE_STAGE_OFFSET, sizeof(p));
-		assert_ptr_equal(p, &anchor);
+		assert_null(memmem(buf + RAIL_HANDLE_WIRE_SIZE, RAIL_HANDLE_SIZE -
+				   RAIL_HANDLE_WIRE_SIZE, &p, sizeof(p)));
 	}
-	/* And so do all bytes from the wire size on. */
+	/* A copy of the buffer elsewhere does not see this buffer's stage. */
+	memcpy(copy, buf, sizeof(copy));
+	assert_null(rail_handle_get_stage(copy));
+	memcpy(saved, buf + RAIL_HANDLE_STAGE_OFFSET, sizeof(saved));
+	/* Bytes from the wire size on are free: decoding ignores them. */
 	for (int i = RAIL_HANDLE_WIRE_SIZE; i < RAIL_HANDLE_SIZE; i++)
 		buf[i] = 0xcd;
 	assert_int_equal(rail_handle_decode(buf, sizeof(buf), &out, why, sizeof(why)), 0);
 	assert_same_handle(&h, &out);
-	rail_handle_set_stage(buf, NULL);
+	assert_null(rail_handle_get_stage(buf));
+	/* Put back, the slot names the stage again; released, it never does. */
+	memcpy(buf + RAIL_HANDLE_STAGE_OFFSET, saved, sizeof(saved));
+	assert_ptr_equal(rail_handle_get_stage(buf), &anchor);
+	assert_int_equal(rail_handle_set_stage(buf, NULL), 0);
+	assert_null(rail_handle_get_stage(buf));
+	memcpy(buf + RAIL_HANDLE_STAGE_OFFSET, saved, sizeof(saved));
 	assert_null(rail_handle_get_stage(buf));
 	/* Re-encoding clears the slot. */
-	rail_handle_set_stage(buf, &anchor);
+	assert_int_equal(rail_handle_set_stage(buf, &anchor), 0);
 	assert_int_equal(rail_handle_encode(&h, buf, sizeof(buf)), 0);
 	assert_null(rail_handle_get_stage(buf));
+	/* Clearing a slot that names nothing live is harmless. */
+	assert_int_equal(rail_handle_set_stage(buf, NULL), 0);
+}
+
+/* Random bytes anywhere in a handle never turn into a stage. */
+static void test_stage_random_bytes(void **state)
+{
+	uint8_t bufs[200][RAIL_HANDLE_SIZE];
+	int anchor[200];
+	uint64_t x = 0x9e3779b97f4a7c15ull;
+
+	(void)state;
+	for (int i = 0; i < 200; i++) {
+		memset(bufs[i], 0, RAIL_HANDLE_SIZE);
+		assert_int_equal(rail_handle_set_stage(bufs[i], &anchor[i]), 0);
+	}
+	for (int i = 0; i < 200; i++)
+		assert_ptr_equal(rail_handle_get_stage(bufs[i]), &anchor[i]);
+	for (int k = 0; k < 100000; k++) {
+		uint8_t r[RAIL_HANDLE_SIZE];
+
+		for (int i = 0; i < RAIL_HANDLE_SIZE; i++) {
+			x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+			r[i] = (uint8_t)x;
+		}
+		/* Small indexes and generations too, as a stale slot would hold. */
+		if (k & 1) {
+			r[RAIL_HANDLE_STAGE_OFFSET + 1] = r[RAIL_HANDLE_STAGE_OFFSET + 2] = 0;
+			r[RAIL_HANDLE_STAGE_OFFSET + 3] = r[RAIL_HANDLE_STAGE_OFFSET + 6] = 0;
+			r[RAIL_HANDLE_STAGE_OFFSET + 7] = 0;
+		}
+		assert_null(rail_handle_get_stage(r));
+	}
+	for (int i = 0; i < 200; i++)
+		assert_int_equal(rail_handle_set_stage(bufs[i], NULL), 0);
 }
 
 static void test_bad_fields_behind_checksum(void **state)
@@ -433,6 +478,7 @@ int main(void)
 		cmocka_unit_test(test_wrong_version),
 		cmocka_unit_test(test_flipped_bytes),
 		cmocka_unit_test(test_stage_not_covered),
+		cmocka_unit_test(test_stage_random_bytes),
 		cmocka_unit_test(test_bad_fields_behind_checksum),
 		cmocka_unit_test(test_checksum_names_values),
 		cmocka_unit_test(test_transport_name),

@@ -13,8 +13,17 @@
 
 #include <cmocka.h>
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "api.h"
 #include "handle.h"
+#include "rail.h"
 #include "tcp/tcp.h"
 #include "unit.h"
 #include "wire.h"
@@ -145,6 +154,239 @@ static void test_wrong_nonce_refused(void **state)
 	unit_log_release();
 }
 
+/*
+ * Every close() of this binary (the core library is linked in statically)
+ * goes through here: a close of a number that is not open is a double close
+ * the process survived only by luck (in NCCL's process the number may belong
+ * to someone else by then).
+ */
+static int close_ebadf;
+
+int close(int fd)
+{
+	if (syscall(SYS_close, fd) == 0)
+		return 0;
+	if (errno == EBADF)
+		close_ebadf++;
+	return -1;
+}
+
+#define SENTINELS 256
+
+/* Take the lowest free fd numbers: those the plugin just closed. */
+static void sentinels_fill(int *fds, int *n, int more)
+{
+	while (more-- > 0 && *n < SENTINELS) {
+		fds[*n] = open("/dev/null", O_RDONLY | O_CLOEXEC);
+		assert_true(fds[*n] >= 0);
+		(*n)++;
+	}
+}
+
+/*
+ * Helper threads cannot start (pthread_create EAGAIN, as under RLIMIT_NPROC
+ * or a pids cgroup): connect and accept fail with a named error, and every
+ * socket is closed exactly once; no fd opened afterwards (the sentinels,
+ * which take the numbers the plugin freed) is closed by the plugin.
+ */
+static void test_thread_failure_closes_once(void **state)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	void *ctx = NULL, *lc = NULL, *sc = NULL, *rc = NULL;
+	ncclResult_t cres = ncclSuccess, ares = ncclSuccess;
+	int sent[SENTINELS], nsent = 0, calls = 0;
+	uint64_t until;
+
+	(void)state;
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	setenv("NCCL_RAIL_TCP_FAULT", "pthread_create:EAGAIN:1+", 1);
+	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
+	unit_log_capture();
+	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	close_ebadf = 0;
+	until = rail_now_ns() + 6000000000ull;
+	while (cres == ncclSuccess && !sc && rail_now_ns() < until) {
+		cres = rail_net_connect(ctx, 0, -1, handle, &sc);
+		if (ares == ncclSuccess && !rc)
+			ares = rail_net_accept(lc, &rc);
+		sentinels_fill(sent, &nsent, 4);
+		calls++;
+	}
+	/* A few more calls with the same handle buffer: nothing stale is closed. */
+	for (int i = 0; i < 3 && cres != ncclSuccess; i++) {
+		sentinels_fill(sent, &nsent, 8);
+		rail_net_connect(ctx, 0, -1, handle, &sc);
+	}
+	/* A sentinel closed by the plugin is open no more, or its number was reused by a later one. */
+	for (int i = 0; i < nsent; i++) {
+		if (fcntl(sent[i], F_GETFD) < 0)
+			fail_msg("sentinel fd %d (opened after the plugin freed its number) was closed "
+				 "by the plugin", sent[i]);
+		for (int j = 0; j < i; j++)
+			if (sent[j] == sent[i])
+				fail_msg("sentinel fd %d was closed by the plugin (its number was given "
+					 "to a later sentinel)", sent[i]);
+	}
+	if (close_ebadf)
+		fail_msg("%d close() calls on fds that were not open (double closes)", close_ebadf);
+	if (cres == ncclSuccess)
+		fail_msg("connect neither failed nor completed in %d calls", calls);
+	assert_int_equal(cres, ncclSystemError);
+	assert_null(sc);
+	assert_int_equal(ares, ncclSystemError);
+	assert_null(rc);
+	unit_assert_logged2(RAIL_LOG_WARN, "helper thread", "RLIMIT_NPROC");
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unit_log_release();
+	for (int i = 0; i < nsent; i++)
+		close(sent[i]);
+	unsetenv("NCCL_RAIL_TCP_FAULT");
+	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
+}
+
+#define STRAYS 100
+#define STRAY_FD_LIMIT 64
+
+/* Connect and wait for the comm, within 20 s; 0 or a message on stderr and 1. */
+static int real_connect(uint8_t *handle, void **sc)
+{
+	uint64_t until = rail_now_ns() + 20000000000ull;
+	ncclResult_t res = ncclSuccess;
+
+	*sc = NULL;
+	while (res == ncclSuccess && !*sc && rail_now_ns() < until) {
+		res = rail_net_connect(NULL, 0, -1, handle, sc);
+		usleep(200);
+	}
+	if (!*sc)
+		fprintf(stderr, "strays: the real connect %s\n", res == ncclSuccess ?
+			"did not complete in 20 s" : "failed");
+	return !*sc;
+}
+
+/* The stray maker (normal fd limit): idle strays, a real connect, strays gone, another. */
+static int strays_main(const uint8_t *handle, int ready_fd)
+{
+	const union rail_sockaddr *addr;
+	struct rail_handle h;
+	uint8_t hb[2][RAIL_HANDLE_SIZE];
+	int strays[STRAYS], rc = 0;
+	void *sc[2] = { NULL, NULL };
+	char why[128];
+
+	if (rail_handle_decode(handle, RAIL_HANDLE_SIZE, &h, why, sizeof(why)))
+		return 2;
+	addr = &h.addr;
+	for (int i = 0; i < STRAYS; i++) {
+		strays[i] = socket(addr->sa.sa_family, SOCK_STREAM, 0);
+		if (strays[i] < 0 || connect(strays[i], &addr->sa, sizeof(*addr)) < 0) {
+			perror("strays: connect");
+			return 2;
+		}
+	}
+	if (write(ready_fd, "s", 1) != 1)
+		return 2;
+	memcpy(hb[0], handle, RAIL_HANDLE_SIZE);
+	memcpy(hb[1], handle, RAIL_HANDLE_SIZE);
+	rc |= real_connect(hb[0], &sc[0]);
+	for (int i = 0; i < STRAYS; i++)
+		close(strays[i]);
+	rc |= real_connect(hb[1], &sc[1]);
+	if (write(ready_fd, "d", 1) != 1)
+		return 2;
+	for (int i = 0; i < 2; i++)
+		if (sc[i])
+			rail_net_close_send(sc[i]);
+	return rc;
+}
+
+/* The listener, under a low fd limit: accept must never fail, and get both real comms. */
+static int listener_main(void *lc, pid_t stray_pid, int ready_fd)
+{
+	uint64_t until = rail_now_ns() + 30000000000ull;
+	void *rc[2] = { NULL, NULL };
+	int got = 0;
+	char c;
+
+	if (read(ready_fd, &c, 1) != 1)
+		return 2;
+	while (got < 2 && rail_now_ns() < until) {
+		ncclResult_t res = rail_net_accept(lc, &rc[got]);
+
+		if (res != ncclSuccess) {
+			fprintf(stderr, "strays: accept returned %d with %d idle strays and a %d-fd "
+				"limit\n", (int)res, STRAYS, STRAY_FD_LIMIT);
+			kill(stray_pid, SIGKILL);
+			return 1;
+		}
+		if (rc[got])
+			got++;
+		usleep(200);
+	}
+	if (got < 2)
+		fprintf(stderr, "strays: %d of 2 real connections accepted in 30 s\n", got);
+	for (int i = 0; i < got; i++)
+		rail_net_close_recv(rc[i]);
+	return got < 2;
+}
+
+static int strays_process(void)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	struct rlimit rl;
+	void *ctx = NULL, *lc = NULL;
+	int p[2], status = 0, rc;
+	pid_t pid;
+
+	alarm(60);
+	if (rail_net_init(&ctx, 1, -1, NULL, 12) != ncclSuccess ||
+	    rail_net_listen(ctx, 0, handle, &lc) != ncclSuccess || pipe(p))
+		return 2;
+	pid = fork();
+	if (pid == 0)
+		_exit(strays_main(handle, p[1]));
+	getrlimit(RLIMIT_NOFILE, &rl);
+	rl.rlim_cur = STRAY_FD_LIMIT;
+	if (setrlimit(RLIMIT_NOFILE, &rl))
+		return 2;
+	rc = listener_main(lc, pid, p[0]);
+	waitpid(pid, &status, 0);
+	if (!WIFEXITED(status) || WEXITSTATUS(status))
+		rc |= 4;
+	rail_net_close_listen(lc);
+	rail_net_finalize(ctx);
+	return rc;
+}
+
+/*
+ * 100 idle stray connections (a port scanner, a health check) to a listener
+ * whose process may hold 64 fds: accept never fails, and real connections
+ * are accepted while the strays are there and after they are gone.
+ */
+static void test_strays_do_not_disable_listener(void **state)
+{
+	int status = 0;
+	pid_t pid;
+
+	(void)state;
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	pid = fork();
+	assert_true(pid >= 0);
+	if (pid == 0)
+		_exit(strays_process());
+	assert_int_equal(waitpid(pid, &status, 0), pid);
+	if (!WIFEXITED(status))
+		fail_msg("the listener process died of signal %d (60 s alarm: a hang)",
+			 WTERMSIG(status));
+	if (WEXITSTATUS(status))
+		fail_msg("the listener process exited with %d (1: accept failed or missed a real "
+			 "connection, 4: the real connects failed, 2: setup)", WEXITSTATUS(status));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -153,6 +395,8 @@ int main(void)
 		cmocka_unit_test(test_frame_and_reply),
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_wrong_nonce_refused),
+		cmocka_unit_test(test_thread_failure_closes_once),
+		cmocka_unit_test(test_strays_do_not_disable_listener),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1,0 +1,269 @@
+/*
+ * Conformance scenarios about misuse and hostile input: misuse (calls NCCL
+ * would never make, which must end in an error, never a crash) and
+ * random-handle (random and damaged connection handles fed to connect),
+ * finalize-open (the last finalize with comms still open, then dlclose).
+ */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "conf.h"
+
+/* A call that must fail, with a WARN saying why. */
+#define MUST_FAIL(cx, call, what)                                                        \
+	do {                                                                             \
+		int w_ = rail_conf_warn_count();                                         \
+		ncclResult_t r_ = (call);                                                \
+		RAIL_CONF_CHECK((cx), r_ != ncclSuccess, "%s returned ncclSuccess", (what)); \
+		RAIL_CONF_CHECK((cx), rail_conf_warn_count() > w_,                       \
+				"%s returned %s but printed no WARN saying why", (what),  \
+				rail_conf_result_str(r_));                               \
+	} while (0)
+
+/* ---- misuse ---- */
+
+static void misuse_properties(struct rail_conf *cx)
+{
+	struct rail_conf_props p;
+	int ndev = 0;
+
+	rail_conf_stage(cx, "getProperties(dev, NULL)");
+	RAIL_CONF_CALL(cx, cx->net.devices(&ndev), "devices");
+	MUST_FAIL(cx, cx->net.get_props_raw(cx->dev, NULL), "getProperties(dev, NULL)");
+	MUST_FAIL(cx, cx->net.get_props(-1, &p), "getProperties(-1, props)");
+	MUST_FAIL(cx, cx->net.get_props(ndev, &p), "getProperties(ndev, props)");
+	/* Still usable afterwards. */
+	RAIL_CONF_CALL(cx, cx->net.get_props(cx->dev, &p), "getProperties after misuse");
+}
+
+/* regMr of a type that is neither HOST nor CUDA fails; so does a second deregMr. */
+static void misuse_regmr(struct rail_conf *cx)
+{
+	static const int bad[] = { 0, NCCL_PTR_HOST | NCCL_PTR_CUDA, NCCL_PTR_DMABUF, 0x10 };
+	struct rail_conf_pair p;
+	struct rail_conf_arena a;
+	char what[96];
+	void *mh = NULL;
+
+	rail_conf_pair_open(cx, &p);
+	rail_conf_arena_init(cx, &a, p.comm, 4096);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		rail_conf_stage(cx, "regMr type 0x%x", bad[i]);
+		snprintf(what, sizeof(what), "regMr(type 0x%x)", bad[i]);
+		MUST_FAIL(cx, cx->net.reg_mr(p.comm, a.base, 1024, bad[i], &mh), what);
+	}
+	rail_conf_stage(cx, "deregMr twice");
+	RAIL_CONF_CALL(cx, cx->net.reg_mr(p.comm, a.base, 1024, NCCL_PTR_HOST, &mh), "regMr");
+	RAIL_CONF_CALL(cx, cx->net.dereg_mr(p.comm, mh), "deregMr");
+	MUST_FAIL(cx, cx->net.dereg_mr(p.comm, mh), "a second deregMr of the same handle");
+	rail_conf_arena_dereg(cx, &a);
+	rail_conf_pair_close(cx, &p);
+	rail_conf_arena_free(&a);
+}
+
+/* A single receive for tag 7 gets a message with tag 5: an error naming both. */
+static void misuse_tag(struct rail_conf *cx)
+{
+	static const char *const needles[] = { "tag" };
+	struct rail_conf_pair p;
+	struct rail_conf_arena a;
+	void *req = NULL;
+	int size = 0;
+
+	rail_conf_pair_open(cx, &p);
+	rail_conf_arena_init(cx, &a, p.comm, 8192);
+	rail_conf_stage(cx, "single receive, wrong tag");
+	if (cx->role == RAIL_CONF_ROLE_A) {
+		void *d = a.base;
+		size_t sz = 4096;
+		int tag = 7, w = rail_conf_warn_count();
+		ncclResult_t res;
+
+		while (!req)
+			RAIL_CONF_CALL(cx, cx->net.irecv(p.comm, 1, &d, &sz, &tag, &a.mh, &req),
+				       "irecv");
+		rail_conf_barrier(cx, "tag-posted");
+		res = rail_conf_wait(cx, req, &size, "the receive for tag 7");
+		RAIL_CONF_CHECK(cx, res != ncclSuccess, "a receive posted for tag 7 completed with "
+				"a message sent with tag 5 (%d bytes)", size);
+		RAIL_CONF_CHECK(cx, rail_conf_warn_count() > w && rail_conf_warn_has(needles, 1),
+				"the tag mismatch failed the receive without a WARN naming the tag");
+	} else {
+		rail_conf_barrier(cx, "tag-posted");
+		while (!req)
+			RAIL_CONF_CALL(cx, cx->net.isend(p.comm, a.base, 1024, 5, a.mh, &req),
+				       "isend");
+		rail_conf_wait(cx, req, &size, "the send with tag 5");
+	}
+	rail_conf_barrier(cx, "tag-done");
+	rail_conf_arena_dereg(cx, &a);
+	rail_conf_pair_close(cx, &p);
+	rail_conf_arena_free(&a);
+}
+
+/* The sender closes: the receive fails saying the peer closed, not "reset". */
+static void misuse_eof(struct rail_conf *cx)
+{
+	static const char *const closed[] = { "closed" };
+	static const char *const reset[] = { "reset by peer" };
+	struct rail_conf_pair p;
+	struct rail_conf_arena a;
+	void *req = NULL;
+	int size = 0;
+
+	rail_conf_pair_open(cx, &p);
+	rail_conf_arena_init(cx, &a, p.comm, 8192);
+	rail_conf_stage(cx, "sender closes under a posted receive");
+	if (cx->role == RAIL_CONF_ROLE_A) {
+		void *d = a.base;
+		size_t sz = 4096;
+		int tag = 1;
+		ncclResult_t res;
+
+		rail_conf_warn_reset();
+		while (!req)
+			RAIL_CONF_CALL(cx, cx->net.irecv(p.comm, 1, &d, &sz, &tag, &a.mh, &req),
+				       "irecv");
+		rail_conf_barrier(cx, "eof-posted");
+		res = rail_conf_wait(cx, req, &size, "the receive whose sender closed");
+		RAIL_CONF_CHECK(cx, res != ncclSuccess, "the receive completed (%d bytes) although "
+				"the sender closed without sending", size);
+		RAIL_CONF_CHECK(cx, rail_conf_warn_has(closed, 1) && !rail_conf_warn_has(reset, 1),
+				"the peer closed the connection (end of file), but no WARN says so "
+				"or one says 'reset by peer'");
+		rail_conf_arena_dereg(cx, &a);
+		rail_conf_close_recv(cx, p.comm);
+		rail_conf_close_listen(cx, p.lc);
+	} else {
+		rail_conf_barrier(cx, "eof-posted");
+		rail_conf_arena_dereg(cx, &a);
+		rail_conf_close_send(cx, p.comm);
+	}
+	rail_conf_arena_free(&a);
+	rail_conf_barrier(cx, "eof-done");
+}
+
+int rail_conf_misuse(struct rail_conf *cx)
+{
+	misuse_properties(cx);
+	misuse_regmr(cx);
+	misuse_tag(cx);
+	misuse_eof(cx);
+	rail_conf_barrier(cx, "misuse-done");
+	return 0;
+}
+
+/* ---- random-handle ---- */
+
+#define RH_RANDOM 32
+
+static void random_bytes(uint8_t *p, size_t len, uint64_t seed)
+{
+	for (size_t i = 0; i < len; i += 8) {
+		uint64_t v = rail_conf_mix64(seed + i);
+
+		memcpy(p + i, &v, len - i < 8 ? len - i : 8);
+	}
+}
+
+/*
+ * B: random handles, then random handles that start like the real one
+ * (magic and version, so the decoder gets past its first checks), must be
+ * refused with a WARN; nothing in the handle may be trusted as a pointer.
+ */
+static void random_handles_b(struct rail_conf *cx, const uint8_t *good)
+{
+	uint8_t bad[NCCL_NET_HANDLE_MAXSIZE];
+	char what[96];
+
+	for (int i = 0; i < 2 * RH_RANDOM; i++) {
+		random_bytes(bad, sizeof(bad), rail_conf_seed(cx, 77, (unsigned)i, 0));
+		if (i >= RH_RANDOM)
+			memcpy(bad, good, 8);
+		snprintf(what, sizeof(what), "random handle #%d%s", i,
+			 i >= RH_RANDOM ? " (real magic and version)" : "");
+		rail_conf_connect_refused(cx, bad, what);
+	}
+}
+
+int rail_conf_random_handle(struct rail_conf *cx)
+{
+	uint8_t h[NCCL_NET_HANDLE_MAXSIZE], damaged[NCCL_NET_HANDLE_MAXSIZE];
+	void *lc = NULL;
+
+	if (cx->role == RAIL_CONF_ROLE_A) {
+		lc = rail_conf_listen(cx, h);
+		rail_conf_ctl_send(cx, RAIL_CONF_MSG_HANDLE, h, sizeof(h));
+		rail_conf_watch_listener(cx, lc, "random");
+	} else {
+		rail_conf_ctl_recv(cx, RAIL_CONF_MSG_HANDLE, h, sizeof(h));
+		random_handles_b(cx, h);
+		rail_conf_ctl_send(cx, RAIL_CONF_MSG_DONE, NULL, 0);
+	}
+	/*
+	 * The real handle with the zero bytes at its end (the last 32 at most:
+	 * listen wrote nothing there) randomized, as a buffer NCCL did not
+	 * clear could hold: a plugin keeping connector state there must not
+	 * trust those bytes. The connection must work.
+	 */
+	memcpy(damaged, h, sizeof(damaged));
+	for (int i = NCCL_NET_HANDLE_MAXSIZE - 1; i >= NCCL_NET_HANDLE_MAXSIZE - 32 && !h[i]; i--)
+		damaged[i] = (uint8_t)(rail_conf_mix64((uint64_t)i * 131) | 1);
+	rail_conf_good_connection(cx, lc, damaged);
+	return 0;
+}
+
+/* ---- finalize-open ---- */
+
+/*
+ * The last finalize with comms still open (NCCL never does this, a buggy
+ * caller might), then dlclose: the plugin must either stop every thread or
+ * say so and keep its code mapped; threads running in an unloaded library
+ * crash the process when they wake.
+ */
+/* The comms this role leaves open stay referenced (no leak report: the caller holds them). */
+static struct rail_conf_pair fo_pair;
+
+int rail_conf_finalize_open(struct rail_conf *cx)
+{
+	static const size_t sizes[] = { RAIL_CONF_MIB };
+	struct rail_conf_pair *pp = &fo_pair;
+	ncclResult_t res;
+	char why[256];
+	void *still;
+	int t0, t, warns;
+
+	t0 = rail_conf_count_dir("/proc/self/task");
+	cx->lib = dlopen(cx->opts->plugin, RTLD_NOW | RTLD_LOCAL);
+	RAIL_CONF_CHECK(cx, cx->lib, "dlopen: %s", dlerror());
+	if (rail_conf_bind(cx->lib, cx->abi, &cx->net, why, sizeof(why)))
+		rail_conf_fail(cx, "%s", why);
+	RAIL_CONF_CALL(cx, cx->net.init(&cx->net, rail_conf_logger), "init");
+	rail_conf_pair_open(cx, pp);
+	rail_conf_simple_traffic(cx, pp, 1, sizes, NULL, 1, "traffic before finalize");
+	rail_conf_barrier(cx, "before-finalize");
+	rail_conf_stage(cx, "finalize with comms open");
+	warns = rail_conf_warn_count();
+	res = cx->net.finalize(cx->net.ctx);
+	RAIL_CONF_CHECK(cx, dlclose(cx->lib) == 0, "dlclose: %s", dlerror());
+	cx->lib = NULL;
+	rail_conf_sleep_ms(200);
+	t = rail_conf_count_dir("/proc/self/task");
+	still = dlopen(cx->opts->plugin, RTLD_NOW | RTLD_NOLOAD);
+	if (still)
+		dlclose(still);
+	RAIL_CONF_CHECK(cx, t <= t0 || still, "%d threads after finalize+dlclose (%d before "
+			"dlopen) and the library is unloaded: they crash when they wake", t, t0);
+	if (t > t0) {
+		RAIL_CONF_CHECK(cx, res != ncclSuccess, "finalize returned ncclSuccess with comms "
+				"open and %d plugin threads still running", t - t0);
+		RAIL_CONF_CHECK(cx, rail_conf_warn_count() > warns, "finalize left threads running "
+				"without a WARN saying so");
+		rail_conf_note(cx, "finalize refused (%s), library kept loaded",
+			       rail_conf_result_str(res));
+	}
+	rail_conf_barrier(cx, "after-finalize");
+	return 0;
+}
