@@ -132,6 +132,8 @@ in_root() {
 	unshare -m --propagation private bash -c '
 		set -e
 		root=$1; user=$2; cmd=$3
+		# The root is a mount point, as / is on a machine (ip netns needs it).
+		mount --bind "$root" "$root"
 		mount -t proc proc "$root/proc"
 		mount -t sysfs sysfs "$root/sys"
 		mkdir -p "$root/dev/pts" "$root/dev/shm"
