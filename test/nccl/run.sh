@@ -3,7 +3,9 @@
 # transport versus NCCL's own Socket transport, with two ranks as two NCCL
 # "nodes" (distinct NCCL_HOSTID) on the one GPU under the CUDA MPS server.
 #
-#   test/nccl/run.sh [MODE...]        MODE: rail | socket | rail:VAR=V,VAR=V
+#   test/nccl/run.sh [MODE...]        MODE: rail | railpkg | socket | rail:VAR=V,VAR=V
+#   (rail: this build by its path; railpkg: NCCL_NET_PLUGIN=rail, the name
+#   form, as an installed package is used)
 #   env: NP (ranks, default 2), RPN (ranks per node, default 1),
 #        NGPUS (GPUs to spread a node's ranks over, default 1),
 #        MPS (1 = run under MPS, default 1), SIZES ("-b 8 -e 512M -f 4"),
@@ -47,6 +49,7 @@ for mode in "${modes[@]}"; do
 	fi
 	case $name in
 	rail) env=(-x NCCL_NET_PLUGIN="$plugin" -x NCCL_NET=Rail) ;;
+	railpkg) env=(-x NCCL_NET_PLUGIN=rail -x NCCL_NET=Rail) ;;
 	socket) env=(-x NCCL_NET_PLUGIN=none -x NCCL_NET=Socket) ;;
 	*) echo "unknown mode $mode" >&2; exit 2 ;;
 	esac
