@@ -116,7 +116,8 @@ new_root() {
 		cp /etc/apt/sources.list "$root/etc/apt/sources.list"
 	cp -L /etc/resolv.conf "$root/etc/resolv.conf"
 	echo "fresh-$1" >"$root/etc/hostname"
-	printf '127.0.0.1 localhost fresh-%s\n::1 localhost\n' "$1" >"$root/etc/hosts"
+	# The chroot keeps the host's UTS name: list it too, or sudo warns.
+	printf '127.0.0.1 localhost fresh-%s %s\n::1 localhost\n' "$1" "$(uname -n)" >"$root/etc/hosts"
 	in_root "$root" root "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq sudo >/dev/null" ||
 		die "cannot install sudo in the fresh root"
 	in_root "$root" root "useradd -m -s /bin/bash $USER_NAME &&
