@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "ib/ib_verbs.h"
 #include "log.h"
 #include "rail.h"
@@ -35,33 +36,20 @@ static const char *const fault_names[F_COUNT] = {
 	"ibv_post_send", "ibv_post_recv", "ibv_create_cq", "ibv_alloc_pd",
 };
 
-struct fault {
-	int armed;
-	int err;
-	long nth;
-	int sticky;
-	atomic_long calls;
-};
-
-static struct fault faults[F_COUNT];
+static struct rail_fault faults[F_COUNT];
 static struct rail_verbs saved;	/* the table entries the wrappers replaced */
 static atomic_int injected;
 
 static int hit(enum fault_call c)
 {
-	struct fault *f = &faults[c];
-	long n;
+	int err = rail_fault_hit(&faults[c]);
 
-	if (!f->armed)
-		return 0;
-	n = atomic_fetch_add(&f->calls, 1) + 1;
-	if (n == f->nth || (f->sticky && n > f->nth)) {
+	if (err) {
 		atomic_fetch_add(&injected, 1);
-		RAIL_INFO(RAIL_LOG_NET, "NCCL_RAIL_IB_FAULT: failing call %ld of %s with %s", n,
-			  fault_names[c], RAIL_ERRSTR(-f->err));
-		return f->err;
+		RAIL_INFO(RAIL_LOG_NET, "NCCL_RAIL_IB_FAULT: failing call %ld of %s with %s",
+			  atomic_load(&faults[c].calls), fault_names[c], RAIL_ERRSTR(-err));
 	}
-	return 0;
+	return err;
 }
 
 static struct ibv_mr *fault_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
@@ -225,80 +213,17 @@ static void uninstall(enum fault_call c)
 	}
 }
 
-static const struct {
-	const char *name;
-	int value;
-} errnos[] = {
-	{ "ENOMEM", ENOMEM }, { "EINVAL", EINVAL }, { "EIO", EIO }, { "EAGAIN", EAGAIN },
-	{ "ETIMEDOUT", ETIMEDOUT }, { "EPERM", EPERM }, { "EFAULT", EFAULT },
-	{ "ENOSPC", ENOSPC }, { "EBUSY", EBUSY }, { "EOPNOTSUPP", EOPNOTSUPP },
-	{ "ENODEV", ENODEV }, { "EACCES", EACCES }, { "ECONNRESET", ECONNRESET },
-};
-
-static int parse_errno(const char *s)
-{
-	char *end;
-	long v;
-
-	for (size_t i = 0; i < RAIL_ARRAY_SIZE(errnos); i++)
-		if (!strcmp(s, errnos[i].name))
-			return errnos[i].value;
-	v = strtol(s, &end, 10);
-	return (*s && !*end && v > 0 && v < 4096) ? (int)v : -1;
-}
-
-/* One "call:ERRNO:N[+]" entry into faults[] (not yet installed). */
-static int parse_entry(char *e, struct fault *tmp, char *why, size_t why_len)
-{
-	char *c1 = strchr(e, ':'), *c2 = c1 ? strchr(c1 + 1, ':') : NULL, *end;
-	int call = -1, err, sticky = 0;
-	size_t nlen;
-	long nth;
-
-	if (!c1 || !c2) {
-		snprintf(why, why_len, "'%s' is not call:ERRNO:N", e);
-		return -EINVAL;
-	}
-	*c1 = *c2 = '\0';
-	for (int i = 0; i < F_COUNT; i++)
-		if (!strcmp(e, fault_names[i]) || !strcmp(e, fault_names[i] + 4))
-			call = i;
-	err = parse_errno(c1 + 1);
-	nlen = strlen(c2 + 1);
-	if (nlen && c2[nlen] == '+') {
-		sticky = 1;
-		c2[nlen] = '\0';
-	}
-	nth = strtol(c2 + 1, &end, 10);
-	if (call < 0 || err < 0 || *end || nth < 1) {
-		snprintf(why, why_len, "bad entry '%s:%s:%s' (calls: ibv_reg_mr, ibv_reg_dmabuf_mr, "
-			 "ibv_create_qp, ibv_modify_qp, ibv_post_send, ibv_post_recv, ibv_create_cq, "
-			 "ibv_alloc_pd; ERRNO a name or number; N >= 1)", e, c1 + 1, c2 + 1);
-		return -EINVAL;
-	}
-	tmp[call].armed = 1;
-	tmp[call].err = err;
-	tmp[call].nth = nth;
-	tmp[call].sticky = sticky;
-	return 0;
-}
-
 int rail_verbs_fault_arm(const char *spec)
 {
-	struct fault tmp[F_COUNT];
-	char buf[512], why[256];
-	char *save = NULL;
+	struct rail_fault tmp[F_COUNT];
+	char why[512];
 
 	rail_verbs_fault_clear();
 	if (!spec || !spec[0])
 		return 0;
-	memset(tmp, 0, sizeof(tmp));
-	rail_strlcpy(buf, spec, sizeof(buf));
-	for (char *e = strtok_r(buf, ",", &save); e; e = strtok_r(NULL, ",", &save)) {
-		if (parse_entry(e, tmp, why, sizeof(why))) {
-			RAIL_WARN("NCCL_RAIL_IB_FAULT=%s ignored: %s", spec, why);
-			return -EINVAL;
-		}
+	if (rail_fault_parse(spec, fault_names, F_COUNT, tmp, why, sizeof(why))) {
+		RAIL_WARN("NCCL_RAIL_IB_FAULT=%s ignored: %s", spec, why);
+		return -EINVAL;
 	}
 	for (int i = 0; i < F_COUNT; i++) {
 		if (!tmp[i].armed)
