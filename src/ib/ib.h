@@ -45,6 +45,7 @@ struct rail_ib_ladder {
 };
 
 struct rail_ib_mr_ent;
+struct rail_ib_comm;
 
 struct rail_ib_hca {
 	char name[RAIL_IB_NAME_MAX];
@@ -139,6 +140,7 @@ void rail_ib_async_stop(struct rail_ib_hca *hca);
 #define RAIL_IB_MR_NEEDS_READ 0x100	/* with RAIL_PTR_*: a flush reads it back */
 struct rail_ib_mh {
 	uint32_t magic;
+	struct rail_ib_mh *dead_next;	/* deregistered, on the comm's dead_mhs */
 	int type;		/* RAIL_PTR_* as registered */
 	int gpu;		/* NIC writes need a flush */
 	int ndevs;
@@ -152,6 +154,14 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 			int type, int fd, uint64_t offset, const char *peer,
 			struct rail_ib_mh **out);
 void rail_ib_mr_deregister(struct rail_ib_mh *mh);
+/*
+ * Progress thread (rail_ib_comm_check): the registrations deregMr gave back
+ * since the last call; with a request of the comm still using one, the comm
+ * is stopped (rail_ib_comm_quiesce) and -ECANCELED returned.
+ */
+int rail_ib_mr_reap(struct rail_ib_comm *c, const char *call);
+/* Close: forget the deregistered handles still owed a look. */
+void rail_ib_mr_dead_free(struct rail_ib_comm *c);
 /* Drop every cached registration of an HCA (fini). */
 void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 
@@ -288,6 +298,12 @@ struct rail_ib_comm {
 	int tc, sl;
 	char peer[RAIL_ADDR_STRLEN];
 	atomic_int fatal;		/* async event on one of our QPs/CQs */
+	/*
+	 * Handles deregMr released (their MRs are gone) and the progress thread
+	 * has not yet checked against its requests: a stack pushed by deregMr
+	 * (NCCL's service thread), taken whole by rail_ib_comm_check.
+	 */
+	struct rail_ib_mh *_Atomic dead_mhs;
 	int error;			/* a failed completion: -errno */
 	int oob_fd;			/* the handshake socket, kept to notice a dead peer */
 	uint32_t idle;			/* calls that found nothing to do */

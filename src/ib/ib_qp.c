@@ -104,6 +104,7 @@ static void destroy_qp(struct ibv_qp *qp)
 void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 {
 	rail_ib_flush_fini(c);
+	rail_ib_mr_dead_free(c);
 	for (int i = 0; i < c->nqps; i++) {
 		if (c->qps[i].qp)
 			destroy_qp(c->qps[i].qp);
@@ -372,6 +373,12 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 
 	if (rail_unlikely(c->error))
 		return c->error;
+	if (rail_unlikely(atomic_load_explicit(&c->dead_mhs, memory_order_relaxed) != NULL)) {
+		int err = rail_ib_mr_reap(c, call);
+
+		if (err)
+			return err;
+	}
 	if (rail_unlikely(ev)) {
 		RAIL_WARN("%s on a connection to peer %s: failed since async event %s", call,
 			  c->peer, rail_ibv_event_str((enum ibv_event_type)(ev - 1)));
