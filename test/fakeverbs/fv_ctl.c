@@ -66,7 +66,10 @@ int fv_test_event(const char *dev, int port, int event_type)
 	return n;
 }
 
-/* Set GID index of dev:port to addr (type 0 IB, 1 RoCE v1, 2 RoCE v2); addr NULL empties it. */
+/*
+ * Set GID index of dev:port to addr (type 0 IB, 1 RoCE v1, 2 RoCE v2); addr
+ * NULL empties it. The index must be inside the port's gid_tbl_len.
+ */
 int fv_test_set_gid(const char *dev, int port, int index, const char *addr, int type)
 {
 	struct fv_dev *d = NULL;
@@ -79,9 +82,9 @@ int fv_test_set_gid(const char *dev, int port, int index, const char *addr, int 
 		return -EINVAL;
 	pthread_mutex_lock(&fv_lock);
 	p = find_port(dev, port, &d);
-	if (!p) {
+	if (!p || index >= p->gid_tbl_len) {	/* a real table never grows */
 		pthread_mutex_unlock(&fv_lock);
-		return -ENODEV;
+		return p ? -ERANGE : -ENODEV;
 	}
 	if (addr) {
 		p->gids[index].gid = g;
@@ -90,8 +93,6 @@ int fv_test_set_gid(const char *dev, int port, int index, const char *addr, int 
 		memset(&p->gids[index].gid, 0, sizeof(g));
 	}
 	p->gids[index].valid = addr != NULL;
-	if (p->gid_tbl_len < index + 1)
-		p->gid_tbl_len = index + 1;
 	fv_sysfs_gid(d, port, index);
 	fv_log("set_gid dev=%s port=%d index=%d gid=%s type=%d", dev, port, index,
 	       addr ? fv_gid_str(&g, text, sizeof(text)) : "none", type);
