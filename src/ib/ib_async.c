@@ -71,9 +71,13 @@ static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event 
 		return;
 	}
 	if (down) {
-		/* the count first: a comm made from now on sees the port down */
-		atomic_fetch_add(&d->port_downs, 1);
+		/*
+		 * The flag, then the count: a comm being made takes the count, then
+		 * reads the flag (rail_ib_comm_res_init). With the old count it fails
+		 * at its next call; with the new one it sees the flag and is refused.
+		 */
 		atomic_store(&d->port_err, 1);
+		atomic_fetch_add(&d->port_downs, 1);
 		RAIL_WARN("%s:%d: async event PORT_ERR (%s): the port went down; communicators "
 			  "using it fail at their next call, and new connections on it are refused "
 			  "until it is ACTIVE again. Check the link (ibstat, ip link, the switch "
