@@ -45,6 +45,7 @@ struct rail_ib_ladder {
 };
 
 struct rail_ib_mr_ent;
+struct rail_ib_comm;
 
 struct rail_ib_hca {
 	char name[RAIL_IB_NAME_MAX];
@@ -74,6 +75,11 @@ struct rail_ib_dev {
 	uint8_t port_flags;	/* ibv_port_attr.flags: IBV_QPF_GRH_REQUIRED */
 	int speed;		/* Mbps */
 	int gid_tbl_len;
+	/*
+	 * The GID chosen at init, updated by the async thread on GID_CHANGE
+	 * (which alone reads it afterwards): a connection resolves its own
+	 * (rail_ib_dev_gid_resolve, into rail_ib_devres.gid).
+	 */
 	struct rail_ib_gid_choice gid;
 	uint64_t guid;		/* sys_image_guid */
 	char pci_path[PATH_MAX];	/* the PCI function's real sysfs path */
@@ -86,7 +92,10 @@ struct rail_ib_dev {
 	char nccl_pci_path[PATH_MAX];
 	int nccl_port;
 	int rail, plane;	/* from NCCL_IB_HCA, -1 unset */
-	atomic_int port_err;	/* PORT_ERR seen */
+	/* async thread: the last port event was PORT_ERR (new connections refused) */
+	atomic_int port_err;
+	/* PORT_ERR events seen: a comm made before the last one fails (rail_ib_comm_check) */
+	atomic_uint port_downs;
 };
 
 struct rail_ib_vdev {
@@ -105,6 +114,8 @@ const union rail_sockaddr *rail_ib_oob_addr(void);
 const char *rail_link_layer_str(int ll);
 /* NCCL's table: Mbps for an active_speed(_ex) code and an active_width code. */
 int rail_ib_port_speed(uint32_t active_speed, int active_width);
+/* The GID a new connection on dev uses, from the table now; -ENOENT (out->reason). */
+int rail_ib_dev_gid_resolve(const struct rail_ib_dev *dev, struct rail_ib_gid_choice *out);
 int rail_ib_mtu_bytes(enum ibv_mtu mtu);
 
 /* ---- discovery, shared with the report (ib_init.c) --------------------- */
@@ -133,12 +144,18 @@ int rail_ib_ladder_ptr_support(const struct rail_ib_ladder *l);
 /* ---- async events (ib_async.c) ----------------------------------------- */
 int rail_ib_async_start(struct rail_ib_hca *hca);
 void rail_ib_async_stop(struct rail_ib_hca *hca);
+/*
+ * New connections on dev (listen, connect, accept): -ENETDOWN, logged with
+ * the call, the port and what to try, while its last event was PORT_ERR.
+ */
+int rail_ib_dev_port_up(const struct rail_ib_dev *dev, const char *call, const char *peer);
 
 /* ---- registration cache (ib_mr.c) -------------------------------------- */
 #define RAIL_IB_MH_MAGIC 0x484d4952u /* "RIMH" */
 #define RAIL_IB_MR_NEEDS_READ 0x100	/* with RAIL_PTR_*: a flush reads it back */
 struct rail_ib_mh {
 	uint32_t magic;
+	struct rail_ib_mh *dead_next;	/* deregistered, on the comm's dead_mhs */
 	int type;		/* RAIL_PTR_* as registered */
 	int gpu;		/* NIC writes need a flush */
 	int ndevs;
@@ -152,6 +169,14 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 			int type, int fd, uint64_t offset, const char *peer,
 			struct rail_ib_mh **out);
 void rail_ib_mr_deregister(struct rail_ib_mh *mh);
+/*
+ * Progress thread (rail_ib_comm_check): the registrations deregMr gave back
+ * since the last call; with a request of the comm still using one, the comm
+ * is stopped (rail_ib_comm_quiesce) and -ECANCELED returned.
+ */
+int rail_ib_mr_reap(struct rail_ib_comm *c, const char *call);
+/* Close: forget the deregistered handles still owed a look. */
+void rail_ib_mr_dead_free(struct rail_ib_comm *c);
 /* Drop every cached registration of an HCA (fini). */
 void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 
@@ -245,6 +270,8 @@ struct rail_ib_devres {
 	struct ibv_qp *flush_qp;	/* receiver: flushes and loopback copies */
 	struct ibv_mr *flush_mr;
 	uint64_t cqes;			/* completions polled on this device */
+	struct rail_ib_gid_choice gid;	/* resolved when the comm was made */
+	unsigned port_gen;		/* dev->port_downs then */
 };
 
 /* The send batch being matched to one CTS. */
@@ -288,6 +315,12 @@ struct rail_ib_comm {
 	int tc, sl;
 	char peer[RAIL_ADDR_STRLEN];
 	atomic_int fatal;		/* async event on one of our QPs/CQs */
+	/*
+	 * Handles deregMr released (their MRs are gone) and the progress thread
+	 * has not yet checked against its requests: a stack pushed by deregMr
+	 * (NCCL's service thread), taken whole by rail_ib_comm_check.
+	 */
+	struct rail_ib_mh *_Atomic dead_mhs;
 	int error;			/* a failed completion: -errno */
 	int oob_fd;			/* the handshake socket, kept to notice a dead peer */
 	uint32_t idle;			/* calls that found nothing to do */
@@ -376,7 +409,7 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send);
 struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int recv_wr,
 			      int access, int *err);
 int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns);
-void rail_ib_local_wire_dev(const struct rail_ib_dev *d, uint32_t rkey,
+void rail_ib_local_wire_dev(const struct rail_ib_devres *r, uint32_t rkey,
 			    struct rail_ib_wire_dev *out);
 int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
 		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn,

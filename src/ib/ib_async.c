@@ -2,8 +2,20 @@
  * nccl-net-rail: one async-event thread per HCA. Fatal events mark what
  * they hit: DEVICE_FATAL the HCA (every comm on it), CQ_ERR and the QP
  * errors the comm owning the CQ/QP (cq_context/qp_context). Later calls on
- * those comms return an error. PORT_ERR marks the port (new connections
- * on it are refused; running comms fail through their completions).
+ * those comms return an error.
+ *
+ * PORT_ERR marks the port down: listen, connect and accept on it are
+ * refused with a named error (rail_ib_dev_port_up) until PORT_ACTIVE, which
+ * re-enables them. It also counts the port's PORT_ERR events (port_downs):
+ * every comm took the count when it was made and compares it in
+ * rail_ib_comm_check, so the comms on the port fail at their next call
+ * without this thread knowing them (no list, no lock; one load per call).
+ *
+ * GID_CHANGE: connections resolve their GID when made
+ * (rail_ib_dev_gid_resolve), so nothing depends on this event; the thread
+ * re-selects the port's GID by the same rules and says old -> new (INFO),
+ * or warns that no usable GID is left.
+ *
  * The thread waits in poll() on the async fd and a wake pipe, so fini
  * stops it at once.
  */
@@ -48,6 +60,72 @@ static void on_qp_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 		  : "check the link and the peer process");
 }
 
+static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event *ev)
+{
+	struct rail_ib_dev *d = port_dev(hca, ev->element.port_num);
+	int down = ev->event_type == IBV_EVENT_PORT_ERR;
+
+	if (!d) {
+		RAIL_INFO(RAIL_LOG_NET, "%s:%d: async event %s (a port this process does not use)",
+			  hca->name, ev->element.port_num, rail_ibv_event_str(ev->event_type));
+		return;
+	}
+	if (down) {
+		/*
+		 * The flag, then the count: a comm being made takes the count, then
+		 * reads the flag (rail_ib_comm_res_init). With the old count it fails
+		 * at its next call; with the new one it sees the flag and is refused.
+		 */
+		atomic_store(&d->port_err, 1);
+		atomic_fetch_add(&d->port_downs, 1);
+		RAIL_WARN("%s:%d: async event PORT_ERR (%s): the port went down; communicators "
+			  "using it fail at their next call, and new connections on it are refused "
+			  "until it is ACTIVE again. Check the link (ibstat, ip link, the switch "
+			  "port)", hca->name, d->port, rail_ibv_event_str(ev->event_type));
+		return;
+	}
+	atomic_store(&d->port_err, 0);
+	RAIL_INFO(RAIL_LOG_NET, "%s:%d: port ACTIVE again: new connections on it are accepted "
+		  "(communicators that failed with it stay failed)", hca->name, d->port);
+}
+
+static void on_gid_change(struct rail_ib_dev *d)
+{
+	struct rail_ib_gid_choice now;
+	char og[64], ng[64];
+
+	if (rail_ib_dev_gid_resolve(d, &now)) {
+		RAIL_WARN("%s:%d: GID table changed and no usable GID is left (%s); new "
+			  "connections on this port fail until the interface has an address again; "
+			  "connections made before keep GID index %d %s", d->hca->name, d->port,
+			  now.reason, d->gid.index, rail_ib_gid_str(d->gid.raw, og, sizeof(og)));
+		return;
+	}
+	if (now.index == d->gid.index && !memcmp(now.raw, d->gid.raw, 16)) {
+		RAIL_INFO(RAIL_LOG_NET, "%s:%d: GID table changed; the GID chosen stays index %d %s",
+			  d->hca->name, d->port, now.index,
+			  rail_ib_gid_str(now.raw, ng, sizeof(ng)));
+		return;
+	}
+	RAIL_INFO(RAIL_LOG_NET, "%s:%d: GID table changed: index %d %s -> index %d %s (%s); new "
+		  "connections use the new GID, connections made before keep theirs",
+		  d->hca->name, d->port, d->gid.index, rail_ib_gid_str(d->gid.raw, og, sizeof(og)),
+		  now.index, rail_ib_gid_str(now.raw, ng, sizeof(ng)), now.reason);
+	d->gid = now;
+}
+
+int rail_ib_dev_port_up(const struct rail_ib_dev *dev, const char *call, const char *peer)
+{
+	if (rail_likely(!atomic_load(&dev->port_err)))
+		return 0;
+	RAIL_WARN("%s%s%s on %s:%d refused: the port is down (async event PORT_ERR, no "
+		  "PORT_ACTIVE since); new connections on it work again once it is ACTIVE. Check "
+		  "the link (ibstat, ip link, the switch port), or leave the port out with "
+		  "NCCL_IB_HCA", call, peer ? " for peer " : "", peer ? peer : "", dev->hca->name,
+		  dev->port);
+	return -ENETDOWN;
+}
+
 static void handle_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 {
 	struct rail_ib_dev *d;
@@ -81,16 +159,15 @@ static void handle_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 		break;
 	case IBV_EVENT_PORT_ERR:
 	case IBV_EVENT_PORT_ACTIVE:
+		on_port_event(hca, ev);
+		break;
+	case IBV_EVENT_GID_CHANGE:
 		d = port_dev(hca, ev->element.port_num);
 		if (d)
-			atomic_store(&d->port_err, ev->event_type == IBV_EVENT_PORT_ERR);
-		if (ev->event_type == IBV_EVENT_PORT_ERR)
-			RAIL_WARN("%s:%d: async event %s: the port went down; connections through it "
-				  "fail until it is ACTIVE again", hca->name, ev->element.port_num,
-				  rail_ibv_event_str(ev->event_type));
+			on_gid_change(d);
 		else
-			RAIL_INFO(RAIL_LOG_NET, "%s:%d: port ACTIVE again", hca->name,
-				  ev->element.port_num);
+			RAIL_INFO(RAIL_LOG_NET, "%s:%d: GID table changed (a port this process does "
+				  "not use)", hca->name, ev->element.port_num);
 		break;
 	default:
 		RAIL_INFO(RAIL_LOG_NET, "%s: async event %s", hca->name,

@@ -281,7 +281,7 @@ static void msg_devs(struct rail_ib_comm *c, struct rail_ib_msg *m, int ctrl)
 {
 	m->ndevs = c->ndevs;
 	for (int i = 0; i < c->ndevs; i++)
-		rail_ib_local_wire_dev(c->res[i].dev, ctrl ? c->res[i].ctrl_mr->rkey : 0,
+		rail_ib_local_wire_dev(&c->res[i], ctrl ? c->res[i].ctrl_mr->rkey : 0,
 				       &m->devs[i]);
 }
 
@@ -754,6 +754,20 @@ int rail_ib_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm)
 	return 0;
 }
 
+/* No listener on a port that is down (PORT_ERR): connections to it would fail. */
+static int listen_ports_up(int vdev)
+{
+	const struct rail_ib_vdev *v = rail_ib_vdev_get(vdev);
+
+	for (int m = 0; v && m < v->ndevs; m++) {
+		int err = rail_ib_dev_port_up(rail_ib_dev_get(v->devs[m]), "listen", NULL);
+
+		if (err)
+			return err;
+	}
+	return 0;
+}
+
 int rail_ib_listen(int dev, void *handle, struct rail_comm **listen_comm)
 {
 	struct rail_ib_listen *l = calloc(1, sizeof(*l));
@@ -762,6 +776,11 @@ int rail_ib_listen(int dev, void *handle, struct rail_comm **listen_comm)
 
 	if (!l)
 		return -ENOMEM;
+	err = listen_ports_up(dev);
+	if (err) {
+		free(l);
+		return err;
+	}
 	rail_comm_init(&l->base, RAIL_COMM_LISTEN, dev, &rail_ib_ops);
 	memset(&h, 0, sizeof(h));
 	err = rail_sock_listen(rail_ib_oob_addr(), 128, &l->fd, &h.addr);

@@ -59,7 +59,7 @@ static int flush_member(struct rail_ib_comm *c, int m)
 				     IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_WRITE, &err);
 	if (!r->flush_qp)
 		return err;
-	rail_ib_local_wire_dev(r->dev, 0, &self);
+	rail_ib_local_wire_dev(r, 0, &self);
 	return rail_ib_qp_rtr_rts(c, r->flush_qp, r->dev, &self, r->flush_qp->qp_num, 1);
 }
 

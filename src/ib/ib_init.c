@@ -284,45 +284,57 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
  * goes to the peer, which adds a GRH when the port requires one or the
  * subnets differ (rail_ib_qp_rtr_rts).
  */
-static void dev_gid_ib(struct rail_ib_dev *dev)
+static void gid_ib(const struct rail_ib_dev *dev, struct rail_ib_gid_choice *out)
 {
 	int idx = (int)rail_param_int(RAIL_P_IB_ROUTABLE_FLID_GID_INDEX);
 	union ibv_gid gid;
 
-	dev->gid.index = 0;
+	memset(out, 0, sizeof(*out));
 	if (idx > 0 && idx < dev->gid_tbl_len &&
 	    rail_ibv.query_gid(dev->hca->ctx, (uint8_t)dev->port, idx, &gid) == 0 &&
 	    rail_ib_gid_flid(gid.raw) != 0) {
-		dev->gid.index = idx;
-		memcpy(dev->gid.raw, gid.raw, 16);
-		snprintf(dev->gid.reason, sizeof(dev->gid.reason), "InfiniBand: LID %u, routable "
-			 "GID index %d (FLID 0x%x)", dev->lid, idx, rail_ib_gid_flid(gid.raw));
+		out->index = idx;
+		memcpy(out->raw, gid.raw, 16);
+		snprintf(out->reason, sizeof(out->reason), "InfiniBand: LID %u, routable GID index "
+			 "%d (FLID 0x%x)", dev->lid, idx, rail_ib_gid_flid(gid.raw));
 		return;
 	}
 	if (rail_ibv.query_gid(dev->hca->ctx, (uint8_t)dev->port, 0, &gid) == 0)
-		memcpy(dev->gid.raw, gid.raw, 16);
-	snprintf(dev->gid.reason, sizeof(dev->gid.reason), "InfiniBand: LID %u%s", dev->lid,
+		memcpy(out->raw, gid.raw, 16);
+	snprintf(out->reason, sizeof(out->reason), "InfiniBand: LID %u%s", dev->lid,
 		 dev->port_flags & IBV_QPF_GRH_REQUIRED ? ", GRH required" : "");
 }
 
-/* GID for RoCE ports; IB ports: dev_gid_ib. */
+/*
+ * The GID a connection on dev uses now, by the rules of ib_gid.h (RoCE) or
+ * gid_ib (InfiniBand), from the table as it is at this moment: init, every
+ * connect and accept, and the async thread on GID_CHANGE call it, so an
+ * address changed since init is seen (NCCL also resolves it per
+ * connection, connect.cc). 0, or -ENOENT with out->reason saying why.
+ */
+int rail_ib_dev_gid_resolve(const struct rail_ib_dev *dev, struct rail_ib_gid_choice *out)
+{
+	if (dev->link_layer != IBV_LINK_LAYER_ETHERNET) {
+		gid_ib(dev, out);
+		return 0;
+	}
+	return rail_ib_gid_select(dev->hca->name, dev->port, dev->gid_tbl_len, out);
+}
+
+/* GID at init: a RoCE port without a usable one is not used. */
 static int dev_gid(struct rail_ib_dev *dev, char *why, size_t why_len)
 {
 	char g[64];
-	int err;
+	int err = rail_ib_dev_gid_resolve(dev, &dev->gid);
 
-	if (dev->link_layer != IBV_LINK_LAYER_ETHERNET) {
-		dev_gid_ib(dev);
-		return 0;
-	}
-	err = rail_ib_gid_select(dev->hca->name, dev->port, dev->gid_tbl_len, &dev->gid);
 	if (err) {
 		snprintf(why, why_len, "%s:%d: %s", dev->hca->name, dev->port, dev->gid.reason);
 		return err;
 	}
-	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s:%d: RoCE GID index %d %s (%s)",
-		  dev->hca->name, dev->port, dev->gid.index, rail_ib_gid_str(dev->gid.raw, g,
-		  sizeof(g)), dev->gid.reason);
+	if (dev->link_layer == IBV_LINK_LAYER_ETHERNET)
+		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s:%d: RoCE GID index %d %s (%s)",
+			  dev->hca->name, dev->port, dev->gid.index,
+			  rail_ib_gid_str(dev->gid.raw, g, sizeof(g)), dev->gid.reason);
 	return 0;
 }
 

@@ -11,6 +11,16 @@
  * PCIe relaxed ordering on every kind of registration, as NCCL (reg.cc).
  * An entry records the range the NIC registered (its iova range), which for
  * DMA-BUF may start inside the first page (reg_range).
+ *
+ * deregMr runs on NCCL's service thread while isend/irecv/test may run on
+ * the progress thread for the same comm, so it touches nothing the data
+ * path owns: it releases the cache entries (the MRs go when unreferenced, so
+ * the NIC can no longer reach memory given back) and pushes the handle onto
+ * the comm's dead_mhs stack. The progress thread, at its next call
+ * (rail_ib_comm_check), looks for requests still using a dead handle (an
+ * abort): if there is one, it stops the QPs itself and the comm fails with
+ * a WARN naming deregMr; then it frees the handles. No lock on the data
+ * path: one atomic load per call.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -250,10 +260,16 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 	return 0;
 }
 
-void rail_ib_mr_deregister(struct rail_ib_mh *mh)
+static void mr_release(struct rail_ib_mh *mh)
 {
 	for (int i = 0; i < mh->ndevs; i++)
 		cache_put(mh->hca[i], mh->ent[i]);
+	mh->ndevs = 0;
+}
+
+void rail_ib_mr_deregister(struct rail_ib_mh *mh)
+{
+	mr_release(mh);
 	mh->magic = 0;
 	free(mh);
 }
@@ -311,7 +327,7 @@ int rail_ib_reg_mr_dmabuf(struct rail_comm *comm, void *data, size_t size, int t
 	return reg_common(comm, data, size, type | RAIL_PTR_CUDA, fd, offset, mhandle);
 }
 
-/* A request of this comm whose memory in mh the NIC may still read or write. */
+/* Progress thread: a request of this comm whose memory in mh the NIC may still read or write. */
 static int mh_in_flight(struct rail_ib_comm *c, const struct rail_ib_mh *mh)
 {
 	for (uint32_t i = 0; i < c->base.reqs.capacity; i++) {
@@ -328,10 +344,49 @@ static int mh_in_flight(struct rail_ib_comm *c, const struct rail_ib_mh *mh)
 	return 0;
 }
 
+int rail_ib_mr_reap(struct rail_ib_comm *c, const char *call)
+{
+	struct rail_ib_mh *mh = atomic_exchange_explicit(&c->dead_mhs, NULL, memory_order_acquire);
+	char why[160];
+	int busy = 0;
+
+	while (mh) {
+		struct rail_ib_mh *next = mh->dead_next;
+
+		busy |= !c->error && mh_in_flight(c, mh);
+		free(mh);
+		mh = next;
+	}
+	if (!busy)
+		return 0;
+	/*
+	 * Deregistering memory a request still uses (an abort): stop the
+	 * connection, so that no message completes with whatever the memory
+	 * holds next, and nothing lands in it through a registration shared
+	 * with another handle.
+	 */
+	snprintf(why, sizeof(why), "%s after deregMr of a buffer a request in flight still uses "
+		 "(deregister only buffers whose requests completed)", call);
+	rail_ib_comm_quiesce(c, why);
+	return c->error;
+}
+
+void rail_ib_mr_dead_free(struct rail_ib_comm *c)
+{
+	struct rail_ib_mh *mh = atomic_exchange(&c->dead_mhs, NULL);
+
+	while (mh) {
+		struct rail_ib_mh *next = mh->dead_next;
+
+		free(mh);
+		mh = next;
+	}
+}
+
 int rail_ib_dereg_mr(struct rail_comm *comm, void *mhandle)
 {
 	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
-	struct rail_ib_mh *mh = mhandle;
+	struct rail_ib_mh *mh = mhandle, *head;
 
 	if (!mh)
 		return 0;
@@ -339,13 +394,14 @@ int rail_ib_dereg_mr(struct rail_comm *comm, void *mhandle)
 		RAIL_WARN("deregMr: %p is not a registration of the verbs transport", mhandle);
 		return -EINVAL;
 	}
-	/*
-	 * Deregistering memory the NIC may still read or write (an abort): stop
-	 * the connection first, so that no message completes with whatever the
-	 * memory holds next, and nothing lands in memory given back.
-	 */
-	if (mh_in_flight(c, mh))
-		rail_ib_comm_quiesce(c, "deregMr of a buffer with requests in flight");
-	rail_ib_mr_deregister(mh);
+	/* Service thread: release the MRs, leave the requests to the progress thread. */
+	mh->magic = 0;
+	mr_release(mh);
+	head = atomic_load_explicit(&c->dead_mhs, memory_order_relaxed);
+	do {
+		mh->dead_next = head;
+	} while (!atomic_compare_exchange_weak_explicit(&c->dead_mhs, &head, mh,
+							memory_order_release,
+							memory_order_relaxed));
 	return 0;
 }

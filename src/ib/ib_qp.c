@@ -79,6 +79,28 @@ static int alloc_ctrl(struct rail_ib_comm *c, int is_send)
 	return 0;
 }
 
+/*
+ * A new connection on member m: its port must be up, and its GID is
+ * resolved now (a change since init is seen). The port's PORT_ERR count is
+ * taken first, so a PORT_ERR from here on fails the comm at its next call.
+ */
+static int member_ready(struct rail_ib_comm *c, int m, const char *call)
+{
+	struct rail_ib_devres *r = &c->res[m];
+	struct rail_ib_dev *d = r->dev;
+	int err;
+
+	r->port_gen = atomic_load(&d->port_downs);
+	err = rail_ib_dev_port_up(d, call, c->peer);
+	if (err)
+		return err;
+	if (rail_ib_dev_gid_resolve(d, &r->gid) == 0)
+		return 0;
+	RAIL_WARN("%s for peer %s on %s:%d: %s", call, c->peer, d->hca->name, d->port,
+		  r->gid.reason);
+	return -EADDRNOTAVAIL;
+}
+
 int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send)
 {
 	const struct rail_ib_vdev *v = rail_ib_vdev_get(vdev);
@@ -87,8 +109,14 @@ int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send)
 		return -EINVAL;
 	c->vdev = vdev;
 	c->ndevs = v->ndevs;
-	for (int m = 0; m < v->ndevs; m++)
+	for (int m = 0; m < v->ndevs; m++) {
+		int err;
+
 		c->res[m].dev = rail_ib_dev_get(v->devs[m]);
+		err = member_ready(c, m, is_send ? "connect" : "accept");
+		if (err)
+			return err;
+	}
 	return alloc_ctrl(c, is_send);
 }
 
@@ -104,6 +132,7 @@ static void destroy_qp(struct ibv_qp *qp)
 void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 {
 	rail_ib_flush_fini(c);
+	rail_ib_mr_dead_free(c);
 	for (int i = 0; i < c->nqps; i++) {
 		if (c->qps[i].qp)
 			destroy_qp(c->qps[i].qp);
@@ -229,12 +258,22 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send)
 	return 0;
 }
 
-static void fill_grh(struct ibv_qp_attr *a, const struct rail_ib_dev *d,
+/* The GID this comm resolved for its member d (rail_ib_comm_res_init). */
+static const struct rail_ib_gid_choice *comm_gid(const struct rail_ib_comm *c,
+						 const struct rail_ib_dev *d)
+{
+	for (int m = 0; m < c->ndevs; m++)
+		if (c->res[m].dev == d)
+			return &c->res[m].gid;
+	return &c->res[0].gid;	/* not reached: every QP is on a member */
+}
+
+static void fill_grh(struct ibv_qp_attr *a, const struct rail_ib_gid_choice *g,
 		     const struct rail_ib_wire_dev *remote)
 {
 	a->ah_attr.is_global = 1;
 	memcpy(a->ah_attr.grh.dgid.raw, remote->gid, 16);
-	a->ah_attr.grh.sgid_index = (uint8_t)d->gid.index;
+	a->ah_attr.grh.sgid_index = (uint8_t)g->index;
 	a->ah_attr.grh.hop_limit = 255;
 	a->ah_attr.grh.flow_label = 0;
 }
@@ -249,13 +288,14 @@ static void fill_grh(struct ibv_qp_attr *a, const struct rail_ib_dev *d,
 static void fill_ah(struct rail_ib_comm *c, struct ibv_qp *qp, struct ibv_qp_attr *a,
 		    const struct rail_ib_dev *d, const struct rail_ib_wire_dev *remote)
 {
-	unsigned local_subnet = rail_ib_gid_subnet(d->gid.raw);
+	const struct rail_ib_gid_choice *g = comm_gid(c, d);
+	unsigned local_subnet = rail_ib_gid_subnet(g->raw);
 	unsigned remote_subnet = rail_ib_gid_subnet(remote->gid);
 
 	a->ah_attr.port_num = (uint8_t)d->port;
 	a->ah_attr.sl = (uint8_t)c->sl;
 	if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
-		fill_grh(a, d, remote);
+		fill_grh(a, g, remote);
 		a->ah_attr.grh.traffic_class = (uint8_t)c->tc;
 		return;
 	}
@@ -271,15 +311,16 @@ static void fill_ah(struct rail_ib_comm *c, struct ibv_qp *qp, struct ibv_qp_att
 				  "its LID %u, which routes only inside a subnet (check "
 				  "NCCL_IB_ROUTABLE_FLID_GID_INDEX on both sides)", d->hca->name, d->port,
 				  qp->qp_num, c->peer, remote_subnet, local_subnet, remote->lid);
-		fill_grh(a, d, remote);
+		fill_grh(a, g, remote);
 	} else if (d->port_flags & IBV_QPF_GRH_REQUIRED) {
-		fill_grh(a, d, remote);
+		fill_grh(a, g, remote);
 	}
 }
 
 static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
 		       const char *state, int ret, const struct rail_ib_wire_dev *remote)
 {
+	const struct rail_ib_gid_choice *lg = comm_gid(c, d);
 	char g[64], rg[64];
 	int err = rail_verbs_err(ret);
 
@@ -288,7 +329,7 @@ static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 			  "NCCL_IB_GID_INDEX (chosen %d %s: %s) and the route between the two GIDs",
 			  state, d->hca->name, d->port, qp->qp_num, c->peer,
 			  rail_ib_gid_str(remote->gid, rg, sizeof(rg)), RAIL_ERRSTR(-err),
-			  d->gid.index, rail_ib_gid_str(d->gid.raw, g, sizeof(g)), d->gid.reason);
+			  lg->index, rail_ib_gid_str(lg->raw, g, sizeof(g)), lg->reason);
 	else
 		RAIL_WARN("ibv_modify_qp(%s) on %s:%d qp 0x%x to peer %s (LID %u) failed: %s; check "
 			  "the subnet manager and NCCL_IB_SL", state, d->hca->name, d->port,
@@ -352,17 +393,19 @@ int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns
 	return 0;
 }
 
-void rail_ib_local_wire_dev(const struct rail_ib_dev *d, uint32_t rkey,
+void rail_ib_local_wire_dev(const struct rail_ib_devres *r, uint32_t rkey,
 			    struct rail_ib_wire_dev *out)
 {
+	const struct rail_ib_dev *d = r->dev;
+
 	memset(out, 0, sizeof(*out));
 	out->lid = d->lid;
 	out->port = (uint8_t)d->port;
 	out->link_layer = (uint8_t)d->link_layer;
 	out->mtu = (uint8_t)d->mtu;
-	out->gid_index = (uint8_t)d->gid.index;
+	out->gid_index = (uint8_t)r->gid.index;
 	out->ctrl_rkey = rkey;
-	memcpy(out->gid, d->gid.raw, 16);
+	memcpy(out->gid, r->gid.raw, 16);
 }
 
 /* 0, or the comm's error (logged once when it was first seen). */
@@ -372,6 +415,12 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 
 	if (rail_unlikely(c->error))
 		return c->error;
+	if (rail_unlikely(atomic_load_explicit(&c->dead_mhs, memory_order_relaxed) != NULL)) {
+		int err = rail_ib_mr_reap(c, call);
+
+		if (err)
+			return err;
+	}
 	if (rail_unlikely(ev)) {
 		RAIL_WARN("%s on a connection to peer %s: failed since async event %s", call,
 			  c->peer, rail_ibv_event_str((enum ibv_event_type)(ev - 1)));
@@ -379,10 +428,22 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 		return c->error;
 	}
 	for (int m = 0; m < c->ndevs; m++) {
-		if (rail_unlikely(atomic_load(&c->res[m].dev->hca->fatal))) {
+		const struct rail_ib_dev *d = c->res[m].dev;
+
+		if (rail_unlikely(atomic_load(&d->hca->fatal))) {
 			RAIL_WARN("%s on a connection to peer %s: device %s reported a fatal error",
-				  call, c->peer, c->res[m].dev->hca->name);
+				  call, c->peer, d->hca->name);
 			c->error = -EIO;
+			return c->error;
+		}
+		if (rail_unlikely(atomic_load_explicit(&d->port_downs, memory_order_relaxed) !=
+				  c->res[m].port_gen)) {
+			RAIL_WARN("%s on a connection to peer %s: port %s:%d went down (async event "
+				  "PORT_ERR) after the connection was made; the communicator fails. "
+				  "Check the link (ibstat, ip link, the switch port); new connections "
+				  "on the port work again once it is ACTIVE", call, c->peer,
+				  d->hca->name, d->port);
+			c->error = -ENETDOWN;
 			return c->error;
 		}
 	}

@@ -85,11 +85,18 @@ void fv_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 void fv_log_reopen(void);
 
 /* fv_verbs.c / fv_data.c */
+#define FV_EVQ 64	/* async events queued per context */
 struct fv_ctx {
 	struct verbs_context vctx;	/* ibv_context is its last member */
 	struct fv_dev *dev;
-	int async_pipe[2];
+	int async_pipe[2];	/* one byte per queued event: the async fd polls the read end */
+	struct ibv_async_event evq[FV_EVQ];	/* under fv_lock */
+	int evq_head, evq_n;
+	struct fv_ctx *next;	/* the open contexts (fv_ctxs) */
 };
+
+/* Under fv_lock: every open context, for the events a test injects (fv_ctl.c). */
+extern struct fv_ctx *fv_ctxs;
 
 struct fv_mr {
 	struct ibv_mr mr;
@@ -134,6 +141,13 @@ void fv_cq_push(struct fv_cq *cq, const struct ibv_wc *wc);
 int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int fv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
+
+/* fv_ctl.c: what tests change at run time (exported, FAKEVERBS_TEST in fakeverbs.map). */
+int fv_test_event(const char *dev, int port, int event_type);
+int fv_test_set_gid(const char *dev, int port, int index, const char *addr, int type);
+int fv_test_port_state(const char *dev, int port, int state);
+/* fv_conf.c: rewrite one GID's sysfs files (gone: the kernel's all-zero entry, no type). */
+void fv_sysfs_gid(const struct fv_dev *dev, int port, int index);
 
 /* Not in every verbs.h (rdma-core adds it with IBVERBS_1.16). */
 int ibv_query_port_speed(struct ibv_context *context, uint32_t port_num, uint64_t *port_speed);

@@ -345,27 +345,49 @@ static void put(const char *path, const char *text)
 	fclose(f);
 }
 
-static void port_sysfs(const char *base, int pn, const struct fv_port *pt)
+/* The files of GID index i under the device's sysfs directory base. */
+static void gid_sysfs(const char *base, int pn, const struct fv_port *pt, int i)
 {
 	static const char *const type_text[] = { "IB/RoCE v1\n", "IB/RoCE v1\n", "RoCE v2\n" };
 	char dir[PATH_MAX + 64], path[PATH_MAX + 96], g[64];
 
-	for (int i = 0; i < FV_MAX_GIDS; i++) {
-		if (!pt->gids[i].valid)
-			continue;
-		snprintf(dir, sizeof(dir), "%s/ports/%d/gids", base, pn);
-		mkdirs(dir);
-		snprintf(path, sizeof(path), "%s/%d", dir, i);
+	snprintf(dir, sizeof(dir), "%s/ports/%d/gids", base, pn);
+	mkdirs(dir);
+	snprintf(path, sizeof(path), "%s/%d", dir, i);
+	if (pt->gids[i].valid) {
 		fv_gid_str(&pt->gids[i].gid, g, sizeof(g) - 1);
 		strcat(g, "\n");
-		put(path, g);
-		if (pt->link_layer != IBV_LINK_LAYER_ETHERNET)
-			continue;	/* the kernel has no RoCE type for IB GIDs */
-		snprintf(dir, sizeof(dir), "%s/ports/%d/gid_attrs/types", base, pn);
-		mkdirs(dir);
-		snprintf(path, sizeof(path), "%s/%d", dir, i);
-		put(path, type_text[pt->gids[i].type]);
+	} else {
+		snprintf(g, sizeof(g), "0000:0000:0000:0000:0000:0000:0000:0000\n");
 	}
+	put(path, g);
+	if (pt->link_layer != IBV_LINK_LAYER_ETHERNET)
+		return;	/* the kernel has no RoCE type for IB GIDs */
+	snprintf(dir, sizeof(dir), "%s/ports/%d/gid_attrs/types", base, pn);
+	mkdirs(dir);
+	snprintf(path, sizeof(path), "%s/%d", dir, i);
+	if (pt->gids[i].valid)
+		put(path, type_text[pt->gids[i].type]);
+	else
+		unlink(path);	/* reading an empty entry's type fails */
+}
+
+static void port_sysfs(const char *base, int pn, const struct fv_port *pt)
+{
+	for (int i = 0; i < FV_MAX_GIDS; i++)
+		if (pt->gids[i].valid)
+			gid_sysfs(base, pn, pt, i);
+}
+
+void fv_sysfs_gid(const struct fv_dev *dev, int port, int index)
+{
+	const char *root = getenv("RAIL_FAKEVERBS_SYSFS");
+	char base[PATH_MAX];
+
+	if (!root || !root[0])
+		return;
+	snprintf(base, sizeof(base), "%s/sys/class/infiniband/%s", root, dev->ibdev.name);
+	gid_sysfs(base, port, &dev->ports[port - 1], index);
 }
 
 void fv_sysfs_write(void)

@@ -15,6 +15,7 @@
 pthread_mutex_t fv_lock = PTHREAD_MUTEX_INITIALIZER;
 
 static int open_ctxs;
+struct fv_ctx *fv_ctxs;
 static uint32_t next_qpn = 0x100, next_key = 0x1000;
 static struct fv_mr *mrs;
 static struct fv_qp *qps;
@@ -154,7 +155,8 @@ struct ibv_context *ibv_open_device(struct ibv_device *dev)
 	ctx->ops.post_recv = fv_post_recv;
 	ctx->ops.poll_cq = fv_poll_cq;
 	pthread_mutex_init(&ctx->mutex, NULL);
-	LOCKED(open_ctxs++; fv_log("ibv_open_device dev=%s", dev->name));
+	LOCKED(open_ctxs++; c->next = fv_ctxs; fv_ctxs = c;
+	       fv_log("ibv_open_device dev=%s", dev->name));
 	return ctx;
 }
 
@@ -162,7 +164,16 @@ int ibv_close_device(struct ibv_context *ctx)
 {
 	struct fv_ctx *c = (struct fv_ctx *)(void *)verbs_get_ctx(ctx);
 
-	LOCKED(open_ctxs--; fv_log("ibv_close_device dev=%s", c->dev->ibdev.name));
+	pthread_mutex_lock(&fv_lock);
+	open_ctxs--;
+	for (struct fv_ctx **p = &fv_ctxs; *p; p = &(*p)->next) {
+		if (*p == c) {
+			*p = c->next;
+			break;
+		}
+	}
+	fv_log("ibv_close_device dev=%s", c->dev->ibdev.name);
+	pthread_mutex_unlock(&fv_lock);
 	close(c->async_pipe[0]);
 	close(c->async_pipe[1]);
 	pthread_mutex_destroy(&ctx->mutex);
@@ -205,8 +216,8 @@ int ibv_query_gid(struct ibv_context *ctx, uint8_t port, int index, union ibv_gi
 
 	if (port < 1 || port > d->nports || index < 0 || index >= FV_MAX_GIDS)
 		return -1;
-	*gid = d->ports[port - 1].gids[index].gid;
-	LOCKED(fv_log("ibv_query_gid dev=%s port=%u index=%d gid=%s", d->ibdev.name, port, index,
+	LOCKED(*gid = d->ports[port - 1].gids[index].gid;	/* a test may change it */
+	       fv_log("ibv_query_gid dev=%s port=%u index=%d gid=%s", d->ibdev.name, port, index,
 		      fv_gid_str(gid, g, sizeof(g))));
 	return 0;
 }
@@ -237,14 +248,30 @@ int ibv_query_port_speed(struct ibv_context *ctx, uint32_t port, uint64_t *speed
 	return ret;
 }
 
+/* The events a test queued (fv_ctl.c), one byte each in the pipe the async fd reads. */
 int ibv_get_async_event(struct ibv_context *ctx, struct ibv_async_event *ev)
 {
+	struct fv_ctx *c = (struct fv_ctx *)(void *)verbs_get_ctx(ctx);
 	char b;
+	int got = 0;
 
-	(void)ev;
-	if (read(ctx->async_fd, &b, 1) != 1)	/* nothing is ever queued */
+	if (read(ctx->async_fd, &b, 1) != 1) {
 		errno = EAGAIN;
-	return -1;
+		return -1;
+	}
+	pthread_mutex_lock(&fv_lock);
+	if (c->evq_n) {
+		*ev = c->evq[c->evq_head];
+		c->evq_head = (c->evq_head + 1) % FV_EVQ;
+		c->evq_n--;
+		got = 1;
+		fv_log("ibv_get_async_event dev=%s event=%d port=%d", c->dev->ibdev.name,
+		       ev->event_type, ev->element.port_num);
+	}
+	pthread_mutex_unlock(&fv_lock);
+	if (!got)
+		errno = EAGAIN;
+	return got ? 0 : -1;
 }
 
 void ibv_ack_async_event(struct ibv_async_event *ev)
@@ -254,7 +281,16 @@ void ibv_ack_async_event(struct ibv_async_event *ev)
 
 const char *ibv_event_type_str(enum ibv_event_type type)
 {
-	return type == IBV_EVENT_DEVICE_FATAL ? "local catastrophic error" : "async event";
+	switch (type) {
+	case IBV_EVENT_DEVICE_FATAL: return "local catastrophic error";
+	case IBV_EVENT_PORT_ACTIVE: return "port active";
+	case IBV_EVENT_PORT_ERR: return "port error";
+	case IBV_EVENT_GID_CHANGE: return "GID table change";
+	case IBV_EVENT_LID_CHANGE: return "LID change";
+	case IBV_EVENT_QP_FATAL: return "local work queue catastrophic error";
+	case IBV_EVENT_CQ_ERR: return "CQ error";
+	default: return "async event";
+	}
 }
 
 const char *ibv_wc_status_str(enum ibv_wc_status status)
