@@ -86,6 +86,7 @@ struct rail_ib_dev {
 	char nccl_pci_path[PATH_MAX];
 	int nccl_port;
 	int rail, plane;	/* from NCCL_IB_HCA, -1 unset */
+	int ar;			/* adaptive routing: NCCL_IB_ADAPTIVE_ROUTING, else IB only */
 	atomic_int port_err;	/* PORT_ERR seen */
 };
 
@@ -285,6 +286,8 @@ struct rail_ib_comm {
 	int nqps;
 	struct rail_ib_qp qps[RAIL_IB_MAX_QPS];
 	int split;			/* NCCL_IB_SPLIT_DATA_ON_QPS */
+	int ar;				/* sender: every member has adaptive routing */
+	uint64_t ar_threshold;		/* larger messages end with a 0-byte write with imm */
 	int tc, sl;
 	char peer[RAIL_ADDR_STRLEN];
 	atomic_int fatal;		/* async event on one of our QPs/CQs */

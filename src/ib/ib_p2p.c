@@ -313,7 +313,8 @@ static int batch_post_qp(struct rail_ib_comm *c, int qpi, int j, int count,
 
 		last = wr_add(&l, (uintptr_t)sz, (uint32_t)b->nreqs * 4,
 			      c->res[q->member].scratch_mr->lkey, cmpl, cmpl_rkey, q->max_inline, 1);
-	} else if (b->nreqs > 1 || l.n == 0) {
+	} else if (b->nreqs > 1 || l.n == 0 || (c->ar && lead->sizes[0] > c->ar_threshold)) {
+		/* Adaptive routing may reorder writes; a write with immediate it does not. */
 		last = wr_add(&l, 0, 0, 0, cmpl, cmpl_rkey, 0, 0);
 	} else {
 		last = &l.wr[l.n - 1];

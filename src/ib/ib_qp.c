@@ -87,8 +87,13 @@ int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send)
 		return -EINVAL;
 	c->vdev = vdev;
 	c->ndevs = v->ndevs;
-	for (int m = 0; m < v->ndevs; m++)
+	/* NCCL (connect.cc): adaptive routing when every fused device has it. */
+	c->ar = 1;
+	c->ar_threshold = (uint64_t)rail_param_int(RAIL_P_IB_AR_THRESHOLD);
+	for (int m = 0; m < v->ndevs; m++) {
 		c->res[m].dev = rail_ib_dev_get(v->devs[m]);
+		c->ar = c->ar && c->res[m].dev->ar;
+	}
 	return alloc_ctrl(c, is_send);
 }
 
