@@ -371,6 +371,18 @@ struct rail_ib_req {
 	int had_cts;
 };
 
+/*
+ * QPs that carry one message, as NCCL (common.h): every QP with
+ * NCCL_IB_SPLIT_DATA_ON_QPS=1, else one per device of the larger side, so
+ * that a fused NIC stripes every message over all its members. nqps is a
+ * multiple of it, and QP i is on member i % ndevs: the QPs of a set (a
+ * block of consecutive ones) cover every member of both sides.
+ */
+static inline int rail_ib_qps_per_msg(const struct rail_ib_comm *c)
+{
+	return c->split ? c->nqps : c->ndevs > c->remote_ndevs ? c->ndevs : c->remote_ndevs;
+}
+
 /* ib_qp.c */
 int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send);
 void rail_ib_comm_res_fini(struct rail_ib_comm *c);

@@ -25,13 +25,18 @@
  * size, rkey per member device, tag, ord, n, idx, credits, seq = CTS number
  * + 1} in one RDMA WRITE (inline when it fits, signaled every 16th per QP)
  * into the sender's FIFO slot (CTS number % 64), after posting one receive
- * WR on each QP of the CTS's set (QP num % nqps, or every QP with
- * NCCL_IB_SPLIT_DATA_ON_QPS=1). The sender takes CTSes in order. On
+ * WR on each QP of the CTS's set. A set is P consecutive QPs, P = the
+ * larger side's device count (every QP with NCCL_IB_SPLIT_DATA_ON_QPS=1),
+ * so that it spans every member device of a fused NIC on both sides; CTS
+ * num uses set num % (nqps / P). The sender takes CTSes in order. On
  * loading one it marks the entries whose (T, ord) it already sent eagerly;
  * a send whose (T, ord) is in the current CTS goes there (a send larger
  * than the entry is refused: a REFUSED immediate, both sides fail). Once
  * every entry has its send or went eagerly, the sender posts, per QP of the
- * set, the data RDMA WRITEs chained, the last an RDMA WRITE WITH IMMEDIATE:
+ * set, the data RDMA WRITEs chained (each message split in P pieces of
+ * ceil(size / P) rounded up to 128 bytes, as NCCL; a QP past the end gets
+ * none), the last an RDMA WRITE WITH IMMEDIATE (a separate zero-byte one
+ * with adaptive routing when the message exceeds NCCL_IB_AR_THRESHOLD):
  *   n == 1: imm = size, or EAGER (the message went through the ring);
  *   n  > 1: imm = MULTI|n, and the first QP of the set writes the n sizes
  *           (EAGER for ring messages) into the completion record of the slot.
@@ -96,8 +101,10 @@
 
 void rail_ib_qp_set(const struct rail_ib_comm *c, uint64_t num, int *first, int *count)
 {
-	*first = c->split ? 0 : (int)(num % (uint64_t)c->nqps);
-	*count = c->split ? c->nqps : 1;
+	int per = rail_ib_qps_per_msg(c);
+
+	*first = (int)(num % (uint64_t)(c->nqps / per)) * per;
+	*count = per;
 }
 
 int rail_ib_post_send(struct rail_ib_comm *c, int qpi, struct ibv_send_wr *wr, const char *what)

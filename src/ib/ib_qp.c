@@ -222,7 +222,6 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send)
 
 		q->member = i % c->ndevs;
 		q->remote_member = i % c->remote_ndevs;
-		q->ans_next = c->split ? 0 : (uint64_t)i;	/* the first CTS answered here */
 		q->qp = rail_ib_qp_new(c, q->member, is_send ? SEND_DEPTH : CTS_DEPTH,
 				       is_send ? 1 : RECV_DEPTH, IBV_ACCESS_REMOTE_WRITE, &err);
 		if (!q->qp)
@@ -231,6 +230,9 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send)
 		q->max_inline = rail_param_int(RAIL_P_IB_USE_INLINE)
 					? (uint32_t)c->res[q->member].dev->hca->max_inline : 0;
 	}
+	/* The first CTS answered on QP i: the sets are blocks, taken in turn (rail_ib_qp_set). */
+	for (int i = 0; i < nqps; i++)
+		c->qps[i].ans_next = (uint64_t)(i / rail_ib_qps_per_msg(c));
 	return 0;
 }
 

@@ -128,12 +128,103 @@ static void test_ar_variable(void **state)
 	fake_stop(F);
 }
 
+/* ---- fused NICs ------------------------------------------------------------ */
+
+static const char roce_2dev[] = "device mlx5_0 pci=0000:1b:00.0\n"
+				"port 1 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::1 type=v1\n"
+				"gid 1 ::ffff:10.1.0.1 type=v2\n"
+				"device mlx5_1 pci=0000:3d:00.0\n"
+				"port 1 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::2 type=v1\n"
+				"gid 1 ::ffff:10.2.0.1 type=v2\n";
+
+/* A connection between two fused NICs of mlx5_0 + mlx5_1. */
+static struct fake *fused_start(const char *conf)
+{
+	struct fake *F = fake_start(conf);
+	int devs[2] = { 0, 1 }, v = -1;
+
+	assert_int_equal(F->ndev, 2);
+	assert_int_equal(rail_net_make_vdevice(&v, 2, devs, 8), ncclSuccess);
+	fake_connect(F, v, v, -1);
+	return F;
+}
+
+/* Data writes of n bytes on dev: each has its immediate (no AR on RoCE). */
+static int pieces(struct fake *F, const char *dev, size_t n)
+{
+	char len[32];
+
+	snprintf(len, sizeof(len), " len=%zu ", n);
+	return log_count(F, "ibv_post_send", dev, len);
+}
+
+/*
+ * NCCL (p2p.cc ncclIbMultiSend): a message is split over one QP per device
+ * of the fused NIC, in pieces of ceil(size / ndevs) rounded up to 128
+ * bytes; every message uses both devices.
+ */
+static void test_fused_striped(void **state)
+{
+	struct fake *F;
+	void *smh = NULL, *rmh = NULL;
+	static const size_t sizes[] = { BIG, 10000, BIG, BIG };
+
+	(void)state;
+	F = fused_start(roce_2dev);
+	fill(BIG);
+	assert_int_equal(rail_net_reg_mr(F->sc, sbuf, BIG, NCCL_PTR_HOST, &smh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(F->rc, rbuf, BIG, NCCL_PTR_HOST, &rmh), ncclSuccess);
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		memset(rbuf, 0, BIG);
+		assert_int_equal(fake_xfer(F, sbuf, smh, sizes[i], rbuf, rmh, BIG, 3), sizes[i]);
+		assert_memory_equal(sbuf, rbuf, sizes[i]);
+	}
+	assert_int_equal(pieces(F, "dev=mlx5_0 ", BIG / 2), 3);
+	assert_int_equal(pieces(F, "dev=mlx5_1 ", BIG / 2), 3);
+	/* 10000: 5120 (ceil(5000) to 128) + 4880 */
+	assert_int_equal(pieces(F, "dev=mlx5_", 5120) + pieces(F, "dev=mlx5_", 4880), 2);
+	assert_int_equal(pieces(F, "dev=mlx5_0 ", 5120) + pieces(F, "dev=mlx5_0 ", 4880), 1);
+	assert_int_equal(pieces(F, "dev=mlx5_", BIG), 0);
+	assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE_WITH_IMM", " len=32768 "),
+			 6);
+	assert_int_equal(rail_net_dereg_mr(F->sc, smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), ncclSuccess);
+	fake_stop(F);
+}
+
+/* A message smaller than one 128-byte piece: the second device gets a zero-byte answer. */
+static void test_fused_small(void **state)
+{
+	struct fake *F;
+	void *smh = NULL, *rmh = NULL;
+	char line[LINE];
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_EAGER", "0", 1);	/* every message through a CTS */
+	F = fused_start(roce_2dev);
+	fill(100);
+	assert_int_equal(rail_net_reg_mr(F->sc, sbuf, 100, NCCL_PTR_HOST, &smh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(F->rc, rbuf, BIG, NCCL_PTR_HOST, &rmh), ncclSuccess);
+	assert_int_equal(fake_xfer(F, sbuf, smh, 100, rbuf, rmh, BIG, 3), 100);
+	assert_memory_equal(sbuf, rbuf, 100);
+	assert_int_equal(pieces(F, "dev=mlx5_", 100), 1);
+	assert_true(log_find(F, 0, line, "ibv_post_send", "opcode=RDMA_WRITE_WITH_IMM", " len=0 "));
+	assert_int_equal(ntohl((uint32_t)kvnum(line, "imm")), 100);
+	assert_int_equal(rail_net_dereg_mr(F->sc, smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), ncclSuccess);
+	fake_stop(F);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_ar_ib_large, fake_teardown),
 		cmocka_unit_test_teardown(test_ar_ib_threshold, fake_teardown),
 		cmocka_unit_test_teardown(test_ar_variable, fake_teardown),
+		cmocka_unit_test_teardown(test_fused_striped, fake_teardown),
+		cmocka_unit_test_teardown(test_fused_small, fake_teardown),
 	};
 
 	if (!fake_find_lib()) {
