@@ -210,6 +210,7 @@ struct rail_ib_tag {
 	uint32_t next;		/* ordinal of the next send (sender) or entry (receiver) */
 	uint32_t want;		/* CTS asked (sender) / owed (receiver) up to this ordinal */
 	int wanted;		/* want is set */
+	int cts_big;		/* sender: its last CTS entry was larger than the ring takes */
 };
 struct rail_ib_tags {
 	int n, cap;

@@ -67,10 +67,12 @@
  * Want. A sender that cannot send (T, ord) now -- out of credits, or the
  * message cannot go eagerly (GPU memory, > 4 KiB) and the current CTS has
  * no entry for it -- writes a want {T, ord, seq} into the receiver's want
- * word: at once when out of credits, after 100 us for a small GPU message
- * and after 2 ms for a large one (whose CTS normally comes by itself; it
- * does not when the receive is small: an error the CTS then reports); one
- * want at a time, the next after the receiver acknowledged it. The receiver
+ * word: at once when out of credits or for a small GPU message (its receive
+ * may be small, and small host receives get no CTS unasked), unless the
+ * tag's last CTS entry was larger than the ring takes; then, as for a large
+ * message, after 2 ms (its CTS normally comes by itself; it does not when
+ * the receive is small: an error the CTS then reports); one want at a
+ * time, the next after the receiver acknowledged it. The receiver
  * then returns its credits (acknowledging), writes a CTS for every receive
  * in flight that has none, and writes one at irecv for buffers (T, <= ord).
  * So the sender never waits for something the receiver does not know of,
@@ -206,6 +208,8 @@ static int batch_load(struct rail_ib_comm *c)
 			c->error = -ENOMEM;
 			return -ENOMEM;
 		}
+		/* Receives of this tag are large: their CTSes come by themselves. */
+		t->cts_big = b->cts[i].size > c->eager_max;
 		/* Already sent: it went through the eager ring. */
 		if (rail_ib_before(b->cts[i].ord, t->next)) {
 			b->eager |= (uint8_t)(1u << i);

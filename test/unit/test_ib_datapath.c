@@ -217,6 +217,57 @@ static void test_fused_small(void **state)
 	fake_stop(F);
 }
 
+/* ---- small sends from GPU memory -------------------------------------------- */
+
+#define GPU_MSGS 200
+#define GPU_MSG_BYTES 64
+
+static int cmp_u64(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/*
+ * A small message from GPU memory (a DMA-BUF registration: the fake skips
+ * its copies) cannot go through the ring, and a small host receive gets no
+ * CTS unasked: the sender asks (a want) at once, not after 100 us. The
+ * fake's data path is in-process, so a message takes a few microseconds.
+ */
+static void test_small_gpu_send_no_wait(void **state)
+{
+	static uint64_t ns[GPU_MSGS];
+	struct fake *F;
+	void *smh = NULL, *rmh = NULL;
+
+	(void)state;
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	assert_int_equal(rail_net_reg_mr_dmabuf(F->sc, sbuf, 4096, NCCL_PTR_CUDA, 0, 77, &smh),
+			 ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(F->rc, rbuf, 4096, NCCL_PTR_HOST, &rmh), ncclSuccess);
+	for (int i = 0; i < GPU_MSGS; i++) {
+		uint64_t t0 = rail_now_ns();
+
+		assert_int_equal(fake_xfer(F, sbuf, smh, GPU_MSG_BYTES, rbuf, rmh, GPU_MSG_BYTES, 9),
+				 GPU_MSG_BYTES);
+		ns[i] = rail_now_ns() - t0;
+	}
+	qsort(ns, GPU_MSGS, sizeof(ns[0]), cmp_u64);
+	print_message("small GPU send to a host receive: median %.1f us, p90 %.1f us\n",
+		      (double)ns[GPU_MSGS / 2] / 1e3, (double)ns[GPU_MSGS * 9 / 10] / 1e3);
+	/* nothing went through the ring; every message asked for its CTS */
+	assert_int_equal(log_count(F, "ibv_post_send", " len=64 ", "opcode=RDMA_WRITE_WITH_IMM"),
+			 GPU_MSGS);
+	if (ns[GPU_MSGS / 2] >= 30000)
+		fail_msg("median %.1f us per message: the sender waits before asking for a "
+			 "clear-to-send", (double)ns[GPU_MSGS / 2] / 1e3);
+	assert_int_equal(rail_net_dereg_mr(F->sc, smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), ncclSuccess);
+	fake_stop(F);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -225,6 +276,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_ar_variable, fake_teardown),
 		cmocka_unit_test_teardown(test_fused_striped, fake_teardown),
 		cmocka_unit_test_teardown(test_fused_small, fake_teardown),
+		cmocka_unit_test_teardown(test_small_gpu_send_no_wait, fake_teardown),
 	};
 
 	if (!fake_find_lib()) {
