@@ -92,6 +92,7 @@ struct rail_ib_dev {
 	char nccl_pci_path[PATH_MAX];
 	int nccl_port;
 	int rail, plane;	/* from NCCL_IB_HCA, -1 unset */
+	int ar;			/* adaptive routing: NCCL_IB_ADAPTIVE_ROUTING, else IB only */
 	/* async thread: the last port event was PORT_ERR (new connections refused) */
 	atomic_int port_err;
 	/* PORT_ERR events seen: a comm made before the last one fails (rail_ib_comm_check) */
@@ -234,6 +235,7 @@ struct rail_ib_tag {
 	uint32_t next;		/* ordinal of the next send (sender) or entry (receiver) */
 	uint32_t want;		/* CTS asked (sender) / owed (receiver) up to this ordinal */
 	int wanted;		/* want is set */
+	int cts_big;		/* sender: its last CTS entry was larger than the ring takes */
 };
 struct rail_ib_tags {
 	int n, cap;
@@ -309,9 +311,14 @@ struct rail_ib_comm {
 	struct rail_ib_devres res[RAIL_MAX_VDEV_DEVS];
 	int remote_ndevs;
 	struct rail_ib_wire_dev remote[RAIL_MAX_VDEV_DEVS];
+	/* ECE per member (vendor_id 0: none): offered, then (sender) settled; the peer's */
+	struct rail_ib_ece ece[RAIL_MAX_VDEV_DEVS];
+	struct rail_ib_ece remote_ece[RAIL_MAX_VDEV_DEVS];
 	int nqps;
 	struct rail_ib_qp qps[RAIL_IB_MAX_QPS];
 	int split;			/* NCCL_IB_SPLIT_DATA_ON_QPS */
+	int ar;				/* sender: every member has adaptive routing */
+	uint64_t ar_threshold;		/* larger messages end with a 0-byte write with imm */
 	int tc, sl;
 	char peer[RAIL_ADDR_STRLEN];
 	atomic_int fatal;		/* async event on one of our QPs/CQs */
@@ -401,6 +408,18 @@ struct rail_ib_req {
 	int had_cts;
 };
 
+/*
+ * QPs that carry one message, as NCCL (common.h): every QP with
+ * NCCL_IB_SPLIT_DATA_ON_QPS=1, else one per device of the larger side, so
+ * that a fused NIC stripes every message over all its members. nqps is a
+ * multiple of it, and QP i is on member i % ndevs: the QPs of a set (a
+ * block of consecutive ones) cover every member of both sides.
+ */
+static inline int rail_ib_qps_per_msg(const struct rail_ib_comm *c)
+{
+	return c->split ? c->nqps : c->ndevs > c->remote_ndevs ? c->ndevs : c->remote_ndevs;
+}
+
 /* ib_qp.c */
 int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send);
 void rail_ib_comm_res_fini(struct rail_ib_comm *c);
@@ -408,7 +427,13 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send);
 /* An RC QP on member m, in INIT; NULL with *err (logged). */
 struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int recv_wr,
 			      int access, int *err);
+/* RTR + RTS of every QP, each after ibv_set_ece(the peer's ECE) where both sides have one. */
 int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns);
+/*
+ * ECE of each member's QPs (ibv_query_ece on its first QP) into c->ece and
+ * out: the number of entries (ndevs), 0 when no member has ECE.
+ */
+int rail_ib_comm_ece_query(struct rail_ib_comm *c, struct rail_ib_ece *out);
 void rail_ib_local_wire_dev(const struct rail_ib_devres *r, uint32_t rkey,
 			    struct rail_ib_wire_dev *out);
 int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,

@@ -400,13 +400,18 @@ static int sender_setup(struct rail_ib_hs *hs)
 	for (int i = 0; i < m->ndevs; i++)
 		c->remote_cmpl_rkey[i] = m->devs[i].ctrl_rkey;
 	sender_eager(hs, m);
+	memcpy(c->remote_ece, m->ece, sizeof(m->ece[0]) * (size_t)m->nece);
 	err = rail_ib_comm_qps_create(c, m->nqps, 1);
-	if (!err)
+	if (!err) {
+		rail_ib_comm_ece_query(c, NULL);	/* whether ours have ECE at all */
 		err = rail_ib_comm_qps_connect(c, m->qpn);
+	}
 	if (err)
 		return err;
 	memset(&r, 0, sizeof(r));
 	r.type = RAIL_IB_MSG_READY;
+	/* The ECE our QPs settled on with the receiver's, which it then sets on its QPs. */
+	r.nece = m->nece ? rail_ib_comm_ece_query(c, r.ece) : 0;
 	r.nqps = c->nqps;
 	for (int i = 0; i < c->nqps; i++)
 		r.qpn[i] = c->qps[i].qp->qp_num;
@@ -563,6 +568,7 @@ static int receiver_accept_msg(struct rail_ib_hs *hs)
 	m.ctrl_addr = (uintptr_t)c->cmpl;
 	m.tc = c->tc;
 	m.sl = c->sl;
+	m.nece = rail_ib_comm_ece_query(c, m.ece);	/* NCCL's requestor side */
 	if (rail_ib_eager_possible(c)) {
 		c->eager_slots = RAIL_IB_EAGER_SLOTS;
 		c->eager_slot_bytes = RAIL_IB_EAGER_SLOT;
@@ -647,6 +653,7 @@ static int receiver_on_ready(struct rail_ib_hs *hs, const struct rail_ib_msg *m)
 	}
 	c->remote_fifo_addr = m->ctrl_addr;
 	c->remote_credit_addr = m->aux_addr;
+	memcpy(c->remote_ece, m->ece, sizeof(m->ece[0]) * (size_t)m->nece);
 	for (int i = 0; i < m->ndevs; i++)
 		c->remote_fifo_rkey[i] = m->devs[i].ctrl_rkey;
 	hs_spawn(hs, receiver_connect, HS_DONE);

@@ -26,8 +26,8 @@
 #include "rail.h"
 
 #define EAGER_QP 0
-#define WANT_SMALL_NS 100000ull		/* a small message from GPU memory */
-#define WANT_LARGE_NS 2000000ull	/* a large one: its CTS normally comes by itself */
+/* A message the ring cannot take whose CTS normally comes by itself (a large receive). */
+#define WANT_LARGE_NS 2000000ull
 #define CREDIT_QP 0
 #define RECV_CTL_LIMIT 120		/* as for CTS writes (ib_recv.c) */
 
@@ -133,7 +133,11 @@ int rail_ib_want_maybe(struct rail_ib_comm *c, struct rail_ib_tag *t, size_t siz
 {
 	struct rail_ib_qp *q = &c->qps[EAGER_QP];
 	uint8_t *stage = c->sizes + RAIL_IB_WANT_STAGE_OFF;
-	uint64_t delay = no_credit ? 0 : size > c->eager_max ? WANT_LARGE_NS : WANT_SMALL_NS;
+	/*
+	 * A small message from GPU memory fits a small receive, which gets no
+	 * CTS unasked: ask at once, unless this tag's receives are large.
+	 */
+	uint64_t delay = !no_credit && (size > c->eager_max || t->cts_big) ? WANT_LARGE_NS : 0;
 	struct rail_ib_want w;
 	int err;
 

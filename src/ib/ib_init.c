@@ -248,6 +248,7 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 		     const struct rail_ib_port_info *pi, const struct rail_match_entry *entry)
 {
 	char path[256];
+	int ar;
 
 	memset(dev, 0, sizeof(*dev));
 	dev->hca = hca;
@@ -260,6 +261,9 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 	dev->speed = pi->speed;
 	dev->gid_tbl_len = pi->attr.gid_tbl_len;
 	dev->guid = hca->attr.sys_image_guid;
+	/* NCCL (init.cc): on for InfiniBand by default, else as the variable says. */
+	ar = (int)rail_param_int(RAIL_P_IB_ADAPTIVE_ROUTING);
+	dev->ar = ar >= 0 ? ar : dev->link_layer == IBV_LINK_LAYER_INFINIBAND;
 	dev->rail = entry ? entry->rail : -1;
 	dev->plane = entry ? entry->plane : -1;
 	/* NCCL_IB_HCA's :rail:plane win; otherwise the rail comes from the topology. */

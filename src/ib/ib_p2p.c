@@ -25,13 +25,18 @@
  * size, rkey per member device, tag, ord, n, idx, credits, seq = CTS number
  * + 1} in one RDMA WRITE (inline when it fits, signaled every 16th per QP)
  * into the sender's FIFO slot (CTS number % 64), after posting one receive
- * WR on each QP of the CTS's set (QP num % nqps, or every QP with
- * NCCL_IB_SPLIT_DATA_ON_QPS=1). The sender takes CTSes in order. On
+ * WR on each QP of the CTS's set. A set is P consecutive QPs, P = the
+ * larger side's device count (every QP with NCCL_IB_SPLIT_DATA_ON_QPS=1),
+ * so that it spans every member device of a fused NIC on both sides; CTS
+ * num uses set num % (nqps / P). The sender takes CTSes in order. On
  * loading one it marks the entries whose (T, ord) it already sent eagerly;
  * a send whose (T, ord) is in the current CTS goes there (a send larger
  * than the entry is refused: a REFUSED immediate, both sides fail). Once
  * every entry has its send or went eagerly, the sender posts, per QP of the
- * set, the data RDMA WRITEs chained, the last an RDMA WRITE WITH IMMEDIATE:
+ * set, the data RDMA WRITEs chained (each message split in P pieces of
+ * ceil(size / P) rounded up to 128 bytes, as NCCL; a QP past the end gets
+ * none), the last an RDMA WRITE WITH IMMEDIATE (a separate zero-byte one
+ * with adaptive routing when the message exceeds NCCL_IB_AR_THRESHOLD):
  *   n == 1: imm = size, or EAGER (the message went through the ring);
  *   n  > 1: imm = MULTI|n, and the first QP of the set writes the n sizes
  *           (EAGER for ring messages) into the completion record of the slot.
@@ -62,10 +67,12 @@
  * Want. A sender that cannot send (T, ord) now -- out of credits, or the
  * message cannot go eagerly (GPU memory, > 4 KiB) and the current CTS has
  * no entry for it -- writes a want {T, ord, seq} into the receiver's want
- * word: at once when out of credits, after 100 us for a small GPU message
- * and after 2 ms for a large one (whose CTS normally comes by itself; it
- * does not when the receive is small: an error the CTS then reports); one
- * want at a time, the next after the receiver acknowledged it. The receiver
+ * word: at once when out of credits or for a small GPU message (its receive
+ * may be small, and small host receives get no CTS unasked), unless the
+ * tag's last CTS entry was larger than the ring takes; then, as for a large
+ * message, after 2 ms (its CTS normally comes by itself; it does not when
+ * the receive is small: an error the CTS then reports); one want at a
+ * time, the next after the receiver acknowledged it. The receiver
  * then returns its credits (acknowledging), writes a CTS for every receive
  * in flight that has none, and writes one at irecv for buffers (T, <= ord).
  * So the sender never waits for something the receiver does not know of,
@@ -96,8 +103,10 @@
 
 void rail_ib_qp_set(const struct rail_ib_comm *c, uint64_t num, int *first, int *count)
 {
-	*first = c->split ? 0 : (int)(num % (uint64_t)c->nqps);
-	*count = c->split ? c->nqps : 1;
+	int per = rail_ib_qps_per_msg(c);
+
+	*first = (int)(num % (uint64_t)(c->nqps / per)) * per;
+	*count = per;
 }
 
 int rail_ib_post_send(struct rail_ib_comm *c, int qpi, struct ibv_send_wr *wr, const char *what)
@@ -199,6 +208,8 @@ static int batch_load(struct rail_ib_comm *c)
 			c->error = -ENOMEM;
 			return -ENOMEM;
 		}
+		/* Receives of this tag are large: their CTSes come by themselves. */
+		t->cts_big = b->cts[i].size > c->eager_max;
 		/* Already sent: it went through the eager ring. */
 		if (rail_ib_before(b->cts[i].ord, t->next)) {
 			b->eager |= (uint8_t)(1u << i);
@@ -313,7 +324,8 @@ static int batch_post_qp(struct rail_ib_comm *c, int qpi, int j, int count,
 
 		last = wr_add(&l, (uintptr_t)sz, (uint32_t)b->nreqs * 4,
 			      c->res[q->member].scratch_mr->lkey, cmpl, cmpl_rkey, q->max_inline, 1);
-	} else if (b->nreqs > 1 || l.n == 0) {
+	} else if (b->nreqs > 1 || l.n == 0 || (c->ar && lead->sizes[0] > c->ar_threshold)) {
+		/* Adaptive routing may reorder writes; a write with immediate it does not. */
 		last = wr_add(&l, 0, 0, 0, cmpl, cmpl_rkey, 0, 0);
 	} else {
 		last = &l.wr[l.n - 1];

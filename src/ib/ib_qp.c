@@ -109,10 +109,14 @@ int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send)
 		return -EINVAL;
 	c->vdev = vdev;
 	c->ndevs = v->ndevs;
+	/* NCCL (connect.cc): adaptive routing when every fused device has it. */
+	c->ar = 1;
+	c->ar_threshold = (uint64_t)rail_param_int(RAIL_P_IB_AR_THRESHOLD);
 	for (int m = 0; m < v->ndevs; m++) {
 		int err;
 
 		c->res[m].dev = rail_ib_dev_get(v->devs[m]);
+		c->ar = c->ar && c->res[m].dev->ar;
 		err = member_ready(c, m, is_send ? "connect" : "accept");
 		if (err)
 			return err;
@@ -246,7 +250,6 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send)
 
 		q->member = i % c->ndevs;
 		q->remote_member = i % c->remote_ndevs;
-		q->ans_next = c->split ? 0 : (uint64_t)i;	/* the first CTS answered here */
 		q->qp = rail_ib_qp_new(c, q->member, is_send ? SEND_DEPTH : CTS_DEPTH,
 				       is_send ? 1 : RECV_DEPTH, IBV_ACCESS_REMOTE_WRITE, &err);
 		if (!q->qp)
@@ -255,6 +258,9 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send)
 		q->max_inline = rail_param_int(RAIL_P_IB_USE_INLINE)
 					? (uint32_t)c->res[q->member].dev->hca->max_inline : 0;
 	}
+	/* The first CTS answered on QP i: the sets are blocks, taken in turn (rail_ib_qp_set). */
+	for (int i = 0; i < nqps; i++)
+		c->qps[i].ans_next = (uint64_t)(i / rail_ib_qps_per_msg(c));
 	return 0;
 }
 
@@ -378,6 +384,70 @@ int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 	return 0;
 }
 
+/* ---- ECE (enhanced connection establishment), as NCCL (connect.cc) ----- */
+
+static int ece_unsupported(int err)
+{
+	return err == EOPNOTSUPP || err == ENOTSUP || err == ENOSYS;
+}
+
+int rail_ib_comm_ece_query(struct rail_ib_comm *c, struct rail_ib_ece *out)
+{
+	int any = 0;
+
+	memset(c->ece, 0, sizeof(c->ece));
+	for (int m = 0; m < c->ndevs && m < c->nqps; m++) {
+		struct ibv_ece e;
+		int ret;
+
+		if (!rail_param_int(RAIL_P_IB_ECE_ENABLE) || !rail_ibv.query_ece)
+			break;
+		memset(&e, 0, sizeof(e));
+		ret = rail_ibv.query_ece(c->qps[m].qp, &e);
+		if (ret) {
+			ret = rail_verbs_err(ret);
+			if (!ece_unsupported(ret))
+				RAIL_INFO(RAIL_LOG_NET, "ibv_query_ece on %s:%d qp 0x%x failed: %s; "
+					  "connection to peer %s goes without ECE",
+					  c->res[m].dev->hca->name, c->res[m].dev->port,
+					  c->qps[m].qp->qp_num, RAIL_ERRSTR(-ret), c->peer);
+			continue;
+		}
+		c->ece[m] = (struct rail_ib_ece){ e.vendor_id, e.options, e.comp_mask };
+		any |= e.vendor_id != 0;
+	}
+	if (out)
+		memcpy(out, c->ece, sizeof(c->ece[0]) * (size_t)c->ndevs);
+	return any ? c->ndevs : 0;
+}
+
+/* The peer's ECE on QP i, where both sides have one; only a real failure fails. */
+static int ece_set(struct rail_ib_comm *c, int i)
+{
+	struct rail_ib_qp *q = &c->qps[i];
+	const struct rail_ib_ece *r = &c->remote_ece[q->remote_member];
+	const struct rail_ib_dev *d = c->res[q->member].dev;
+	struct ibv_ece e;
+	int ret;
+
+	if (!c->ece[q->member].vendor_id || !r->vendor_id || !rail_ibv.set_ece)
+		return 0;
+	memset(&e, 0, sizeof(e));
+	e.vendor_id = r->vendor_id;
+	e.options = r->options;
+	e.comp_mask = r->comp_mask;
+	ret = rail_ibv.set_ece(q->qp, &e);
+	if (!ret)
+		return 0;
+	ret = rail_verbs_err(ret);
+	if (ece_unsupported(ret))
+		return 0;
+	RAIL_WARN("ibv_set_ece(vendor 0x%x, options 0x%x) on %s:%d qp 0x%x to peer %s failed: %s; "
+		  "set NCCL_IB_ECE_ENABLE=0 to connect without ECE", e.vendor_id, e.options,
+		  d->hca->name, d->port, q->qp->qp_num, c->peer, RAIL_ERRSTR(-ret));
+	return -ret;
+}
+
 int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns)
 {
 	for (int i = 0; i < c->nqps; i++) {
@@ -385,6 +455,9 @@ int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns
 		int err;
 
 		q->remote_qpn = remote_qpns[i];
+		err = ece_set(c, i);
+		if (err)
+			return err;
 		err = rail_ib_qp_rtr_rts(c, q->qp, c->res[q->member].dev, &c->remote[q->remote_member],
 					 q->remote_qpn, 0);
 		if (err)

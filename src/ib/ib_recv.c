@@ -335,7 +335,7 @@ int rail_ib_on_answer(struct rail_ib_comm *c, int qpi, int m, const struct ibv_w
 	if (qpi >= c->nqps)
 		return rail_ib_protocol_error(c, m, "receive completion on an unknown QP");
 	num = c->qps[qpi].ans_next;
-	c->qps[qpi].ans_next += c->split ? 1 : (uint64_t)c->nqps;
+	c->qps[qpi].ans_next += (uint64_t)(c->nqps / rail_ib_qps_per_msg(c));
 	st = &c->cts[num & SLOT_MASK];
 	imm = ntohl(wc->imm_data);
 	if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc->wc_flags & IBV_WC_WITH_IMM))

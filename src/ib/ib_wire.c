@@ -8,14 +8,17 @@
 
 #define DEV_SIZE 28
 #define FIXED_SIZE 52
+#define ECE_SIZE 12
 
 int rail_ib_msg_encode(const struct rail_ib_msg *m, uint8_t *buf, size_t len)
 {
 	size_t text_len = strnlen(m->text, RAIL_IB_REFUSE_TEXT);
-	size_t body = FIXED_SIZE + (size_t)m->ndevs * DEV_SIZE + (size_t)m->nqps * 4 + 1 + text_len;
+	size_t body = FIXED_SIZE + (size_t)m->ndevs * DEV_SIZE + (size_t)m->nqps * 4 + 1 + text_len +
+		      1 + (size_t)m->nece * ECE_SIZE;
 	uint8_t *p = buf + RAIL_IB_HDR_SIZE;
 
 	if (m->ndevs < 0 || m->ndevs > RAIL_MAX_VDEV_DEVS || m->nqps < 0 || m->eager_slots < 0 ||
+	    (m->nece && m->nece != m->ndevs) ||
 	    m->eager_slots > RAIL_IB_EAGER_MAX_SLOTS ||
 	    m->nqps > RAIL_IB_WIRE_MAX_QPS || body > RAIL_IB_BODY_MAX ||
 	    len < RAIL_IB_HDR_SIZE + body)
@@ -51,6 +54,13 @@ int rail_ib_msg_encode(const struct rail_ib_msg *m, uint8_t *buf, size_t len)
 		rail_put_u32(p, m->qpn[i]);
 	*p++ = (uint8_t)text_len;
 	memcpy(p, m->text, text_len);
+	p += text_len;
+	*p++ = (uint8_t)m->nece;
+	for (int i = 0; i < m->nece; i++, p += ECE_SIZE) {
+		rail_put_u32(p, m->ece[i].vendor_id);
+		rail_put_u32(p + 4, m->ece[i].options);
+		rail_put_u32(p + 8, m->ece[i].comp_mask);
+	}
 	rail_put_u32(buf, RAIL_IB_WIRE_MAGIC);
 	rail_put_u16(buf + 4, RAIL_IB_WIRE_VERSION);
 	rail_put_u16(buf + 6, (uint16_t)m->type);
@@ -75,7 +85,7 @@ int rail_ib_msg_header(const uint8_t *hdr, int *type, char *why, size_t why_len)
 			 RAIL_IB_WIRE_VERSION);
 		return -EPROTONOSUPPORT;
 	}
-	if (t < RAIL_IB_MSG_HELLO || t > RAIL_IB_MSG_REFUSE || body < FIXED_SIZE + 1 ||
+	if (t < RAIL_IB_MSG_HELLO || t > RAIL_IB_MSG_REFUSE || body < FIXED_SIZE + 2 ||
 	    body > RAIL_IB_BODY_MAX) {
 		snprintf(why, why_len, "handshake header corrupt (type %u, length %u)", t, body);
 		return -EBADMSG;
@@ -130,7 +140,7 @@ static int check_eager(const struct rail_ib_msg *m, char *why, size_t why_len)
 int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, char *why,
 		       size_t why_len)
 {
-	const uint8_t *p = buf + RAIL_IB_HDR_SIZE;
+	const uint8_t *p = buf + RAIL_IB_HDR_SIZE, *text;
 	struct rail_ib_msg out;
 	size_t need;
 	int body, err;
@@ -167,10 +177,18 @@ int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, ch
 	out.eager_slots = rail_get_u16(p + 48);
 	need = FIXED_SIZE + (size_t)out.ndevs * DEV_SIZE + (size_t)out.nqps * 4 + 1;
 	if (out.ndevs > RAIL_MAX_VDEV_DEVS || out.nqps > RAIL_IB_WIRE_MAX_QPS ||
-	    need > (size_t)body || need + p[need - 1] != (size_t)body ||
-	    p[need - 1] > RAIL_IB_REFUSE_TEXT) {
+	    need + 1 > (size_t)body || p[need - 1] > RAIL_IB_REFUSE_TEXT ||
+	    need + p[need - 1] + 1 > (size_t)body) {
 		snprintf(why, why_len, "handshake corrupt (%d devices, %d QPs, %d body bytes)",
 			 out.ndevs, out.nqps, body);
+		return -EBADMSG;
+	}
+	text = p + need - 1;
+	out.nece = text[1 + text[0]];
+	if ((out.nece && out.nece != out.ndevs) ||
+	    need + text[0] + 1 + (size_t)out.nece * ECE_SIZE != (size_t)body) {
+		snprintf(why, why_len, "handshake corrupt (%d ECE entries for %d devices, %d body "
+			 "bytes)", out.nece, out.ndevs, body);
 		return -EBADMSG;
 	}
 	if (out.type != RAIL_IB_MSG_REFUSE &&
@@ -190,6 +208,12 @@ int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, ch
 		out.qpn[i] = rail_get_u32(p) & 0xffffff;
 	memcpy(out.text, p + 1, p[0]);
 	out.text[p[0]] = '\0';
+	p += 2 + p[0];
+	for (int i = 0; i < out.nece; i++, p += ECE_SIZE) {
+		out.ece[i].vendor_id = rail_get_u32(p);
+		out.ece[i].options = rail_get_u32(p + 4);
+		out.ece[i].comp_mask = rail_get_u32(p + 8);
+	}
 	*m = out;
 	return 0;
 }

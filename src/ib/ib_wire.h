@@ -14,11 +14,16 @@
  *   u64 eager_addr, u64 aux_addr, u32 eager_slot_bytes, u16 eager_slots, u16 0,
  *   ndevs x {u16 lid, u8 port, u8 link_layer, u8 mtu, u8 gid_index, u16 0,
  *            u32 ctrl_rkey, u8 gid[16]},
- *   nqps x u32 qpn, u8 text_len, text.
+ *   nqps x u32 qpn, u8 text_len, text,
+ *   u8 nece (0 or ndevs), nece x {u32 vendor_id, u32 options, u32 comp_mask}.
  * ACCEPT: eager_addr = the receiver's eager ring (eager_slots slots of
  * eager_slot_bytes, 0 slots: no eager path), aux_addr = its want word; both
  * inside the completion-record region (ctrl_rkey). READY: aux_addr = the
- * sender's credit word, inside its CTS FIFO region.
+ * sender's credit word, inside its CTS FIFO region. ECE (enhanced
+ * connection establishment), per device, vendor_id 0 for a device without
+ * it: an ACCEPT carries what each receiver device's QPs offer
+ * (ibv_query_ece), a READY what each sender device's QPs settled on after
+ * ibv_set_ece; none (nece 0) with NCCL_IB_ECE_ENABLE=0.
  *
  * CTS entry, 64 bytes: u64 addr, u32 size, u32 ord, u32 rkey[8] (one per
  * receiver member device), i32 tag, u8 nreqs, u8 idx, u16 0, u32 credits,
@@ -44,7 +49,7 @@
 #include "transport.h"
 
 #define RAIL_IB_WIRE_MAGIC 0x57424952u /* "RIBW" */
-#define RAIL_IB_WIRE_VERSION 2
+#define RAIL_IB_WIRE_VERSION 3
 #define RAIL_IB_HDR_SIZE 16
 #define RAIL_IB_BODY_MAX 1024
 #define RAIL_IB_WIRE_MAX_QPS 128
@@ -74,6 +79,13 @@ struct rail_ib_wire_dev {
 	uint8_t gid[16];
 };
 
+/* ECE of one device (struct ibv_ece's fields); vendor_id 0: none. */
+struct rail_ib_ece {
+	uint32_t vendor_id;
+	uint32_t options;
+	uint32_t comp_mask;
+};
+
 struct rail_ib_msg {
 	int type;
 	uint64_t nonce;
@@ -91,6 +103,8 @@ struct rail_ib_msg {
 	struct rail_ib_wire_dev devs[RAIL_MAX_VDEV_DEVS];
 	uint32_t qpn[RAIL_IB_WIRE_MAX_QPS];
 	char text[RAIL_IB_REFUSE_TEXT + 1];
+	int nece;		/* 0 or ndevs */
+	struct rail_ib_ece ece[RAIL_MAX_VDEV_DEVS];
 };
 
 /* Encode into buf (RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX); returns the length or -EINVAL. */

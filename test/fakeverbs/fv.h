@@ -128,6 +128,8 @@ struct fv_qp {
 	int access;
 	int sq_sig_all;
 	uint32_t max_inline;
+	int ece_set;		/* ibv_set_ece was called: ece_options is the settled set */
+	uint32_t ece_options;
 	int rcap, rhead, rcount;
 	struct fv_recv *rq;
 	struct fv_qp *next;

@@ -146,7 +146,7 @@ int ibv_query_ece(struct ibv_qp *qp, struct ibv_ece *ece)
 	if (!ret) {
 		memset(ece, 0, sizeof(*ece));
 		ece->vendor_id = 0x15b3;
-		ece->options = (uint32_t)q->dev->ece;
+		ece->options = q->ece_set ? q->ece_options : (uint32_t)q->dev->ece;
 	}
 	pthread_mutex_lock(&fv_lock);
 	fv_log("ibv_query_ece dev=%s qpn=0x%x ret=%d options=0x%x", q->dev->ibdev.name,
@@ -161,6 +161,11 @@ int ibv_set_ece(struct ibv_qp *qp, struct ibv_ece *ece)
 	int ret = q->dev->ece ? 0 : EOPNOTSUPP;
 
 	pthread_mutex_lock(&fv_lock);
+	if (!ret) {
+		/* as mlx5: the QP keeps the options both sides have */
+		q->ece_set = 1;
+		q->ece_options = ece->options & (uint32_t)q->dev->ece;
+	}
 	fv_log("ibv_set_ece dev=%s qpn=0x%x vendor_id=0x%x options=0x%x ret=%d",
 	       q->dev->ibdev.name, qp->qp_num, ece->vendor_id, ece->options, ret);
 	pthread_mutex_unlock(&fv_lock);

@@ -5,6 +5,7 @@
 
 #include "ib/ib_wire.h"
 #include "rail.h"
+#include "wire.h"
 
 static struct rail_ib_msg sample(int type)
 {
@@ -24,6 +25,8 @@ static struct rail_ib_msg sample(int type)
 		m.eager_slot_bytes = 4160;
 		m.eager_addr = 0x7f0012345840ull;
 		m.aux_addr = 0x7f0012345800ull;
+		m.nece = 2;	/* ECE: device 0 offers it, device 1 does not */
+		m.ece[0] = (struct rail_ib_ece){ 0x15b3, 0x30000001u, 0 };
 	} else if (type == RAIL_IB_MSG_READY) {
 		m.aux_addr = 0x7f0012346000ull;
 	}
@@ -66,6 +69,8 @@ static void test_msg_roundtrip(void **state)
 		assert_int_equal(out.eager_slot_bytes, m.eager_slot_bytes);
 		assert_memory_equal(out.devs, m.devs, sizeof(m.devs[0]) * 2);
 		assert_memory_equal(out.qpn, m.qpn, sizeof(m.qpn[0]) * (size_t)m.nqps);
+		assert_int_equal(out.nece, m.nece);
+		assert_memory_equal(out.ece, m.ece, sizeof(m.ece));
 	}
 }
 
@@ -109,6 +114,14 @@ static void test_msg_rejects(void **state)
 	buf[RAIL_IB_HDR_SIZE + 30] ^= 0x40;
 	assert_int_equal(rail_ib_msg_decode(buf, (size_t)len - 1, &out, why, sizeof(why)),
 			 -EBADMSG);
+	/* an ECE count that is neither 0 nor the device count */
+	buf[RAIL_IB_HDR_SIZE + len - RAIL_IB_HDR_SIZE - 2 * 12 - 1] = 1;
+	rail_put_u32(buf + 12, rail_fnv1a(buf + RAIL_IB_HDR_SIZE, (size_t)len - RAIL_IB_HDR_SIZE));
+	assert_int_equal(rail_ib_msg_decode(buf, (size_t)len, &out, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "ECE"));
+	m.nece = 1;
+	assert_int_equal(rail_ib_msg_encode(&m, buf, sizeof(buf)), -EINVAL);
+	m.nece = 0;
 	m.ndevs = RAIL_MAX_VDEV_DEVS + 1;
 	assert_int_equal(rail_ib_msg_encode(&m, buf, sizeof(buf)), -EINVAL);
 }

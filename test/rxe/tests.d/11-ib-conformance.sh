@@ -3,7 +3,10 @@
 # rxe1 (every ABI), both roles on rxe0 (v12), then both on a fused virtual
 # NIC of rxe0+rxe1 (makeVDevice), then
 # one device with 2 QPs per connection and the data split over them, then
-# with the eager ring off (every message through a clear-to-send).
+# with the eager ring off (every message through a clear-to-send), then
+# with adaptive routing forced on (rxe is RoCE: off by default) and a low
+# threshold, so that every message above 1 KiB ends with a zero-byte write
+# with immediate.
 # rxe-timeout: 900
 set -uo pipefail
 
@@ -30,4 +33,7 @@ NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 \
 NCCL_RAIL_IB_EAGER=0 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
     --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,close-inflight
+NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=1024 \
+    run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
+    --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional
 exit $((fails > 0))
