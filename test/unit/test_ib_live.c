@@ -6,7 +6,8 @@
  * and large messages, sender ahead of the receiver, grouped receives with
  * repeated tags, credit exhaustion while the receiver posts late, a GPU
  * buffer reached through the loopback copy, sends larger than their
- * receive), and injected failures of ibv_reg_mr, ibv_create_qp,
+ * receive; then again with each protocol of the ring forced,
+ * RAIL_TEST_EAGER_ORDERS), and injected failures of ibv_reg_mr, ibv_create_qp,
  * ibv_modify_qp and ibv_post_send: each must give a named error (call,
  * errno text, device:port, QP, peer) and leave no verbs object behind (the
  * wrapper table counts them).

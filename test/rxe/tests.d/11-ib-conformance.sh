@@ -3,7 +3,11 @@
 # rxe1 (every ABI), both roles on rxe0 (v12), then both on a fused virtual
 # NIC of rxe0+rxe1 (makeVDevice), then
 # one device with 2 QPs per connection and the data split over them, then
-# with the eager ring off (every message through a clear-to-send).
+# with the eager ring off (every message through a clear-to-send), then
+# with each protocol of the eager ring forced (NCCL_RAIL_IB_EAGER_ORDER:
+# rxe does not implement ibv_query_qp_data_in_order, so libibverbs answers
+# 0 and the default is already the order-safe one; inorder is correct on
+# rxe, which places each write in order).
 # rxe-timeout: 900
 set -uo pipefail
 
@@ -30,4 +34,9 @@ NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 \
 NCCL_RAIL_IB_EAGER=0 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
     --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,close-inflight
+for order in safe inorder; do
+    NCCL_RAIL_IB_EAGER_ORDER=$order \
+        run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 1M --abi 12 \
+        --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,many-comms
+done
 exit $((fails > 0))
