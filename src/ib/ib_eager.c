@@ -451,10 +451,10 @@ static int ring_in_order(struct rail_ib_comm *c, char *why, size_t len)
 			 "whole-message in-order placement", c->qps[EAGER_QP].qp->qp_num, ret);
 		return 1;
 	}
-	snprintf(why, len, "ibv_query_qp_data_in_order(RDMA_WRITE) on qp 0x%x answers %d: "
-		 "whole-message in-order placement is not promised (adaptive routing, out-of-order "
-		 "placement, relaxed PCIe ordering or a non-x86 host)",
-		 c->qps[EAGER_QP].qp->qp_num, ret);
+	snprintf(why, len, "ibv_query_qp_data_in_order(RDMA_WRITE) on qp 0x%x answers %d: the "
+		 "provider does not promise whole-message in-order placement (it may place out "
+		 "of order: adaptive routing, relaxed PCIe ordering, a non-x86 host; or it does "
+		 "not say)", c->qps[EAGER_QP].qp->qp_num, ret);
 	return 0;
 }
 
