@@ -8,7 +8,7 @@
 # rxe does not implement ibv_query_qp_data_in_order, so libibverbs answers
 # 0 and the default is already the order-safe one; inorder is correct on
 # rxe, which places each write in order).
-# rxe-timeout: 900
+# rxe-timeout: 1100
 set -uo pipefail
 
 conf=build/rail-conformance
