@@ -194,6 +194,8 @@ void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 #endif
 #define RAIL_IB_EAGER_SLOT (RAIL_IB_EAGER_MAX + 64)	/* payload + trailer, 64-aligned */
 #define RAIL_IB_LOOP_DEPTH (2 * RAIL_MAX_REQUESTS + RAIL_IB_EAGER_SLOTS + 8)
+/* Order-safe ring: receive WRs on the eager QP beyond the slots, posted again in batches. */
+#define RAIL_IB_RING_RECV_BATCH 16
 
 /* Control regions: CTS FIFO + credit word (sender), records + want word + ring (receiver). */
 #define RAIL_IB_FIFO_BYTES (RAIL_IB_SLOTS * RAIL_MAX_RECVS * RAIL_IB_CTS_SIZE)
@@ -337,6 +339,7 @@ struct rail_ib_comm {
 	int eager_slots;		/* ring slots (0: no eager path) */
 	uint32_t eager_slot_bytes;
 	uint32_t eager_max;		/* largest eager payload */
+	int eager_safe;			/* ring messages are writes with immediate (order-safe) */
 	/* sender */
 	uint8_t *fifo;			/* CTS entries, then the credit word */
 	uint8_t *sizes;			/* sizes records, want staging, eager staging */
@@ -367,6 +370,8 @@ struct rail_ib_comm {
 	struct rail_ib_ring_ent ring[RAIL_IB_EAGER_SLOTS];
 	uint32_t e_head;		/* eager messages consumed (a prefix) */
 	uint32_t e_seen;		/* eager messages seen arriving */
+	uint32_t e_placed;		/* order-safe: eager messages whose immediate came */
+	uint32_t ring_recvs_owed;	/* order-safe: receive WRs consumed, not posted again */
 	uint32_t e_returned;		/* consumed count last written to the sender */
 	uint32_t want_seen;		/* the sender's last want processed */
 	uint32_t fast_polls;		/* test() calls that looked at the ring only */
@@ -495,6 +500,16 @@ int rail_ib_ring_peek(struct rail_ib_comm *c);
 /* Receiver: messages already in the ring for a receive just posted. */
 int rail_ib_ring_match_recv(struct rail_ib_comm *c, struct rail_ib_req *r);
 int rail_ib_on_loop(struct rail_ib_comm *c, uint32_t slot);
+/*
+ * Receiver, once its QPs are ready: choose the ring's protocol (in-order
+ * single write, or write with immediate) from NCCL_RAIL_IB_EAGER_ORDER on
+ * both sides (peer_order: the sender's, RAIL_IB_ORDER_*) and what
+ * ibv_query_qp_data_in_order says of the eager QP; log it; post the
+ * receive WRs the order-safe protocol needs.
+ */
+int rail_ib_eager_order_setup(struct rail_ib_comm *c, int peer_order);
+/* Receiver: an eager message written with immediate (low bits of its seq) completed. */
+int rail_ib_ring_on_imm(struct rail_ib_comm *c, int qpi, int m, uint32_t seq_bits);
 /* Receiver: return credits when due (FORCE: answer a want, or say "ready"). */
 enum { RAIL_IB_CREDIT_BUSY, RAIL_IB_CREDIT_IDLE, RAIL_IB_CREDIT_FORCE };
 int rail_ib_credit_return(struct rail_ib_comm *c, int mode);

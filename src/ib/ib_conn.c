@@ -11,7 +11,8 @@
  *                                      <-- ACCEPT {devices, QPNs, completion records,
  *                                                  eager ring, want word}
  *   creates QPs, RTR + RTS
- *   READY {QPNs, CTS FIFO, credit word} -->
+ *   READY {QPNs, CTS FIFO, credit word,
+ *          eager order wanted} -->
  *   returns the comm                       RTR + RTS, returns the comm
  *
  * The sender's QPs are ready before READY leaves, and the receiver writes
@@ -417,6 +418,7 @@ static int sender_setup(struct rail_ib_hs *hs)
 		r.qpn[i] = c->qps[i].qp->qp_num;
 	r.ctrl_addr = (uintptr_t)c->fifo;
 	r.aux_addr = (uintptr_t)(c->fifo + RAIL_IB_CREDIT_OFF);
+	r.flags = (int)rail_param_int(RAIL_P_IB_EAGER_ORDER);	/* RAIL_IB_ORDER_* */
 	r.tc = c->tc;
 	r.sl = c->sl;
 	msg_devs(c, &r, 1);
@@ -598,7 +600,8 @@ static int receiver_setup(struct rail_ib_hs *hs)
 
 /*
  * Helper thread: RTR + RTS toward the sender's QPs; then, with an eager
- * ring, the first credit word: the sender writes into the ring only after
+ * ring, its protocol (in-order or order-safe, said in every credit word) and
+ * the first credit word: the sender writes into the ring only after
  * it, as a write reaching a QP not yet ready is dropped (and retried only
  * after the QP timeout).
  */
@@ -606,6 +609,8 @@ static int receiver_connect(struct rail_ib_hs *hs)
 {
 	int err = rail_ib_comm_qps_connect(hs->comm, hs->msg.qpn);
 
+	if (!err)
+		err = rail_ib_eager_order_setup(hs->comm, hs->msg.flags & RAIL_IB_READY_ORDER_MASK);
 	if (!err)
 		err = rail_ib_credit_return(hs->comm, RAIL_IB_CREDIT_FORCE);
 	return err;

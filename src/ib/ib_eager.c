@@ -11,18 +11,35 @@
  * Eager writes go on QP 0 (member 0 to the peer's member 0, whose rkey the
  * ring has), so they reach the ring in order.
  *
- * Receiver: the trailer's seq (written last: one RDMA WRITE lands in
- * address order, and the ring is registered without relaxed ordering) says
- * the slot holds message e. Each message is matched by (tag, ord) to a
- * buffer of a receive in flight, or waits in its slot until that receive is
- * posted; a consumed slot is handed back by counting the consumed prefix.
+ * Receiver, in-order protocol: the trailer's seq (written last) says the
+ * slot holds message e. That holds only where the NIC places the bytes of
+ * one write in address order and the CPU sees them so: the receiver uses it
+ * only when ibv_query_qp_data_in_order says so of the eager QP (whole
+ * message), or NCCL_RAIL_IB_EAGER_ORDER=inorder; the ring is registered
+ * without relaxed ordering.
+ *
+ * Receiver, order-safe protocol (everywhere else: adaptive routing,
+ * out-of-order placement, relaxed PCIe ordering, non-x86 hosts): the same
+ * write carries an immediate (RAIL_IB_IMM_RING, the seq's low bits), and the
+ * slot is read only once its receive completion was polled, which RC
+ * guarantees comes after the whole payload is placed. The receiver keeps
+ * slots + 16 receive WRs posted on QP 0 (posting used ones again 16 at a
+ * time): the sender has at most `slots` messages beyond the receiver's
+ * consumed count, so a write never finds the receive queue empty. Answers
+ * to CTSes on QP 0 take receive WRs from the same queue but bring their own.
+ *
+ * Either way each message is matched by (tag, ord) to a buffer of a receive
+ * in flight, or waits in its slot until that receive is posted; a consumed
+ * slot is handed back by counting the consumed prefix.
  */
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ib/ib.h"
 #include "log.h"
+#include "param.h"
 #include "rail.h"
 
 #define EAGER_QP 0
@@ -65,15 +82,25 @@ int rail_ib_eager_fits(const struct rail_ib_comm *c, size_t size, const struct r
 	return c->eager_slots && size <= c->eager_max && (!mh || !mh->gpu);
 }
 
+static const char *order_name(int safe)
+{
+	return safe ? "order-safe (each message an RDMA write with immediate, taken from the CQ)"
+		    : "in-order (each message one RDMA write, its trailer polled in memory)";
+}
+
 void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits)
 {
 	uint32_t consumed;
-	uint16_t ack;
-	int ready;
+	uint16_t ack, flags;
 
-	rail_ib_credit_decode(c->fifo + RAIL_IB_CREDIT_OFF, &consumed, &ack, &ready);
-	if (!ready)
+	rail_ib_credit_decode(c->fifo + RAIL_IB_CREDIT_OFF, &consumed, &ack, &flags);
+	if (!(flags & RAIL_IB_CREDIT_READY))
 		return;
+	if (!c->ring_ready && c->eager_slots) {
+		c->eager_safe = (flags & RAIL_IB_CREDIT_SAFE) != 0;
+		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s on %s: eager ring %s, as the "
+			  "receiver chose", c->peer, c->res[0].dev->name, order_name(c->eager_safe));
+	}
 	c->ring_ready = 1;
 	if (rail_ib_before(c->e_credit, consumed))
 		c->e_credit = consumed;
@@ -82,12 +109,38 @@ void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits)
 	c->want_ack = ack;	/* one want at a time: the latest is the one */
 }
 
+/* Order-safe: the eager write carries its seq as an immediate (signaled, as every sender write). */
+static int eager_write_imm(struct rail_ib_comm *c, const void *src, uint32_t len, uint64_t raddr,
+			   uint32_t rkey, uint32_t seq)
+{
+	struct rail_ib_qp *q = &c->qps[EAGER_QP];
+	struct ibv_sge sge = {
+		.addr = (uintptr_t)src,
+		.length = len,
+		.lkey = c->res[q->member].scratch_mr->lkey,
+	};
+	struct ibv_send_wr wr = {
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE_WITH_IMM,
+		.send_flags = IBV_SEND_SIGNALED | (len <= q->max_inline ? IBV_SEND_INLINE : 0),
+		.imm_data = htonl(rail_ib_imm_ring(seq)),
+	};
+
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	q->sq_posted++;
+	wr.wr_id = rail_ib_wrid(RAIL_IB_WR_RETIRE, EAGER_QP, q->sq_posted);
+	return rail_ib_post_send(c, EAGER_QP, &wr, "eager RDMA write with immediate");
+}
+
 int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data, size_t size,
 		       int tag, uint32_t ord, int *no_credit)
 {
-	uint32_t e = c->e_sent, mask = (uint32_t)c->eager_slots - 1, len;
+	uint32_t e = c->e_sent, mask = (uint32_t)c->eager_slots - 1, len, rkey;
 	struct rail_ib_qp *q = &c->qps[EAGER_QP];
 	struct rail_ib_eager_hdr h;
+	uint64_t raddr;
 	uint8_t *img;
 	int err;
 
@@ -111,10 +164,11 @@ int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data
 	h.ord = ord;
 	h.seq = e + 1;
 	rail_ib_eager_encode(&h, img + size);
-	err = rail_ib_ctl_write(c, EAGER_QP, img, len,
-				c->remote_ring_addr + (uint64_t)(e & mask) * c->eager_slot_bytes +
-					c->eager_slot_bytes - len,
-				c->remote_cmpl_rkey[q->remote_member], "eager RDMA write");
+	raddr = c->remote_ring_addr + (uint64_t)(e & mask) * c->eager_slot_bytes +
+		c->eager_slot_bytes - len;
+	rkey = c->remote_cmpl_rkey[q->remote_member];
+	err = c->eager_safe ? eager_write_imm(c, img, len, raddr, rkey, h.seq)
+			    : rail_ib_ctl_write(c, EAGER_QP, img, len, raddr, rkey, "eager RDMA write");
 	if (err)
 		return err;
 	c->e_sent++;
@@ -311,6 +365,8 @@ int rail_ib_ring_match_recv(struct rail_ib_comm *c, struct rail_ib_req *r)
 
 int rail_ib_ring_peek(struct rail_ib_comm *c)
 {
+	if (c->eager_safe)
+		return c->e_placed != c->e_seen;
 	return rail_ib_eager_seq(ring_slot(c, c->e_seen) + c->eager_slot_bytes -
 				 RAIL_IB_EAGER_TRAILER) == c->e_seen + 1;
 }
@@ -321,14 +377,20 @@ int rail_ib_ring_poll(struct rail_ib_comm *c)
 
 	if (!c->eager_slots)
 		return 0;
-	while (c->e_seen - c->e_head < (uint32_t)c->eager_slots) {
+	while (c->e_seen - c->e_head < (uint32_t)c->eager_slots &&
+	       (!c->eager_safe || c->e_seen != c->e_placed)) {
 		uint32_t e = c->e_seen;
 		struct rail_ib_ring_ent *s = ring_ent(c, e);
 		const uint8_t *trailer = ring_slot(c, e) + c->eager_slot_bytes - RAIL_IB_EAGER_TRAILER;
 		int err = rail_ib_eager_decode(trailer, e + 1, c->eager_max, &s->h, why, sizeof(why));
 
-		if (err == -EAGAIN)
+		if (err == -EAGAIN && !c->eager_safe)
 			break;
+		if (err == -EAGAIN) {
+			snprintf(why, sizeof(why), "eager message %u completed (write with immediate) "
+				 "but its slot holds seq %u", e, rail_ib_eager_seq(trailer));
+			err = -EBADMSG;
+		}
 		if (err) {
 			RAIL_WARN("connection from peer %s on %s: %s", c->peer, c->res[0].dev->name,
 				  why);
@@ -343,6 +405,108 @@ int rail_ib_ring_poll(struct rail_ib_comm *c)
 	}
 	ring_advance(c);
 	return 0;
+}
+
+/* ---- the ring's protocol: in-order single write or order-safe ------------ */
+
+/* Order-safe: n more receive WRs on the eager QP, one chain. */
+static int ring_recvs_post(struct rail_ib_comm *c, uint32_t n)
+{
+	struct ibv_recv_wr wrs[RAIL_IB_RING_RECV_BATCH], *bad = NULL;
+	char where[160];
+
+	while (n) {
+		uint32_t k = RAIL_MIN(n, (uint32_t)RAIL_IB_RING_RECV_BATCH);
+		int ret;
+
+		for (uint32_t i = 0; i < k; i++) {
+			memset(&wrs[i], 0, sizeof(wrs[i]));
+			wrs[i].wr_id = rail_ib_wrid(RAIL_IB_WR_RECV, EAGER_QP, 0);
+			wrs[i].next = i + 1 < k ? &wrs[i + 1] : NULL;
+		}
+		ret = rail_ibv.post_recv(c->qps[EAGER_QP].qp, wrs, &bad);
+		if (rail_unlikely(ret)) {
+			ret = rail_verbs_err(ret);
+			RAIL_WARN("ibv_post_recv (eager ring, order-safe) on %s failed: %s; the receive "
+				  "queue is full or the QP is in error", rail_ib_qp_where(c, EAGER_QP,
+				  where, sizeof(where)), RAIL_ERRSTR(-ret));
+			c->error = -ret;
+			return -ret;
+		}
+		n -= k;
+	}
+	return 0;
+}
+
+/* Whether the NIC promises whole-message in-order placement on the eager QP; why says. */
+static int ring_in_order(struct rail_ib_comm *c, char *why, size_t len)
+{
+	int ret;
+
+	if (!rail_ibv.query_qp_data_in_order) {
+		snprintf(why, len, "libibverbs lacks ibv_query_qp_data_in_order (before rdma-core "
+			 "37): in-order placement is not promised");
+		return 0;
+	}
+	ret = rail_ibv.query_qp_data_in_order(c->qps[EAGER_QP].qp, IBV_WR_RDMA_WRITE,
+					      RAIL_IBV_DATA_IN_ORDER_RETURN_CAPS);
+	if (ret > 0 && (ret & RAIL_IBV_DATA_IN_ORDER_WHOLE_MSG)) {
+		snprintf(why, len, "ibv_query_qp_data_in_order(RDMA_WRITE) on qp 0x%x answers 0x%x: "
+			 "whole-message in-order placement", c->qps[EAGER_QP].qp->qp_num, ret);
+		return 1;
+	}
+	snprintf(why, len, "ibv_query_qp_data_in_order(RDMA_WRITE) on qp 0x%x answers %d: the "
+		 "provider does not promise whole-message in-order placement (it may place out "
+		 "of order: adaptive routing, relaxed PCIe ordering, a non-x86 host; or it does "
+		 "not say)", c->qps[EAGER_QP].qp->qp_num, ret);
+	return 0;
+}
+
+int rail_ib_eager_order_setup(struct rail_ib_comm *c, int peer_order)
+{
+	int mine = (int)rail_param_int(RAIL_P_IB_EAGER_ORDER);
+	char why[300];
+
+	if (!c->eager_slots)
+		return 0;
+	if (mine == RAIL_IB_ORDER_SAFE || peer_order == RAIL_IB_ORDER_SAFE) {
+		c->eager_safe = 1;
+		snprintf(why, sizeof(why), "NCCL_RAIL_IB_EAGER_ORDER=safe on the %s",
+			 mine == RAIL_IB_ORDER_SAFE ? "receiver" : "sender");
+	} else if (mine == RAIL_IB_ORDER_INORDER || peer_order == RAIL_IB_ORDER_INORDER) {
+		c->eager_safe = 0;
+		snprintf(why, sizeof(why), "NCCL_RAIL_IB_EAGER_ORDER=inorder on the %s (only correct "
+			 "where the NIC places each write in order)",
+			 mine == RAIL_IB_ORDER_INORDER ? "receiver" : "sender");
+	} else {
+		c->eager_safe = !ring_in_order(c, why, sizeof(why));
+	}
+	RAIL_INFO(RAIL_LOG_NET, "connection from peer %s on %s: eager ring %s: %s", c->peer,
+		  c->res[0].dev->name, order_name(c->eager_safe), why);
+	if (!c->eager_safe)
+		return 0;
+	c->ring_recvs_owed = 0;
+	return ring_recvs_post(c, (uint32_t)c->eager_slots + RAIL_IB_RING_RECV_BATCH);
+}
+
+int rail_ib_ring_on_imm(struct rail_ib_comm *c, int qpi, int m, uint32_t seq_bits)
+{
+	char what[160];
+
+	if (!c->eager_safe || qpi != EAGER_QP || !c->eager_slots)
+		return rail_ib_protocol_error(c, m, "an eager message with immediate where none "
+					      "was agreed");
+	if (seq_bits != ((c->e_placed + 1) & RAIL_IB_IMM_RING_SEQ) ||
+	    c->e_placed - c->e_head >= (uint32_t)c->eager_slots) {
+		snprintf(what, sizeof(what), "eager message with seq bits 0x%x where message %u "
+			 "(%u consumed) was due", seq_bits, c->e_placed, c->e_head);
+		return rail_ib_protocol_error(c, m, what);
+	}
+	c->e_placed++;
+	if (++c->ring_recvs_owed < RAIL_IB_RING_RECV_BATCH)
+		return 0;
+	c->ring_recvs_owed = 0;
+	return ring_recvs_post(c, RAIL_IB_RING_RECV_BATCH);
 }
 
 int rail_ib_on_loop(struct rail_ib_comm *c, uint32_t slot)
@@ -393,7 +557,8 @@ int rail_ib_credit_return(struct rail_ib_comm *c, int mode)
 			return 0;
 		}
 	}
-	rail_ib_credit_encode(c->e_head, (uint16_t)c->want_seen, stage);
+	rail_ib_credit_encode(c->e_head, (uint16_t)c->want_seen,
+			      c->eager_safe ? RAIL_IB_CREDIT_SAFE : 0, stage);
 	err = rail_ib_ctl_write(c, CREDIT_QP, stage, RAIL_IB_CREDIT_SIZE, c->remote_credit_addr,
 				c->remote_fifo_rkey[q->remote_member], "credit return");
 	if (err)

@@ -15,11 +15,23 @@
  * payload, then a trailer {size, tag, ord, seq = e + 1}, seq last. The send
  * is complete at once (the data went inline into the WR, or was copied to
  * a registered staging slot); its CQE only retires the send-queue slot.
- * The receiver polls the next slot's seq in memory from irecv and test,
- * finds the buffer (T, ord) among its receives in flight (or keeps the
- * message until that receive is posted), checks the size against the
- * posted one and copies it out (into GPU memory: an RDMA WRITE on its
- * self-connected QP). No CTS, no immediate, no receive WR.
+ * The receiver learns that message e arrived in one of two ways, chosen by
+ * the receiver once its QPs are ready and told to the sender in every
+ * credit word (NCCL_RAIL_IB_EAGER_ORDER, either side's "safe" wins):
+ *   in-order: it polls the next slot's seq in memory from irecv and test.
+ *     Correct only where the bytes of one write are placed in address
+ *     order, so only where ibv_query_qp_data_in_order promises that for
+ *     the whole message; no immediate, no receive WR.
+ *   order-safe (everywhere else: adaptive routing, out-of-order placement,
+ *     relaxed PCIe ordering, non-x86 hosts; rxe, which does not answer):
+ *     the write carries an immediate (RAIL_IB_IMM_RING | seq), and the slot
+ *     is read only after its receive completion, which RC delivers after
+ *     the whole payload; the receiver keeps 64 + 16 receive WRs posted on
+ *     QP 0 for it. test() of such a receive polls the CQ.
+ * Either way it then finds the buffer (T, ord) among its receives in
+ * flight (or keeps the message until that receive is posted), checks the
+ * size against the posted one and copies it out (into GPU memory: an RDMA
+ * WRITE on its self-connected QP). No CTS.
  *
  * Clear-to-send (CTS): the receiver writes the entries of a receive {addr,
  * size, rkey per member device, tag, ord, n, idx, credits, seq = CTS number
@@ -80,7 +92,8 @@
  * the messages and a credit word per 16 of them, nothing else.
  *
  * A test() of a receive only the ring can complete looks at one word (the
- * next slot's seq) and does the full progress every 16th call.
+ * next slot's seq; order-safe: polls the CQ) and does the full progress
+ * every 16th call.
  *
  * Completion: a send request completes at post (eager; or a batch whose
  * writes are all inline, its CQE only retiring send-queue slots, bounded by

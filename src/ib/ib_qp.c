@@ -18,7 +18,8 @@
 #include "rail.h"
 
 /* Receive queue depth: one WR per QP per unanswered CTS (<= RAIL_IB_SLOTS). */
-#define RECV_DEPTH (RAIL_IB_SLOTS + 8)
+/* answers to CTSes in flight; the order-safe eager ring's receives on QP 0 (ib_eager.c) */
+#define RECV_DEPTH (RAIL_IB_SLOTS + 8 + RAIL_IB_EAGER_SLOTS + RAIL_IB_RING_RECV_BATCH)
 /*
  * Sender SQ: at most one WR per in-flight send plus one per batch, per QP,
  * plus the WRs of batches completed early (all inline), which are bounded

@@ -334,12 +334,14 @@ int rail_ib_on_answer(struct rail_ib_comm *c, int qpi, int m, const struct ibv_w
 
 	if (qpi >= c->nqps)
 		return rail_ib_protocol_error(c, m, "receive completion on an unknown QP");
-	num = c->qps[qpi].ans_next;
-	c->qps[qpi].ans_next += (uint64_t)(c->nqps / rail_ib_qps_per_msg(c));
-	st = &c->cts[num & SLOT_MASK];
 	imm = ntohl(wc->imm_data);
 	if (wc->opcode == IBV_WC_RECV_RDMA_WITH_IMM && (wc->wc_flags & IBV_WC_WITH_IMM))
 		kind = rail_ib_imm_decode(imm, &value, &idx);
+	if (kind == RAIL_IB_IMM_RING_MSG)	/* an eager message (order-safe), no answer */
+		return rail_ib_ring_on_imm(c, qpi, m, (uint32_t)value);
+	num = c->qps[qpi].ans_next;
+	c->qps[qpi].ans_next += (uint64_t)(c->nqps / rail_ib_qps_per_msg(c));
+	st = &c->cts[num & SLOT_MASK];
 	if (!st->active || st->num != num || st->left <= 0)
 		return rail_ib_protocol_error(c, m, "a write with immediate answering no "
 					      "clear-to-send");
@@ -390,6 +392,10 @@ int rail_ib_recv_fast(struct rail_ib_comm *c, struct rail_ib_req *r)
 	if (r->base.type != RAIL_REQ_RECV || r->cts >= 0 || r->loops || c->cts_owed ||
 	    !c->eager_slots || c->error || (++c->fast_polls & 15) == 0)
 		return 0;
+	/* Order-safe ring: arrivals are receive completions. */
+	err = c->eager_safe ? rail_ib_poll(c) : 0;
+	if (err)
+		return err;
 	if (!rail_ib_ring_peek(c)) {
 		/* nothing new: the time to hand credits back */
 		err = c->e_head != c->e_returned ? rail_ib_credit_return(c, RAIL_IB_CREDIT_IDLE) : 0;

@@ -2,7 +2,7 @@
  * nccl-net-rail: libibverbs through dlopen + dlvsym, one wrapper table.
  *
  * Symbols are bound with their version (IBVERBS_1.1 for the base API, 1.8,
- * 1.10 and 1.12 for the optional newer calls) so that the behaviour does
+ * 1.10, 1.12, 1.14 and 1.16 for the optional newer calls) so that the behaviour does
  * not depend on which default version the library exports. verbs.h defines
  * ibv_query_port as a static inline that prefers the extended context op
  * (verbs_context->query_port, which knows the caller's struct size) and
@@ -71,6 +71,7 @@ static const struct verbs_sym syms[] = {
 	{ "ibv_event_type_str", "IBVERBS_1.1", SLOT(event_type_str), 0 },
 	{ "ibv_wc_status_str", "IBVERBS_1.1", SLOT(wc_status_str), 0 },
 	{ "ibv_query_port_speed", "IBVERBS_1.16", SLOT(query_port_speed), 1 },
+	{ "ibv_query_qp_data_in_order", "IBVERBS_1.14", SLOT(query_qp_data_in_order), 1 },
 };
 
 /* Names accepted by rail_verbs_override, including the inline-backed slots. */
@@ -94,6 +95,7 @@ static const struct {
 	{ "wc_status_str", SLOT(wc_status_str) },     { "post_send", SLOT(post_send) },
 	{ "post_recv", SLOT(post_recv) },	      { "poll_cq", SLOT(poll_cq) },
 	{ "query_port_speed", SLOT(query_port_speed) },
+	{ "query_qp_data_in_order", SLOT(query_qp_data_in_order) },
 };
 
 static void **slot_ptr(struct rail_verbs *t, size_t offset)

@@ -66,6 +66,11 @@ struct rail_verbs {
 	/* Optional (IBVERBS_1.10). */
 	int (*query_ece)(struct ibv_qp *qp, struct ibv_ece *ece);
 	int (*set_ece)(struct ibv_qp *qp, struct ibv_ece *ece);
+	/*
+	 * Optional (IBVERBS_1.14, rdma-core 37): whether remote writes into qp
+	 * are placed in order; with RAIL_IBV_DATA_IN_ORDER_RETURN_CAPS a mask.
+	 */
+	int (*query_qp_data_in_order)(struct ibv_qp *qp, enum ibv_wr_opcode op, uint32_t flags);
 	int (*get_async_event)(struct ibv_context *ctx, struct ibv_async_event *ev);
 	void (*ack_async_event)(struct ibv_async_event *ev);
 	const char *(*event_type_str)(enum ibv_event_type type);
@@ -77,6 +82,17 @@ struct rail_verbs {
 };
 
 extern struct rail_verbs rail_ibv;
+
+/*
+ * ibv_query_qp_data_in_order's flag and answer bits, as rdma-core 46+
+ * names them (IBV_QUERY_QP_DATA_IN_ORDER_RETURN_CAPS, ..._WHOLE_MSG,
+ * ..._ALIGNED_128_BYTES; enums, not in Debian 12's verbs.h). An older
+ * library answers 1 for whole-message order whatever the flags, which the
+ * WHOLE_MSG bit reads the same way.
+ */
+#define RAIL_IBV_DATA_IN_ORDER_RETURN_CAPS 1u
+#define RAIL_IBV_DATA_IN_ORDER_WHOLE_MSG 1u
+#define RAIL_IBV_DATA_IN_ORDER_ALIGNED_128 2u
 
 /*
  * Load libibverbs (NCCL_IBVERBS_LIB, then libibverbs.so.1) and fill the

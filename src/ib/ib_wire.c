@@ -134,6 +134,12 @@ static int check_eager(const struct rail_ib_msg *m, char *why, size_t why_len)
 			 (unsigned long long)m->aux_addr);
 		return -EBADMSG;
 	}
+	if (m->type == RAIL_IB_MSG_READY &&
+	    (m->flags & RAIL_IB_READY_ORDER_MASK) > RAIL_IB_ORDER_SAFE) {
+		snprintf(why, why_len, "handshake asks for eager ring order %d (0 auto, 1 in-order, "
+			 "2 safe)", m->flags & RAIL_IB_READY_ORDER_MASK);
+		return -EBADMSG;
+	}
 	return 0;
 }
 
@@ -295,6 +301,11 @@ uint32_t rail_ib_imm_eager(void)
 	return RAIL_IB_IMM_EAGER_VALUE;
 }
 
+uint32_t rail_ib_imm_ring(uint32_t seq)
+{
+	return RAIL_IB_IMM_RING | (seq & RAIL_IB_IMM_RING_SEQ);
+}
+
 int rail_ib_imm_decode(uint32_t imm, uint64_t *value, int *idx)
 {
 	*idx = 0;
@@ -302,6 +313,10 @@ int rail_ib_imm_decode(uint32_t imm, uint64_t *value, int *idx)
 		*idx = (int)((imm >> 27) & 7);
 		*value = imm & RAIL_IB_IMM_REFUSED_SIZE_MAX;
 		return RAIL_IB_IMM_REFUSAL;
+	}
+	if ((imm & RAIL_IB_IMM_RING_MASK) == RAIL_IB_IMM_RING) {
+		*value = imm & RAIL_IB_IMM_RING_SEQ;
+		return RAIL_IB_IMM_RING_MSG;
 	}
 	if (imm & RAIL_IB_IMM_MULTI) {
 		uint32_t n = imm & ~RAIL_IB_IMM_MULTI;
@@ -395,19 +410,20 @@ int rail_ib_want_decode(const uint8_t *p, uint32_t last_seq, struct rail_ib_want
 	return 0;
 }
 
-void rail_ib_credit_encode(uint32_t consumed, uint16_t want_ack, uint8_t *p)
+void rail_ib_credit_encode(uint32_t consumed, uint16_t want_ack, uint16_t flags, uint8_t *p)
 {
 	rail_put_u32(p, consumed);
 	rail_put_u16(p + 4, want_ack);
-	rail_put_u16(p + 6, RAIL_IB_CREDIT_READY);
+	rail_put_u16(p + 6, (uint16_t)(flags | RAIL_IB_CREDIT_READY));
 }
 
-void rail_ib_credit_decode(const uint8_t *p, uint32_t *consumed, uint16_t *want_ack, int *ready)
+void rail_ib_credit_decode(const uint8_t *p, uint32_t *consumed, uint16_t *want_ack,
+			   uint16_t *flags)
 {
 	uint64_t v = __atomic_load_n((const uint64_t *)(const void *)p, __ATOMIC_ACQUIRE);
 	const uint8_t *b = (const uint8_t *)&v;
 
 	*consumed = rail_get_u32(b);
 	*want_ack = rail_get_u16(b + 4);
-	*ready = (rail_get_u16(b + 6) & RAIL_IB_CREDIT_READY) != 0;
+	*flags = rail_get_u16(b + 6);
 }

@@ -19,11 +19,13 @@
  * ACCEPT: eager_addr = the receiver's eager ring (eager_slots slots of
  * eager_slot_bytes, 0 slots: no eager path), aux_addr = its want word; both
  * inside the completion-record region (ctrl_rkey). READY: aux_addr = the
- * sender's credit word, inside its CTS FIFO region. ECE (enhanced
- * connection establishment), per device, vendor_id 0 for a device without
- * it: an ACCEPT carries what each receiver device's QPs offer
- * (ibv_query_ece), a READY what each sender device's QPs settled on after
- * ibv_set_ece; none (nece 0) with NCCL_IB_ECE_ENABLE=0.
+ * sender's credit word, inside its CTS FIFO region; flags bits 0-1 = the
+ * sender's NCCL_RAIL_IB_EAGER_ORDER (RAIL_IB_ORDER_*: the receiver decides
+ * the eager ring's protocol, and says which in the credit word). ECE
+ * (enhanced connection establishment), per device, vendor_id 0 for a
+ * device without it: an ACCEPT carries what each receiver device's QPs
+ * offer (ibv_query_ece), a READY what each sender device's QPs settled on
+ * after ibv_set_ece; none (nece 0) with NCCL_IB_ECE_ENABLE=0.
  *
  * CTS entry, 64 bytes: u64 addr, u32 size, u32 ord, u32 rkey[8] (one per
  * receiver member device), i32 tag, u8 nreqs, u8 idx, u16 0, u32 credits,
@@ -33,12 +35,15 @@
  *
  * Eager slot: the message's payload ends where the 16-byte trailer
  * {u32 size, i32 tag, u32 ord, u32 seq} begins, at the end of the slot; one
- * RDMA WRITE carries both, seq (eager message number + 1) written last.
+ * RDMA WRITE carries both, seq (eager message number + 1) written last. In
+ * the order-safe protocol that write carries an immediate,
+ * RAIL_IB_IMM_RING | (seq & RAIL_IB_IMM_RING_SEQ).
  * Want word (receiver memory, 16 bytes): {i32 tag, u32 ord, u32 0, u32 seq}.
  * Credit word (sender memory, 8 bytes): {u32 consumed, u16 want_ack, u16
  * flags}; flags bit 0 (ready) is set in every credit word: the receiver
  * writes the first one once its QPs are ready, and the sender writes
- * nothing (eager, want) before it sees it.
+ * nothing (eager, want) before it sees it; bit 1 (safe): eager messages
+ * must come as writes with immediate (the same in every credit word).
  */
 #ifndef RAIL_IB_WIRE_H
 #define RAIL_IB_WIRE_H
@@ -49,7 +54,7 @@
 #include "transport.h"
 
 #define RAIL_IB_WIRE_MAGIC 0x57424952u /* "RIBW" */
-#define RAIL_IB_WIRE_VERSION 3
+#define RAIL_IB_WIRE_VERSION 3	/* 3: the eager ring's order-safe protocol, ECE */
 #define RAIL_IB_HDR_SIZE 16
 #define RAIL_IB_BODY_MAX 1024
 #define RAIL_IB_WIRE_MAX_QPS 128
@@ -68,6 +73,10 @@ enum rail_ib_refuse_code {
 	RAIL_IB_REFUSE_LINK_LAYER = 2,
 	RAIL_IB_REFUSE_RESOURCES = 3,
 };
+
+/* READY flags bits 0-1: the sender's NCCL_RAIL_IB_EAGER_ORDER, in the variable's order. */
+enum { RAIL_IB_ORDER_AUTO = 0, RAIL_IB_ORDER_INORDER = 1, RAIL_IB_ORDER_SAFE = 2 };
+#define RAIL_IB_READY_ORDER_MASK 3
 
 struct rail_ib_wire_dev {
 	uint16_t lid;
@@ -141,9 +150,14 @@ int rail_ib_cts_decode(const uint8_t *p, uint32_t expect_seq, int expect_idx,
  * Immediate data of the completing write: a size (one receive), a count
  * (grouped receive: the sizes are in the completion record), a refusal
  * (the sender's message does not fit buffer idx; size saturates at 2^27-1),
- * or "eager" (one receive whose message went through the eager ring).
+ * or "eager" (one receive whose message went through the eager ring). And,
+ * not an answer to a CTS: "ring" (an eager message written with immediate,
+ * the low 29 bits of its seq; the order-safe protocol).
  */
 #define RAIL_IB_IMM_MULTI 0x80000000u
+#define RAIL_IB_IMM_RING 0xa0000000u
+#define RAIL_IB_IMM_RING_MASK 0xe0000000u
+#define RAIL_IB_IMM_RING_SEQ 0x1fffffffu
 #define RAIL_IB_IMM_REFUSED 0xc0000000u
 #define RAIL_IB_IMM_REFUSED_SIZE_MAX ((1u << 27) - 1)
 #define RAIL_IB_IMM_EAGER_VALUE 0x7fffffffu
@@ -152,12 +166,18 @@ enum rail_ib_imm_kind {
 	RAIL_IB_IMM_COUNT = 1,
 	RAIL_IB_IMM_REFUSAL = 2,
 	RAIL_IB_IMM_EAGER = 3,
+	RAIL_IB_IMM_RING_MSG = 4,
 };
 uint32_t rail_ib_imm_single(size_t size);
 uint32_t rail_ib_imm_multi(int nreqs);
 uint32_t rail_ib_imm_refused(int idx, size_t size);
 uint32_t rail_ib_imm_eager(void);
-/* The kind, with *value (size or count) and *idx; -EBADMSG for a value no sender produces. */
+/* An eager message written with immediate: seq = its number + 1. */
+uint32_t rail_ib_imm_ring(uint32_t seq);
+/*
+ * The kind, with *value (size, count, or a ring seq's low 29 bits) and
+ * *idx; -EBADMSG for a value no sender produces.
+ */
 int rail_ib_imm_decode(uint32_t imm, uint64_t *value, int *idx);
 
 /*
@@ -203,8 +223,11 @@ void rail_ib_want_encode(const struct rail_ib_want *w, uint8_t *p);
 int rail_ib_want_decode(const uint8_t *p, uint32_t last_seq, struct rail_ib_want *w);
 
 #define RAIL_IB_CREDIT_READY 1u
-void rail_ib_credit_encode(uint32_t consumed, uint16_t want_ack, uint8_t *p);
-/* Read atomically (the NIC may be writing it); *ready is 0 until the receiver wrote one. */
-void rail_ib_credit_decode(const uint8_t *p, uint32_t *consumed, uint16_t *want_ack, int *ready);
+#define RAIL_IB_CREDIT_SAFE 2u
+/* READY is added to flags. */
+void rail_ib_credit_encode(uint32_t consumed, uint16_t want_ack, uint16_t flags, uint8_t *p);
+/* Read atomically (the NIC may be writing it); flags are 0 until the receiver wrote one. */
+void rail_ib_credit_decode(const uint8_t *p, uint32_t *consumed, uint16_t *want_ack,
+			   uint16_t *flags);
 
 #endif

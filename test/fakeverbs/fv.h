@@ -59,6 +59,7 @@ struct fv_dev {
 	int max_qp, max_cqe, max_qp_wr, max_inline;
 	int dmabuf;		/* 1: ibv_reg_dmabuf_mr works (fd -1 gives EBADF) */
 	int data_in_order;	/* ibv_query_qp_data_in_order's answer */
+	int reorder;		/* RDMA writes into this device's QPs land out of order */
 	int ece;		/* 0: EOPNOTSUPP, else the vendor_id/options answered */
 	int nports;
 	struct fv_port ports[FV_MAX_PORTS];
@@ -139,6 +140,17 @@ struct fv_dev *fv_ctx_dev(struct ibv_context *ctx);
 struct fv_mr *fv_mr_by_key(uint32_t key, int remote);
 struct fv_qp *fv_qp_by_num(uint32_t qpn);
 void fv_cq_push(struct fv_cq *cq, const struct ibv_wc *wc);
+/*
+ * Out-of-order placement (reorder=yes): an RDMA WRITE longer than
+ * FV_REORDER_TAIL bytes into such a device has its last FV_REORDER_TAIL
+ * bytes placed when it is posted and the rest held back until the next
+ * data-path call of the process (post_send, post_recv, poll_cq), a dereg_mr
+ * or a destroy_qp: so a completion, always taken through poll_cq, comes
+ * after the whole message, and a reader polling memory may see the end of a
+ * message before its beginning. Under fv_lock.
+ */
+#define FV_REORDER_TAIL 64
+void fv_place_held(void);
 
 int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);

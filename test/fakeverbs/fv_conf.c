@@ -104,8 +104,9 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 		return u64(v, &d->sys_image_guid);
 	if (!strcmp(k, "node_guid"))
 		return u64(v, &d->node_guid);
-	err = !strcmp(k, "dmabuf") || !strcmp(k, "data_in_order") ? lookup(yesno, v, &n)
-								   : num(v, &n);
+	err = !strcmp(k, "dmabuf") || !strcmp(k, "data_in_order") || !strcmp(k, "reorder")
+		      ? lookup(yesno, v, &n)
+		      : num(v, &n);
 	if (err)
 		return err;
 	if (!strcmp(k, "vendor_part_id")) d->vendor_part_id = (uint32_t)n;
@@ -115,6 +116,7 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 	else if (!strcmp(k, "max_inline")) d->max_inline = (int)n;
 	else if (!strcmp(k, "dmabuf")) d->dmabuf = (int)n;
 	else if (!strcmp(k, "data_in_order")) d->data_in_order = (int)n;
+	else if (!strcmp(k, "reorder")) d->reorder = (int)n;
 	else if (!strcmp(k, "ece")) d->ece = (int)n;
 	else return EINVAL;
 	return 0;

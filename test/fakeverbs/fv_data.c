@@ -6,10 +6,12 @@
  * destination QP, and completions go to the CQs at once. Memory registered
  * through DMA-BUF has no host mapping here: its copies are skipped (the
  * request still completes). A destination QP in another process cannot be
- * reached: such requests complete with IBV_WC_RETRY_EXC_ERR.
+ * reached: such requests complete with IBV_WC_RETRY_EXC_ERR. A device with
+ * reorder=yes places RDMA WRITEs out of order (fv.h: FV_REORDER_TAIL).
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "fv.h"
@@ -62,6 +64,50 @@ static long gather(const struct fv_qp *q, const struct ibv_send_wr *wr, char *ds
 	return (long)off;
 }
 
+/* The held-back heads of reordered writes, placed in the order they were written. */
+struct held {
+	char *dst;
+	size_t len;
+	struct held *next;
+	char data[];
+};
+static struct held *held_head, **held_tail = &held_head;
+
+void fv_place_held(void)
+{
+	while (held_head) {
+		struct held *h = held_head;
+
+		memcpy(h->dst, h->data, h->len);
+		held_head = h->next;
+		free(h);
+	}
+	held_tail = &held_head;
+}
+
+/*
+ * Place the n bytes the SGEs of wr gather at p, reordered: the last
+ * FV_REORDER_TAIL now, the rest held back. 0, or -1 if out of memory.
+ */
+static int place_reordered(const struct fv_qp *q, const struct ibv_send_wr *wr, char *p, long n)
+{
+	size_t head = (size_t)n - FV_REORDER_TAIL;
+	struct held *h = malloc(sizeof(*h) + (size_t)n);
+
+	if (!h)
+		return -1;
+	gather(q, wr, h->data, 0);
+	memcpy(p + head, h->data + head, FV_REORDER_TAIL);
+	h->dst = p;
+	h->len = head;
+	h->next = NULL;
+	*held_tail = h;
+	held_tail = &h->next;
+	fv_log("reorder qpn=0x%x dest_qpn=0x%x len=%ld held=%zu", q->qp.qp_num, q->dest_qpn, n,
+	       head);
+	return 0;
+}
+
 static struct fv_recv *take_recv(struct fv_qp *d)
 {
 	struct fv_recv *r;
@@ -111,8 +157,12 @@ static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr,
 		if (n && (!rm || !(rm->access & IBV_ACCESS_REMOTE_WRITE) ||
 			  !(p = mr_addr(rm, wr->wr.rdma.remote_addr, (uint64_t)n, &skip))))
 			return IBV_WC_REM_ACCESS_ERR;
-		if (n)
+		if (n > FV_REORDER_TAIL && d->dev->reorder && !skip) {
+			if (place_reordered(q, wr, p, n))
+				return IBV_WC_LOC_LEN_ERR;
+		} else if (n) {
 			gather(q, wr, p, skip);
+		}
 	}
 	if (op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM) {
 		struct fv_recv *r = take_recv(d);
@@ -172,6 +222,7 @@ int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 	struct fv_qp *q = (struct fv_qp *)(void *)qp;
 
 	pthread_mutex_lock(&fv_lock);
+	fv_place_held();
 	for (; wr; wr = wr->next) {
 		enum ibv_wc_status st = IBV_WC_WR_FLUSH_ERR;
 		struct ibv_wc wc;
@@ -211,6 +262,7 @@ int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr *
 	struct fv_qp *q = (struct fv_qp *)(void *)qp;
 
 	pthread_mutex_lock(&fv_lock);
+	fv_place_held();
 	for (; wr; wr = wr->next) {
 		struct fv_recv *r;
 
@@ -241,6 +293,7 @@ int fv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	int got = 0;
 
 	pthread_mutex_lock(&fv_lock);
+	fv_place_held();	/* a completion comes after the whole message */
 	while (got < n && c->count) {
 		wc[got++] = c->wcs[c->head];
 		c->head = (c->head + 1) % c->cap;

@@ -399,6 +399,7 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
 int ibv_dereg_mr(struct ibv_mr *mr)
 {
 	pthread_mutex_lock(&fv_lock);
+	fv_place_held();	/* before the memory may go */
 	for (struct fv_mr **p = &mrs; *p; p = &(*p)->next) {
 		if (&(*p)->mr == mr) {
 			struct fv_mr *m = *p;
@@ -526,6 +527,7 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 	struct fv_qp *q = (struct fv_qp *)(void *)qp;
 
 	pthread_mutex_lock(&fv_lock);
+	fv_place_held();
 	for (struct fv_qp **p = &qps; *p; p = &(*p)->next) {
 		if (*p == q) {
 			*p = q->next;

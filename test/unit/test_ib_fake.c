@@ -6,13 +6,16 @@
  * against NCCL 2.30's IB transport (docs/NCCL-IB-PARITY.md): port speed
  * (XDR, RoCE LAG), port and GUID of two-port NICs, fork safety, the
  * address vector on InfiniBand (GRH when required, routed IB, service
- * level), DMA-BUF registration ranges and relaxed ordering.
+ * level), DMA-BUF registration ranges and relaxed ordering, and the eager
+ * ring's protocol against the device's data-in-order answer (a device that
+ * reorders writes: the single-write protocol copies stale payloads).
  *
  * The library comes from RAIL_FAKEVERBS_LIB (make test-unit sets it), else
  * from next to this binary (build/test/unit/../fakeverbs/).
  */
 #include "unit.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
 #include <limits.h>
 #include <unistd.h>
@@ -114,6 +117,7 @@ static void fake_stop(struct fake *F)
 		print_message("could not remove %s\n", F->dir);
 	unsetenv("NCCL_IB_SL");
 	unsetenv("NCCL_IB_PCI_RELAXED_ORDERING");
+	unsetenv("NCCL_RAIL_IB_EAGER_ORDER");
 	rail_params_reload();
 	if (bad)
 		fail_msg("closing the comms or finalizing failed");
@@ -585,6 +589,161 @@ static void test_transfer_through_fake(void **state)
 	fake_stop(F);
 }
 
+/* ---- defect 2: the eager ring's order ----------------------------------- */
+
+/*
+ * One eager message of `size` bytes, sent before its receive is posted (so
+ * the receiver finds it in the ring at irecv). Returns 1 if the receive got
+ * the sender's bytes, 0 if it got anything else (a stale payload).
+ */
+static int eager_one(struct fake *F, size_t size, unsigned seed)
+{
+	static unsigned char sbuf[4096], rbuf[4096];
+	void *smh = NULL, *rmh = NULL, *sreq = NULL, *rreq = NULL;
+	void *data[1] = { rbuf }, *mhs[1];
+	size_t sizes[1] = { sizeof(rbuf) };
+	int tags[1] = { 5 }, done = 0, got[1] = { 0 }, same;
+	uint64_t deadline = rail_now_ns() + 10ull * 1000000000ull;
+
+	assert_true(size <= sizeof(sbuf));
+	for (size_t i = 0; i < size; i++)
+		sbuf[i] = (unsigned char)(seed + i * 13 + 1);
+	memset(rbuf, 0xee, sizeof(rbuf));
+	assert_int_equal(rail_net_reg_mr(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &smh), 0);
+	assert_int_equal(rail_net_reg_mr(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST, &rmh), 0);
+	mhs[0] = rmh;
+	while (!sreq && rail_now_ns() < deadline)
+		assert_int_equal(rail_net_isend(F->sc, sbuf, size, 5, smh, &sreq), ncclSuccess);
+	assert_non_null(sreq);
+	assert_int_equal(rail_net_test(sreq, &done, NULL), ncclSuccess);
+	assert_true(done);	/* an eager send is complete at post */
+	while (!rreq && rail_now_ns() < deadline)
+		assert_int_equal(rail_net_irecv(F->rc, 1, data, sizes, tags, mhs, &rreq),
+				 ncclSuccess);
+	assert_non_null(rreq);
+	for (done = 0; !done && rail_now_ns() < deadline;)
+		assert_int_equal(rail_net_test(rreq, &done, got), ncclSuccess);
+	assert_true(done);
+	assert_int_equal(got[0], (int)size);
+	same = memcmp(sbuf, rbuf, size) == 0;
+	assert_int_equal(rbuf[size], 0xee);
+	assert_int_equal(rail_net_dereg_mr(F->sc, smh), 0);
+	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), 0);
+	return same;
+}
+
+/* " imm=" as the fake logs it (the raw, network-order imm_data) for an eager message's seq. */
+static const char *ring_imm(uint32_t seq, char *buf, size_t len)
+{
+	snprintf(buf, len, "imm=0x%x", htonl(0xa0000000u | seq));
+	return buf;
+}
+
+static const char ooo_dev[] = "device mlx5_0 data_in_order=0 reorder=yes\n"
+			      "port 1 link=eth speed=ndr width=4x\n"
+			      "gid 0 fe80::1 type=v1\n"
+			      "gid 1 ::ffff:10.1.0.1 type=v2\n";
+
+/*
+ * The receiver asks ibv_query_qp_data_in_order about RDMA writes into its
+ * eager QP, with RETURN_CAPS, once the QP is ready; only the whole-message
+ * bit selects the single-write protocol (128-byte blocks are not enough:
+ * the trailer could land before the payload).
+ */
+static void test_eager_order_query(void **state)
+{
+	static const struct {
+		const char *caps;
+		int safe;
+	} cases[] = { { "1", 0 }, { "3", 0 }, { "2", 1 }, { "0", 1 } };
+	char conf[256], line[LINE], imm[32];
+
+	(void)state;
+	for (size_t i = 0; i < RAIL_ARRAY_SIZE(cases); i++) {
+		struct fake *F;
+
+		snprintf(conf, sizeof(conf), "device mlx5_0 data_in_order=%s\n%s", cases[i].caps,
+			 strchr(roce_dev, '\n') + 1);
+		F = fake_start(conf);
+		fake_connect(F, 0, 0, -1);
+		assert_int_equal(log_count(F, "ibv_query_qp_data_in_order", NULL, NULL), 1);
+		assert_true(log_find(F, 0, line, "ibv_query_qp_data_in_order", NULL, NULL));
+		assert_int_equal(kvnum(line, "op"), IBV_WR_RDMA_WRITE);
+		assert_int_equal(kvnum(line, "flags"), 1);	/* RETURN_CAPS */
+		assert_int_equal(unit_log_count2(RAIL_LOG_INFO, "eager ring order-safe",
+						 "ibv_query_qp_data_in_order"), cases[i].safe);
+		assert_int_equal(unit_log_count2(RAIL_LOG_INFO, "eager ring in-order",
+						 "ibv_query_qp_data_in_order"), !cases[i].safe);
+		assert_true(eager_one(F, 100, (unsigned)i));
+		assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE_WITH_IMM",
+					   ring_imm(1, imm, sizeof(imm))), cases[i].safe);
+		/* the sender logged the receiver's choice at its first eager send */
+		assert_int_equal(unit_log_count2(RAIL_LOG_INFO, "eager ring order-safe",
+						 "as the receiver chose"), cases[i].safe);
+		fake_stop(F);
+	}
+}
+
+/*
+ * The fake places a reordering device's writes end first: the single-write
+ * protocol, forced on such a device, copies a stale payload (the defect;
+ * this also shows the fake models it).
+ */
+static void test_eager_inorder_on_reordering_device(void **state)
+{
+	struct fake *F;
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_EAGER_ORDER", "inorder", 1);
+	F = fake_start(ooo_dev);
+	fake_connect(F, 0, 0, -1);
+	assert_true(unit_log_has(RAIL_LOG_INFO, "eager ring in-order"));
+	assert_false(eager_one(F, 4000, 1));	/* stale: only the trailer had landed */
+	assert_true(log_count(F, "reorder", NULL, NULL) > 0);
+	fake_stop(F);
+}
+
+/*
+ * On a device that promises no order and reorders writes, the default
+ * (auto) picks the order-safe protocol: each eager message a write with
+ * immediate, read after its completion; the payload arrives intact.
+ */
+static void test_eager_auto_on_reordering_device(void **state)
+{
+	struct fake *F;
+	char imm[32];
+
+	(void)state;
+	F = fake_start(ooo_dev);
+	fake_connect(F, 0, 0, -1);
+	for (unsigned k = 0; k < 3; k++)
+		assert_true(eager_one(F, 4000 - k * 1000, k));
+	assert_true(log_count(F, "reorder", NULL, NULL) >= 3);
+	assert_true(unit_log_has(RAIL_LOG_INFO, "eager ring order-safe"));
+	for (uint32_t seq = 1; seq <= 3; seq++)
+		assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE_WITH_IMM",
+					   ring_imm(seq, imm, sizeof(imm))), 1);
+	fake_stop(F);
+}
+
+/* Either side's NCCL_RAIL_IB_EAGER_ORDER=safe wins over a device that promises order. */
+static void test_eager_safe_forced(void **state)
+{
+	struct fake *F;
+	char imm[32];
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_EAGER_ORDER", "safe", 1);
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	assert_int_equal(log_count(F, "ibv_query_qp_data_in_order", NULL, NULL), 0);
+	assert_true(unit_log_has(RAIL_LOG_INFO, "NCCL_RAIL_IB_EAGER_ORDER=safe on the receiver"));
+	assert_true(eager_one(F, 8, 3));
+	assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE_WITH_IMM",
+				   ring_imm(1, imm, sizeof(imm))), 1);
+	fake_stop(F);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -601,6 +760,10 @@ int main(void)
 		cmocka_unit_test_teardown(test_dmabuf_aligned_range, teardown),
 		cmocka_unit_test_teardown(test_dmabuf_relaxed_ordering, teardown),
 		cmocka_unit_test_teardown(test_transfer_through_fake, teardown),
+		cmocka_unit_test_teardown(test_eager_order_query, teardown),
+		cmocka_unit_test_teardown(test_eager_inorder_on_reordering_device, teardown),
+		cmocka_unit_test_teardown(test_eager_auto_on_reordering_device, teardown),
+		cmocka_unit_test_teardown(test_eager_safe_forced, teardown),
 	};
 
 	if (!find_lib()) {

@@ -6,7 +6,8 @@
  * and large messages, sender ahead of the receiver, grouped receives with
  * repeated tags, credit exhaustion while the receiver posts late, a GPU
  * buffer reached through the loopback copy, sends larger than their
- * receive), and injected failures of ibv_reg_mr, ibv_create_qp,
+ * receive; then again with each protocol of the ring forced,
+ * RAIL_TEST_EAGER_ORDERS), and injected failures of ibv_reg_mr, ibv_create_qp,
  * ibv_modify_qp and ibv_post_send: each must give a named error (call,
  * errno text, device:port, QP, peer) and leave no verbs object behind (the
  * wrapper table counts them).
@@ -90,6 +91,24 @@ static void live_fini(struct live *L)
 			 k.pd, k.mr, k.cq, k.qp, k.ctx);
 }
 
+/*
+ * With NCCL_RAIL_IB_EAGER_ORDER forced, the receiver logged that protocol
+ * for the ring (the sender learns it from the first credit word, at its
+ * first eager send; a sender on the other protocol would not deliver).
+ */
+static void check_eager_order(void)
+{
+	const char *o = getenv("NCCL_RAIL_IB_EAGER_ORDER");
+	const char *want = o && !strcmp(o, "safe")	? "eager ring order-safe"
+			   : o && !strcmp(o, "inorder") ? "eager ring in-order"
+							: NULL;
+
+	if (want && !unit_log_has(RAIL_LOG_INFO, want)) {
+		unit_log_dump();
+		fail_msg("NCCL_RAIL_IB_EAGER_ORDER=%s, but the receiver did not log '%s'", o, want);
+	}
+}
+
 /* Listen on dev_recv, connect from dev_send; both sides polled in this thread. */
 static void live_connect(struct live *L)
 {
@@ -110,6 +129,8 @@ static void live_connect(struct live *L)
 								deadline)
 			break;
 	}
+	if (L->sc && L->rc)
+		check_eager_order();
 }
 
 static ncclResult_t wait_req(void *req, int *sizes)
@@ -366,8 +387,8 @@ static void test_fault_post_send_data(void **state)
 	/* An eager write fails at isend. */
 	assert_int_equal(rail_verbs_fault_arm("ibv_post_send:EIO:1"), 0);
 	assert_int_not_equal(rail_net_isend(L.sc, buf + 8192, 100, 5, smh, &sr), ncclSuccess);
-	unit_assert_logged2(RAIL_LOG_WARN, "ibv_post_send(eager RDMA write)", "Input/output error");
-	unit_assert_logged2(RAIL_LOG_WARN, "ibv_post_send(eager RDMA write)", "to peer");
+	unit_assert_logged2(RAIL_LOG_WARN, "ibv_post_send(eager RDMA write", "Input/output error");
+	unit_assert_logged2(RAIL_LOG_WARN, "ibv_post_send(eager RDMA write", "to peer");
 	rail_verbs_fault_clear();
 	rail_net_dereg_mr(L.rc, rmh);
 	rail_net_dereg_mr(L.sc, smh);
@@ -803,17 +824,40 @@ int main(void)
 		cmocka_unit_test(test_eager_send_larger),
 		cmocka_unit_test(test_wrong_nonce_refused),
 	};
+	/*
+	 * The eager tests again with each protocol of the ring forced
+	 * (NCCL_RAIL_IB_EAGER_ORDER): RAIL_TEST_EAGER_ORDERS, default
+	 * "safe,inorder" (a device that reorders writes takes only "safe").
+	 */
+	const struct CMUnitTest eager_tests[] = {
+		cmocka_unit_test(test_fault_post_send_data),
+		cmocka_unit_test(test_eager_mixed),
+		cmocka_unit_test(test_eager_credits),
+		cmocka_unit_test(test_eager_grouped),
+		cmocka_unit_test(test_eager_gpu_loopback),
+		cmocka_unit_test(test_eager_send_larger),
+	};
+	const char *orders = getenv("RAIL_TEST_EAGER_ORDERS");
+	char list[64], *save = NULL;
+	int fails;
 
 	/*
 	 * Decide once, before any test allocates: a skip() inside a test
 	 * would leave its buffers behind for LeakSanitizer to report.
 	 */
-	if (getenv("RAIL_TEST_REQUIRE_RDMA") && atoi(getenv("RAIL_TEST_REQUIRE_RDMA")))
-		return cmocka_run_group_tests(tests, NULL, NULL);
-	if (!have_rdma()) {
+	if (!(getenv("RAIL_TEST_REQUIRE_RDMA") && atoi(getenv("RAIL_TEST_REQUIRE_RDMA"))) &&
+	    !have_rdma()) {
 		printf("test_ib_live: all %zu tests skipped: no RDMA device (they run in the rxe "
 		       "guest: make test-rxe)\n", sizeof(tests) / sizeof(tests[0]));
 		return 0;
 	}
-	return cmocka_run_group_tests(tests, NULL, NULL);
+	fails = cmocka_run_group_tests(tests, NULL, NULL);
+	snprintf(list, sizeof(list), "%s", orders ? orders : "safe,inorder");
+	for (char *o = strtok_r(list, ",", &save); o; o = strtok_r(NULL, ",", &save)) {
+		printf("test_ib_live: the eager tests with NCCL_RAIL_IB_EAGER_ORDER=%s\n", o);
+		setenv("NCCL_RAIL_IB_EAGER_ORDER", o, 1);
+		fails += cmocka_run_group_tests(eager_tests, NULL, NULL);
+	}
+	unsetenv("NCCL_RAIL_IB_EAGER_ORDER");
+	return fails;
 }

@@ -130,7 +130,7 @@ static void test_msg_rejects(void **state)
 static void test_msg_eager_rejects(void **state)
 {
 	uint8_t buf[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
-	struct rail_ib_msg bad[6], out;
+	struct rail_ib_msg bad[7], out;
 	char why[200];
 
 	(void)state;
@@ -143,7 +143,9 @@ static void test_msg_eager_rejects(void **state)
 	bad[4].aux_addr = 0;
 	bad[5] = sample(RAIL_IB_MSG_READY);
 	bad[5].aux_addr = 0;
-	for (int i = 0; i < 6; i++) {
+	bad[6] = sample(RAIL_IB_MSG_READY);
+	bad[6].flags = 3;			/* no such eager ring order */
+	for (int i = 0; i < 7; i++) {
 		int len = rail_ib_msg_encode(&bad[i], buf, sizeof(buf));
 
 		assert_true(len > 0);
@@ -157,6 +159,11 @@ static void test_msg_eager_rejects(void **state)
 	assert_int_equal(rail_ib_msg_decode(buf, (size_t)rail_ib_msg_encode(&bad[0], buf, sizeof(buf)),
 					    &out, why, sizeof(why)), 0);
 	assert_int_equal(out.eager_slots, 0);
+	/* The sender's eager ring order travels in READY's flags. */
+	bad[6].flags = RAIL_IB_ORDER_SAFE;
+	assert_int_equal(rail_ib_msg_decode(buf, (size_t)rail_ib_msg_encode(&bad[6], buf, sizeof(buf)),
+					    &out, why, sizeof(why)), 0);
+	assert_int_equal(out.flags & RAIL_IB_READY_ORDER_MASK, RAIL_IB_ORDER_SAFE);
 }
 
 /* Mutated frames decode or fail cleanly; a valid checksum over garbage must not crash. */
@@ -287,6 +294,19 @@ static void test_imm(void **state)
 			 RAIL_IB_IMM_REFUSAL);
 	assert_true(v == RAIL_IB_IMM_REFUSED_SIZE_MAX);
 	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_eager(), &v, &idx), RAIL_IB_IMM_EAGER);
+	/* an eager message written with immediate: the low 29 bits of its seq */
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_ring(1), &v, &idx), RAIL_IB_IMM_RING_MSG);
+	assert_int_equal(v, 1);
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_ring(0xfffffffeu), &v, &idx),
+			 RAIL_IB_IMM_RING_MSG);
+	assert_int_equal(v, 0x1ffffffe);
+	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_ring(0), &v, &idx), RAIL_IB_IMM_RING_MSG);
+	assert_int_equal(v, 0);
+	/* no other kind decodes as a ring message */
+	assert_int_not_equal(rail_ib_imm_decode(rail_ib_imm_refused(1, 100), &v, &idx),
+			     RAIL_IB_IMM_RING_MSG);
+	assert_int_not_equal(rail_ib_imm_decode(rail_ib_imm_multi(2), &v, &idx),
+			     RAIL_IB_IMM_RING_MSG);
 	assert_int_equal(rail_ib_imm_decode(rail_ib_imm_multi(9), &v, &idx), -EBADMSG);
 	assert_int_equal(rail_ib_imm_decode(RAIL_IB_IMM_MULTI | 1, &v, &idx), -EBADMSG);
 	assert_int_equal(rail_ib_imm_decode(0x7ffffffe, &v, &idx), -EBADMSG);
@@ -359,22 +379,26 @@ static void test_want_credit(void **state)
 	uint8_t w[RAIL_IB_WANT_SIZE], c[RAIL_IB_CREDIT_SIZE] __attribute__((aligned(8)));
 	struct rail_ib_want in = { .tag = 12, .ord = 0x80000001u, .seq = 3 }, out;
 	uint32_t consumed;
-	uint16_t ack;
-	int ready;
+	uint16_t ack, flags;
 
 	(void)state;
 	memset(c, 0, sizeof(c));
-	rail_ib_credit_decode(c, &consumed, &ack, &ready);
-	assert_int_equal(ready, 0);	/* never written: not ready */
+	rail_ib_credit_decode(c, &consumed, &ack, &flags);
+	assert_int_equal(flags & RAIL_IB_CREDIT_READY, 0);	/* never written: not ready */
 	memset(w, 0, sizeof(w));
 	assert_int_equal(rail_ib_want_decode(w, 0, &out), -EAGAIN);
 	rail_ib_want_encode(&in, w);
 	assert_int_equal(rail_ib_want_decode(w, 3, &out), -EAGAIN);
 	assert_int_equal(rail_ib_want_decode(w, 2, &out), 0);
 	assert_true(out.tag == 12 && out.ord == 0x80000001u && out.seq == 3);
-	rail_ib_credit_encode(0xfffffff0u, 9, c);
-	rail_ib_credit_decode(c, &consumed, &ack, &ready);
-	assert_true(consumed == 0xfffffff0u && ack == 9 && ready == 1);
+	rail_ib_credit_encode(0xfffffff0u, 9, 0, c);
+	rail_ib_credit_decode(c, &consumed, &ack, &flags);
+	assert_true(consumed == 0xfffffff0u && ack == 9 && flags == RAIL_IB_CREDIT_READY);
+	/* the order-safe eager protocol rides in every credit word */
+	rail_ib_credit_encode(5, 1, RAIL_IB_CREDIT_SAFE, c);
+	rail_ib_credit_decode(c, &consumed, &ack, &flags);
+	assert_true(consumed == 5 && ack == 1 &&
+		    flags == (RAIL_IB_CREDIT_READY | RAIL_IB_CREDIT_SAFE));
 }
 
 int main(void)

@@ -2,7 +2,9 @@
 # Verbs transport unit tests on real verbs (rxe0 <-> rxe1): data transfer,
 # grouped receives, the flush QP, a wrong nonce, and injected failures of
 # ibv_reg_mr / ibv_create_qp / ibv_modify_qp / ibv_post_send (named errors,
-# no verbs object left: test/unit/test_ib_live.c). Then the same binary built
+# no verbs object left: test/unit/test_ib_live.c), the eager tests again with
+# each protocol of the eager ring forced (NCCL_RAIL_IB_EAGER_ORDER=safe, then
+# inorder). Then the same binary built
 # with AddressSanitizer + LeakSanitizer when build-san/ has it
 # (make BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live).
 # rxe-timeout: 400

@@ -6,8 +6,12 @@
 # with the eager ring off (every message through a clear-to-send), then
 # with adaptive routing forced on (rxe is RoCE: off by default) and a low
 # threshold, so that every message above 1 KiB ends with a zero-byte write
-# with immediate.
-# rxe-timeout: 900
+# with immediate, then
+# with each protocol of the eager ring forced (NCCL_RAIL_IB_EAGER_ORDER:
+# rxe does not implement ibv_query_qp_data_in_order, so libibverbs answers
+# 0 and the default is already the order-safe one; inorder is correct on
+# rxe, which places each write in order).
+# rxe-timeout: 1300
 set -uo pipefail
 
 conf=build/rail-conformance
@@ -36,4 +40,9 @@ NCCL_RAIL_IB_EAGER=0 \
 NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=1024 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
     --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional
+for order in safe inorder; do
+    NCCL_RAIL_IB_EAGER_ORDER=$order \
+        run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 1M --abi 12 \
+        --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,many-comms
+done
 exit $((fails > 0))
