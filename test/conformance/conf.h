@@ -180,6 +180,7 @@ int rail_conf_peer_dies(struct rail_conf *cx);
 int rail_conf_bad_handle(struct rail_conf *cx);
 int rail_conf_reload(struct rail_conf *cx);
 int rail_conf_misuse(struct rail_conf *cx);
+int rail_conf_misuse_closed(struct rail_conf *cx);
 int rail_conf_random_handle(struct rail_conf *cx);
 int rail_conf_finalize_open(struct rail_conf *cx);
 

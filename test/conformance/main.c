@@ -63,6 +63,9 @@ const struct rail_conf_scenario rail_conf_scenarios[] = {
 	  rail_conf_iflush, 0, 0, 6 },
 	{ "misuse", "calls NCCL never makes (NULL props, ...) fail with a WARN, never crash",
 	  rail_conf_misuse, 1, 0, 6 },
+	{ "misuse-closed", "handles used after they died (close twice, test/deregMr after close, "
+	  "finalize twice) fail with a WARN, never read freed memory", rail_conf_misuse_closed,
+	  1, 0, 6 },
 	{ "random-handle", "random handles are refused with a WARN; stray bytes after the handle "
 	  "are never trusted", rail_conf_random_handle, 1, 0, 6 },
 	{ "finalize-open", "the last finalize with comms open, then dlclose: threads stopped, or "
@@ -623,7 +626,8 @@ static const struct {
 	{ "listen-many", "overrun" },		{ "regmr-thread", "regmr-fail" },
 	{ "peer-dies", "hide-error" },		{ "bad-handle", "connect-hide-error" },
 	{ "reload", "leak-thread" },		{ "iflush", "flush-error" },
-	{ "misuse", "mute-warn" },		{ "random-handle", "connect-hide-error" },
+	{ "misuse", "mute-warn" },		{ "misuse-closed", "mute-warn" },
+	{ "random-handle", "connect-hide-error" },
 	{ "finalize-open", "mute-warn" },
 };
 
