@@ -189,6 +189,38 @@ static int send_iov_nb(int fd, const uint8_t *hdr, size_t hlen, const char *payl
 	return 0;
 }
 
+/*
+ * Send side: read a refusal from the receiver, if one came, and fail the
+ * comm with its reason (both sizes, or both tags). Called now and then
+ * from isend and while a send is in flight; a syscall that finds nothing.
+ */
+static int poll_refusal(struct tcp_comm *c)
+{
+	struct tcp_refusal f;
+	int err;
+
+	if (c->ctrl_quiet)
+		return 0;
+	err = rail_sock_recv_nb(c->ctrl_fd, c->rx_refusal, TCP_REFUSAL_SIZE, &c->rx_refusal_off);
+	if (err == -EAGAIN)
+		return 0;
+	c->ctrl_quiet = 1;
+	if (err)
+		return 0; /* end of file or an error: the send path reports it */
+	if (tcp_refusal_decode(c->rx_refusal, &f))
+		return tcp_comm_fail(c, -EPROTO, "the receiver sent bytes that are not a refusal on "
+				     "the control socket; use the same plugin build on both nodes");
+	if (f.reason == TCP_REFUSE_SIZE)
+		return tcp_comm_fail(c, -EMSGSIZE, "the receiver refused message %llu of %llu bytes "
+				     "(tag %d): its posted receive has only %llu bytes; a send larger "
+				     "than its receive is an error (both sides must agree on sizes)",
+				     (unsigned long long)f.seq, (unsigned long long)f.size, f.tag,
+				     (unsigned long long)f.posted);
+	return tcp_comm_fail(c, -EINVAL, "the receiver refused message %llu of %llu bytes (tag %d): "
+			     "its posted receive expects tag %d; the two sides' calls are out of step",
+			     (unsigned long long)f.seq, (unsigned long long)f.size, f.tag, f.want_tag);
+}
+
 static int progress_send(struct tcp_comm *c)
 {
 	struct tcp_req *r;
@@ -216,9 +248,13 @@ int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, siz
 	struct tcp_comm *c = (struct tcp_comm *)send_comm;
 	struct tcp_req *r = (struct tcp_req *)req;
 	struct tcp_frame f = { .seq = c->seq, .tag = tag, .size = size };
-	int err = atomic_load(&c->error);
+	int err;
 
 	(void)mhandle;
+	/* A refusal of an earlier message (which may have completed here) fails this one. */
+	if (rail_unlikely((c->seq & 15) == 0))
+		poll_refusal(c);
+	err = atomic_load(&c->error);
 	if (err)
 		return err;
 	r->data[0] = data;
@@ -264,6 +300,21 @@ static int read_frame(struct tcp_comm *c)
 	return 1;
 }
 
+/* Tell the sender why the current message is refused (once; best effort, the comm fails). */
+static void refuse(struct tcp_comm *c, int reason, int want_tag, uint64_t posted)
+{
+	struct tcp_refusal f = { .reason = reason, .tag = c->rx.tag, .want_tag = want_tag,
+				 .seq = c->seq, .size = c->rx.size, .posted = posted };
+	uint8_t b[TCP_REFUSAL_SIZE];
+	size_t off = 0;
+
+	if (c->refused)
+		return;
+	c->refused = 1;
+	tcp_refusal_encode(&f, b);
+	send_iov_nb(c->ctrl_fd, b, sizeof(b), NULL, 0, &off);
+}
+
 /* The entry of the head receive that the current frame fills, or an error. */
 static int match_entry(struct tcp_comm *c, struct tcp_req *r)
 {
@@ -271,6 +322,8 @@ static int match_entry(struct tcp_comm *c, struct tcp_req *r)
 
 	if (r->base.n == 1) {
 		/* A single receive takes only its tag, as a group's entries do. */
+		if (r->tag[0] != c->rx.tag)
+			refuse(c, TCP_REFUSE_TAG, r->tag[0], 0);
 		if (r->tag[0] != c->rx.tag)
 			return tcp_comm_fail(c, -EINVAL, "message %llu has tag %d, the posted receive "
 					     "expects tag %d; the two sides' calls are out of step",
@@ -282,12 +335,16 @@ static int match_entry(struct tcp_comm *c, struct tcp_req *r)
 				e = i;
 	}
 	if (e < 0)
+		refuse(c, TCP_REFUSE_TAG, r->tag[0], 0);
+	if (e < 0)
 		return tcp_comm_fail(c, -EINVAL, "message %llu has tag %d, which no pending entry "
 				     "of the posted grouped receive (%d entries) expects",
 				     (unsigned long long)c->seq, c->rx.tag, r->base.n);
 	if (c->rx.size > r->size[e])
+		refuse(c, TCP_REFUSE_SIZE, r->tag[e], r->size[e]);
+	if (c->rx.size > r->size[e])
 		return tcp_comm_fail(c, -EMSGSIZE, "message %llu of %llu bytes (tag %d) is larger "
-				     "than the posted receive of %zu bytes",
+				     "than the posted receive of %zu bytes; the sender is told",
 				     (unsigned long long)c->seq, (unsigned long long)c->rx.size,
 				     c->rx.tag, r->size[e]);
 	return e;
@@ -377,6 +434,9 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 		*done = 1;
 		return 0;
 	}
+	/* A large send waiting on its helpers: has the receiver refused it? */
+	if (c->is_send && (++c->polls & 7) == 0)
+		poll_refusal(c);
 	err = atomic_load(&c->error);
 	if (err)
 		return err;

@@ -103,6 +103,43 @@ static void test_frame_and_reply(void **state)
 	assert_int_equal(tcp_reply_decode(rep), -EPROTO);
 }
 
+/* The receiver's refusal: round trip, and every malformed variant refused. */
+static void test_refusal(void **state)
+{
+	struct tcp_refusal r = { .reason = TCP_REFUSE_SIZE, .tag = 3, .seq = 9, .size = 1000,
+				 .posted = 500 }, g;
+	uint8_t buf[TCP_REFUSAL_SIZE], bad[TCP_REFUSAL_SIZE];
+
+	(void)state;
+	tcp_refusal_encode(&r, buf);
+	assert_int_equal(tcp_refusal_decode(buf, &g), 0);
+	assert_int_equal(g.reason, TCP_REFUSE_SIZE);
+	assert_int_equal(g.tag, 3);
+	assert_int_equal(g.seq, 9);
+	assert_int_equal(g.size, 1000);
+	assert_int_equal(g.posted, 500);
+	r = (struct tcp_refusal){ .reason = TCP_REFUSE_TAG, .tag = 5, .want_tag = 7, .size = 8 };
+	tcp_refusal_encode(&r, buf);
+	assert_int_equal(tcp_refusal_decode(buf, &g), 0);
+	assert_int_equal(g.want_tag, 7);
+	/* A magic, a pad byte, an unknown reason, a size that fits, a huge size. */
+	static const struct {
+		int off;
+		uint8_t val;
+	} flips[] = { { 0, 0x46 }, { 2, 1 }, { 13, 1 }, { 1, 3 }, { 1, 0 } };
+	for (size_t i = 0; i < sizeof(flips) / sizeof(flips[0]); i++) {
+		memcpy(bad, buf, sizeof(bad));
+		bad[flips[i].off] = flips[i].val;
+		assert_int_equal(tcp_refusal_decode(bad, &g), -EPROTO);
+	}
+	r = (struct tcp_refusal){ .reason = TCP_REFUSE_SIZE, .size = 500, .posted = 500 };
+	tcp_refusal_encode(&r, bad);
+	assert_int_equal(tcp_refusal_decode(bad, &g), -EPROTO);
+	r = (struct tcp_refusal){ .reason = TCP_REFUSE_SIZE, .size = UINT64_MAX, .posted = 1 };
+	tcp_refusal_encode(&r, bad);
+	assert_int_equal(tcp_refusal_decode(bad, &g), -EPROTO);
+}
+
 static void test_plan(void **state)
 {
 	struct tcp_plan p;
@@ -393,6 +430,7 @@ int main(void)
 		cmocka_unit_test(test_hello_round_trip),
 		cmocka_unit_test(test_hello_rejects),
 		cmocka_unit_test(test_frame_and_reply),
+		cmocka_unit_test(test_refusal),
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_wrong_nonce_refused),
 		cmocka_unit_test(test_thread_failure_closes_once),
