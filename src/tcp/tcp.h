@@ -158,6 +158,8 @@ struct tcp_req {
 	uint8_t frame[TCP_FRAME_SIZE];
 	size_t sent;
 	int ctrl_done;			/* nothing left for the control socket */
+	uint64_t first_seq;		/* receive: the message of its first matched entry */
+	_Atomic size_t moved;		/* receive: bytes arrived for its entries */
 	_Atomic int pending;		/* chunks still with helper threads */
 	_Atomic int failed;		/* a helper could not move one of them */
 };
@@ -189,6 +191,11 @@ struct tcp_comm {
 	int ctrl_quiet;			/* nothing more to read there (EOF, error, refusal) */
 	unsigned polls;
 	int refused;			/* receive side: a refusal went out */
+	/* receive side: a started message without progress (NCCL_RAIL_STALL_TIMEOUT) */
+	_Atomic uint64_t rx_moved;	/* bytes that arrived, any thread */
+	uint64_t stall_ns;		/* the bound, 0: none */
+	uint64_t stall_seen;		/* rx_moved when last sampled */
+	uint64_t stall_since;		/* when it last changed */
 	/* first error seen by any thread; the message is logged once */
 	_Atomic int error;
 	_Atomic int warned;	/* the failure's WARN went out (before error was set) */

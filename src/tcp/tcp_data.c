@@ -103,6 +103,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	c->inline_max = layout->inline_max;
 	c->min_chunk = layout->min_chunk;
 	rail_sockaddr_str(peer, c->peer, sizeof(c->peer));
+	c->stall_ns = (uint64_t)rail_param_int(RAIL_P_STALL_TIMEOUT) * 1000000000ull;
 	liveness = (int)rail_param_int(RAIL_P_PEER_TIMEOUT);
 	rail_sock_set_liveness(c->ctrl_fd, liveness / 2, liveness);
 	for (int i = 0; i < c->nsocks; i++) {
@@ -282,9 +283,12 @@ static int read_frame(struct tcp_comm *c)
 {
 	int err;
 
+	size_t before = c->rx_frame_off;
+
 	if (c->rx_have_frame)
 		return 1;
 	err = rail_sock_recv_nb(c->ctrl_fd, c->rx_frame, TCP_FRAME_SIZE, &c->rx_frame_off);
+	atomic_fetch_add_explicit(&c->rx_moved, c->rx_frame_off - before, memory_order_relaxed);
 	if (err == -EAGAIN)
 		return 0;
 	if (err)
@@ -357,8 +361,14 @@ static int progress_recv(struct tcp_comm *c)
 		int e, err;
 
 		if (c->rx_req) {
+			size_t before = c->rx_off;
+
 			err = rail_sock_recv_nb(c->ctrl_fd, (char *)r->data[c->rx_entry],
 						r->got[c->rx_entry], &c->rx_off);
+			atomic_fetch_add_explicit(&c->rx_moved, c->rx_off - before,
+						  memory_order_relaxed);
+			atomic_fetch_add_explicit(&r->moved, c->rx_off - before,
+						  memory_order_relaxed);
 			if (err == -EAGAIN)
 				return 0;
 			if (err)
@@ -378,6 +388,8 @@ static int progress_recv(struct tcp_comm *c)
 		e = match_entry(c, r);
 		if (e < 0)
 			return e;
+		if (r->first_seq == UINT64_MAX)
+			r->first_seq = c->seq;
 		r->matched[e] = 1;
 		r->got[e] = c->rx.size;
 		c->rx_have_frame = 0;
@@ -409,8 +421,54 @@ int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **d
 		r->size[i] = sizes[i];
 		r->tag[i] = tags ? tags[i] : 0;
 	}
+	r->first_seq = UINT64_MAX;
 	fifo_push(c, r);
 	return progress_recv(c);
+}
+
+/*
+ * Receive side, NCCL_RAIL_STALL_TIMEOUT: a message already started (part of
+ * its header, its inline bytes or chunks still to come) while no byte
+ * arrived on the comm for the bound fails the comm. The peer's host still
+ * answers (a dead host fails the sockets after NCCL_RAIL_PEER_TIMEOUT), so
+ * its process stopped. Between messages, waiting is normal: no bound.
+ */
+static int check_stall(struct tcp_comm *c, struct tcp_req *r)
+{
+	uint64_t moved, now, msg;
+	size_t expect = 0, got;
+
+	if (!c->stall_ns || (++c->polls & 63))
+		return 0;
+	if (!c->rx_frame_off && !c->rx_req && !atomic_load_explicit(&r->pending,
+								    memory_order_relaxed))
+		return 0;
+	moved = atomic_load_explicit(&c->rx_moved, memory_order_relaxed);
+	now = rail_now_ns();
+	if (moved != c->stall_seen || !c->stall_since) {
+		c->stall_seen = moved;
+		c->stall_since = now;
+		return 0;
+	}
+	if (now - c->stall_since < c->stall_ns)
+		return 0;
+	if (c->rx_frame_off && !c->rx_req && !atomic_load(&r->pending)) {
+		msg = c->seq;
+		expect = TCP_FRAME_SIZE;
+		got = c->rx_frame_off;
+	} else {
+		msg = r->first_seq == UINT64_MAX ? c->seq : r->first_seq;
+		for (int i = 0; i < r->base.n; i++)
+			expect += r->matched[i] ? r->got[i] : 0;
+		got = atomic_load(&r->moved);
+	}
+	return tcp_comm_fail(c, -ETIMEDOUT, "message %llu: %zu of %zu bytes received, then nothing "
+			     "for %llu s while the peer's host still answers; the peer process "
+			     "is probably stopped (SIGSTOP, a debugger) or hung. "
+			     "NCCL_RAIL_STALL_TIMEOUT=%llu bounds a message already started "
+			     "(0: wait forever)", (unsigned long long)msg, got, expect,
+			     (unsigned long long)((now - c->stall_since) / 1000000000ull),
+			     (unsigned long long)(c->stall_ns / 1000000000ull));
 }
 
 int tcp_test(struct rail_req *req, int *done, size_t *sizes)
@@ -437,6 +495,8 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 	/* A large send waiting on its helpers: has the receiver refused it? */
 	if (c->is_send && (++c->polls & 7) == 0)
 		poll_refusal(c);
+	else if (!c->is_send)
+		check_stall(c, r);
 	err = atomic_load(&c->error);
 	if (err)
 		return err;
