@@ -530,6 +530,12 @@ void rail_conf_good_connection(struct rail_conf *cx, void *lc, const uint8_t *ha
 		pend.kind = RAIL_CONF_CONNECT;
 		memcpy(pend.handle, handle, sizeof(pend.handle));
 	}
+	/*
+	 * B connects only once A has left rail_conf_watch_listener: A polls for
+	 * DONE, then calls accept, so a connect right after DONE could be
+	 * accepted there and taken for a refused handle's connection.
+	 */
+	rail_conf_barrier(cx, "good-connection");
 	rail_conf_establish(cx, &pend, 1, "the valid handle after refused ones");
 	p.lc = lc;
 	p.comm = pend.comm;
