@@ -159,6 +159,66 @@ static void test_plan(void **state)
 	assert_int_equal(p.nchunks, 0);
 }
 
+/*
+ * A 1000-byte send into a 500-byte receive: the receive fails, and the
+ * sender is told (its send, or one of the small sends after it, fails with
+ * a WARN naming the receiver's refusal and both sizes).
+ */
+static void test_sender_told_of_refusal(void **state)
+{
+	static char sbuf[1000], rbuf[1000];
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	void *ctx = NULL, *lc = NULL, *sc = NULL, *rc = NULL, *sreq = NULL, *rreq = NULL;
+	void *data[1] = { rbuf };
+	size_t room[1] = { 500 };
+	int tag[1] = { 1 }, done = 0, size = 0, later = 0;
+	ncclResult_t rres = ncclSuccess, sres = ncclSuccess;
+	uint64_t deadline = rail_now_ns() + 10ull * 1000000000ull;
+
+	(void)state;
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	unit_log_capture();
+	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	while ((!sc || !rc) && rail_now_ns() < deadline) {
+		if (!sc)
+			assert_int_equal(rail_net_connect(ctx, 0, -1, handle, &sc), ncclSuccess);
+		if (!rc)
+			assert_int_equal(rail_net_accept(lc, &rc), ncclSuccess);
+	}
+	assert_non_null(sc);
+	assert_non_null(rc);
+	while (!rreq)
+		assert_int_equal(rail_net_irecv(rc, 1, data, room, tag, NULL, &rreq), ncclSuccess);
+	while (!sreq)
+		assert_int_equal(rail_net_isend(sc, sbuf, sizeof(sbuf), 1, NULL, &sreq), ncclSuccess);
+	while (rres == ncclSuccess && !done && rail_now_ns() < deadline)
+		rres = rail_net_test(rreq, &done, &size);
+	assert_int_equal(rres, ncclInvalidUsage);
+	/* The sender: its send completes or fails; later sends fail once it is told. */
+	while (sres == ncclSuccess && rail_now_ns() < deadline) {
+		done = 0;
+		if (sreq)
+			sres = rail_net_test(sreq, &done, &size);
+		else
+			sres = rail_net_isend(sc, sbuf, 8, 2, NULL, &sreq), later++;
+		if (done)
+			sreq = NULL;
+	}
+	if (sres != ncclInvalidUsage)
+		fail_msg("the sender was not told of the refusal: %d after %d later sends", sres,
+			 later);
+	unit_assert_logged2(RAIL_LOG_WARN, "refused message 0 of 1000 bytes", "only 500 bytes");
+	if (sreq)
+		rail_net_test(sreq, &done, &size);
+	assert_int_equal(rail_net_close_send(sc), ncclSuccess);
+	assert_int_equal(rail_net_close_recv(rc), ncclSuccess);
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unit_log_release();
+}
+
 /* Connect with a handle whose nonce was changed (checksum fixed up). */
 static void test_wrong_nonce_refused(void **state)
 {
@@ -433,6 +493,7 @@ int main(void)
 		cmocka_unit_test(test_refusal),
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_wrong_nonce_refused),
+		cmocka_unit_test(test_sender_told_of_refusal),
 		cmocka_unit_test(test_thread_failure_closes_once),
 		cmocka_unit_test(test_strays_do_not_disable_listener),
 	};
