@@ -5,7 +5,9 @@
 #                         fake provider, exports, README table,
 #                         conformance over TCP, rail-bench across namespaces
 #   make test             everything CI runs: check, sanitizers, clang, the
-#                         Soft-RoCE guest, the fresh-machine root, packages
+#                         fuzz targets (20 s each), the Soft-RoCE guest, the
+#                         fresh-machine root, packages
+#   make fuzz             every libFuzzer target for FUZZ_TIME s (clang)
 #   make install          PREFIX, LIBDIR, BINDIR, DOCDIR, DESTDIR; with
 #                         NCCL_DEFAULT_LINK=1 also libnccl-net.so, the name
 #                         NCCL loads when NCCL_NET_PLUGIN is unset
@@ -22,6 +24,8 @@
 #   test/unit/test_*.c     -> build/test/unit/test_* (cmocka)
 #   test/fakeverbs/*.c     -> build/test/fakeverbs/libfakeverbs.so, the fake
 #                             libibverbs the unit tests load (NCCL_IBVERBS_LIB)
+#   test/fuzz/fuzz_*.c     -> build-fuzz/test/fuzz/fuzz_* (libFuzzer, clang;
+#                             make fuzz)
 
 CC      ?= gcc
 BUILD   ?= build
@@ -57,6 +61,7 @@ TOOL_SRCS   := $(sort $(wildcard tools/*.c))
 UNIT_SRCS   := $(sort $(wildcard test/unit/test_*.c))
 CONF_SRCS   := $(sort $(wildcard test/conformance/*.c))
 FAKEVERBS_SRCS := $(sort $(wildcard test/fakeverbs/*.c))
+FUZZ_SRCS   := $(sort $(wildcard test/fuzz/fuzz_*.c))
 
 CORE_OBJS   := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 PLUGIN_OBJS := $(PLUGIN_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -68,10 +73,11 @@ TOOLS       := $(patsubst tools/%.c,$(BUILD)/%,$(subst _,-,$(TOOL_SRCS)))
 UNIT_TESTS  := $(UNIT_SRCS:test/unit/%.c=$(BUILD)/test/unit/%)
 CONFORMANCE := $(BUILD)/rail-conformance
 FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
+FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-rxe-smoke test-readme test-netns test-fresh test-packages install \
-	uninstall clean readme deb rpm version test-fakeverbs
+	uninstall clean readme deb rpm version test-fakeverbs fuzz fuzz-targets fuzz-seeds
 all: plugin tools
 
 plugin: $(PLUGIN)
@@ -119,6 +125,20 @@ $(FAKEVERBS): $(FAKEVERBS_SRCS) test/fakeverbs/fv.h test/fakeverbs/fakeverbs.map
 $(CONFORMANCE): $(CONF_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
+# libFuzzer targets: build with `make fuzz` (clang, its own tree build-fuzz,
+# the core library instrumented with -fsanitize=fuzzer-no-link).
+$(BUILD)/test/fuzz/fuzz_%: test/fuzz/fuzz_%.c $(CORE_LIB) VERSION
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -fsanitize=fuzzer $(LDFLAGS) -MMD -MP -o $@ $< \
+		$(CORE_LIB) $(LDLIBS)
+
+$(BUILD)/test/fuzz/make-seeds: test/fuzz/make_seeds.c $(CORE_LIB) VERSION
+	@mkdir -p $(dir $@)
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+
+fuzz-targets: $(FUZZ_TARGETS)
+
 -include $(shell find $(BUILD)/obj $(BUILD)/test -name '*.d' -type f 2>/dev/null)
 
 # ---- tests ---------------------------------------------------------------
@@ -134,6 +154,20 @@ test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(PLUGIN) $(FAKEVERBS)
 # test/fakeverbs/conf/ (no RDMA device needed).
 test-fakeverbs: $(UNIT_TESTS) $(FAKEVERBS)
 	test/fakeverbs/run-live.sh $(BUILD)
+
+# Every libFuzzer target for FUZZ_TIME seconds (default 20) from its seed
+# corpus (test/fuzz/corpus/), ASan and UBSan on; a crash fails (test/fuzz/run.sh).
+FUZZ_TIME  ?= 20
+FUZZ_BUILD ?= build-fuzz
+FUZZ_MAKE   = $(MAKE) BUILD=$(FUZZ_BUILD) CC=clang SAN=address,undefined,fuzzer-no-link OPT=-O1
+fuzz:
+	+$(FUZZ_MAKE) fuzz-targets
+	test/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_TIME)
+
+# Regenerate the seed corpus with the real encoders (after a wire format change).
+fuzz-seeds:
+	+$(FUZZ_MAKE) $(FUZZ_BUILD)/test/fuzz/make-seeds
+	$(FUZZ_BUILD)/test/fuzz/make-seeds test/fuzz/corpus
 
 test-abi: $(PLUGIN)
 	test/check-exports.sh $(PLUGIN)
@@ -185,7 +219,7 @@ test-packages: deb
 
 check: all tests test-unit test-fakeverbs test-abi test-readme test-conformance test-netns
 
-test: check test-sanitizers test-clang test-packages test-fresh test-rxe
+test: check test-sanitizers test-clang fuzz test-packages test-fresh test-rxe
 
 readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info --update
@@ -230,4 +264,4 @@ rpm:
 
 clean:
 	rm -rf $(BUILD)/obj $(BUILD)/test $(BUILD)/pkg $(BUILD)/*.a $(BUILD)/*.so $(TOOLS) \
-		$(CONFORMANCE) build-san build-clang
+		$(CONFORMANCE) build-san build-clang build-fuzz

@@ -8,15 +8,24 @@
 
 #include "api.h"
 #include "gpu.h"
+#include "handles.h"
 #include "log.h"
 #include "param.h"
 #include "rail.h"
 #include "topo/topo.h"
 
-#define RAIL_CTX_MAGIC 0x43545852u /* "RXTC" */
+#define RAIL_CTX_MAGIC 0x43545852u /* "RXTC": the kind of a context's handle */
+#define RAIL_MR_MAGIC 0x524d5852u  /* "RXMR": the kind of a registration's handle */
 
+_Static_assert(RAIL_MAX_REQUESTS * RAIL_MAX_RECVS <= 1u << RAIL_H_REQ_BITS,
+	       "a request handle has room for every request of a comm");
+
+/*
+ * Contexts, comms, memory registrations and requests reach NCCL as handles
+ * (src/handles.h), never as pointers: a handle used after its object died
+ * is refused with a WARN without reading freed memory.
+ */
 struct rail_ctx {
-	uint32_t magic;
 	uint64_t comm_id;
 	int traffic_class;
 };
@@ -132,23 +141,34 @@ ncclResult_t rail_net_init(void **ctx, uint64_t comm_id, int traffic_class,
 {
 	struct rail_ctx *c;
 	ncclResult_t res;
+	uintptr_t h;
+	int err;
 
 	if (!ctx)
 		return ncclInvalidArgument;
 	c = calloc(1, sizeof(*c));
 	if (!c)
 		return ncclSystemError;
-	c->magic = RAIL_CTX_MAGIC;
 	c->comm_id = comm_id;
 	c->traffic_class = traffic_class;
+	err = rail_h_alloc(RAIL_HT_CTX, RAIL_CTX_MAGIC, c, 0, &h, NULL);
+	if (err) {
+		RAIL_WARN("init: no handle for a new context: %s (more than 65536 contexts open?)",
+			  RAIL_ERRSTR(err));
+		free(c);
+		return ncclSystemError;
+	}
 	pthread_mutex_lock(&api_lock);
 	res = init_locked(logger, abi_version);
 	pthread_mutex_unlock(&api_lock);
 	if (res != ncclSuccess) {
+		void *obj;
+
+		rail_h_free(RAIL_HT_CTX, h, &obj, NULL);
 		free(c);
 		return res;
 	}
-	*ctx = c;
+	*ctx = (void *)h;
 	return ncclSuccess;
 }
 
@@ -202,6 +222,7 @@ static ncclResult_t finalize_last(void)
 		api_topo_fd = -1;
 		unsetenv("NCCL_TOPO_FILE");
 	}
+	rail_h_release_if_empty();
 	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "finalized: no comm open, every thread stopped");
 	rail_log_set_logger(NULL);
 	return ncclSuccess;
@@ -209,17 +230,17 @@ static ncclResult_t finalize_last(void)
 
 ncclResult_t rail_net_finalize(void *ctx)
 {
-	struct rail_ctx *c = ctx;
 	ncclResult_t res = ncclSuccess;
+	void *c;
 
 	/* NCCL calls finalize even after a failed init, with no context. */
-	if (!c)
+	if (!ctx)
 		return ncclSuccess;
-	if (c->magic != RAIL_CTX_MAGIC) {
-		RAIL_WARN("finalize: %p is not a context of this plugin", ctx);
+	if (rail_h_free(RAIL_HT_CTX, (uintptr_t)ctx, &c, NULL)) {
+		RAIL_WARN("finalize: %p is not a context of this plugin (finalized already, or "
+			  "never returned by init)", ctx);
 		return ncclInternalError;
 	}
-	c->magic = 0;
 	free(c);
 	pthread_mutex_lock(&api_lock);
 	if (api_refs > 0 && --api_refs == 0 && api_ops)
@@ -292,9 +313,45 @@ ncclResult_t rail_net_get_properties(int dev, struct rail_props *props)
 
 static struct rail_ctx *ctx_of(void *ctx)
 {
-	struct rail_ctx *c = ctx;
+	uint32_t kind;
 
-	return c && c->magic == RAIL_CTX_MAGIC ? c : NULL;
+	return ctx ? rail_h_get(RAIL_HT_CTX, (uintptr_t)ctx, &kind) : NULL;
+}
+
+static const char *kind_name(uint32_t kind)
+{
+	return kind == RAIL_COMM_SEND ? "send" : kind == RAIL_COMM_RECV ? "receive" : "listen";
+}
+
+/* Give a new comm of the transport a handle; on failure the comm is closed. */
+static int comm_publish(struct rail_comm *c, const char *call, void **out)
+{
+	uintptr_t h;
+	uint32_t idx;
+	int err = rail_h_alloc(RAIL_HT_COMM, c->kind, c, 0, &h, &idx);
+
+	if (err) {
+		RAIL_WARN("%s: no handle for a new %s comm on device %d: %s (%u comms open)", call,
+			  kind_name(c->kind), c->dev, RAIL_ERRSTR(err), rail_h_live(RAIL_HT_COMM));
+		if (c->kind == RAIL_COMM_SEND)
+			c->ops->close_send(c);
+		else if (c->kind == RAIL_COMM_RECV)
+			c->ops->close_recv(c);
+		else
+			c->ops->close_listen(c);
+		return err;
+	}
+	c->handle = h;
+	c->hidx = idx;
+	/* Request stamps of a new comm in a reused slot start far from the last one's. */
+	c->stamp = (uint32_t)(h >> RAIL_H_IDX_BITS) * 0x9e3779b1u;
+	*out = (void *)h;
+	return 0;
+}
+
+int rail_net_adopt_comm(struct rail_comm *comm, void **handle)
+{
+	return comm_publish(comm, "adopt", handle);
 }
 
 ncclResult_t rail_net_listen(void *ctx, int dev, void *handle, void **listen_comm)
@@ -310,7 +367,7 @@ ncclResult_t rail_net_listen(void *ctx, int dev, void *handle, void **listen_com
 	if (!err)
 		err = ops->listen(dev, handle, &lc);
 	if (!err)
-		*listen_comm = lc;
+		err = comm_publish(lc, "listen", listen_comm);
 	return rail_result(err);
 }
 
@@ -330,19 +387,22 @@ ncclResult_t rail_net_connect(void *ctx, int dev, int traffic_class, void *handl
 	err = check_dev(ops, "connect", dev);
 	if (!err)
 		err = ops->connect(dev, &opts, handle, &sc);
-	if (!err)
-		*send_comm = sc;
+	if (!err && sc)
+		err = comm_publish(sc, "connect", send_comm);
+	else if (!err)
+		*send_comm = NULL;
 	return rail_result(err);
 }
 
 static struct rail_comm *comm_of(void *p, enum rail_comm_kind kind, const char *call)
 {
-	struct rail_comm *c = p;
+	uint32_t k = 0;
+	struct rail_comm *c = rail_h_get(RAIL_HT_COMM, (uintptr_t)p, &k);
 
-	if (!c || c->kind != (uint32_t)kind) {
-		RAIL_WARN("%s: %p is not an open %s comm of this plugin", call, p,
-			  kind == RAIL_COMM_SEND ? "send" : kind == RAIL_COMM_RECV ? "receive"
-										 : "listen");
+	if (rail_unlikely(!c || k != (uint32_t)kind)) {
+		RAIL_WARN("%s: %p is not an open %s comm of this plugin (%s)", call, p,
+			  kind_name(kind), c ? "a comm of another kind"
+			  : "closed already, or never returned by listen, connect or accept");
 		return NULL;
 	}
 	return c;
@@ -357,20 +417,70 @@ ncclResult_t rail_net_accept(void *listen_comm, void **recv_comm)
 	if (!lc || !recv_comm)
 		return ncclInternalError;
 	err = lc->ops->accept(lc, &rc);
-	if (!err)
-		*recv_comm = rc;
+	if (!err && rc)
+		err = comm_publish(rc, "accept", recv_comm);
+	else if (!err)
+		*recv_comm = NULL;
 	return rail_result(err);
 }
 
 static struct rail_comm *data_comm_of(void *p, const char *call)
 {
-	struct rail_comm *c = p;
+	uint32_t k = 0;
+	struct rail_comm *c = rail_h_get(RAIL_HT_COMM, (uintptr_t)p, &k);
 
-	if (!c || (c->kind != RAIL_COMM_SEND && c->kind != RAIL_COMM_RECV)) {
-		RAIL_WARN("%s: %p is not an open send or receive comm of this plugin", call, p);
+	if (!c || (k != RAIL_COMM_SEND && k != RAIL_COMM_RECV)) {
+		RAIL_WARN("%s: %p is not an open send or receive comm of this plugin (%s)", call,
+			  p, c ? "a listen comm"
+			  : "closed already, or never returned by connect or accept");
 		return NULL;
 	}
 	return c;
+}
+
+/* A registration's handle for the transport's object; the registration is undone on failure. */
+static int mr_publish(struct rail_comm *c, void *mh, const char *call, void **out)
+{
+	uintptr_t h;
+	int err = rail_h_alloc(RAIL_HT_MR, RAIL_MR_MAGIC, mh, c->handle, &h, NULL);
+
+	if (err) {
+		RAIL_WARN("%s on device %d: no handle for a new registration: %s (%u live)", call,
+			  c->dev, RAIL_ERRSTR(err), rail_h_live(RAIL_HT_MR));
+		c->ops->dereg_mr(c, mh);
+		return err;
+	}
+	*out = (void *)h;
+	return 0;
+}
+
+/* The transport's object of a live registration handle (NULL stays NULL). */
+static int mr_of(void *h, const char *call, void **mh)
+{
+	uint32_t k;
+
+	if (!h) {
+		*mh = NULL;
+		return 0;
+	}
+	*mh = rail_h_get(RAIL_HT_MR, (uintptr_t)h, &k);
+	if (rail_unlikely(!*mh)) {
+		RAIL_WARN("%s: memory handle %p is not a live registration of this plugin "
+			  "(deregistered already, or its comm was closed)", call, h);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int mrs_of(int n, void **in, void **out, const char *call)
+{
+	for (int i = 0; i < n; i++) {
+		int err = mr_of(in[i], call, &out[i]);
+
+		if (err)
+			return err;
+	}
+	return 0;
 }
 
 ncclResult_t rail_net_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
@@ -390,7 +500,7 @@ ncclResult_t rail_net_reg_mr(void *comm, void *data, size_t size, int type, void
 	}
 	err = c->ops->reg_mr(c, data, size, type, &mh);
 	if (!err)
-		*mhandle = mh;
+		err = mr_publish(c, mh, "regMr", mhandle);
 	return rail_result(err);
 }
 
@@ -415,24 +525,42 @@ ncclResult_t rail_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int typ
 		err = c->ops->reg_mr_dmabuf(c, data, size, type, offset, fd, &mh);
 	}
 	if (!err)
-		*mhandle = mh;
+		err = mr_publish(c, mh, "regMrDmaBuf", mhandle);
 	return rail_result(err);
 }
 
 ncclResult_t rail_net_dereg_mr(void *comm, void *mhandle)
 {
 	struct rail_comm *c = data_comm_of(comm, "deregMr");
+	void *mh;
+	uint32_t k;
 
 	if (!c)
 		return ncclInternalError;
-	return rail_result(c->ops->dereg_mr(c, mhandle));
+	if (!mhandle)
+		return ncclSuccess;
+	mh = rail_h_get(RAIL_HT_MR, (uintptr_t)mhandle, &k);
+	if (!mh || !rail_h_owned_by((uintptr_t)mhandle, c->handle)) {
+		RAIL_WARN("deregMr(%p) on the %s comm %p (device %d): %s", mhandle,
+			  kind_name(c->kind), comm, c->dev, mh ? "registered on another comm"
+			  : "not a live registration (deregistered twice, or never registered)");
+		return ncclInternalError;
+	}
+	/* One of two racing deregMr calls wins the handle; only it deregisters. */
+	if (rail_h_free(RAIL_HT_MR, (uintptr_t)mhandle, &mh, NULL)) {
+		RAIL_WARN("deregMr(%p): deregistered by another thread meanwhile", mhandle);
+		return ncclInternalError;
+	}
+	return rail_result(c->ops->dereg_mr(c, mh));
 }
 
-static struct rail_req *req_get(struct rail_comm *c, int type, int n, const char *call)
+static struct rail_req *req_get(struct rail_comm *c, int type, int n, const char *call,
+			       uintptr_t *h)
 {
-	struct rail_req *r = rail_pool_get(&c->reqs);
+	uint32_t i;
+	struct rail_req *r = rail_pool_get_idx(&c->reqs, &i);
 
-	if (!r) {
+	if (rail_unlikely(!r)) {
 		RAIL_WARN("%s: all %u requests of this comm (device %d) are in flight; NCCL "
 			  "allows %d per comm (x%d on the send side)", call, c->reqs.capacity,
 			  c->dev, RAIL_MAX_REQUESTS, RAIL_MAX_RECVS);
@@ -442,6 +570,8 @@ static struct rail_req *req_get(struct rail_comm *c, int type, int n, const char
 	r->type = type;
 	r->n = n;
 	r->comm = c;
+	r->stamp = ++c->stamp & RAIL_H_STAMP_MASK;
+	*h = rail_h_req_encode(c->hidx, i, r->stamp);
 	return r;
 }
 
@@ -456,14 +586,16 @@ ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, v
 {
 	struct rail_comm *c = comm_of(send_comm, RAIL_COMM_SEND, "isend");
 	struct rail_req *r;
+	uintptr_t h;
+	void *mh;
 	int err;
 
-	if (!c || !request)
+	if (!c || !request || mr_of(mhandle, "isend", &mh))
 		return ncclInternalError;
-	r = req_get(c, RAIL_REQ_SEND, 1, "isend");
+	r = req_get(c, RAIL_REQ_SEND, 1, "isend", &h);
 	if (!r)
 		return ncclInternalError;
-	err = c->ops->isend(c, r, data, size, tag, mhandle);
+	err = c->ops->isend(c, r, data, size, tag, mh);
 	if (err) {
 		req_put(r);
 		if (err == -EAGAIN) {
@@ -472,7 +604,7 @@ ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, v
 		}
 		return rail_result(err);
 	}
-	*request = r;
+	*request = (void *)h;
 	return ncclSuccess;
 }
 
@@ -480,7 +612,9 @@ ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 			    int *tags, void **mhandles, void **request)
 {
 	struct rail_comm *c = comm_of(recv_comm, RAIL_COMM_RECV, "irecv");
+	void *mhs[RAIL_MAX_RECVS];
 	struct rail_req *r;
+	uintptr_t h;
 	int err;
 
 	if (!c || !request || !data || !sizes)
@@ -490,10 +624,12 @@ ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 			  RAIL_MAX_RECVS);
 		return ncclInternalError;
 	}
-	r = req_get(c, RAIL_REQ_RECV, n, "irecv");
+	if (mhandles && mrs_of(n, mhandles, mhs, "irecv"))
+		return ncclInternalError;
+	r = req_get(c, RAIL_REQ_RECV, n, "irecv", &h);
 	if (!r)
 		return ncclInternalError;
-	err = c->ops->irecv(c, r, n, data, sizes, tags, mhandles);
+	err = c->ops->irecv(c, r, n, data, sizes, tags, mhandles ? mhs : NULL);
 	if (err) {
 		req_put(r);
 		if (err == -EAGAIN) {
@@ -502,7 +638,7 @@ ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 		}
 		return rail_result(err);
 	}
-	*request = r;
+	*request = (void *)h;
 	return ncclSuccess;
 }
 
@@ -510,36 +646,58 @@ ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
 			     void **mhandles, void **request)
 {
 	struct rail_comm *c = comm_of(recv_comm, RAIL_COMM_RECV, "iflush");
+	void *mhs[RAIL_MAX_RECVS];
 	struct rail_req *r;
+	uintptr_t h;
 	int err;
 
 	if (!c || !request)
 		return ncclInternalError;
 	if (n < 1 || n > RAIL_MAX_RECVS)
 		return ncclInternalError;
-	r = req_get(c, RAIL_REQ_FLUSH, n, "iflush");
+	if (mhandles && mrs_of(n, mhandles, mhs, "iflush"))
+		return ncclInternalError;
+	r = req_get(c, RAIL_REQ_FLUSH, n, "iflush", &h);
 	if (!r)
 		return ncclInternalError;
-	err = c->ops->iflush(c, r, n, data, sizes, mhandles);
+	err = c->ops->iflush(c, r, n, data, sizes, mhandles ? mhs : NULL);
 	if (err) {
 		/* 1: nothing to flush. NCCL counts a NULL request as done. */
 		req_put(r);
 		*request = NULL;
 		return err == 1 ? ncclSuccess : rail_result(err);
 	}
-	*request = r;
+	*request = (void *)h;
 	return ncclSuccess;
+}
+
+/* The request of a handle, if it is in flight; reads only live memory. */
+static struct rail_req *req_of(void *request)
+{
+	uint32_t ci, ri, stamp, kind = 0;
+	struct rail_comm *c;
+	struct rail_req *r;
+
+	if (!rail_h_req_decode((uintptr_t)request, &ci, &ri, &stamp))
+		return NULL;
+	c = rail_h_get_idx(RAIL_HT_COMM, ci, &kind);
+	if (!c || (kind != RAIL_COMM_SEND && kind != RAIL_COMM_RECV))
+		return NULL;
+	r = rail_pool_at(&c->reqs, ri);
+	if (!r || r->magic != RAIL_REQ_MAGIC || r->stamp != stamp)
+		return NULL;
+	return r;
 }
 
 ncclResult_t rail_net_test(void *request, int *done, int *sizes)
 {
-	struct rail_req *r = request;
+	struct rail_req *r = req_of(request);
 	size_t got[RAIL_MAX_RECVS] = { 0 };
 	int d = 0, err;
 
-	if (!r || !done || r->magic != RAIL_REQ_MAGIC) {
-		RAIL_WARN("test: %p is not a request in flight (tested after completion?)",
-			  request);
+	if (rail_unlikely(!r || !done)) {
+		RAIL_WARN("test: %p is not a request in flight (tested again after it completed "
+			  "or failed, or its comm was closed)", request);
 		return ncclInternalError;
 	}
 	err = r->comm->ops->test(r, &d, got);
@@ -561,10 +719,24 @@ ncclResult_t rail_net_test(void *request, int *done, int *sizes)
 static ncclResult_t close_comm(void *p, enum rail_comm_kind kind, const char *call)
 {
 	struct rail_comm *c = comm_of(p, kind, call);
-	int err;
+	void *obj, *mh;
+	int err, left = 0;
 
 	if (!c)
 		return ncclInternalError;
+	/* Registrations NCCL did not deregister go with the comm (their handles die too). */
+	while (rail_h_take_owned((uintptr_t)p, &mh)) {
+		c->ops->dereg_mr(c, mh);
+		left++;
+	}
+	if (left)
+		RAIL_INFO(RAIL_LOG_NET, "%s: %d memory registrations were still live; released "
+			  "with the comm", call, left);
+	/* One of two racing closes wins the handle; only it closes. */
+	if (rail_h_free(RAIL_HT_COMM, (uintptr_t)p, &obj, NULL)) {
+		RAIL_WARN("%s: %p closed by another thread meanwhile", call, p);
+		return ncclInternalError;
+	}
 	if (kind == RAIL_COMM_SEND)
 		err = c->ops->close_send(c);
 	else if (kind == RAIL_COMM_RECV)

@@ -44,6 +44,11 @@ ncclResult_t rail_net_test(void *request, int *done, int *sizes);
 ncclResult_t rail_net_close_send(void *send_comm);
 ncclResult_t rail_net_close_recv(void *recv_comm);
 ncclResult_t rail_net_close_listen(void *listen_comm);
+/*
+ * Unit tests with a fake transport: give a comm the transport made a handle,
+ * as listen, connect and accept do (0 or -errno; on failure it is closed).
+ */
+int rail_net_adopt_comm(struct rail_comm *comm, void **handle);
 /* max_devs: 4 for v9-v11, 8 for v12. */
 ncclResult_t rail_net_make_vdevice(int *d, int ndevs, const int *devs, int max_devs);
 ncclResult_t rail_net_set_net_attr(void *ctx, const void *attr);

@@ -43,7 +43,7 @@ void rail_pool_destroy(struct rail_pool *pool)
 	memset(pool, 0, sizeof(*pool));
 }
 
-void *rail_pool_get(struct rail_pool *pool)
+void *rail_pool_get_idx(struct rail_pool *pool, uint32_t *idx)
 {
 	uint32_t i;
 	unsigned char *e;
@@ -54,7 +54,15 @@ void *rail_pool_get(struct rail_pool *pool)
 	e = pool->mem + (size_t)i * pool->elem_size;
 	memset(e, 0, pool->elem_size - 1);
 	*in_use_flag(pool, i) = 1;
+	*idx = i;
 	return e;
+}
+
+void *rail_pool_get(struct rail_pool *pool)
+{
+	uint32_t i;
+
+	return rail_pool_get_idx(pool, &i);
 }
 
 int rail_pool_owns(const struct rail_pool *pool, const void *elem)

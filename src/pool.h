@@ -21,6 +21,8 @@ int rail_pool_init(struct rail_pool *pool, uint32_t capacity, size_t elem_size);
 void rail_pool_destroy(struct rail_pool *pool);
 /* A zeroed element, or NULL when all are in use. */
 void *rail_pool_get(struct rail_pool *pool);
+/* The same, with the element's index in *idx. */
+void *rail_pool_get_idx(struct rail_pool *pool, uint32_t *idx);
 /* -EINVAL if elem is not an in-use element of this pool (double free). */
 int rail_pool_put(struct rail_pool *pool, void *elem);
 /* 1 if elem points at the start of an element of this pool. */

@@ -63,6 +63,10 @@ struct rail_comm {
 	int dev;
 	const struct rail_transport_ops *ops;
 	struct rail_pool reqs;
+	/* api.c: the comm's handle (src/handles.h) and the next request stamp. */
+	uintptr_t handle;
+	uint32_t hidx;
+	uint32_t stamp;
 };
 
 enum rail_req_type {
@@ -78,6 +82,7 @@ struct rail_req {
 	uint32_t magic;
 	int type;
 	int n;
+	uint32_t stamp;		/* api.c: must match the handle's (src/handles.h) */
 	struct rail_comm *comm;
 };
 

@@ -25,6 +25,7 @@
  * kernel resolves the peer's address inside ibv_modify_qp(RTR), which can
  * take a second, and connect/accept must not block NCCL's proxy thread.
  */
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,6 +38,12 @@
 #include "param.h"
 #include "rail.h"
 
+/*
+ * Accepted sockets whose handshake is in progress, at most. One that has not
+ * sent a valid hello is a stray until proven otherwise (a port scanner, a
+ * health check, another program): when the list is full and a connection
+ * waits, the oldest of those is dropped, so strays never starve the peer.
+ */
 #define MAX_PENDING 32
 
 enum hs_state {
@@ -64,6 +71,7 @@ struct rail_ib_hs {
 	int vdev;
 	uint64_t nonce;
 	uint64_t start_ns;
+	int hello_ok;		/* accept: a hello with this listener's nonce arrived */
 	struct rail_conn_opts opts;
 	struct rail_ib_comm *comm;
 	char peer[RAIL_ADDR_STRLEN];
@@ -86,6 +94,7 @@ struct rail_ib_listen {
 	uint64_t nonce;
 	int npending;
 	struct rail_ib_hs *pending[MAX_PENDING];
+	unsigned long dropped;	/* strays dropped to make room (the first is a WARN) */
 };
 
 /* ---- comms ------------------------------------------------------------- */
@@ -634,6 +643,7 @@ static int receiver_on_hello(struct rail_ib_hs *hs, uint64_t nonce, const struct
 			 "communicator", (unsigned long long)m->nonce);
 		return refuse(hs, RAIL_IB_REFUSE_NONCE, why);
 	}
+	hs->hello_ok = 1;
 	hs->comm = c = comm_new(hs->vdev, 0, hs->peer, &err);
 	if (!c)
 		return err;
@@ -709,13 +719,56 @@ static int accept_progress(struct rail_ib_listen *l, struct rail_ib_hs *hs)
 	}
 }
 
+static void pending_drop(struct rail_ib_listen *l, int i)
+{
+	hs_free(l->pending[i]);
+	l->pending[i] = l->pending[--l->npending];
+}
+
+/* 1 when a connection waits in the listen socket's backlog. */
+static int backlog_waiting(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
+}
+
+/* The list is full and a connection waits: drop the oldest stray (0), or -EAGAIN. */
+static int drop_oldest_stray(struct rail_ib_listen *l)
+{
+	int o = -1;
+
+	for (int i = 0; i < l->npending; i++)
+		if (!l->pending[i]->hello_ok && l->pending[i]->state == R_RECV_HELLO &&
+		    (o < 0 || l->pending[i]->start_ns < l->pending[o]->start_ns))
+			o = i;
+	if (o < 0)
+		return -EAGAIN;	/* every slot is a real handshake: the newcomer waits */
+	if (l->dropped++ == 0)
+		RAIL_WARN("verbs accept on device %d: dropping the connection from %s, which sent no "
+			  "hello in %llu ms, to make room for a waiting one (%d handshakes pending); a "
+			  "port scanner or a client of another program? Further drops are logged at "
+			  "INFO", l->base.dev, l->pending[o]->peer,
+			  (unsigned long long)((rail_now_ns() - l->pending[o]->start_ns) / 1000000),
+			  l->npending);
+	else
+		RAIL_INFO(RAIL_LOG_NET, "verbs accept on device %d: dropped the connection from %s "
+			  "(no hello; %lu dropped so far)", l->base.dev, l->pending[o]->peer,
+			  l->dropped);
+	pending_drop(l, o);
+	return 0;
+}
+
 static void accept_new(struct rail_ib_listen *l)
 {
-	while (l->npending < MAX_PENDING) {
+	for (;;) {
 		union rail_sockaddr peer;
 		struct rail_ib_hs *hs;
 		int fd;
 
+		if (l->npending >= MAX_PENDING &&
+		    (!backlog_waiting(l->fd) || drop_oldest_stray(l)))
+			return;
 		if (rail_sock_accept(l->fd, &fd, &peer))
 			return;
 		hs = calloc(1, sizeof(*hs));
@@ -733,20 +786,18 @@ static void accept_new(struct rail_ib_listen *l)
 	}
 }
 
-static void pending_drop(struct rail_ib_listen *l, int i)
+/*
+ * Advance every pending handshake once: 1 with *recv_comm, 0, or the error
+ * of a real peer (one whose hello carried this listener's nonce). A stray
+ * (closed, reset, garbage, silent past NCCL_RAIL_CONNECT_TIMEOUT) or a
+ * refused connection is dropped after the one line its failure logged, and
+ * accept keeps waiting for the real peer, as the TCP transport does.
+ */
+static int pending_pass(struct rail_ib_listen *l, struct rail_comm **recv_comm)
 {
-	hs_free(l->pending[i]);
-	l->pending[i] = l->pending[--l->npending];
-}
-
-int rail_ib_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm)
-{
-	struct rail_ib_listen *l = (struct rail_ib_listen *)listen_comm;
-
-	accept_new(l);
 	for (int i = 0; i < l->npending; i++) {
 		struct rail_ib_hs *hs = l->pending[i];
-		int err = accept_progress(l, hs);
+		int err = accept_progress(l, hs), real = hs->hello_ok;
 
 		if (err == -EAGAIN && !hs_timed_out(hs))
 			continue;
@@ -756,12 +807,11 @@ int rail_ib_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm)
 			*recv_comm = &hs->comm->base;
 			hs->comm = NULL;
 			pending_drop(l, i);
-			return 0;
+			return 1;
 		}
-		pending_drop(l, i);
-		if (err != 1)
+		pending_drop(l, i--);
+		if (err != 1 && real)
 			return err == -EAGAIN ? -ETIMEDOUT : err;
-		i--;	/* refused: keep listening for the right peer */
 	}
 	return 0;
 }
@@ -778,6 +828,19 @@ static int listen_ports_up(int vdev)
 			return err;
 	}
 	return 0;
+}
+
+int rail_ib_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm)
+{
+	struct rail_ib_listen *l = (struct rail_ib_listen *)listen_comm;
+	/* Reap closed and failed strays first: their slots go to waiting connections. */
+	int r = pending_pass(l, recv_comm);
+
+	if (r)
+		return r < 0 ? r : 0;
+	accept_new(l);
+	r = pending_pass(l, recv_comm);
+	return r < 0 ? r : 0;
 }
 
 int rail_ib_listen(int dev, void *handle, struct rail_comm **listen_comm)

@@ -16,6 +16,11 @@
  * (seq + i) % nsocks, moved by the helper thread owning that socket. Each
  * helper handles its tasks in message order on both sides, so the streams
  * never interleave and never deadlock.
+ *
+ * The control socket carries one thing back from the receiver: a 40-byte
+ * refusal when a message does not fit its posted receive (or carries a tag
+ * the receive does not expect), so that the sender's next isend or test
+ * fails with both sizes too. A peer of an older build never reads it.
  */
 #ifndef RAIL_TCP_H
 #define RAIL_TCP_H
@@ -45,6 +50,8 @@
 #define TCP_HELLO_SIZE 40
 #define TCP_REPLY_SIZE 8
 #define TCP_FRAME_SIZE 24
+#define TCP_REFUSAL_MAGIC 0x52u
+#define TCP_REFUSAL_SIZE 40
 
 struct tcp_hello {
 	uint16_t index;		/* 0: control socket, 1..nsocks: data sockets */
@@ -71,6 +78,25 @@ void tcp_reply_encode(int status, uint8_t out[TCP_REPLY_SIZE]);
 int tcp_reply_decode(const uint8_t in[TCP_REPLY_SIZE]);
 void tcp_frame_encode(const struct tcp_frame *f, uint8_t out[TCP_FRAME_SIZE]);
 int tcp_frame_decode(const uint8_t in[TCP_FRAME_SIZE], struct tcp_frame *f);
+
+/* Why a receiver refused a message. */
+enum tcp_refusal_reason {
+	TCP_REFUSE_SIZE = 1,	/* larger than the posted receive */
+	TCP_REFUSE_TAG = 2,	/* a tag no posted receive expects */
+};
+
+struct tcp_refusal {
+	int reason;		/* enum tcp_refusal_reason */
+	int32_t tag;		/* the message's */
+	int32_t want_tag;	/* TAG: the tag the receive expects */
+	uint64_t seq;
+	uint64_t size;		/* the message's */
+	uint64_t posted;	/* SIZE: the receive's size (smaller) */
+};
+
+void tcp_refusal_encode(const struct tcp_refusal *r, uint8_t out[TCP_REFUSAL_SIZE]);
+/* -EPROTO for anything but a well-formed refusal. */
+int tcp_refusal_decode(const uint8_t in[TCP_REFUSAL_SIZE], struct tcp_refusal *r);
 
 /* How a message of `size` bytes is cut: chunk i goes to socket (first + i) % nsocks. */
 struct tcp_plan {
@@ -132,6 +158,8 @@ struct tcp_req {
 	uint8_t frame[TCP_FRAME_SIZE];
 	size_t sent;
 	int ctrl_done;			/* nothing left for the control socket */
+	uint64_t first_seq;		/* receive: the message of its first matched entry */
+	_Atomic size_t moved;		/* receive: bytes arrived for its entries */
 	_Atomic int pending;		/* chunks still with helper threads */
 	_Atomic int failed;		/* a helper could not move one of them */
 };
@@ -157,6 +185,17 @@ struct tcp_comm {
 	struct tcp_req *rx_req;		/* request and entry receiving inline data */
 	int rx_entry;
 	size_t rx_off;
+	/* send side: a refusal being read from the control socket */
+	uint8_t rx_refusal[TCP_REFUSAL_SIZE];
+	size_t rx_refusal_off;
+	int ctrl_quiet;			/* nothing more to read there (EOF, error, refusal) */
+	unsigned polls;
+	int refused;			/* receive side: a refusal went out */
+	/* receive side: a started message without progress (NCCL_RAIL_STALL_TIMEOUT) */
+	_Atomic uint64_t rx_moved;	/* bytes that arrived, any thread */
+	uint64_t stall_ns;		/* the bound, 0: none */
+	uint64_t stall_seen;		/* rx_moved when last sampled */
+	uint64_t stall_since;		/* when it last changed */
 	/* first error seen by any thread; the message is logged once */
 	_Atomic int error;
 	_Atomic int warned;	/* the failure's WARN went out (before error was set) */

@@ -103,6 +103,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	c->inline_max = layout->inline_max;
 	c->min_chunk = layout->min_chunk;
 	rail_sockaddr_str(peer, c->peer, sizeof(c->peer));
+	c->stall_ns = (uint64_t)rail_param_int(RAIL_P_STALL_TIMEOUT) * 1000000000ull;
 	liveness = (int)rail_param_int(RAIL_P_PEER_TIMEOUT);
 	rail_sock_set_liveness(c->ctrl_fd, liveness / 2, liveness);
 	for (int i = 0; i < c->nsocks; i++) {
@@ -189,6 +190,38 @@ static int send_iov_nb(int fd, const uint8_t *hdr, size_t hlen, const char *payl
 	return 0;
 }
 
+/*
+ * Send side: read a refusal from the receiver, if one came, and fail the
+ * comm with its reason (both sizes, or both tags). Called now and then
+ * from isend and while a send is in flight; a syscall that finds nothing.
+ */
+static int poll_refusal(struct tcp_comm *c)
+{
+	struct tcp_refusal f;
+	int err;
+
+	if (c->ctrl_quiet)
+		return 0;
+	err = rail_sock_recv_nb(c->ctrl_fd, c->rx_refusal, TCP_REFUSAL_SIZE, &c->rx_refusal_off);
+	if (err == -EAGAIN)
+		return 0;
+	c->ctrl_quiet = 1;
+	if (err)
+		return 0; /* end of file or an error: the send path reports it */
+	if (tcp_refusal_decode(c->rx_refusal, &f))
+		return tcp_comm_fail(c, -EPROTO, "the receiver sent bytes that are not a refusal on "
+				     "the control socket; use the same plugin build on both nodes");
+	if (f.reason == TCP_REFUSE_SIZE)
+		return tcp_comm_fail(c, -EMSGSIZE, "the receiver refused message %llu of %llu bytes "
+				     "(tag %d): its posted receive has only %llu bytes; a send larger "
+				     "than its receive is an error (both sides must agree on sizes)",
+				     (unsigned long long)f.seq, (unsigned long long)f.size, f.tag,
+				     (unsigned long long)f.posted);
+	return tcp_comm_fail(c, -EINVAL, "the receiver refused message %llu of %llu bytes (tag %d): "
+			     "its posted receive expects tag %d; the two sides' calls are out of step",
+			     (unsigned long long)f.seq, (unsigned long long)f.size, f.tag, f.want_tag);
+}
+
 static int progress_send(struct tcp_comm *c)
 {
 	struct tcp_req *r;
@@ -216,9 +249,13 @@ int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, siz
 	struct tcp_comm *c = (struct tcp_comm *)send_comm;
 	struct tcp_req *r = (struct tcp_req *)req;
 	struct tcp_frame f = { .seq = c->seq, .tag = tag, .size = size };
-	int err = atomic_load(&c->error);
+	int err;
 
 	(void)mhandle;
+	/* A refusal of an earlier message (which may have completed here) fails this one. */
+	if (rail_unlikely((c->seq & 15) == 0))
+		poll_refusal(c);
+	err = atomic_load(&c->error);
 	if (err)
 		return err;
 	r->data[0] = data;
@@ -246,9 +283,12 @@ static int read_frame(struct tcp_comm *c)
 {
 	int err;
 
+	size_t before = c->rx_frame_off;
+
 	if (c->rx_have_frame)
 		return 1;
 	err = rail_sock_recv_nb(c->ctrl_fd, c->rx_frame, TCP_FRAME_SIZE, &c->rx_frame_off);
+	atomic_fetch_add_explicit(&c->rx_moved, c->rx_frame_off - before, memory_order_relaxed);
 	if (err == -EAGAIN)
 		return 0;
 	if (err)
@@ -264,6 +304,21 @@ static int read_frame(struct tcp_comm *c)
 	return 1;
 }
 
+/* Tell the sender why the current message is refused (once; best effort, the comm fails). */
+static void refuse(struct tcp_comm *c, int reason, int want_tag, uint64_t posted)
+{
+	struct tcp_refusal f = { .reason = reason, .tag = c->rx.tag, .want_tag = want_tag,
+				 .seq = c->seq, .size = c->rx.size, .posted = posted };
+	uint8_t b[TCP_REFUSAL_SIZE];
+	size_t off = 0;
+
+	if (c->refused)
+		return;
+	c->refused = 1;
+	tcp_refusal_encode(&f, b);
+	send_iov_nb(c->ctrl_fd, b, sizeof(b), NULL, 0, &off);
+}
+
 /* The entry of the head receive that the current frame fills, or an error. */
 static int match_entry(struct tcp_comm *c, struct tcp_req *r)
 {
@@ -271,6 +326,8 @@ static int match_entry(struct tcp_comm *c, struct tcp_req *r)
 
 	if (r->base.n == 1) {
 		/* A single receive takes only its tag, as a group's entries do. */
+		if (r->tag[0] != c->rx.tag)
+			refuse(c, TCP_REFUSE_TAG, r->tag[0], 0);
 		if (r->tag[0] != c->rx.tag)
 			return tcp_comm_fail(c, -EINVAL, "message %llu has tag %d, the posted receive "
 					     "expects tag %d; the two sides' calls are out of step",
@@ -282,12 +339,16 @@ static int match_entry(struct tcp_comm *c, struct tcp_req *r)
 				e = i;
 	}
 	if (e < 0)
+		refuse(c, TCP_REFUSE_TAG, r->tag[0], 0);
+	if (e < 0)
 		return tcp_comm_fail(c, -EINVAL, "message %llu has tag %d, which no pending entry "
 				     "of the posted grouped receive (%d entries) expects",
 				     (unsigned long long)c->seq, c->rx.tag, r->base.n);
 	if (c->rx.size > r->size[e])
+		refuse(c, TCP_REFUSE_SIZE, r->tag[e], r->size[e]);
+	if (c->rx.size > r->size[e])
 		return tcp_comm_fail(c, -EMSGSIZE, "message %llu of %llu bytes (tag %d) is larger "
-				     "than the posted receive of %zu bytes",
+				     "than the posted receive of %zu bytes; the sender is told",
 				     (unsigned long long)c->seq, (unsigned long long)c->rx.size,
 				     c->rx.tag, r->size[e]);
 	return e;
@@ -300,8 +361,14 @@ static int progress_recv(struct tcp_comm *c)
 		int e, err;
 
 		if (c->rx_req) {
+			size_t before = c->rx_off;
+
 			err = rail_sock_recv_nb(c->ctrl_fd, (char *)r->data[c->rx_entry],
 						r->got[c->rx_entry], &c->rx_off);
+			atomic_fetch_add_explicit(&c->rx_moved, c->rx_off - before,
+						  memory_order_relaxed);
+			atomic_fetch_add_explicit(&r->moved, c->rx_off - before,
+						  memory_order_relaxed);
 			if (err == -EAGAIN)
 				return 0;
 			if (err)
@@ -321,6 +388,8 @@ static int progress_recv(struct tcp_comm *c)
 		e = match_entry(c, r);
 		if (e < 0)
 			return e;
+		if (r->first_seq == UINT64_MAX)
+			r->first_seq = c->seq;
 		r->matched[e] = 1;
 		r->got[e] = c->rx.size;
 		c->rx_have_frame = 0;
@@ -352,8 +421,54 @@ int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **d
 		r->size[i] = sizes[i];
 		r->tag[i] = tags ? tags[i] : 0;
 	}
+	r->first_seq = UINT64_MAX;
 	fifo_push(c, r);
 	return progress_recv(c);
+}
+
+/*
+ * Receive side, NCCL_RAIL_STALL_TIMEOUT: a message already started (part of
+ * its header, its inline bytes or chunks still to come) while no byte
+ * arrived on the comm for the bound fails the comm. The peer's host still
+ * answers (a dead host fails the sockets after NCCL_RAIL_PEER_TIMEOUT), so
+ * its process stopped. Between messages, waiting is normal: no bound.
+ */
+static int check_stall(struct tcp_comm *c, struct tcp_req *r)
+{
+	uint64_t moved, now, msg;
+	size_t expect = 0, got;
+
+	if (!c->stall_ns || (++c->polls & 63))
+		return 0;
+	if (!c->rx_frame_off && !c->rx_req && !atomic_load_explicit(&r->pending,
+								    memory_order_relaxed))
+		return 0;
+	moved = atomic_load_explicit(&c->rx_moved, memory_order_relaxed);
+	now = rail_now_ns();
+	if (moved != c->stall_seen || !c->stall_since) {
+		c->stall_seen = moved;
+		c->stall_since = now;
+		return 0;
+	}
+	if (now - c->stall_since < c->stall_ns)
+		return 0;
+	if (c->rx_frame_off && !c->rx_req && !atomic_load(&r->pending)) {
+		msg = c->seq;
+		expect = TCP_FRAME_SIZE;
+		got = c->rx_frame_off;
+	} else {
+		msg = r->first_seq == UINT64_MAX ? c->seq : r->first_seq;
+		for (int i = 0; i < r->base.n; i++)
+			expect += r->matched[i] ? r->got[i] : 0;
+		got = atomic_load(&r->moved);
+	}
+	return tcp_comm_fail(c, -ETIMEDOUT, "message %llu: %zu of %zu bytes received, then nothing "
+			     "for %llu s while the peer's host still answers; the peer process "
+			     "is probably stopped (SIGSTOP, a debugger) or hung. "
+			     "NCCL_RAIL_STALL_TIMEOUT=%llu bounds a message already started "
+			     "(0: wait forever)", (unsigned long long)msg, got, expect,
+			     (unsigned long long)((now - c->stall_since) / 1000000000ull),
+			     (unsigned long long)(c->stall_ns / 1000000000ull));
 }
 
 int tcp_test(struct rail_req *req, int *done, size_t *sizes)
@@ -377,6 +492,11 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 		*done = 1;
 		return 0;
 	}
+	/* A large send waiting on its helpers: has the receiver refused it? */
+	if (c->is_send && (++c->polls & 7) == 0)
+		poll_refusal(c);
+	else if (!c->is_send)
+		check_stall(c, r);
 	err = atomic_load(&c->error);
 	if (err)
 		return err;

@@ -104,6 +104,44 @@ int tcp_frame_decode(const uint8_t in[TCP_FRAME_SIZE], struct tcp_frame *f)
 	return 0;
 }
 
+/*
+ * refusal: magic u8 | reason u8 | 0 u16 | tag i32 | want_tag i32 | 0 u32 |
+ *          seq u64 | size u64 | posted u64
+ */
+void tcp_refusal_encode(const struct tcp_refusal *r, uint8_t out[TCP_REFUSAL_SIZE])
+{
+	out[0] = TCP_REFUSAL_MAGIC;
+	out[1] = (uint8_t)r->reason;
+	rail_put_u16(out + 2, 0);
+	rail_put_u32(out + 4, (uint32_t)r->tag);
+	rail_put_u32(out + 8, (uint32_t)r->want_tag);
+	rail_put_u32(out + 12, 0);
+	rail_put_u64(out + 16, r->seq);
+	rail_put_u64(out + 24, r->size);
+	rail_put_u64(out + 32, r->posted);
+}
+
+int tcp_refusal_decode(const uint8_t in[TCP_REFUSAL_SIZE], struct tcp_refusal *r)
+{
+	struct tcp_refusal v;
+
+	if (in[0] != TCP_REFUSAL_MAGIC || rail_get_u16(in + 2) != 0 || rail_get_u32(in + 12) != 0)
+		return -EPROTO;
+	v.reason = in[1];
+	v.tag = (int32_t)rail_get_u32(in + 4);
+	v.want_tag = (int32_t)rail_get_u32(in + 8);
+	v.seq = rail_get_u64(in + 16);
+	v.size = rail_get_u64(in + 24);
+	v.posted = rail_get_u64(in + 32);
+	if (v.size > RAIL_MAX_MSG_BYTES * 1024)
+		return -EPROTO;
+	if (v.reason == TCP_REFUSE_SIZE ? v.posted >= v.size
+					: v.reason != TCP_REFUSE_TAG || v.posted != 0)
+		return -EPROTO;
+	*r = v;
+	return 0;
+}
+
 void tcp_plan_message(size_t size, uint64_t seq, int nsocks, size_t min_chunk,
 		      struct tcp_plan *plan)
 {

@@ -28,6 +28,9 @@ static inline void cpu_relax(void)
 #endif
 }
 
+/* A receive returns at least this often, so a stall check sees progress. */
+#define TCP_RECV_STEP (1u << 20)
+
 static int move_chunk(struct tcp_comm *c, const struct tcp_task *t)
 {
 	size_t off = 0;
@@ -35,10 +38,17 @@ static int move_chunk(struct tcp_comm *c, const struct tcp_task *t)
 	while (off < t->len) {
 		ssize_t n = c->is_send
 			? send(t->fd, (char *)t->buf + off, t->len - off, MSG_NOSIGNAL)
-			: recv(t->fd, (char *)t->buf + off, t->len - off, MSG_WAITALL);
+			: recv(t->fd, (char *)t->buf + off, RAIL_MIN(t->len - off, TCP_RECV_STEP),
+			       MSG_WAITALL);
 
 		if (n > 0) {
 			off += (size_t)n;
+			if (!c->is_send) {
+				atomic_fetch_add_explicit(&t->req->moved, (size_t)n,
+							  memory_order_relaxed);
+				atomic_fetch_add_explicit(&c->rx_moved, (uint64_t)n,
+							  memory_order_relaxed);
+			}
 			continue;
 		}
 		if (n == 0)

@@ -158,6 +158,7 @@ struct rail_conf_scenario {
 	int allow_warn;			/* the scenario provokes errors */
 	int own_load;			/* the scenario dlopens the plugin itself */
 	int min_abi;
+	const char *env;		/* NAME=VALUE set in both roles before the plugin loads */
 };
 
 extern const struct rail_conf_scenario rail_conf_scenarios[];
@@ -177,9 +178,11 @@ int rail_conf_listen_many(struct rail_conf *cx);
 int rail_conf_regmr_thread(struct rail_conf *cx);
 int rail_conf_close_inflight(struct rail_conf *cx);
 int rail_conf_peer_dies(struct rail_conf *cx);
+int rail_conf_peer_stops(struct rail_conf *cx);
 int rail_conf_bad_handle(struct rail_conf *cx);
 int rail_conf_reload(struct rail_conf *cx);
 int rail_conf_misuse(struct rail_conf *cx);
+int rail_conf_misuse_closed(struct rail_conf *cx);
 int rail_conf_random_handle(struct rail_conf *cx);
 int rail_conf_finalize_open(struct rail_conf *cx);
 

@@ -30,43 +30,49 @@
 
 const struct rail_conf_scenario rail_conf_scenarios[] = {
 	{ "properties", "devices() > 0 and sane getProperties for every device",
-	  rail_conf_properties, 0, 0, 6 },
+	  rail_conf_properties, 0, 0, 6, NULL },
 	{ "nonblocking-connect", "listen/connect/accept never block, with either side late",
-	  rail_conf_nonblocking_connect, 0, 0, 6 },
+	  rail_conf_nonblocking_connect, 0, 0, 6, NULL },
 	{ "sizes", "0 B .. 1 GiB (capped by --max-size), every byte and the guard checked",
-	  rail_conf_sizes, 0, 0, 6 },
+	  rail_conf_sizes, 0, 0, 6, NULL },
 	{ "inflight-32", "32 receives and 32 sends in flight per comm, mixed sizes",
-	  rail_conf_inflight32, 0, 0, 6 },
+	  rail_conf_inflight32, 0, 0, 6, NULL },
 	{ "grouped-recv", "irecv with n = maxRecvs, tags sent shuffled; 32 groups in flight",
-	  rail_conf_grouped_recv, 0, 0, 6 },
+	  rail_conf_grouped_recv, 0, 0, 6, NULL },
 	{ "recv-larger", "receive buffers larger than the message: real size, tail untouched",
-	  rail_conf_recv_larger, 0, 0, 6 },
+	  rail_conf_recv_larger, 0, 0, 6, NULL },
 	{ "send-larger", "a send larger than the receive is an error with a WARN, no hang",
-	  rail_conf_send_larger, 1, 0, 6 },
+	  rail_conf_send_larger, 1, 0, 6, NULL },
 	{ "many-comms", "64 comms (64 listens, then 1 listen + 64 accepts), interleaved traffic",
-	  rail_conf_many_comms, 0, 0, 6 },
+	  rail_conf_many_comms, 0, 0, 6, NULL },
 	{ "bidirectional", "both processes send and receive large messages at once",
-	  rail_conf_bidirectional, 0, 0, 6 },
+	  rail_conf_bidirectional, 0, 0, 6, NULL },
 	{ "close-inflight", "close comms with requests in flight; then a new connection works",
-	  rail_conf_close_inflight, 1, 0, 6 },
+	  rail_conf_close_inflight, 1, 0, 6, NULL },
 	{ "listen-many", "one listen comm accepting 8 connections, each carrying traffic",
-	  rail_conf_listen_many, 0, 0, 6 },
+	  rail_conf_listen_many, 0, 0, 6, NULL },
 	{ "regmr-thread", "regMr/deregMr in a thread while isend/irecv/test run on the comm",
-	  rail_conf_regmr_thread, 0, 0, 6 },
+	  rail_conf_regmr_thread, 0, 0, 6, NULL },
 	{ "peer-dies", "the sender is SIGKILLed mid-stream: the receiver gets an error",
-	  rail_conf_peer_dies, 1, 0, 6 },
+	  rail_conf_peer_dies, 1, 0, 6, NULL },
+	{ "peer-stops", "the sender is SIGSTOPped mid-message: the receive fails within the bound "
+	  "(an idle receive does not)", rail_conf_peer_stops, 1, 0, 6,
+	  "NCCL_RAIL_STALL_TIMEOUT=2" },
 	{ "bad-handle", "corrupt and stale handles are refused with an error, never a hang",
-	  rail_conf_bad_handle, 1, 0, 6 },
+	  rail_conf_bad_handle, 1, 0, 6, NULL },
 	{ "reload", "finalize + dlclose leaves no thread or fd behind; reload works (v11+)",
-	  rail_conf_reload, 0, 1, 11 },
+	  rail_conf_reload, 0, 1, 11, NULL },
 	{ "iflush", "iflush on received host memory succeeds (NULL request = nothing to do)",
-	  rail_conf_iflush, 0, 0, 6 },
+	  rail_conf_iflush, 0, 0, 6, NULL },
 	{ "misuse", "calls NCCL never makes (NULL props, ...) fail with a WARN, never crash",
-	  rail_conf_misuse, 1, 0, 6 },
+	  rail_conf_misuse, 1, 0, 6, NULL },
+	{ "misuse-closed", "handles used after they died (close twice, test/deregMr after close, "
+	  "finalize twice) fail with a WARN, never read freed memory", rail_conf_misuse_closed,
+	  1, 0, 6, NULL },
 	{ "random-handle", "random handles are refused with a WARN; stray bytes after the handle "
-	  "are never trusted", rail_conf_random_handle, 1, 0, 6 },
+	  "are never trusted", rail_conf_random_handle, 1, 0, 6, NULL },
 	{ "finalize-open", "the last finalize with comms open, then dlclose: threads stopped, or "
-	  "a WARN and the library kept loaded (v11+)", rail_conf_finalize_open, 1, 1, 11 },
+	  "a WARN and the library kept loaded (v11+)", rail_conf_finalize_open, 1, 1, 11, NULL },
 };
 const int rail_conf_nscenarios = sizeof(rail_conf_scenarios) / sizeof(rail_conf_scenarios[0]);
 
@@ -149,6 +155,8 @@ static RAIL_CONF_NORETURN void role_main(const struct rail_conf_opts *o, int sid
 	cx.deadline_ns = cx.start_ns + budget - (budget > 20000000000ull ? 5000000000ull : budget / 4);
 	cx.call_limit_ns = 5000000000ull;
 	rail_conf_log_setup(role, abi);
+	if (s->env)
+		putenv((char *)s->env);
 	if (!s->own_load)
 		open_plugin(&cx);
 	rc = s->run(&cx);
@@ -621,9 +629,11 @@ static const struct {
 	{ "send-larger", "mute-warn" },		{ "many-comms", "corrupt-byte" },
 	{ "bidirectional", "corrupt-byte" },	{ "close-inflight", "write-after-close" },
 	{ "listen-many", "overrun" },		{ "regmr-thread", "regmr-fail" },
-	{ "peer-dies", "hide-error" },		{ "bad-handle", "connect-hide-error" },
+	{ "peer-dies", "hide-error" },		{ "peer-stops", "hide-error" },
+	{ "bad-handle", "connect-hide-error" },
 	{ "reload", "leak-thread" },		{ "iflush", "flush-error" },
-	{ "misuse", "mute-warn" },		{ "random-handle", "connect-hide-error" },
+	{ "misuse", "mute-warn" },		{ "misuse-closed", "mute-warn" },
+	{ "random-handle", "connect-hide-error" },
 	{ "finalize-open", "mute-warn" },
 };
 

@@ -297,6 +297,155 @@ int rail_conf_peer_dies(struct rail_conf *cx)
 	return 0;
 }
 
+/* ---- peer-stops ---- */
+
+/* The bound the scenario sets (main.c: NCCL_RAIL_STALL_TIMEOUT for the roles). */
+#define PS_BOUND_S 2
+
+/* 1 once /proc says the process is stopped (state T). */
+static int ps_stopped(int pid)
+{
+	char path[64], buf[512], *p;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", pid);
+	f = fopen(path, "r");
+	if (!f)
+		return 0;
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = 0;
+	p = strrchr(buf, ')');
+	return p && p[1] == ' ' && p[2] == 'T';
+}
+
+/* B: an idle gap longer than the bound, one small message; then a big one and SIGSTOP. */
+static RAIL_CONF_NORETURN void peer_stops_sender(struct rail_conf *cx, void *sc, size_t sz)
+{
+	struct rail_conf_arena a;
+	void *req = NULL;
+	int pid = getpid(), size = 0;
+
+	rail_conf_arena_init(cx, &a, sc, sz);
+	if (cx->full) {
+		rail_conf_barrier(cx, "ps-idle-posted");
+		rail_conf_stage(cx, "idle for %d s before sending", PS_BOUND_S + 2);
+		rail_conf_sleep_ms((PS_BOUND_S + 2) * 1000);
+		rail_conf_fill(a.base, 4096, rail_conf_seed(cx, 2, 0, 0));
+		while (!req)
+			RAIL_CONF_CALL(cx, cx->net.isend(sc, a.base, 4096, 1, a.mh, &req), "isend");
+		RAIL_CONF_CALL(cx, rail_conf_wait(cx, req, &size, "the message after the gap"),
+			       "test");
+		req = NULL;
+	}
+	rail_conf_barrier(cx, "ps-posted");
+	/* The verdict goes first: this role ends stopped, then SIGKILLed by role A. */
+	rail_conf_report(cx, "PASS", "");
+	rail_conf_expect_kill(cx);
+	rail_conf_ctl_send(cx, RAIL_CONF_MSG_PID, &pid, sizeof(pid));
+	rail_conf_stage(cx, "isend %zu bytes, then SIGSTOP", sz);
+	while (!req && !rail_conf_expired(cx))
+		if (cx->net.isend(sc, a.base, sz, 1, a.mh, &req) != ncclSuccess)
+			break;
+	raise(SIGSTOP);
+	_exit(0);
+}
+
+/* A: the small message after the gap must arrive (an idle receive is not a stall). */
+static void peer_stops_idle(struct rail_conf *cx, void *rc, struct rail_conf_arena *a, size_t sz)
+{
+	void *req = NULL, *data[1] = { a->base };
+	int tag = 1, size = 0;
+	char why[256];
+
+	while (!req)
+		RAIL_CONF_CALL(cx, cx->net.irecv(rc, 1, data, &sz, &tag, &a->mh, &req), "irecv");
+	rail_conf_barrier(cx, "ps-idle-posted");
+	rail_conf_stage(cx, "a receive waiting %d s for its message (bound %d s)", PS_BOUND_S + 2,
+			PS_BOUND_S);
+	RAIL_CONF_CALL(cx, rail_conf_wait(cx, req, &size, "a receive whose message came after an "
+					  "idle gap longer than the bound"),
+		       "test of a receive whose sender was idle (not stopped) longer than the "
+		       "stall bound: waiting between messages is normal");
+	RAIL_CONF_CHECK(cx, size == 4096, "the message after the gap: %d bytes, sent 4096", size);
+	if (rail_conf_verify(a->base, 4096, rail_conf_seed(cx, 2, 0, 0), why, sizeof(why)))
+		rail_conf_fail(cx, "the message after the gap: %s", why);
+}
+
+/*
+ * The sender stops (SIGSTOP) right after posting a large message: its host
+ * still answers, so only the plugin can bound the receive. It must fail
+ * with a WARN naming the peer and the message's size, a bound after the
+ * stop (PS_BOUND_S, set through NCCL_RAIL_STALL_TIMEOUT), not before.
+ * First (full ABIs) a receive whose sender is idle for longer than the
+ * bound must still complete: the bound is for a message already started.
+ */
+int rail_conf_peer_stops(struct rail_conf *cx)
+{
+	size_t sz = cap_size(256 * RAIL_CONF_MIB, rail_conf_common_max_msg(cx));
+	struct rail_conf_pair p;
+	struct rail_conf_arena a;
+	void *req = NULL, *data[1];
+	char ssz[32];
+	const char *needles[2] = { ssz, "peer" };
+	int pid = 0, tag = 1, done = 0, size = 0;
+	uint64_t t_stop = 0;
+	double dt;
+	ncclResult_t res = ncclSuccess;
+
+	rail_conf_pair_open(cx, &p);
+	if (cx->role == RAIL_CONF_ROLE_B)
+		peer_stops_sender(cx, p.comm, sz);
+	rail_conf_arena_init(cx, &a, p.comm, sz);
+	if (cx->full)
+		peer_stops_idle(cx, p.comm, &a, sz);
+	data[0] = a.base;
+	while (!req)
+		RAIL_CONF_CALL(cx, cx->net.irecv(p.comm, 1, data, &sz, &tag, &a.mh, &req), "irecv");
+	rail_conf_barrier(cx, "ps-posted");
+	rail_conf_ctl_recv(cx, RAIL_CONF_MSG_PID, &pid, sizeof(pid));
+	rail_conf_warn_reset();
+	rail_conf_stage(cx, "receiving %zu bytes from a sender that stops", sz);
+	while (res == ncclSuccess && !done) {
+		if (!t_stop && ps_stopped(pid))
+			t_stop = rail_conf_now_ns();
+		res = cx->net.test(req, &done, &size);
+		if (rail_conf_expired(cx)) {
+			kill(pid, SIGKILL);
+			rail_conf_fail(cx, "the sender stopped (SIGSTOP) %.1f s ago in the middle of a "
+				       "%zu-byte message and the receive is still waiting (bound %d s)",
+				       t_stop ? (double)(rail_conf_now_ns() - t_stop) / 1e9 : -1.0, sz,
+				       PS_BOUND_S);
+		}
+		sched_yield();
+	}
+	dt = t_stop ? (double)(rail_conf_now_ns() - t_stop) / 1e9 : -1.0;
+	kill(pid, SIGKILL);
+	if (done) {
+		rail_conf_skip_reason(cx, "the %zu-byte message completed although its sender "
+				      "stopped (the NIC moved it without the process): nothing to "
+				      "bound", sz);
+	} else {
+		snprintf(ssz, sizeof(ssz), "%zu", sz);
+		RAIL_CONF_CHECK(cx, t_stop, "the receive failed (%s) before the sender stopped",
+				rail_conf_result_str(res));
+		RAIL_CONF_CHECK(cx, dt >= PS_BOUND_S / 2.0 && dt <= PS_BOUND_S + 5.0,
+				"the receive failed %.1f s after the sender stopped; the bound is "
+				"%d s", dt, PS_BOUND_S);
+		RAIL_CONF_CHECK(cx, rail_conf_warn_has(needles, 2), "the stalled receive failed "
+				"(%s) without a WARN naming the peer and the message's %s bytes",
+				rail_conf_result_str(res), ssz);
+		rail_conf_note(cx, "%s %.1f s after the sender stopped (bound %d s)",
+			       rail_conf_result_str(res), dt, PS_BOUND_S);
+	}
+	rail_conf_arena_dereg(cx, &a);
+	rail_conf_close_recv(cx, p.comm);
+	rail_conf_close_listen(cx, p.lc);
+	rail_conf_arena_free(&a);
+	return done;
+}
+
 /* ---- bad-handle ---- */
 
 /* A: the listener must accept nothing (and not fail) until B says DONE. */
@@ -381,6 +530,12 @@ void rail_conf_good_connection(struct rail_conf *cx, void *lc, const uint8_t *ha
 		pend.kind = RAIL_CONF_CONNECT;
 		memcpy(pend.handle, handle, sizeof(pend.handle));
 	}
+	/*
+	 * B connects only once A has left rail_conf_watch_listener: A polls for
+	 * DONE, then calls accept, so a connect right after DONE could be
+	 * accepted there and taken for a refused handle's connection.
+	 */
+	rail_conf_barrier(cx, "good-connection");
 	rail_conf_establish(cx, &pend, 1, "the valid handle after refused ones");
 	p.lc = lc;
 	p.comm = pend.comm;

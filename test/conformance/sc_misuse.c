@@ -1,7 +1,9 @@
 /*
  * Conformance scenarios about misuse and hostile input: misuse (calls NCCL
  * would never make, which must end in an error, never a crash) and
- * random-handle (random and damaged connection handles fed to connect),
+ * misuse-closed (handles used after they died: close twice, test or
+ * deregMr after close, finalize twice), random-handle (random and damaged
+ * connection handles fed to connect),
  * finalize-open (the last finalize with comms still open, then dlclose).
  */
 #include <dlfcn.h>
@@ -152,6 +154,100 @@ int rail_conf_misuse(struct rail_conf *cx)
 	misuse_tag(cx);
 	misuse_eof(cx);
 	rail_conf_barrier(cx, "misuse-done");
+	return 0;
+}
+
+/* ---- misuse-closed ---- */
+
+/*
+ * Handles used after they died: a request tested again after completing or
+ * after its comm was closed, deregMr/regMr/isend/irecv on a closed comm,
+ * accept on a closed listen comm, every close twice, finalize twice. Each
+ * must fail with a WARN, and (under ASan) without reading freed memory.
+ */
+static void closed_recv_side(struct rail_conf *cx, struct rail_conf_pair *p,
+			     struct rail_conf_arena *a)
+{
+	void *d = a->base, *req = NULL, *rc = NULL, *dev_comm = NULL, *mh = NULL;
+	size_t sz = 4096;
+	int tag = 1, done = 0, size = 0;
+
+	rail_conf_stage(cx, "receive posted, then its comm closed");
+	while (!req)
+		RAIL_CONF_CALL(cx, cx->net.irecv(p->comm, 1, &d, &sz, &tag, &a->mh, &req), "irecv");
+	rail_conf_close_recv(cx, p->comm);
+	MUST_FAIL(cx, cx->net.test(req, &done, &size), "test of a request whose comm was closed");
+	rail_conf_stage(cx, "calls on a closed receive comm");
+	MUST_FAIL(cx, cx->net.dereg_mr(p->comm, a->mh), "deregMr after closeRecv");
+	MUST_FAIL(cx, cx->net.reg_mr(p->comm, a->base, 4096, NCCL_PTR_HOST, &mh),
+		  "regMr on a closed receive comm");
+	req = NULL;
+	MUST_FAIL(cx, cx->net.irecv(p->comm, 1, &d, &sz, &tag, &a->mh, &req),
+		  "irecv on a closed receive comm");
+	MUST_FAIL(cx, cx->net.close_recv(p->comm), "a second closeRecv");
+	rail_conf_close_listen(cx, p->lc);
+	MUST_FAIL(cx, cx->net.accept(p->lc, &rc, &dev_comm), "accept on a closed listen comm");
+	MUST_FAIL(cx, cx->net.close_listen(p->lc), "a second closeListen");
+}
+
+static void closed_send_side(struct rail_conf *cx, struct rail_conf_pair *p,
+			     struct rail_conf_arena *a)
+{
+	void *req = NULL;
+
+	rail_conf_stage(cx, "calls on a closed send comm");
+	rail_conf_close_send(cx, p->comm);
+	MUST_FAIL(cx, cx->net.dereg_mr(p->comm, a->mh), "deregMr after closeSend");
+	MUST_FAIL(cx, cx->net.isend(p->comm, a->base, 64, 1, a->mh, &req),
+		  "isend on a closed send comm");
+	MUST_FAIL(cx, cx->net.close_send(p->comm), "a second closeSend");
+}
+
+/* A second context (v11+), finalized twice while the first keeps the plugin up. */
+static void closed_finalize(struct rail_conf *cx)
+{
+	void *ctx2 = NULL;
+
+	if (cx->abi < 11 || !cx->net.has_finalize)
+		return;
+	rail_conf_stage(cx, "finalize twice");
+	RAIL_CONF_CALL(cx, cx->net.init_ctx(&ctx2, 0x6d69737573650002ull, rail_conf_logger),
+		       "init (a second context)");
+	RAIL_CONF_CALL(cx, cx->net.finalize(ctx2), "finalize (the second context)");
+	MUST_FAIL(cx, cx->net.finalize(ctx2), "a second finalize of the same context");
+}
+
+int rail_conf_misuse_closed(struct rail_conf *cx)
+{
+	struct rail_conf_pair p;
+	struct rail_conf_arena a;
+	void *req = NULL, *d;
+	size_t sz = 4096;
+	int tag = 1, done = 0, size = 0;
+
+	rail_conf_pair_open(cx, &p);
+	rail_conf_arena_init(cx, &a, p.comm, 8192);
+	d = a.base;
+	rail_conf_stage(cx, "one message, then its request tested again");
+	while (!req) {
+		if (cx->role == RAIL_CONF_ROLE_A)
+			RAIL_CONF_CALL(cx, cx->net.irecv(p.comm, 1, &d, &sz, &tag, &a.mh, &req),
+				       "irecv");
+		else
+			RAIL_CONF_CALL(cx, cx->net.isend(p.comm, a.base, 1024, 1, a.mh, &req),
+				       "isend");
+	}
+	RAIL_CONF_CALL(cx, rail_conf_wait(cx, req, &size, "the message"), "test");
+	MUST_FAIL(cx, cx->net.test(req, &done, &size), "test of a request that completed");
+	rail_conf_barrier(cx, "closed-msg");
+	if (cx->role == RAIL_CONF_ROLE_A)
+		closed_recv_side(cx, &p, &a);
+	rail_conf_barrier(cx, "closed-recv");
+	if (cx->role == RAIL_CONF_ROLE_B)
+		closed_send_side(cx, &p, &a);
+	rail_conf_arena_free(&a);
+	closed_finalize(cx);
+	rail_conf_barrier(cx, "closed-done");
 	return 0;
 }
 

@@ -134,6 +134,8 @@ static struct {
 	int test_done;
 	size_t test_size;
 	int calls;
+	size_t last_size;	/* what isend/irecv got */
+	void *last_mh;
 } fake;
 
 static int fake_reg_mr(struct rail_comm *c, void *data, size_t size, int type, void **mh)
@@ -161,9 +163,10 @@ static int fake_isend(struct rail_comm *c, struct rail_req *req, void *data, siz
 	(void)c;
 	(void)data;
 	(void)tag;
-	(void)mh;
 	fake.calls++;
 	((struct fake_req *)req)->size = size;
+	fake.last_size = size;
+	fake.last_mh = mh;
 	return fake.post_err;
 }
 
@@ -174,9 +177,10 @@ static int fake_irecv(struct rail_comm *c, struct rail_req *req, int n, void **d
 	(void)n;
 	(void)data;
 	(void)tags;
-	(void)mhs;
 	fake.calls++;
 	((struct fake_req *)req)->size = sizes[0];
+	fake.last_size = sizes[0];
+	fake.last_mh = mhs ? mhs[0] : NULL;
 	return fake.post_err;
 }
 
@@ -236,6 +240,7 @@ static const struct rail_transport_ops fake_ops = {
 
 struct comms {
 	struct rail_comm send, recv, listen;
+	void *hs, *hr, *hl;	/* their handles, as NCCL holds them */
 };
 
 static int fake_setup(void **state)
@@ -249,6 +254,9 @@ static int fake_setup(void **state)
 	    rail_comm_init(&c->recv, RAIL_COMM_RECV, 0, &fake_ops) ||
 	    rail_comm_init(&c->listen, RAIL_COMM_LISTEN, 0, &fake_ops))
 		return -1;
+	if (rail_net_adopt_comm(&c->send, &c->hs) || rail_net_adopt_comm(&c->recv, &c->hr) ||
+	    rail_net_adopt_comm(&c->listen, &c->hl))
+		return -1;
 	*state = c;
 	unit_log_capture();
 	return 0;
@@ -258,6 +266,11 @@ static int fake_teardown(void **state)
 {
 	struct comms *c = *state;
 
+	fake.post_err = 0;
+	/* Close what a test left open (the handles die; a closed one is refused). */
+	rail_net_close_send(c->hs);
+	rail_net_close_recv(c->hr);
+	rail_net_close_listen(c->hl);
 	unit_log_release();
 	rail_comm_fini(&c->send);
 	rail_comm_fini(&c->recv);
@@ -283,7 +296,7 @@ static void test_isend_error_translation(void **state)
 		void *req = (void *)1;
 
 		fake.post_err = cases[i].err;
-		assert_int_equal(rail_net_isend(&c->send, buf, sizeof(buf), 0, NULL, &req),
+		assert_int_equal(rail_net_isend(c->hs, buf, sizeof(buf), 0, NULL, &req),
 				 cases[i].res);
 		/* The request went back to the pool. */
 		assert_int_equal(rail_pool_in_use(&c->send.reqs), 0);
@@ -297,11 +310,11 @@ static void test_isend_eagain_is_null_request(void **state)
 	char buf[16];
 
 	fake.post_err = -EAGAIN;
-	assert_int_equal(rail_net_isend(&c->send, buf, sizeof(buf), 0, NULL, &req), ncclSuccess);
+	assert_int_equal(rail_net_isend(c->hs, buf, sizeof(buf), 0, NULL, &req), ncclSuccess);
 	assert_null(req);
 	assert_int_equal(rail_pool_in_use(&c->send.reqs), 0);
 	req = (void *)1;
-	assert_int_equal(rail_net_irecv(&c->recv, 1, (void *[]){ buf }, (size_t[]){ 16 },
+	assert_int_equal(rail_net_irecv(c->hr, 1, (void *[]){ buf }, (size_t[]){ 16 },
 					(int[]){ 0 }, (void *[]){ NULL }, &req),
 			 ncclSuccess);
 	assert_null(req);
@@ -315,9 +328,9 @@ static void test_send_and_test_lifecycle(void **state)
 	int done = -1, size = -1;
 	char buf[300];
 
-	assert_int_equal(rail_net_isend(&c->send, buf, 300, 7, NULL, &req), ncclSuccess);
+	assert_int_equal(rail_net_isend(c->hs, buf, 300, 7, NULL, &req), ncclSuccess);
 	assert_non_null(req);
-	assert_int_equal(((struct fake_req *)req)->size, 300);
+	assert_int_equal(fake.last_size, 300);
 	assert_int_equal(rail_pool_in_use(&c->send.reqs), 1);
 
 	/* Not done yet: the request stays. */
@@ -348,7 +361,7 @@ static void test_grouped_recv_sizes(void **state)
 	size_t sizes[3] = { 8, 8, 8 };
 	int tags[3] = { 1, 2, 3 }, got[3] = { -1, -1, -1 }, done = 0;
 
-	assert_int_equal(rail_net_irecv(&c->recv, 3, data, sizes, tags, mh, &req), ncclSuccess);
+	assert_int_equal(rail_net_irecv(c->hr, 3, data, sizes, tags, mh, &req), ncclSuccess);
 	assert_non_null(req);
 	fake.test_done = 1;
 	fake.test_size = 5;
@@ -366,7 +379,7 @@ static void test_test_error_frees_request(void **state)
 	int done = 0;
 	char buf[8];
 
-	assert_int_equal(rail_net_isend(&c->send, buf, 8, 0, NULL, &req), ncclSuccess);
+	assert_int_equal(rail_net_isend(c->hs, buf, 8, 0, NULL, &req), ncclSuccess);
 	fake.test_err = -ETIMEDOUT;
 	assert_int_equal(rail_net_test(req, &done, NULL), ncclRemoteError);
 	assert_int_equal(rail_pool_in_use(&c->send.reqs), 0);
@@ -383,11 +396,11 @@ static void test_request_exhaustion(void **state)
 	assert_int_equal(cap, RAIL_MAX_REQUESTS * RAIL_MAX_RECVS);
 	for (uint32_t i = 0; i < cap; i++) {
 		req = NULL;
-		assert_int_equal(rail_net_isend(&c->send, buf, 8, 0, NULL, &req), ncclSuccess);
+		assert_int_equal(rail_net_isend(c->hs, buf, 8, 0, NULL, &req), ncclSuccess);
 		assert_non_null(req);
 	}
 	req = (void *)1;
-	assert_int_equal(rail_net_isend(&c->send, buf, 8, 0, NULL, &req), ncclInternalError);
+	assert_int_equal(rail_net_isend(c->hs, buf, 8, 0, NULL, &req), ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "in flight");
 }
 
@@ -398,12 +411,12 @@ static void test_irecv_and_iflush_limits(void **state)
 	size_t sizes[RAIL_MAX_RECVS + 1] = { 0 };
 	int tags[RAIL_MAX_RECVS + 1] = { 0 }, isizes[1] = { 0 };
 
-	assert_int_equal(rail_net_irecv(&c->recv, 0, data, sizes, tags, mh, &req),
+	assert_int_equal(rail_net_irecv(c->hr, 0, data, sizes, tags, mh, &req),
 			 ncclInternalError);
-	assert_int_equal(rail_net_irecv(&c->recv, RAIL_MAX_RECVS + 1, data, sizes, tags, mh, &req),
+	assert_int_equal(rail_net_irecv(c->hr, RAIL_MAX_RECVS + 1, data, sizes, tags, mh, &req),
 			 ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "grouped receives");
-	assert_int_equal(rail_net_irecv(&c->recv, 1, NULL, sizes, tags, mh, &req),
+	assert_int_equal(rail_net_irecv(c->hr, 1, NULL, sizes, tags, mh, &req),
 			 ncclInternalError);
 	assert_int_equal(rail_pool_in_use(&c->recv.reqs), 0);
 	assert_int_equal(fake.calls, 0); /* the transport was never asked */
@@ -411,11 +424,11 @@ static void test_irecv_and_iflush_limits(void **state)
 	/* Nothing to flush: success with no request. */
 	fake.post_err = 1;
 	req = (void *)1;
-	assert_int_equal(rail_net_iflush(&c->recv, 1, data, isizes, mh, &req), ncclSuccess);
+	assert_int_equal(rail_net_iflush(c->hr, 1, data, isizes, mh, &req), ncclSuccess);
 	assert_null(req);
 	assert_int_equal(rail_pool_in_use(&c->recv.reqs), 0);
 	fake.post_err = -EIO;
-	assert_int_equal(rail_net_iflush(&c->recv, 1, data, isizes, mh, &req), ncclSystemError);
+	assert_int_equal(rail_net_iflush(c->hr, 1, data, isizes, mh, &req), ncclSystemError);
 	assert_int_equal(rail_pool_in_use(&c->recv.reqs), 0);
 }
 
@@ -426,20 +439,20 @@ static void test_wrong_comm_kind(void **state)
 	char buf[8];
 	uint32_t junk[16] = { 0 };
 
-	assert_int_equal(rail_net_isend(&c->recv, buf, 8, 0, NULL, &req), ncclInternalError);
+	assert_int_equal(rail_net_isend(c->hr, buf, 8, 0, NULL, &req), ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "isend");
 	unit_assert_logged(RAIL_LOG_WARN, "not an open send comm");
-	assert_int_equal(rail_net_irecv(&c->send, 1, (void *[]){ buf }, (size_t[]){ 8 },
+	assert_int_equal(rail_net_irecv(c->hs, 1, (void *[]){ buf }, (size_t[]){ 8 },
 					(int[]){ 0 }, (void *[]){ NULL }, &req),
 			 ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "not an open receive comm");
-	assert_int_equal(rail_net_accept(&c->send, &rc), ncclInternalError);
+	assert_int_equal(rail_net_accept(c->hs, &rc), ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "not an open listen comm");
-	assert_int_equal(rail_net_reg_mr(&c->listen, buf, 8, RAIL_PTR_HOST, &mh),
+	assert_int_equal(rail_net_reg_mr(c->hl, buf, 8, RAIL_PTR_HOST, &mh),
 			 ncclInternalError);
 	assert_int_equal(rail_net_reg_mr(junk, buf, 8, RAIL_PTR_HOST, &mh), ncclInternalError);
 	assert_int_equal(rail_net_close_send(NULL), ncclInternalError);
-	assert_int_equal(rail_net_close_recv(&c->send), ncclInternalError);
+	assert_int_equal(rail_net_close_recv(c->hs), ncclInternalError);
 	assert_int_equal(fake.calls, 0);
 	assert_null(req);
 	assert_null(rc);
@@ -449,34 +462,47 @@ static void test_wrong_comm_kind(void **state)
 static void test_reg_mr(void **state)
 {
 	struct comms *c = *state;
-	void *mh = NULL;
+	void *mh = NULL, *req = NULL;
 	char buf[8];
+	int calls;
 
-	assert_int_equal(rail_net_reg_mr(&c->send, buf, 8, RAIL_PTR_HOST, &mh), ncclSuccess);
-	assert_ptr_equal(mh, buf);
-	assert_int_equal(rail_net_dereg_mr(&c->send, mh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(c->hs, buf, 8, RAIL_PTR_HOST, &mh), ncclSuccess);
+	/* A handle, not the transport's object; the transport gets its object back. */
+	assert_ptr_not_equal(mh, buf);
+	assert_int_equal(rail_net_isend(c->hs, buf, 8, 0, mh, &req), ncclSuccess);
+	assert_ptr_equal(fake.last_mh, buf);
+	assert_int_equal(rail_net_dereg_mr(c->hs, mh), ncclSuccess);
+	/* Twice: refused, and the transport is not asked. */
+	calls = fake.calls;
+	assert_int_equal(rail_net_dereg_mr(c->hs, mh), ncclInternalError);
+	unit_assert_logged(RAIL_LOG_WARN, "not a live registration");
+	assert_int_equal(fake.calls, calls);
+	/* A dead registration handle in isend is refused too. */
+	req = NULL;
+	assert_int_equal(rail_net_isend(c->hs, buf, 8, 0, mh, &req), ncclInternalError);
+	assert_null(req);
 	mh = NULL;
-	assert_int_equal(rail_net_reg_mr(&c->send, buf, 8, 0, &mh), ncclInternalError);
+	assert_int_equal(rail_net_reg_mr(c->hs, buf, 8, 0, &mh), ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "unknown pointer type");
 	/* Only exactly HOST or CUDA: a mix or another bit names the type. */
-	assert_int_equal(rail_net_reg_mr(&c->send, buf, 8, RAIL_PTR_HOST | RAIL_PTR_CUDA, &mh),
+	assert_int_equal(rail_net_reg_mr(c->hs, buf, 8, RAIL_PTR_HOST | RAIL_PTR_CUDA, &mh),
 			 ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "0x3");
-	assert_int_equal(rail_net_reg_mr(&c->send, buf, 8, RAIL_PTR_HOST | 0x10, &mh),
+	assert_int_equal(rail_net_reg_mr(c->hs, buf, 8, RAIL_PTR_HOST | 0x10, &mh),
 			 ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "0x11");
 	assert_null(mh);
 	fake.post_err = -ENOMEM;
-	assert_int_equal(rail_net_reg_mr(&c->recv, buf, 8, RAIL_PTR_HOST, &mh), ncclSystemError);
+	assert_int_equal(rail_net_reg_mr(c->hr, buf, 8, RAIL_PTR_HOST, &mh), ncclSystemError);
 	assert_null(mh);
 	/* No DMA-BUF support in the transport: a host buffer falls back to reg_mr... */
 	fake.post_err = 0;
-	assert_int_equal(rail_net_reg_mr_dmabuf(&c->send, buf, 8, RAIL_PTR_HOST, 0, -1, &mh),
+	assert_int_equal(rail_net_reg_mr_dmabuf(c->hs, buf, 8, RAIL_PTR_HOST, 0, -1, &mh),
 			 ncclSuccess);
-	assert_ptr_equal(mh, buf);
+	assert_non_null(mh);
 	/* ...a dma-buf fd is refused. */
 	mh = NULL;
-	assert_int_equal(rail_net_reg_mr_dmabuf(&c->send, buf, 8, RAIL_PTR_CUDA, 0, 5, &mh),
+	assert_int_equal(rail_net_reg_mr_dmabuf(c->hs, buf, 8, RAIL_PTR_CUDA, 0, 5, &mh),
 			 ncclInternalError);
 	unit_assert_logged(RAIL_LOG_WARN, "no DMA-BUF support");
 	assert_null(mh);
@@ -488,14 +514,57 @@ static void test_close_marks_dead(void **state)
 	void *req = NULL;
 	char buf[8];
 
-	assert_int_equal(rail_net_close_send(&c->send), ncclSuccess);
+	assert_int_equal(rail_net_close_send(c->hs), ncclSuccess);
 	/* The comm is dead now: using or closing it again is refused. */
-	assert_int_equal(rail_net_close_send(&c->send), ncclInternalError);
-	assert_int_equal(rail_net_isend(&c->send, buf, 8, 0, NULL, &req), ncclInternalError);
+	assert_int_equal(rail_net_close_send(c->hs), ncclInternalError);
+	assert_int_equal(rail_net_isend(c->hs, buf, 8, 0, NULL, &req), ncclInternalError);
 	fake.post_err = -EIO;
-	assert_int_equal(rail_net_close_listen(&c->listen), ncclSystemError);
+	assert_int_equal(rail_net_close_listen(c->hl), ncclSystemError);
 	fake.post_err = -ECONNRESET;
-	assert_int_equal(rail_net_close_recv(&c->recv), ncclRemoteError);
+	assert_int_equal(rail_net_close_recv(c->hr), ncclRemoteError);
+}
+
+/*
+ * Handles outlive their objects: a request of a closed comm, a registration
+ * released with its comm, and a request whose comm's slot now holds another
+ * comm (same request index) are refused, reading only live memory (ASan).
+ */
+static void test_handles_outlive_objects(void **state)
+{
+	struct comms *c = *state;
+	struct rail_comm *other = calloc(1, sizeof(*other));
+	void *req = NULL, *req2 = NULL, *mh = NULL, *h2 = NULL;
+	int done = 0, calls, tries = 0;
+	char buf[8];
+
+	assert_non_null(other);
+	assert_int_equal(rail_net_reg_mr(c->hs, buf, 8, RAIL_PTR_HOST, &mh), ncclSuccess);
+	assert_int_equal(rail_net_isend(c->hs, buf, 8, 0, mh, &req), ncclSuccess);
+	calls = fake.calls;
+	assert_int_equal(rail_net_close_send(c->hs), ncclSuccess);
+	assert_int_equal(fake.calls, calls + 2); /* the forgotten registration, then close */
+	assert_int_equal(rail_net_test(req, &done, NULL), ncclInternalError);
+	unit_assert_logged(RAIL_LOG_WARN, "not a request in flight");
+	assert_int_equal(rail_net_dereg_mr(c->hs, mh), ncclInternalError);
+	unit_assert_logged(RAIL_LOG_WARN, "not an open send or receive comm");
+	/* Cycle comms until one lands in the closed comm's slot. */
+	do {
+		if (h2)
+			assert_int_equal(rail_net_close_send(h2), ncclSuccess);
+		assert_int_equal(rail_comm_init(other, RAIL_COMM_SEND, 0, &fake_ops), 0);
+		assert_int_equal(rail_net_adopt_comm(other, &h2), 0);
+	} while (other->hidx != c->send.hidx && ++tries < 20000);
+	assert_int_equal(other->hidx, c->send.hidx);
+	assert_ptr_not_equal(h2, c->hs);
+	assert_int_equal(rail_net_isend(h2, buf, 8, 0, NULL, &req2), ncclSuccess);
+	assert_ptr_not_equal(req2, req);
+	assert_int_equal(rail_net_test(req, &done, NULL), ncclInternalError);
+	assert_int_equal(rail_net_close_send(c->hs), ncclInternalError);
+	fake.test_done = 1;
+	assert_int_equal(rail_net_test(req2, &done, NULL), ncclSuccess);
+	assert_int_equal(done, 1);
+	assert_int_equal(rail_net_close_send(h2), ncclSuccess);
+	free(other);
 }
 
 static void test_accept_error(void **state)
@@ -504,7 +573,7 @@ static void test_accept_error(void **state)
 	void *rc = (void *)1;
 
 	fake.post_err = -ECONNABORTED;
-	assert_int_equal(rail_net_accept(&c->listen, &rc), ncclRemoteError);
+	assert_int_equal(rail_net_accept(c->hl, &rc), ncclRemoteError);
 	assert_ptr_equal(rc, (void *)1); /* not written on failure */
 }
 
@@ -530,6 +599,7 @@ int main(void)
 		FAKE_TEST(test_reg_mr),
 		FAKE_TEST(test_close_marks_dead),
 		FAKE_TEST(test_accept_error),
+		FAKE_TEST(test_handles_outlive_objects),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -103,6 +103,43 @@ static void test_frame_and_reply(void **state)
 	assert_int_equal(tcp_reply_decode(rep), -EPROTO);
 }
 
+/* The receiver's refusal: round trip, and every malformed variant refused. */
+static void test_refusal(void **state)
+{
+	struct tcp_refusal r = { .reason = TCP_REFUSE_SIZE, .tag = 3, .seq = 9, .size = 1000,
+				 .posted = 500 }, g;
+	uint8_t buf[TCP_REFUSAL_SIZE], bad[TCP_REFUSAL_SIZE];
+
+	(void)state;
+	tcp_refusal_encode(&r, buf);
+	assert_int_equal(tcp_refusal_decode(buf, &g), 0);
+	assert_int_equal(g.reason, TCP_REFUSE_SIZE);
+	assert_int_equal(g.tag, 3);
+	assert_int_equal(g.seq, 9);
+	assert_int_equal(g.size, 1000);
+	assert_int_equal(g.posted, 500);
+	r = (struct tcp_refusal){ .reason = TCP_REFUSE_TAG, .tag = 5, .want_tag = 7, .size = 8 };
+	tcp_refusal_encode(&r, buf);
+	assert_int_equal(tcp_refusal_decode(buf, &g), 0);
+	assert_int_equal(g.want_tag, 7);
+	/* A magic, a pad byte, an unknown reason, a size that fits, a huge size. */
+	static const struct {
+		int off;
+		uint8_t val;
+	} flips[] = { { 0, 0x46 }, { 2, 1 }, { 13, 1 }, { 1, 3 }, { 1, 0 } };
+	for (size_t i = 0; i < sizeof(flips) / sizeof(flips[0]); i++) {
+		memcpy(bad, buf, sizeof(bad));
+		bad[flips[i].off] = flips[i].val;
+		assert_int_equal(tcp_refusal_decode(bad, &g), -EPROTO);
+	}
+	r = (struct tcp_refusal){ .reason = TCP_REFUSE_SIZE, .size = 500, .posted = 500 };
+	tcp_refusal_encode(&r, bad);
+	assert_int_equal(tcp_refusal_decode(bad, &g), -EPROTO);
+	r = (struct tcp_refusal){ .reason = TCP_REFUSE_SIZE, .size = UINT64_MAX, .posted = 1 };
+	tcp_refusal_encode(&r, bad);
+	assert_int_equal(tcp_refusal_decode(bad, &g), -EPROTO);
+}
+
 static void test_plan(void **state)
 {
 	struct tcp_plan p;
@@ -120,6 +157,66 @@ static void test_plan(void **state)
 	assert_true(p.chunk * 3 < (64u << 20) + 1);
 	tcp_plan_message(0, 0, 4, 65536, &p);
 	assert_int_equal(p.nchunks, 0);
+}
+
+/*
+ * A 1000-byte send into a 500-byte receive: the receive fails, and the
+ * sender is told (its send, or one of the small sends after it, fails with
+ * a WARN naming the receiver's refusal and both sizes).
+ */
+static void test_sender_told_of_refusal(void **state)
+{
+	static char sbuf[1000], rbuf[1000];
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	void *ctx = NULL, *lc = NULL, *sc = NULL, *rc = NULL, *sreq = NULL, *rreq = NULL;
+	void *data[1] = { rbuf };
+	size_t room[1] = { 500 };
+	int tag[1] = { 1 }, done = 0, size = 0, later = 0;
+	ncclResult_t rres = ncclSuccess, sres = ncclSuccess;
+	uint64_t deadline = rail_now_ns() + 10ull * 1000000000ull;
+
+	(void)state;
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	unit_log_capture();
+	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	while ((!sc || !rc) && rail_now_ns() < deadline) {
+		if (!sc)
+			assert_int_equal(rail_net_connect(ctx, 0, -1, handle, &sc), ncclSuccess);
+		if (!rc)
+			assert_int_equal(rail_net_accept(lc, &rc), ncclSuccess);
+	}
+	assert_non_null(sc);
+	assert_non_null(rc);
+	while (!rreq)
+		assert_int_equal(rail_net_irecv(rc, 1, data, room, tag, NULL, &rreq), ncclSuccess);
+	while (!sreq)
+		assert_int_equal(rail_net_isend(sc, sbuf, sizeof(sbuf), 1, NULL, &sreq), ncclSuccess);
+	while (rres == ncclSuccess && !done && rail_now_ns() < deadline)
+		rres = rail_net_test(rreq, &done, &size);
+	assert_int_equal(rres, ncclInvalidUsage);
+	/* The sender: its send completes or fails; later sends fail once it is told. */
+	while (sres == ncclSuccess && rail_now_ns() < deadline) {
+		done = 0;
+		if (sreq)
+			sres = rail_net_test(sreq, &done, &size);
+		else
+			sres = rail_net_isend(sc, sbuf, 8, 2, NULL, &sreq), later++;
+		if (done)
+			sreq = NULL;
+	}
+	if (sres != ncclInvalidUsage)
+		fail_msg("the sender was not told of the refusal: %d after %d later sends", sres,
+			 later);
+	unit_assert_logged2(RAIL_LOG_WARN, "refused message 0 of 1000 bytes", "only 500 bytes");
+	if (sreq)
+		rail_net_test(sreq, &done, &size);
+	assert_int_equal(rail_net_close_send(sc), ncclSuccess);
+	assert_int_equal(rail_net_close_recv(rc), ncclSuccess);
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unit_log_release();
 }
 
 /* Connect with a handle whose nonce was changed (checksum fixed up). */
@@ -393,8 +490,10 @@ int main(void)
 		cmocka_unit_test(test_hello_round_trip),
 		cmocka_unit_test(test_hello_rejects),
 		cmocka_unit_test(test_frame_and_reply),
+		cmocka_unit_test(test_refusal),
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_wrong_nonce_refused),
+		cmocka_unit_test(test_sender_told_of_refusal),
 		cmocka_unit_test(test_thread_failure_closes_once),
 		cmocka_unit_test(test_strays_do_not_disable_listener),
 	};

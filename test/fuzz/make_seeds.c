@@ -1,0 +1,155 @@
+/*
+ * Writes the seed corpus of the fuzz targets (test/fuzz/corpus/<target>/)
+ * with the real encoders, so the seeds follow the wire formats:
+ *   make-seeds DIR      (make fuzz-seeds runs it into test/fuzz/corpus)
+ */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "handle.h"
+#include "ib/ib_wire.h"
+#include "tcp/tcp.h"
+
+static int put(const char *dir, const char *target, const char *name, const void *buf,
+	       size_t len)
+{
+	char p[4096];
+	FILE *f;
+
+	snprintf(p, sizeof(p), "%s/%s", dir, target);
+	if (mkdir(p, 0755) && errno != EEXIST)
+		return -1;
+	snprintf(p, sizeof(p), "%s/%s/%s", dir, target, name);
+	f = fopen(p, "wb");
+	if (!f || fwrite(buf, 1, len, f) != len) {
+		perror(p);
+		return -1;
+	}
+	return fclose(f);
+}
+
+static int tcp_seeds(const char *dir)
+{
+	uint8_t b[TCP_HELLO_SIZE + TCP_REPLY_SIZE + TCP_FRAME_SIZE + TCP_REFUSAL_SIZE];
+	struct tcp_hello h = { .index = 1, .nonce = 0x1122334455667788ull, .conn_id = 42,
+			       .nsocks = 4, .nthreads = 4, .inline_max = 16384,
+			       .min_chunk = 65536 };
+	struct tcp_frame f = { .seq = 7, .tag = 3, .size = 1000 };
+	struct tcp_refusal r = { .reason = TCP_REFUSE_SIZE, .tag = 3, .seq = 7, .size = 1000,
+				 .posted = 500 };
+
+	tcp_hello_encode(&h, b);
+	tcp_reply_encode(0, b + TCP_HELLO_SIZE);
+	tcp_frame_encode(&f, b + TCP_HELLO_SIZE + TCP_REPLY_SIZE);
+	tcp_refusal_encode(&r, b + TCP_HELLO_SIZE + TCP_REPLY_SIZE + TCP_FRAME_SIZE);
+	if (put(dir, "fuzz_tcp_wire", "all-valid", b, sizeof(b)))
+		return -1;
+	h.index = 0;
+	tcp_hello_encode(&h, b);
+	tcp_reply_encode(EPERM, b + TCP_HELLO_SIZE);
+	r = (struct tcp_refusal){ .reason = TCP_REFUSE_TAG, .tag = 5, .want_tag = 7, .seq = 1,
+				  .size = 8 };
+	tcp_refusal_encode(&r, b + TCP_HELLO_SIZE + TCP_REPLY_SIZE + TCP_FRAME_SIZE);
+	return put(dir, "fuzz_tcp_wire", "control-refused", b, sizeof(b));
+}
+
+static int handle_seeds(const char *dir)
+{
+	uint8_t b[RAIL_HANDLE_SIZE];
+	struct rail_handle h = { .transport = RAIL_TRANSPORT_TCP, .nonce = 0xabcdefull };
+
+	h.addr.sin.sin_family = AF_INET;
+	h.addr.sin.sin_port = htons(43210);
+	h.addr.sin.sin_addr.s_addr = htonl(0x0a000001);
+	if (rail_handle_encode(&h, b, sizeof(b)) || put(dir, "fuzz_handle", "tcp-v4", b, sizeof(b)))
+		return -1;
+	h.transport = RAIL_TRANSPORT_IB;
+	memset(&h.addr, 0, sizeof(h.addr));
+	h.addr.sin6.sin6_family = AF_INET6;
+	h.addr.sin6.sin6_port = htons(5000);
+	h.addr.sin6.sin6_addr.s6_addr[15] = 1;
+	h.payload_len = 4;
+	memcpy(h.payload, "rail", 4);
+	if (rail_handle_encode(&h, b, sizeof(b)))
+		return -1;
+	return put(dir, "fuzz_handle", "ib-v6-payload", b, sizeof(b));
+}
+
+static int ib_seeds(const char *dir)
+{
+	static uint8_t b[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
+	struct rail_ib_msg m;
+	struct rail_ib_cts c = { .addr = 0x7f0000001000ull, .size = 4096, .tag = 1, .nreqs = 2,
+				 .idx = 1, .seq = 9 };
+	char name[32];
+	int n;
+
+	for (int type = RAIL_IB_MSG_HELLO; type <= RAIL_IB_MSG_REFUSE; type++) {
+		memset(&m, 0, sizeof(m));
+		m.type = type;
+		m.nonce = 0x55aa;
+		m.ndevs = 2;
+		m.qps_per_dev = 1;
+		m.nqps = type == RAIL_IB_MSG_HELLO ? 0 : 2;
+		m.qpn[0] = 0x11;
+		m.qpn[1] = 0x12;
+		m.devs[0].port = m.devs[1].port = 1;
+		m.devs[0].link_layer = m.devs[1].link_layer = 2;
+		m.devs[0].mtu = m.devs[1].mtu = 5;
+		m.devs[0].gid[15] = 1;
+		m.ctrl_addr = 0x7f0000002000ull;
+		m.refuse_code = type == RAIL_IB_MSG_REFUSE ? RAIL_IB_REFUSE_NONCE : 0;
+		if (type == RAIL_IB_MSG_REFUSE)
+			snprintf(m.text, sizeof(m.text), "nonce does not match");
+		n = rail_ib_msg_encode(&m, b, sizeof(b));
+		snprintf(name, sizeof(name), "msg-type%d", type);
+		if (n < 0 || put(dir, "fuzz_ib_wire", name, b, (size_t)n))
+			return -1;
+	}
+	memset(b, 0, RAIL_IB_CTS_SIZE);
+	rail_ib_cts_encode(&c, b);
+	return put(dir, "fuzz_ib_wire", "cts", b, RAIL_IB_CTS_SIZE);
+}
+
+static int text_seeds(const char *dir)
+{
+	static const char *const s[] = {
+		"/sys/devices/pci0000:15/0000:15:01.0/0000:16:00.0/0000:18:00.0/net/eth0",
+		"0000:1b:00.0", "10.0.0.0/8", "^mlx5_0:1,=mlx5_1:2:0:1", "fe80::/64",
+	};
+	char name[16];
+
+	for (size_t i = 0; i < sizeof(s) / sizeof(s[0]); i++) {
+		snprintf(name, sizeof(name), "s%zu", i);
+		if (put(dir, "fuzz_text", name, s[i], strlen(s[i])))
+			return -1;
+	}
+	return 0;
+}
+
+/* sysfs records: [file index u16][length u8][content]. */
+static int sysfs_seeds(const char *dir)
+{
+	static const uint8_t a[] = { 3, 0, 4, '1', '0', '0', '\n', 9, 0, 3, '0', '-', '3' };
+	static const uint8_t b[] = { 17, 0, 5, 'f', 'e', '8', '0', ':', 40, 0, 2, '-', '1' };
+
+	if (put(dir, "fuzz_sysfs", "two-files", a, sizeof(a)))
+		return -1;
+	return put(dir, "fuzz_sysfs", "gid-and-numa", b, sizeof(b));
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: make-seeds DIR\n");
+		return 64;
+	}
+	mkdir(argv[1], 0755);
+	if (tcp_seeds(argv[1]) || handle_seeds(argv[1]) || ib_seeds(argv[1]) ||
+	    text_seeds(argv[1]) || sysfs_seeds(argv[1]))
+		return 1;
+	return 0;
+}
