@@ -70,7 +70,8 @@ CONFORMANCE := $(BUILD)/rail-conformance
 FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
-	test-clang test-rxe test-rxe-smoke test-readme test-netns test-fresh test-packages install \
+	test-clang test-rxe test-rxe-smoke test-rxe2 test-tsan test-readme test-netns test-fresh \
+	test-packages install \
 	uninstall clean readme deb rpm version test-fakeverbs
 all: plugin tools
 
@@ -156,6 +157,22 @@ test-sanitizers:
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 test-unit test-fakeverbs
 	ASAN_OPTIONS=detect_leaks=1 NCCL_RAIL_TRANSPORT=tcp \
 		build-san/rail-conformance --plugin build-san/libnccl-net-rail.so --max-size 64M
+
+# The plugin and the suite under ThreadSanitizer (build-tsan/): an injected
+# data race must be reported first (so this check can fail), then the TCP
+# conformance suite must pass on every ABI with no report (messages up to
+# 64M). Suppressions, each with its reason: test/tsan.supp.
+TSAN_RUN = NCCL_RAIL_TRANSPORT=tcp TSAN_OPTIONS="suppressions=$(abspath test/tsan.supp) \
+	second_deadlock_stack=1 $(TSAN_OPTIONS)" build-tsan/rail-conformance \
+	--plugin build-tsan/libnccl-net-rail.so
+test-tsan:
+	$(MAKE) BUILD=build-tsan SAN=thread OPT=-O1 plugin tests
+	@if $(TSAN_RUN) --abi 12 --scenario properties --inject data-race >build-tsan/inject.log 2>&1 \
+		|| ! grep -q 'ThreadSanitizer: data race' build-tsan/inject.log; then \
+		cat build-tsan/inject.log; \
+		echo "test-tsan: the injected data race was not reported: ThreadSanitizer is not active"; \
+		exit 1; fi; echo "test-tsan: the injected data race was reported (the check works)"
+	$(TSAN_RUN) --max-size 64M
 
 # Everything must also build warning-free with clang.
 test-clang:
