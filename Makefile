@@ -187,6 +187,11 @@ test-rxe: all tests
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live
 	test/rxe/run.sh
 
+# Two guests as two RDMA nodes (test/rxe2/): the conformance suite between
+# them, then the peer's guest killed on each side and a link taken down.
+test-rxe2: all tests
+	test/rxe2/tests.sh
+
 # One boot of the guest with its smoke test (the fresh-machine test uses it).
 test-rxe-smoke: all tests
 	test/rxe/run.sh --tests 00-smoke
