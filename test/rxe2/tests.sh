@@ -5,13 +5,16 @@
 #   kill-b       the sender's guest is killed mid-transfer: the receiver must fail
 #   kill-a       the receiver's guest is killed mid-transfer: the sender must fail
 #   link-b       the sender's NIC loses its link mid-transfer (QEMU set_link off)
+#   kill-b-r6, kill-a-r6  kill-b and kill-a with NCCL_IB_RETRY_CNT=6 and
+#                NCCL_IB_TIMEOUT=14 (67 ms): the verbs layer's own bound, where
+#                rxe has one (retry_cnt 7 is "forever" on rxe)
 # Each fault case prints how long after the fault the surviving side's plugin
 # reported an error, or that it did not within RXE2_FAULT_TIMEOUT seconds.
 # A hang is a KNOWN GAP (the plugin has no verbs watchdog yet, and rxe treats
 # NCCL_IB_RETRY_CNT=7 as retry forever): it prints why and does not fail
 # unless RXE2_STRICT=1 (the watchdog work turns that on).
 #
-#   test/rxe2/tests.sh [CASE...]      default: all four
+#   test/rxe2/tests.sh [CASE...]      default: all six
 # Environment: RXE2_FAULT_TIMEOUT (default 60), RXE2_STRICT, RXE2_SCENARIOS
 # (the conformance cases, default all), RXE2_MAX_SIZE (default 16M), and
 # everything test/rxe2/run.sh reads. Figures: build/rxe2-runs/summary.txt.
@@ -27,7 +30,7 @@ plugin=build/libnccl-net-rail.so
 FT=${RXE2_FAULT_TIMEOUT:-60}
 STRICT=${RXE2_STRICT:-0}
 MAXSZ=${RXE2_MAX_SIZE:-16M}
-CASES=${*:-conformance kill-b kill-a link-b}
+CASES=${*:-conformance kill-b kill-a link-b kill-b-r6 kill-a-r6}
 SUMMARY=$REPO/build/rxe2-runs/summary.txt
 mkdir -p "$(dirname "$SUMMARY")"
 : >"$SUMMARY"
@@ -63,28 +66,32 @@ case_conformance() {
     [ "$rc" = 0 ] || fails=$((fails + 1))
 }
 
-# fault case: FAULT DOOMED SURVIVOR WHAT
+# fault case: NAME FAULT DOOMED SURVIVOR WHAT [run.sh options]
 case_fault() {
-    local fault=$1 doomed=$2 surv=$3 what=$4 t0=$SECONDS rc=0 out line cmd
-    out=$REPO/build/rxe2-runs/$fault
+    local name=$1 fault=$2 doomed=$3 surv=$4 what=$5 t0=$SECONDS rc=0 out line cmd
+    shift 5
+    out=$REPO/build/rxe2-runs/$name
     cmd="$C --scenario peer-dies --max-size 4M --doomed $doomed --timeout $FT"
     cmd+=" --event-file \$RXE_OUT/events"
-    test/rxe2/run.sh --out "$out" --timeout $((FT + 120)) --fault "$fault" \
+    test/rxe2/run.sh --out "$out" --timeout $((FT + 120)) --fault "$fault" "$@" \
         --cmd-a "$cmd --ctl-listen 192.0.2.1:18700" \
         --cmd-b "$cmd --ctl-connect 192.0.2.1:18700" || rc=$?
     line=$(grep -E "^$surv \+[0-9.]+ $surv [0-9.]+ (ERROR|HANG)" "$out/fault.txt" 2>/dev/null | head -n1)
+    # "<guest> +<s after the fault> <role> <role's s> ERROR|HANG <text>"
+    local dt=${line#"$surv +"} text=${line#* * * * }
+    dt=${dt%% *}
     if [[ $line == *" ERROR "* ]]; then
-        record "$fault ($what): $surv's plugin reported an error ${line#"$surv +"}" \
-            "[s after the fault; run ${rc}, $((SECONDS - t0)) s]"
+        record "$name ($what): $surv's plugin reported an error ${dt} s after the fault:" \
+            "$text [run $((SECONDS - t0)) s]"
     elif [[ $line == *" HANG "* ]]; then
-        record "$fault ($what): KNOWN GAP: $surv saw no error within its ${FT} s timeout:" \
-            "${line#"$surv +"} [run $((SECONDS - t0)) s]. Why: the plugin has no verbs" \
+        record "$name ($what): KNOWN GAP: $surv saw no error in ${dt} s after the fault" \
+            "($text) [run $((SECONDS - t0)) s]. Why: the plugin has no verbs" \
             "watchdog yet; rxe retries NCCL_IB_RETRY_CNT=7 forever, and a receiver (or a sender" \
             "waiting for a clear-to-send) gets no completion at all (issue 11)"
         gaps=$((gaps + 1))
         [ "$STRICT" = 1 ] && fails=$((fails + 1))
     else
-        record "$fault ($what): FAIL: no ERROR/HANG line from $surv (run exit $rc; see $out)"
+        record "$name ($what): FAIL: no ERROR/HANG line from $surv (run exit $rc; see $out)"
         fails=$((fails + 1))
     fi
     grep -v "^$surv +[0-9.]* $surv " "$out/fault.txt" 2>/dev/null | grep -v '^fault ' |
@@ -96,10 +103,17 @@ for c in $CASES; do
     echo "==== rxe2 case $c"
     case $c in
     conformance) case_conformance ;;
-    kill-b) case_fault kill-b B A "the sender's guest killed" ;;
-    kill-a) case_fault kill-a A B "the receiver's guest killed" ;;
-    link-b) case_fault link-b B A "the sender's NIC link down" ;;
-    link-a) case_fault link-a A B "the receiver's NIC link down" ;;
+    kill-b) case_fault kill-b kill-b B A "the sender's guest killed" ;;
+    kill-a) case_fault kill-a kill-a A B "the receiver's guest killed" ;;
+    link-b) case_fault link-b link-b B A "the sender's NIC link down" ;;
+    link-a) case_fault link-a link-a A B "the receiver's NIC link down" ;;
+    kill-b-r6 | kill-a-r6)
+        local_f=${c%-r6}
+        case_fault "$c" "$local_f" "$([ "$local_f" = kill-b ] && echo B || echo A)" \
+            "$([ "$local_f" = kill-b ] && echo A || echo B)" \
+            "$([ "$local_f" = kill-b ] && echo "the sender's" || echo "the receiver's") guest killed, retry_cnt 6, timeout 14" \
+            --env NCCL_IB_RETRY_CNT=6 --env NCCL_IB_TIMEOUT=14
+        ;;
     *) echo "unknown case $c"; fails=$((fails + 1)) ;;
     esac
 done
