@@ -76,8 +76,9 @@ FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
-	test-clang test-rxe test-rxe-smoke test-readme test-netns test-fresh test-packages install \
-	uninstall clean readme deb rpm version test-fakeverbs fuzz fuzz-targets fuzz-seeds
+	test-clang test-rxe test-rxe-smoke test-rxe2 test-tsan test-readme test-netns test-fresh \
+	test-packages install uninstall clean readme deb rpm version test-fakeverbs fuzz \
+	fuzz-targets fuzz-seeds
 all: plugin tools
 
 plugin: $(PLUGIN)
@@ -191,6 +192,27 @@ test-sanitizers:
 	ASAN_OPTIONS=detect_leaks=1 NCCL_RAIL_TRANSPORT=tcp \
 		build-san/rail-conformance --plugin build-san/libnccl-net-rail.so --max-size 64M
 
+# The plugin and the suite under ThreadSanitizer (build-tsan/): an injected
+# data race must be reported first (so this check can fail), then the unit
+# tests (the verbs transport on the fake provider included) and the TCP
+# conformance suite on every ABI (messages up to 64M) must pass with no
+# report. 3.5 minutes here from a clean build-tsan (2 cores, a guest running
+# beside it): build 15 s, unit tests 25 s, the suite 130-170 s.
+# Suppressions, each with its reason: test/tsan.supp.
+TSAN_RUN = NCCL_RAIL_TRANSPORT=tcp TSAN_OPTIONS="suppressions=$(abspath test/tsan.supp) \
+	second_deadlock_stack=1 $(TSAN_OPTIONS)" build-tsan/rail-conformance \
+	--plugin build-tsan/libnccl-net-rail.so
+test-tsan:
+	$(MAKE) BUILD=build-tsan SAN=thread OPT=-O1 plugin tests build-tsan/rail-info
+	@if $(TSAN_RUN) --abi 12 --scenario properties --inject data-race >build-tsan/inject.log 2>&1 \
+		|| ! grep -q 'ThreadSanitizer: data race' build-tsan/inject.log; then \
+		cat build-tsan/inject.log; \
+		echo "test-tsan: the injected data race was not reported: ThreadSanitizer is not active"; \
+		exit 1; fi; echo "test-tsan: the injected data race was reported (the check works)"
+	TSAN_OPTIONS="suppressions=$(abspath test/tsan.supp) $(TSAN_OPTIONS)" \
+		$(MAKE) BUILD=build-tsan SAN=thread OPT=-O1 test-unit test-fakeverbs
+	$(TSAN_RUN) --max-size 64M
+
 # Everything must also build warning-free with clang.
 test-clang:
 	$(MAKE) BUILD=build-clang CC=clang all tests
@@ -203,6 +225,11 @@ test-readme: $(BUILD)/rail-info
 test-rxe: all tests
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live
 	test/rxe/run.sh
+
+# Two guests as two RDMA nodes (test/rxe2/): the conformance suite between
+# them, then the peer's guest killed on each side and a link taken down.
+test-rxe2: all tests
+	test/rxe2/tests.sh
 
 # One boot of the guest with its smoke test (the fresh-machine test uses it).
 test-rxe-smoke: all tests
@@ -219,7 +246,7 @@ test-packages: deb
 
 check: all tests test-unit test-fakeverbs test-abi test-readme test-conformance test-netns
 
-test: check test-sanitizers test-clang fuzz test-packages test-fresh test-rxe
+test: check test-sanitizers test-tsan test-clang fuzz test-packages test-fresh test-rxe
 
 readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info --update

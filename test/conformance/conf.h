@@ -126,6 +126,11 @@ struct rail_conf_opts {
 	int verbose;
 	const char *inject;		/* a fault to inject (see inject.c) */
 	int self_test;
+	/* Two hosts (--ctl-listen / --ctl-connect): this process runs one role. */
+	int host_role;			/* -1: both roles here (fork); else the role */
+	const char *ctl_addr;		/* [ADDR:]PORT to listen on, or HOST:PORT */
+	int doomed;			/* peer-dies on two hosts: the role killed, -1 */
+	const char *event_file;		/* READY/ERROR lines for the harness */
 };
 
 /* ---- the per-process context (one role of one scenario) ---------------- */
@@ -138,6 +143,7 @@ struct rail_conf {
 	int abi;
 	int full;			/* heavy settings for this ABI */
 	int ctl;			/* control socket to the peer role */
+	int ctl_stream;			/* ctl is a TCP stream (two hosts) */
 	int sup;			/* report pipe to the supervisor */
 	void *lib;
 	struct rail_conf_net net;
@@ -185,6 +191,22 @@ int rail_conf_misuse(struct rail_conf *cx);
 int rail_conf_misuse_closed(struct rail_conf *cx);
 int rail_conf_random_handle(struct rail_conf *cx);
 int rail_conf_finalize_open(struct rail_conf *cx);
+/* peer-dies across two hosts: the harness kills (or unplugs) a host (sc_twohost.c). */
+int rail_conf_peer_dies_2h(struct rail_conf *cx);
+
+/* ---- two hosts (twohost.c) ------------------------------------------------ */
+
+/* Role A: the listening socket for the peer host's control connections. -1 with why. */
+int rail_conf_2h_listen(const char *addr, char *why, size_t len);
+/*
+ * One control connection for one (scenario, ABI): A accepts on lfd, B
+ * connects to addr (retrying while refused); both check that the peer runs
+ * the same scenario and ABI. The connected fd, or -1 with why.
+ */
+int rail_conf_2h_pair(const struct rail_conf_opts *o, int lfd, const char *scenario, int abi,
+		      char *why, size_t len);
+/* Append one line to --event-file (READY, ERROR ...), with this role's elapsed time. */
+void rail_conf_event(struct rail_conf *cx, const char *fmt, ...) RAIL_CONF_PRINTF(2, 3);
 
 /* ---- reporting (report.c) ------------------------------------------------ */
 

@@ -32,6 +32,7 @@ enum fault {
 	F_FLUSH_ERROR,
 	F_MUTE_WARN,
 	F_OVERRUN,
+	F_DATA_RACE,
 };
 
 static const struct {
@@ -54,6 +55,8 @@ static const struct {
 	[F_FLUSH_ERROR] = { "flush-error", "iflush fails" },
 	[F_MUTE_WARN] = { "mute-warn", "WARN lines never reach NCCL's logger" },
 	[F_OVERRUN] = { "overrun", "one byte is written after every received message" },
+	[F_DATA_RACE] = { "data-race", "init: two threads write one word without a lock (only "
+			  "ThreadSanitizer sees it; make test-tsan checks that it does)" },
 };
 
 static int fault;
@@ -341,6 +344,26 @@ static void mute_logger(ncclDebugLogLevel level, unsigned long flags, const char
 	(void)fmt;
 }
 
+/* Written by two threads without a lock: a race only a race detector sees. */
+static volatile int race_word;
+
+static void *racer(void *arg)
+{
+	(void)arg;
+	race_word = race_word + 1;
+	return NULL;
+}
+
+static void data_race(void)
+{
+	pthread_t th;
+
+	if (pthread_create(&th, NULL, racer, NULL))
+		return;
+	race_word = race_word + 1;
+	pthread_join(th, NULL);
+}
+
 static ncclResult_t w_init(struct rail_conf_net *net, ncclDebugLogger_t logger)
 {
 	ncclResult_t res = orig.init(net, fault == F_MUTE_WARN ? mute_logger : logger);
@@ -348,6 +371,8 @@ static ncclResult_t w_init(struct rail_conf_net *net, ncclDebugLogger_t logger)
 
 	if (fault == F_LEAK_THREAD && res == ncclSuccess && !pthread_create(&th, NULL, sleeper, NULL))
 		pthread_detach(th);
+	if (fault == F_DATA_RACE)
+		data_race();
 	return res;
 }
 

@@ -12,6 +12,11 @@
  * roles' reports, enforces the timeout (a hang is a FAIL: both roles are
  * killed) and prints PASS/FAIL/SKIP lines, then "N passed, N failed, N
  * skipped". Exit status 0 only if nothing failed.
+ *
+ * Across two hosts, --ctl-listen [ADDR:]PORT runs only role A here and
+ * --ctl-connect HOST:PORT only role B; the roles' control channel is then a
+ * TCP connection per (scenario, ABI) (twohost.c), and each host prints the
+ * verdicts of its own role.
  */
 #include <dlfcn.h>
 #include <errno.h>
@@ -75,6 +80,9 @@ const struct rail_conf_scenario rail_conf_scenarios[] = {
 	  "a WARN and the library kept loaded (v11+)", rail_conf_finalize_open, 1, 1, 11, NULL },
 };
 const int rail_conf_nscenarios = sizeof(rail_conf_scenarios) / sizeof(rail_conf_scenarios[0]);
+
+/* Two hosts: role A's listening socket for the control connections. */
+static int ctl_lfd = -1;
 
 /* ---- the role process ---- */
 
@@ -148,6 +156,7 @@ static RAIL_CONF_NORETURN void role_main(const struct rail_conf_opts *o, int sid
 	cx.abi = abi;
 	cx.full = o->full || abi == 6 || abi == 12;
 	cx.ctl = ctl;
+	cx.ctl_stream = o->host_role >= 0;
 	cx.sup = sup;
 	cx.dev = role == RAIL_CONF_ROLE_A ? o->dev_a : o->dev_b;
 	cx.start_ns = rail_conf_now_ns();
@@ -353,6 +362,8 @@ static void supervise(const struct rail_conf_opts *o, struct role_state *r, int 
 		}
 	}
 	for (int i = 0; i < 2; i++) {
+		if (r[i].fd < 0)
+			continue; /* the peer host's role (two hosts) */
 		/* The pipe closes at exit: it must be gone in a moment. */
 		for (int k = 0; k < 50 && !r[i].reaped; k++) {
 			role_reap(&r[i], 0);
@@ -373,6 +384,40 @@ static void supervise(const struct rail_conf_opts *o, struct role_state *r, int 
 	}
 }
 
+/*
+ * Two hosts: the role of this host on a TCP control connection; the other
+ * role's slot stands for the peer host (it passed, as far as this host can
+ * tell: the peer host prints its own verdict). 0, or 1 with line set.
+ */
+static int start_one_2h(const struct rail_conf_opts *o, int sidx, int abi, struct role_state *r,
+			char *line, size_t len)
+{
+	const char *name = rail_conf_scenarios[sidx].name;
+	int me = o->host_role, p[2], fd;
+	char why[512];
+
+	fd = rail_conf_2h_pair(o, ctl_lfd, name, abi, why, sizeof(why));
+	if (fd < 0) {
+		snprintf(line, len, "FAIL %s v%d: %s", name, abi, why);
+		return 1;
+	}
+	if (pipe(p)) {
+		snprintf(line, len, "FAIL %s v%d: pipe: %s", name, abi, strerror(errno));
+		close(fd);
+		return 1;
+	}
+	int close_fds[] = { p[0], ctl_lfd };
+
+	r[me].pid = spawn(o, sidx, abi, me, fd, p[1], close_fds, ctl_lfd >= 0 ? 2 : 1);
+	close(fd);
+	close(p[1]);
+	r[me].fd = p[0];
+	r[!me].eof = r[!me].reaped = 1;
+	r[!me].fd = -1;
+	snprintf(r[!me].verdict, sizeof(r[!me].verdict), "PASS");
+	return 0;
+}
+
 /* 0 pass, 1 fail, 2 skip; line gets the verdict text. */
 static int run_one(const struct rail_conf_opts *o, int sidx, int abi, char *line, size_t len)
 {
@@ -383,21 +428,25 @@ static int run_one(const struct rail_conf_opts *o, int sidx, int abi, char *line
 	const char *pr[2];
 
 	memset(r, 0, sizeof(r));
-	if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) || pipe(pa) || pipe(pb)) {
+	if (o->host_role >= 0) {
+		if (start_one_2h(o, sidx, abi, r, line, len))
+			return 1;
+	} else if (socketpair(AF_UNIX, SOCK_SEQPACKET, 0, sv) || pipe(pa) || pipe(pb)) {
 		snprintf(line, len, "FAIL %s v%d: socketpair/pipe: %s", name, abi, strerror(errno));
 		return 1;
-	}
-	int close_a[] = { sv[1], pa[0], pb[0], pb[1] };
-	int close_b[] = { sv[0], pa[0], pa[1], pb[0] };
+	} else {
+		int close_a[] = { sv[1], pa[0], pb[0], pb[1] };
+		int close_b[] = { sv[0], pa[0], pa[1], pb[0] };
 
-	r[0].pid = spawn(o, sidx, abi, RAIL_CONF_ROLE_A, sv[0], pa[1], close_a, 4);
-	r[1].pid = spawn(o, sidx, abi, RAIL_CONF_ROLE_B, sv[1], pb[1], close_b, 4);
-	close(sv[0]);
-	close(sv[1]);
-	close(pa[1]);
-	close(pb[1]);
-	r[0].fd = pa[0];
-	r[1].fd = pb[0];
+		r[0].pid = spawn(o, sidx, abi, RAIL_CONF_ROLE_A, sv[0], pa[1], close_a, 4);
+		r[1].pid = spawn(o, sidx, abi, RAIL_CONF_ROLE_B, sv[1], pb[1], close_b, 4);
+		close(sv[0]);
+		close(sv[1]);
+		close(pa[1]);
+		close(pb[1]);
+		r[0].fd = pa[0];
+		r[1].fd = pb[0];
+	}
 	supervise(o, r, &timed_out);
 	if (timed_out) {
 		snprintf(line, len, "FAIL %s v%d: timeout after %d s (A at '%s', B at '%s')", name, abi,
@@ -431,8 +480,11 @@ static int run_one(const struct rail_conf_opts *o, int sidx, int abi, char *line
 		return 2;
 	}
 	snprintf(line, len, "PASS %s v%d", name, abi);
-	if (r[0].notes[0] && !o->verbose)
-		snprintf(line + strlen(line), len - strlen(line), " (%s)", r[0].notes);
+	/* Role A's notes; on role B's host (two hosts), B's. */
+	int nr = o->host_role == RAIL_CONF_ROLE_B;
+
+	if (r[nr].notes[0] && !o->verbose)
+		snprintf(line + strlen(line), len - strlen(line), " (%s)", r[nr].notes);
 	return 0;
 }
 
@@ -502,7 +554,13 @@ static void usage(FILE *f)
 		"  --inject FAULT    make the plugin look broken in one way (suite self-check):\n");
 	rail_conf_inject_list(f);
 	fprintf(f, "  --self-test       run every scenario with the faults it must catch; each must "
-		"FAIL\n");
+		"FAIL\n"
+		"two hosts (each runs one role; the same other options on both):\n"
+		"  --ctl-listen [ADDR:]PORT   run role A here; the peer host connects here\n"
+		"  --ctl-connect HOST:PORT    run role B here, connecting to role A's host\n"
+		"  --doomed A|B      peer-dies: the role whose host the harness kills or unplugs\n"
+		"  --event-file PATH peer-dies: append 'READY' once traffic flows, 'ERROR ...'\n"
+		"                    when a role sees the error (for a harness measuring it)\n");
 }
 
 static int parse_list(const char *s, int *out, int max)
@@ -568,13 +626,17 @@ static int parse_opts(int argc, char **argv, struct rail_conf_opts *o, int *list
 		{ "scenario", required_argument, 0, 's' }, { "timeout", required_argument, 0, 't' },
 		{ "full", no_argument, 0, 'F' },         { "list", no_argument, 0, 'l' },
 		{ "help", no_argument, 0, 'h' },         { "inject", required_argument, 0, 'i' },
-		{ "self-test", no_argument, 0, 'S' },    { 0, 0, 0, 0 },
+		{ "self-test", no_argument, 0, 'S' },    { "ctl-listen", required_argument, 0, 'L' },
+		{ "ctl-connect", required_argument, 0, 'C' }, { "doomed", required_argument, 0, 'K' },
+		{ "event-file", required_argument, 0, 'E' }, { 0, 0, 0, 0 },
 	};
 	int c;
 
 	memset(o, 0, sizeof(*o));
 	o->max_size = RAIL_CONF_GIB;
 	o->timeout = 120;
+	o->host_role = -1;
+	o->doomed = -1;
 	while ((c = getopt_long(argc, argv, "vh", lo, NULL)) != -1) {
 		switch (c) {
 		case 'p': o->plugin = optarg; break;
@@ -610,6 +672,19 @@ static int parse_opts(int argc, char **argv, struct rail_conf_opts *o, int *list
 				return -1;
 			break;
 		case 'S': o->self_test = 1; break;
+		case 'L':
+		case 'C':
+			if (o->host_role >= 0)
+				return -1;
+			o->host_role = c == 'L' ? RAIL_CONF_ROLE_A : RAIL_CONF_ROLE_B;
+			o->ctl_addr = optarg;
+			break;
+		case 'K':
+			if (strcmp(optarg, "A") && strcmp(optarg, "B"))
+				return -1;
+			o->doomed = optarg[0] - 'A';
+			break;
+		case 'E': o->event_file = optarg; break;
 		case 'h': usage(stdout); exit(0);
 		default: return -1;
 		}
@@ -738,6 +813,17 @@ int main(int argc, char **argv)
 		       o.plugin);
 		return 1;
 	}
+	if (o.host_role >= 0 && o.self_test) {
+		fprintf(stderr, "rail-conformance: --self-test runs on one host only\n");
+		return 2;
+	}
+	if (o.host_role == RAIL_CONF_ROLE_A) {
+		ctl_lfd = rail_conf_2h_listen(o.ctl_addr, err, sizeof(err));
+		if (ctl_lfd < 0) {
+			printf("FAIL setup: %s\n0 passed, 1 failed, 0 skipped\n", err);
+			return 1;
+		}
+	}
 	if (o.self_test) {
 		int abi = o.abi ? o.abi : 31 - __builtin_clz(mask);
 
@@ -746,6 +832,9 @@ int main(int argc, char **argv)
 	}
 	printf("# rail-conformance: %s, max message %s, timeout %d s per scenario\n", o.plugin,
 	       rail_conf_size_str(o.max_size, sz, sizeof(sz)), o.timeout);
+	if (o.host_role >= 0)
+		printf("# two hosts: role %c here, control %s %s; verdicts are this role's\n",
+		       'A' + o.host_role, o.host_role ? "connecting to" : "listening on", o.ctl_addr);
 	if (!o.full)
 		printf("# reduced on v7..v11 (full on v6 and v12; --full for all): sizes up to 64M, "
 		       "bidirectional/peer-dies 16M messages, many-comms 2 messages per comm, "

@@ -253,6 +253,8 @@ int rail_conf_peer_dies(struct rail_conf *cx)
 	uint64_t t_kill = 0;
 	ncclResult_t err = ncclSuccess;
 
+	if (cx->opts->host_role >= 0)
+		return rail_conf_peer_dies_2h(cx);
 	rail_conf_pair_open(cx, &p);
 	if (cx->role == RAIL_CONF_ROLE_B)
 		peer_dies_sender(cx, p.comm, sz);

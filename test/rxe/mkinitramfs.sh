@@ -19,10 +19,11 @@ MODDIR=$KROOT/lib/modules/$KVER
 # A name prefixed with '?' may be absent (crc32_generic is gone in 7.x).
 # crc32_generic must come before rdma_rxe: rxe allocates the "crc32" shash
 # and nothing in the guest would load it on demand early enough.
+# virtio_net is for the two-guest harness (test/rxe2/): one virtio NIC each.
 MODULES=(
     virtio_pci 9pnet_virtio 9p
     ?crc32_generic rdma_rxe ib_uverbs ib_umad ?rdma_ucm
-    veth
+    veth virtio_net
 )
 
 die() { echo "mkinitramfs: $*" >&2; exit 1; }

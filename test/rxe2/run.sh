@@ -1,0 +1,300 @@
+#!/usr/bin/env bash
+# Two QEMU/TCG guests as two RDMA nodes: each runs its own kernel with one
+# Soft-RoCE device (rxe0) on one virtio NIC, and the two NICs are joined only
+# to each other, by a unix socket between the two QEMU processes (-netdev
+# stream). See test/rxe2/README.md.
+#
+#   test/rxe2/run.sh --cmd-a "CMD" --cmd-b "CMD" [options]
+#     --cmd-a CMD       command of guest A (192.0.2.1), bash -c in the repo root
+#     --cmd-b CMD       command of guest B (192.0.2.2)
+#     --fault F         when a line "READY" appears in either guest's
+#                       $RXE_OUT/events, wait --fault-after seconds, then:
+#                       kill-a | kill-b  SIGKILL that guest's QEMU (the node dies)
+#                       link-a | link-b  QEMU monitor "set_link n0 off" on that
+#                                        guest's NIC (the cable is pulled)
+#                       and time every later line of the events files
+#     --fault-after SEC delay after READY (default 1)
+#     --timeout SEC     wall-clock limit for each guest (default 600)
+#     --mtu N           NIC MTU (default 9000; rxe active_mtu 4096)
+#     --smp N           vCPUs per guest (default 1: two guests on 2 host cores)
+#     --mem MB          memory per guest (default 1024)
+#     --cpu MODEL       QEMU CPU model (default qemu64)
+#     --env NAME=VALUE  export NAME in both guests (repeatable); NCCL_* and
+#                       RXE_TEST* variables of the caller are forwarded as is
+#     --out DIR         job directory (default build/rxe2-runs/<time>-<pid>)
+#
+# In the guests: RXE2_NAME (A or B), RXE2_IP, RXE2_PEER_IP, RXE_OUT (this
+# guest's writable output directory, <job>/A/out or <job>/B/out), RXE_DEV0
+# (rxe0), RXE_NETDEV0, RXE_GID_INDEX0, RXE_MTU, RXE_REPO (also the cwd).
+#
+# Exit status: the first non-zero of the guests' commands (a guest killed by
+# --fault does not count); 124 if a guest hit --timeout; 125 if a guest gave
+# no status (boot failure, setup failure). Fault timings go to stdout and to
+# <job>/fault.txt, one line per event: "<guest> +<seconds after the fault> <line>".
+set -euo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+RXE=$(cd "$HERE/../rxe" && pwd)
+REPO=$(cd "$HERE/../.." && pwd -P)
+CACHE=${RXE_CACHE:-$REPO/build/rxe-cache}
+RUNS=${RXE2_RUNS:-$REPO/build/rxe2-runs}
+LOCK=/tmp/rxe.lock
+
+CMD_A= CMD_B= FAULT= FAULT_AFTER=1 TIMEOUT=600 MTU=9000 SMP=1 MEM=1024 CPU=qemu64 JOB=
+ENVS=()
+
+say() { printf 'rxe2: %s\n' "$*" >&2; }
+die() { say "error: $*"; exit 125; }
+usage() { sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//;/^set -e/d'; }
+
+while [ $# -gt 0 ]; do
+    opt=$1
+    case $opt in
+    --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
+    -h | --help) usage; exit 0 ;;
+    --cmd-a | --cmd-b | --fault | --fault-after | --timeout | --mtu | --smp | --mem | --cpu | --env | --out)
+        [ $# -ge 2 ] || die "$opt needs a value"
+        case $opt in
+        --cmd-a) CMD_A=$2 ;;
+        --cmd-b) CMD_B=$2 ;;
+        --fault) FAULT=$2 ;;
+        --fault-after) FAULT_AFTER=$2 ;;
+        --timeout) TIMEOUT=$2 ;;
+        --mtu) MTU=$2 ;;
+        --smp) SMP=$2 ;;
+        --mem) MEM=$2 ;;
+        --cpu) CPU=$2 ;;
+        --env) ENVS+=("$2") ;;
+        --out) JOB=$2 ;;
+        esac
+        shift 2
+        ;;
+    *) usage >&2; die "unknown argument: $opt" ;;
+    esac
+done
+[ -n "$CMD_A" ] && [ -n "$CMD_B" ] || die "--cmd-a and --cmd-b are both needed"
+for n in TIMEOUT MTU SMP MEM; do
+    [[ ${!n} =~ ^[1-9][0-9]*$ ]] || die "--${n,,} must be a positive integer (got '${!n}')"
+done
+[[ $FAULT_AFTER =~ ^[0-9]+(\.[0-9]{1,6})?$ ]] || die "--fault-after wants seconds"
+frac=${FAULT_AFTER#*.}
+[ "$frac" = "$FAULT_AFTER" ] && frac=
+frac=${frac}000000
+FAULT_AFTER_US=$((${FAULT_AFTER%%.*} * 1000000 + 10#${frac:0:6}))
+case $FAULT in '' | kill-a | kill-b | link-a | link-b) ;; *) die "--fault: kill-a|kill-b|link-a|link-b" ;; esac
+for e in ${ENVS[@]+"${ENVS[@]}"}; do
+    [[ $e =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env wants NAME=VALUE (got '$e')"
+done
+
+T0=$SECONDS
+step() { say "$1 ($((SECONDS - T0))s)"; }
+
+# ---- kernel and initramfs: the single-guest harness's, same cache ----------
+"$RXE/setup.sh"
+# shellcheck disable=SC1091
+. "$CACHE/kernel.env"
+key=$( {
+    echo "$RXE_KPKG $RXE_KVER"
+    sha256sum "$RXE/mkinitramfs.sh" "$RXE/init" /bin/busybox | cut -d' ' -f1
+} | sha256sum | cut -c1-16)
+INITRD=$CACHE/initramfs-$key.cpio
+ensure_initrd() {
+    [ -e "$INITRD" ] && return 0
+    (
+        flock 8
+        if [ ! -e "$INITRD" ]; then
+            "$RXE/mkinitramfs.sh" "$RXE_KROOT" "$RXE_KVER" "$INITRD"
+            ls -1t "$CACHE"/initramfs-*.cpio | tail -n +5 | xargs -r rm -f
+        fi
+    ) 8>"$CACHE/.setup.lock"
+    step "initramfs built: $INITRD"
+}
+ensure_initrd
+
+# ---- job directories ---------------------------------------------------------
+if [ -z "$JOB" ]; then
+    JOB=$RUNS/$(date +%Y%m%d-%H%M%S)-$$
+    mkdir -p "$RUNS"
+    ls -1d "$RUNS"/[0-9]*-[0-9]* 2>/dev/null | sort | head -n -20 | while read -r old; do
+        rm -rf "$old"
+    done || true
+    ln -sfn "${JOB##*/}" "$RUNS/latest"
+fi
+mkdir -p "$JOB"
+JOB=$(cd "$JOB" && pwd -P)
+[[ $JOB =~ [[:space:]] || $REPO =~ [[:space:]] ]] && die "paths with spaces are not supported"
+[ ${#JOB} -lt 90 ] || die "job path too long for a unix socket: $JOB"
+rm -rf "$JOB/A" "$JOB/B" "$JOB/net.sock" "$JOB/fault.txt"
+
+q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }
+write_config() { # NAME IP PEER MAC CMD
+    local d=$JOB/$1
+    mkdir -p "$d/out"
+    mkfifo "$d/mon.in" "$d/mon.out"
+    {
+        echo "RXE_REPO=$(q "$REPO")"
+        echo "RXE_JOB=$(q "$d")"
+        echo "RXE_OUT=$(q "$d/out")"
+        echo "RXE_MTU=$(q "$MTU")"
+        echo "RXE_CMD=$(q "$5")"
+        echo "RXE_EXPOSE=$(q "$REPO")"
+        echo "RXE_GUEST_SCRIPT=$(q "$HERE/guest.sh")"
+        echo "RXE2_NAME=$1 RXE2_IP=$2 RXE2_PEER_IP=$3 RXE2_MAC=$4"
+    } >"$d/config"
+    {
+        while IFS= read -r name; do
+            echo "$name=$(q "${!name}")"
+        done < <(compgen -e | grep -E '^(NCCL_|RXE_TEST_)' || true)
+        for e in ${ENVS[@]+"${ENVS[@]}"}; do
+            echo "${e%%=*}=$(q "${e#*=}")"
+        done
+    } >"$d/env"
+}
+write_config A 192.0.2.1 192.0.2.2 52:54:00:12:34:01 "$CMD_A"
+write_config B 192.0.2.2 192.0.2.1 52:54:00:12:34:02 "$CMD_B"
+
+# ---- one VM run at a time on this machine (this pair counts as one) ---------
+exec 9>"$LOCK"
+if ! flock -n 9; then
+    say "waiting for $LOCK (another rxe VM is running)"
+    flock 9
+fi
+ensure_initrd
+
+declare -A QPID=()
+cleanup() {
+    local n
+    for n in A B; do
+        [ -n "${QPID[$n]:-}" ] || continue
+        kill -TERM "${QPID[$n]}" 2>/dev/null || true
+    done
+    for n in A B; do
+        [ -n "${QPID[$n]:-}" ] || continue
+        for _ in 1 2 3 4 5 6 7 8 9 10; do
+            kill -0 "${QPID[$n]}" 2>/dev/null || break
+            sleep 0.3
+        done
+        kill -KILL "${QPID[$n]}" 2>/dev/null || true
+        wait "${QPID[$n]}" 2>/dev/null || true
+    done
+}
+trap cleanup EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM HUP
+
+KERNEL=$RXE_VMLINUZ
+[ -n "${RXE_VMLINUX:-}" ] && [ "${RXE_BOOT:-pvh}" = pvh ] && KERNEL=$RXE_VMLINUX
+APPEND="console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off ${RXE_KERNEL_ARGS-tsc=reliable} ${RXE_APPEND:-}"
+start_guest() { # NAME MAC server=on|off
+    local n=$1 d=$JOB/$1
+    # timeout runs QEMU as its child; QEMU's own PID is in qemu.pid.
+    timeout -k 10 "$TIMEOUT" qemu-system-x86_64 -name "rxe2-$n" \
+        -accel tcg,thread=multi -smp "$SMP" -m "$MEM" -cpu "$CPU" \
+        -nodefaults -no-user-config -display none -no-reboot \
+        -kernel "$KERNEL" -initrd "$INITRD" -append "$APPEND" \
+        -serial "file:$d/console.log" -pidfile "$d/qemu.pid" \
+        -chardev "pipe,id=mon,path=$d/mon" -mon chardev=mon,mode=readline \
+        -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
+        -virtfs "local,path=$d,mount_tag=rxejob,security_model=none,multidevs=remap" \
+        -netdev "stream,id=n0,server=$3,addr.type=unix,addr.path=$JOB/net.sock" \
+        -device "virtio-net-pci,netdev=n0,mac=$2" </dev/null >"$d/qemu.log" 2>&1 &
+    QPID[$n]=$!
+}
+step "booting two guests ($RXE_KVER, smp $SMP, mem $MEM, mtu $MTU, timeout ${TIMEOUT}s); job $JOB"
+TBOOT=$SECONDS
+start_guest A 52:54:00:12:34:01 on
+for _ in $(seq 100); do
+    [ -S "$JOB/net.sock" ] && break
+    kill -0 "${QPID[A]}" 2>/dev/null || break
+    sleep 0.1
+done
+[ -S "$JOB/net.sock" ] || { cat "$JOB/A/qemu.log" >&2; die "guest A's QEMU did not create $JOB/net.sock"; }
+start_guest B 52:54:00:12:34:02 off
+
+# ---- watch: the fault, and the events after it -------------------------------
+running() { kill -0 "${QPID[$1]}" 2>/dev/null; }
+now_us() { echo "${EPOCHREALTIME/./}"; }
+secs() { printf '%d.%d' $(($1 / 1000000)) $(($1 % 1000000 / 100000)); } # us -> 1 decimal
+declare -A SEEN=([A]=0 [B]=0) READY_AT=()
+t_fault= t_ready=
+fault_do() {
+    local n=${FAULT#*-} what=${FAULT%-*}
+    n=${n^^}
+    if [ "$what" = kill ]; then
+        kill -KILL "$(cat "$JOB/$n/qemu.pid")"
+    else
+        echo "set_link n0 off" >"$JOB/$n/mon.in"
+    fi
+    t_fault=$(now_us)
+    say "fault $FAULT done $(secs $((t_fault - t_ready))) s after READY"
+    echo "fault $FAULT" >>"$JOB/fault.txt"
+}
+scan_events() {
+    local n f line i
+    for n in A B; do
+        f=$JOB/$n/out/events
+        [ -s "$f" ] || continue
+        i=0
+        while IFS= read -r line; do
+            i=$((i + 1))
+            [ "$i" -gt "${SEEN[$n]}" ] || continue
+            SEEN[$n]=$i
+            if [ -z "$t_ready" ] && [[ $line == *" READY "* ]]; then
+                t_ready=$(now_us)
+                say "guest $n: $line"
+            elif [ -n "$t_fault" ]; then
+                local dt
+                dt=$(secs $(($(now_us) - t_fault)))
+                say "guest $n +${dt}s after $FAULT: $line"
+                echo "$n +$dt $line" >>"$JOB/fault.txt"
+            else
+                say "guest $n (before the fault): $line"
+                echo "$n before $line" >>"$JOB/fault.txt"
+            fi
+        done <"$f"
+    done
+}
+while running A || running B; do
+    if [ -n "$FAULT" ]; then
+        scan_events
+        if [ -n "$t_ready" ] && [ -z "$t_fault" ] &&
+            [ $(($(now_us) - t_ready)) -ge "$FAULT_AFTER_US" ]; then
+            fault_do
+        fi
+    fi
+    sleep 0.05
+done
+[ -n "$FAULT" ] && scan_events
+declare -A QRC=()
+for n in A B; do
+    QRC[$n]=0
+    wait "${QPID[$n]}" 2>/dev/null || QRC[$n]=$?
+    QPID[$n]=
+done
+
+# ---- results ---------------------------------------------------------------
+rc=0
+for n in A B; do
+    d=$JOB/$n
+    sed "s/^/$n| /" "$d/console.log" 2>/dev/null | tr -d '\r'
+    r=
+    [ -s "$d/exit-status" ] && r=$(tr -dc '0-9' <"$d/exit-status")
+    [ -z "$r" ] && r=$(tr -d '\r' <"$d/console.log" 2>/dev/null |
+        sed -n 's/^rxe-init: RXE_EXIT=\([0-9]*\).*/\1/p' | tail -n1)
+    if [ "$FAULT" = "kill-${n,,}" ]; then
+        say "guest $n: killed by the fault (status not counted)"
+        continue
+    fi
+    if [ "${QRC[$n]}" = 124 ] || [ "${QRC[$n]}" = 137 ]; then
+        say "guest $n timed out after ${TIMEOUT}s"
+        r=124
+    elif [ -z "$r" ]; then
+        say "guest $n gave no exit status (QEMU exit ${QRC[$n]}); console $d/console.log"
+        r=125
+    fi
+    say "guest $n: exit $r"
+    [ "$rc" = 0 ] && rc=$r
+done
+[ -s "$JOB/fault.txt" ] && say "fault timings: $JOB/fault.txt" && sed 's/^/rxe2: | /' "$JOB/fault.txt" >&2
+say "exit $rc; guests $((SECONDS - TBOOT))s, total $((SECONDS - T0))s; job $JOB"
+exit "$rc"

@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# make test-rxe2: the plugin between two QEMU/TCG guests (test/rxe2/run.sh),
+# one Soft-RoCE node each, over the verbs transport:
+#   conformance  the conformance suite, role A in guest A, role B in guest B
+#   kill-b       the sender's guest is killed mid-transfer: the receiver must fail
+#   kill-a       the receiver's guest is killed mid-transfer: the sender must fail
+#   link-b       the sender's NIC loses its link mid-transfer (QEMU set_link off)
+#   kill-b-r6, kill-a-r6  kill-b and kill-a with NCCL_IB_RETRY_CNT=6 and
+#                NCCL_IB_TIMEOUT=14 (67 ms): the verbs layer's own bound, where
+#                rxe has one (retry_cnt 7 is "forever" on rxe)
+# Each fault case prints how long after the fault the surviving side's plugin
+# reported an error, or that it did not within RXE2_FAULT_TIMEOUT seconds.
+# A hang is a KNOWN GAP (the plugin has no verbs watchdog yet, and rxe treats
+# NCCL_IB_RETRY_CNT=7 as retry forever): it prints why and does not fail
+# unless RXE2_STRICT=1 (the watchdog work turns that on).
+#
+#   test/rxe2/tests.sh [CASE...]      default: all six
+# Environment: RXE2_FAULT_TIMEOUT (default 60), RXE2_STRICT, RXE2_SCENARIOS
+# (the conformance cases, default all), RXE2_MAX_SIZE (default 16M), and
+# everything test/rxe2/run.sh reads. Figures: build/rxe2-runs/summary.txt.
+set -uo pipefail
+
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(cd "$HERE/../.." && pwd -P)
+cd "$REPO" || exit 2
+conf=build/rail-conformance
+plugin=build/libnccl-net-rail.so
+[ -x "$conf" ] && [ -f "$plugin" ] || { echo "$conf or $plugin missing: run make all tests"; exit 2; }
+
+FT=${RXE2_FAULT_TIMEOUT:-60}
+STRICT=${RXE2_STRICT:-0}
+MAXSZ=${RXE2_MAX_SIZE:-16M}
+CASES=${*:-conformance kill-b kill-a link-b kill-b-r6 kill-a-r6}
+SUMMARY=$REPO/build/rxe2-runs/summary.txt
+mkdir -p "$(dirname "$SUMMARY")"
+: >"$SUMMARY"
+fails=0 gaps=0
+C="$conf --plugin $plugin --abi 12"
+export NCCL_RAIL_TRANSPORT=ib
+
+record() { echo "$*" | tee -a "$SUMMARY"; }
+
+# Every scenario but peer-dies (the fault cases run it) and, unless strict,
+# misuse: its wrong-tag part is TCP-only so far (a verbs receive for tag 7
+# never completes when tag 5 arrives).
+default_scenarios() {
+    local skip='^(peer-dies)$'
+    if [ "$STRICT" != 1 ]; then
+        skip='^(peer-dies|misuse)$'
+        echo "KNOWN GAP: misuse left out: a single verbs receive does not check the tag (issue 11" \
+            "item 9 is fixed for TCP only); RXE2_STRICT=1 runs it" >&2
+    fi
+    "$conf" --list | awk '{print $1}' | grep -Ev "$skip" | paste -sd, -
+}
+
+case_conformance() {
+    local list=${RXE2_SCENARIOS:-$(default_scenarios)} t0=$SECONDS rc=0 out sc
+    sc="--scenario $list"
+    out=$REPO/build/rxe2-runs/conformance
+    test/rxe2/run.sh --out "$out" --timeout 1500 \
+        --cmd-a "$C --max-size $MAXSZ $sc --ctl-listen 192.0.2.1:18700" \
+        --cmd-b "$C --max-size $MAXSZ $sc --ctl-connect 192.0.2.1:18700" || rc=$?
+    record "conformance: exit $rc in $((SECONDS - t0)) s; A: $(tail -n1 "$out/A/out/cmd.log" 2>/dev/null)," \
+        "B: $(tail -n1 "$out/B/out/cmd.log" 2>/dev/null)"
+    grep -h '^FAIL' "$out"/A/out/cmd.log "$out"/B/out/cmd.log 2>/dev/null | sed 's/^/  /' | tee -a "$SUMMARY"
+    [ "$rc" = 0 ] || fails=$((fails + 1))
+}
+
+# fault case: NAME FAULT DOOMED SURVIVOR WHAT [run.sh options]
+case_fault() {
+    local name=$1 fault=$2 doomed=$3 surv=$4 what=$5 t0=$SECONDS rc=0 out line cmd
+    shift 5
+    out=$REPO/build/rxe2-runs/$name
+    cmd="$C --scenario peer-dies --max-size 4M --doomed $doomed --timeout $FT"
+    cmd+=" --event-file \$RXE_OUT/events"
+    test/rxe2/run.sh --out "$out" --timeout $((FT + 120)) --fault "$fault" "$@" \
+        --cmd-a "$cmd --ctl-listen 192.0.2.1:18700" \
+        --cmd-b "$cmd --ctl-connect 192.0.2.1:18700" || rc=$?
+    line=$(grep -E "^$surv \+[0-9.]+ $surv [0-9.]+ (ERROR|HANG)" "$out/fault.txt" 2>/dev/null | head -n1)
+    # "<guest> +<s after the fault> <role> <role's s> ERROR|HANG <text>"
+    local dt=${line#"$surv +"} text=${line#* * * * }
+    dt=${dt%% *}
+    if [[ $line == *" ERROR "* ]]; then
+        record "$name ($what): $surv's plugin reported an error ${dt} s after the fault:" \
+            "$text [run $((SECONDS - t0)) s]"
+    elif [[ $line == *" HANG "* ]]; then
+        record "$name ($what): KNOWN GAP: $surv saw no error in ${dt} s after the fault" \
+            "($text) [run $((SECONDS - t0)) s]. Why: the plugin has no verbs" \
+            "watchdog yet; rxe retries NCCL_IB_RETRY_CNT=7 forever, and a receiver (or a sender" \
+            "waiting for a clear-to-send) gets no completion at all (issue 11)"
+        gaps=$((gaps + 1))
+        [ "$STRICT" = 1 ] && fails=$((fails + 1))
+    else
+        record "$name ($what): FAIL: no ERROR/HANG line from $surv (run exit $rc; see $out)"
+        fails=$((fails + 1))
+    fi
+    grep -v "^$surv +[0-9.]* $surv " "$out/fault.txt" 2>/dev/null | grep -v '^fault ' |
+        sed 's/^/  also: /' | tee -a "$SUMMARY"
+}
+
+T0=$SECONDS
+for c in $CASES; do
+    echo "==== rxe2 case $c"
+    case $c in
+    conformance) case_conformance ;;
+    kill-b) case_fault kill-b kill-b B A "the sender's guest killed" ;;
+    kill-a) case_fault kill-a kill-a A B "the receiver's guest killed" ;;
+    link-b) case_fault link-b link-b B A "the sender's NIC link down" ;;
+    link-a) case_fault link-a link-a A B "the receiver's NIC link down" ;;
+    kill-b-r6 | kill-a-r6)
+        local_f=${c%-r6}
+        case_fault "$c" "$local_f" "$([ "$local_f" = kill-b ] && echo B || echo A)" \
+            "$([ "$local_f" = kill-b ] && echo A || echo B)" \
+            "$([ "$local_f" = kill-b ] && echo "the sender's" || echo "the receiver's") guest killed, retry_cnt 6, timeout 14" \
+            --env NCCL_IB_RETRY_CNT=6 --env NCCL_IB_TIMEOUT=14
+        ;;
+    *) echo "unknown case $c"; fails=$((fails + 1)) ;;
+    esac
+done
+record "rxe2: $fails failed, $gaps known gaps, $((SECONDS - T0)) s (strict=$STRICT)"
+exit $((fails > 0))
