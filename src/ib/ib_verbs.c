@@ -208,19 +208,26 @@ void rail_verbs_counts(struct rail_verbs_counts *out)
 
 /* ---- loading ------------------------------------------------------------ */
 
+/*
+ * RTLD_NODELETE: once ibv_fork_init ran, libibverbs tracks registered pages
+ * for fork() in its own memory; unloading it would drop that state (and
+ * LeakSanitizer reports it as lost). A dlclose only drops our reference.
+ */
+#define LIB_FLAGS (RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE)
+
 static void *open_lib(char *why, size_t why_len)
 {
 	const char *user = rail_param_str(RAIL_P_IBVERBS_LIB);
 	void *h;
 
 	if (user[0]) {
-		h = dlopen(user, RTLD_NOW | RTLD_LOCAL);
+		h = dlopen(user, LIB_FLAGS);
 		if (h)
 			return h;
 		RAIL_WARN("NCCL_IBVERBS_LIB=%s cannot be loaded (%s); trying libibverbs.so.1", user,
 			  dlerror());
 	}
-	h = dlopen("libibverbs.so.1", RTLD_NOW | RTLD_LOCAL);
+	h = dlopen("libibverbs.so.1", LIB_FLAGS);
 	if (!h)
 		snprintf(why, why_len, "libibverbs.so.1 cannot be loaded (%s): install rdma-core "
 			 "(libibverbs1) to use RDMA devices", dlerror());

@@ -45,9 +45,9 @@ static void fuzz_records(const uint8_t *data, size_t size)
 	struct rail_ib_eager_hdr e;
 	struct rail_ib_want w;
 	uint64_t value;
-	uint16_t ack;
+	uint16_t ack, flags;
 	char why[256];
-	int idx, ready;
+	int idx;
 
 	memset(b, 0, sizeof(b));
 	memcpy(b, data, size < sizeof(b) ? size : sizeof(b));
@@ -60,7 +60,7 @@ static void fuzz_records(const uint8_t *data, size_t size)
 	(void)rail_ib_eager_decode(b, rail_ib_eager_seq(b), rail_get_u32(b + 8), &e, why,
 				   sizeof(why));
 	(void)rail_ib_want_decode(b, rail_get_u32(b + 12), &w);
-	rail_ib_credit_decode(b, &consumed, &ack, &ready);
+	rail_ib_credit_decode(b, &consumed, &ack, &flags);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -12,6 +12,17 @@
 
 #include "fake.h"
 
+#if defined(__SANITIZE_THREAD__)
+#define RAIL_TEST_UNDER_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RAIL_TEST_UNDER_TSAN 1
+#endif
+#endif
+#ifndef RAIL_TEST_UNDER_TSAN
+#define RAIL_TEST_UNDER_TSAN 0
+#endif
+
 static const char ib_dev[] = "device mlx5_0\n"
 			     "port 1 link=ib speed=ndr width=4x lid=5\n"
 			     "gid 0 fe80::2:c903:a0:1\n";
@@ -261,7 +272,14 @@ static void test_small_gpu_send_no_wait(void **state)
 	/* nothing went through the ring; every message asked for its CTS */
 	assert_int_equal(log_count(F, "ibv_post_send", " len=64 ", "opcode=RDMA_WRITE_WITH_IMM"),
 			 GPU_MSGS);
-	if (ns[GPU_MSGS / 2] >= 50000)
+	/*
+	 * The old wait was 100 us a message. ThreadSanitizer slows every
+	 * message of the fake's data path past that by itself, so the time
+	 * says nothing there (the WR count above still holds).
+	 */
+	if (RAIL_TEST_UNDER_TSAN)
+		print_message("timing not checked: ThreadSanitizer build\n");
+	else if (ns[GPU_MSGS / 2] >= 50000)
 		fail_msg("median %.1f us per message: the sender waits before asking for a "
 			 "clear-to-send", (double)ns[GPU_MSGS / 2] / 1e3);
 	assert_int_equal(rail_net_dereg_mr(F->sc, smh), ncclSuccess);
