@@ -94,8 +94,3 @@ uint32_t rail_pool_in_use(const struct rail_pool *pool)
 {
 	return pool->capacity - pool->nfree;
 }
-
-void *rail_pool_at(const struct rail_pool *pool, uint32_t i)
-{
-	return i < pool->capacity ? pool->mem + (size_t)i * pool->elem_size : NULL;
-}

@@ -28,7 +28,13 @@ int rail_pool_put(struct rail_pool *pool, void *elem);
 /* 1 if elem points at the start of an element of this pool. */
 int rail_pool_owns(const struct rail_pool *pool, const void *elem);
 uint32_t rail_pool_in_use(const struct rail_pool *pool);
-/* Element i (for iterating over every slot, used or not). */
-void *rail_pool_at(const struct rail_pool *pool, uint32_t i);
+/*
+ * Element i (for iterating over every slot, used or not); NULL past the end.
+ * Inline: test() finds a request by its index.
+ */
+static inline void *rail_pool_at(const struct rail_pool *pool, uint32_t i)
+{
+	return i < pool->capacity ? pool->mem + (size_t)i * pool->elem_size : NULL;
+}
 
 #endif

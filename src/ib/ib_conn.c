@@ -39,12 +39,16 @@
 #include "rail.h"
 
 /*
- * Accepted sockets whose handshake is in progress, at most. One that has not
- * sent a valid hello is a stray until proven otherwise (a port scanner, a
- * health check, another program): when the list is full and a connection
- * waits, the oldest of those is dropped, so strays never starve the peer.
+ * Accepted sockets whose handshake is in progress, at most (as many as the
+ * TCP transport keeps). One that has not sent a valid hello for
+ * STRAY_GRACE_NS is a stray (a port scanner, a health check, another
+ * program): when the list is full and a connection waits, the oldest such
+ * one is dropped, so strays never starve the peer. A younger one may be a
+ * real connector that has not sent its hello yet (NCCL opens many
+ * connections to one listener at once, and calls connect again later).
  */
-#define MAX_PENDING 32
+#define MAX_PENDING 128
+#define STRAY_GRACE_NS (2ull * 1000000000ull)
 
 enum hs_state {
 	S_CONNECTING,
@@ -733,17 +737,23 @@ static int backlog_waiting(int fd)
 	return poll(&p, 1, 0) > 0 && (p.revents & POLLIN);
 }
 
-/* The list is full and a connection waits: drop the oldest stray (0), or -EAGAIN. */
+/*
+ * The list is full and a connection waits: drop the oldest stray (0), or
+ * -EAGAIN when none has waited STRAY_GRACE_NS without a hello (the newcomer
+ * waits in the backlog).
+ */
 static int drop_oldest_stray(struct rail_ib_listen *l)
 {
+	uint64_t now = rail_now_ns();
 	int o = -1;
 
 	for (int i = 0; i < l->npending; i++)
 		if (!l->pending[i]->hello_ok && l->pending[i]->state == R_RECV_HELLO &&
+		    now - l->pending[i]->start_ns >= STRAY_GRACE_NS &&
 		    (o < 0 || l->pending[i]->start_ns < l->pending[o]->start_ns))
 			o = i;
 	if (o < 0)
-		return -EAGAIN;	/* every slot is a real handshake: the newcomer waits */
+		return -EAGAIN;
 	if (l->dropped++ == 0)
 		RAIL_WARN("verbs accept on device %d: dropping the connection from %s, which sent no "
 			  "hello in %llu ms, to make room for a waiting one (%d handshakes pending); a "

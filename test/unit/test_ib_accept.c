@@ -3,7 +3,9 @@
  * (issue 11, item 3), on the fake verbs provider (test/fakeverbs/). A
  * connection that closes at once, one that sends garbage, one that stays
  * idle, and more idle ones than the listener keeps pending must neither
- * fail accept() nor keep the real peer waiting.
+ * fail accept() nor keep the real peer waiting; and many real peers
+ * connecting at once (more than the listener keeps pending) are all
+ * accepted, none taken for a stray.
  *
  * The library comes from RAIL_FAKEVERBS_LIB (make test-unit sets it), else
  * from next to this binary (build/test/unit/../fakeverbs/).
@@ -21,11 +23,14 @@
 #include "sysfs.h"
 
 #define NET_ABI 12
-#define IDLE_STRAYS 40	/* more than the listener keeps pending (32) */
+#define IDLE_STRAYS 136	/* more than the listener keeps pending (128) */
+#define REAL_PEERS 160
 
 static char fake_lib[PATH_MAX];
 static char dir[64];
 static void *ctx, *lc, *sc, *rc;
+static void *scs[REAL_PEERS], *rcs[REAL_PEERS];
+static uint8_t handles[REAL_PEERS][RAIL_HANDLE_SIZE];
 static int strays[IDLE_STRAYS + 8];
 static int nstrays;
 
@@ -98,10 +103,19 @@ static int teardown(void **state)
 		rail_net_close_send(sc);
 	if (rc)
 		rail_net_close_recv(rc);
+	for (int i = 0; i < REAL_PEERS; i++) {
+		if (scs[i])
+			rail_net_close_send(scs[i]);
+		if (rcs[i])
+			rail_net_close_recv(rcs[i]);
+		scs[i] = rcs[i] = NULL;
+	}
+	sc = rc = NULL;
 	if (lc)
 		rail_net_close_listen(lc);
 	if (ctx)
 		rail_net_finalize(ctx);
+	lc = ctx = NULL;
 	unit_log_release();
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", dir);
 	if (system(cmd) != 0)
@@ -170,7 +184,7 @@ static void test_strays_then_real_peer(void **state)
 			accept_nothing(1);
 	}
 	accept_nothing(5);
-	/* The real peer. */
+	/* The real peer (the oldest strays become droppable after 2 s). */
 	deadline = rail_now_ns() + 10ull * 1000000000ull;
 	while ((!sc || !rc) && rail_now_ns() < deadline) {
 		if (!sc && cr == ncclSuccess)
@@ -190,10 +204,53 @@ static void test_strays_then_real_peer(void **state)
 	assert_non_null(sc);
 }
 
+/*
+ * REAL_PEERS connections to one listener at once, each connect called in
+ * turn (as NCCL's proxy does): the listener must keep those whose hello has
+ * not come yet, however many, and accept every one.
+ */
+static void test_many_real_peers(void **state)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	uint64_t deadline = rail_now_ns() + 30ull * 1000000000ull;
+	int nsc = 0, nrc = 0;
+
+	(void)state;
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	for (int i = 0; i < REAL_PEERS; i++)
+		memcpy(handles[i], handle, sizeof(handle));
+	/* Start every connect before the listener looks at any. */
+	for (int i = 0; i < REAL_PEERS; i++)
+		assert_int_equal(rail_net_connect(ctx, 0, -1, handles[i], &scs[i]), ncclSuccess);
+	while ((nsc < REAL_PEERS || nrc < REAL_PEERS) && rail_now_ns() < deadline) {
+		void *c = NULL;
+		ncclResult_t r = rail_net_accept(lc, &c);
+
+		if (r != ncclSuccess) {
+			unit_log_dump();
+			fail_msg("accept failed after %d of %d real peers", nrc, REAL_PEERS);
+		}
+		if (c)
+			rcs[nrc++] = c;
+		nsc = 0;
+		for (int i = 0; i < REAL_PEERS; i++) {
+			if (!scs[i] && rail_net_connect(ctx, 0, -1, handles[i], &scs[i]) !=
+					       ncclSuccess) {
+				unit_log_dump();
+				fail_msg("connect #%d failed (the listener dropped it?)", i);
+			}
+			nsc += scs[i] != NULL;
+		}
+	}
+	if (nsc < REAL_PEERS || nrc < REAL_PEERS)
+		fail_msg("%d of %d connects and %d accepts completed in 30 s", nsc, REAL_PEERS, nrc);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup_teardown(test_strays_then_real_peer, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_many_real_peers, setup, teardown),
 	};
 
 	if (!find_lib()) {
