@@ -47,7 +47,8 @@ export RXE_HARNESS=$RXE_REPO/test/rxe
 export HOME=/tmp TMPDIR=/tmp LANG=C.UTF-8
 [ -f "$RXE_JOB/env" ] && set -a && . "$RXE_JOB/env" && set +a
 
-say "ready: rxe0/$nic $RXE2_IP gid $gid, peer $RXE2_PEER_IP, mtu $RXE_MTU (uptime $(cut -d' ' -f1 /proc/uptime)s)"
+read -r cs </sys/devices/system/clocksource/clocksource0/current_clocksource
+say "ready: rxe0/$nic $RXE2_IP gid $gid, peer $RXE2_PEER_IP, mtu $RXE_MTU, clock $cs (uptime $(cut -d' ' -f1 /proc/uptime)s)"
 : >"$RXE_OUT/ready"
 cd "$RXE_REPO" || fail "cd $RXE_REPO"
 bash -c "$RXE_CMD" 2>&1 | tee "$RXE_OUT/cmd.log"

@@ -184,7 +184,12 @@ trap 'exit 143' TERM HUP
 
 KERNEL=$RXE_VMLINUZ
 [ -n "${RXE_VMLINUX:-}" ] && [ "${RXE_BOOT:-pvh}" = pvh ] && KERNEL=$RXE_VMLINUX
-APPEND="console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off ${RXE_KERNEL_ARGS-tsc=reliable} ${RXE_APPEND:-}"
+# clocksource=hpet, not the single-guest harness's tsc=reliable: a guest
+# booting on a loaded host can calibrate its TSC wrong (seen: its clock ran
+# 3.3x fast, so a 60 s timeout in the guest lasted 18 s). QEMU's HPET counts
+# host time, so guest timeouts and timings stay true, at ~1 us per
+# clock_gettime. RXE2_KERNEL_ARGS replaces it, RXE_APPEND adds more.
+APPEND="console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off ${RXE2_KERNEL_ARGS-clocksource=hpet} ${RXE_APPEND:-}"
 start_guest() { # NAME MAC server=on|off
     local n=$1 d=$JOB/$1
     # timeout runs QEMU as its child; QEMU's own PID is in qemu.pid.
