@@ -86,8 +86,9 @@ case_fault() {
     elif [[ $line == *" HANG "* ]]; then
         record "$name ($what): KNOWN GAP: $surv saw no error in ${dt} s after the fault" \
             "($text) [run $((SECONDS - t0)) s]. Why: the plugin has no verbs" \
-            "watchdog yet; rxe retries NCCL_IB_RETRY_CNT=7 forever, and a receiver (or a sender" \
-            "waiting for a clear-to-send) gets no completion at all (issue 11)"
+            "watchdog yet: rxe retries NCCL_IB_RETRY_CNT=7 forever, and a side with nothing" \
+            "in flight (a sender waiting for a clear-to-send, a receiver waiting for data) never" \
+            "gets a completion at all (issue 11)"
         gaps=$((gaps + 1))
         [ "$STRICT" = 1 ] && fails=$((fails + 1))
     else
