@@ -224,7 +224,7 @@ test-readme: $(BUILD)/rail-info
 # test also built under the sanitizers.
 test-rxe: all tests
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live
-	test/rxe/run.sh
+	test/rxe/run.sh --timeout 2400
 
 # Two guests as two RDMA nodes (test/rxe2/): the conformance suite between
 # them, then the peer's guest killed on each side and a link taken down.

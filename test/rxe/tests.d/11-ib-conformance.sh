@@ -11,7 +11,7 @@
 # rxe does not implement ibv_query_qp_data_in_order, so libibverbs answers
 # 0 and the default is already the order-safe one; inorder is correct on
 # rxe, which places each write in order).
-# rxe-timeout: 1300
+# rxe-timeout: 1500
 set -uo pipefail
 
 conf=build/rail-conformance
