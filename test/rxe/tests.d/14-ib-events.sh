@@ -51,6 +51,20 @@ linkup)
     exit 0 ;;
 esac
 
+# The tests after this one expect guest.sh's topology: veth0 up at
+# 192.0.2.1 with its policy routes and rxe0's GID for it.
+restore() {
+    ip link set veth0 up
+    ip addr del "$new_ip/24" dev veth0 2>/dev/null
+    ip addr replace 192.0.2.1/24 dev veth0
+    ip rule del pref 99 2>/dev/null
+    ip route replace 192.0.2.2/32 dev veth0 src 192.0.2.1 table 101
+    ip route del "$new_ip/32" dev veth1 table 102 2>/dev/null
+    ip route replace 192.0.2.1/32 dev veth1 src 192.0.2.2 table 102
+    wait_for 10 "rxe0 ACTIVE" port_is rxe0 ACTIVE &&
+        wait_for 10 "GID of 192.0.2.1 on rxe0" rxe_ipv4_gid_index rxe0 192.0.2.1 >/dev/null
+}
+
 t=${RXE_TEST_EVENTS_BIN:-build/test/unit/test_ib_events_live}	# another build: RXE_TEST_EVENTS_BIN
 [ -x "$t" ] || { echo "$t missing: run make tests"; exit 1; }
 self=$(realpath "$0")
@@ -58,4 +72,8 @@ export RAIL_TEST_EVENTS_NEW_GID="::ffff:$new_ip"
 export RAIL_TEST_EVENTS_READDRESS="bash $self readdress"
 export RAIL_TEST_EVENTS_LINKDOWN="bash $self linkdown"
 export RAIL_TEST_EVENTS_LINKUP="bash $self linkup"
-exec "$t"
+"$t"
+rc=$?
+restore || { echo "could not restore veth0 192.0.2.1 and rxe0's GID for the next tests"; rc=1; }
+rxe_gid_table rxe0
+exit $rc
