@@ -43,7 +43,8 @@ static int fk_live;
 static const char *const fake_vars[] = {
 	"NCCL_IB_ADAPTIVE_ROUTING", "NCCL_IB_AR_THRESHOLD", "NCCL_IB_ECE_ENABLE",
 	"NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_SPLIT_DATA_ON_QPS", "NCCL_RAIL_IB_FLUSH_HOST",
-	"NCCL_RAIL_IB_EAGER",
+	"NCCL_RAIL_IB_EAGER", "NCCL_IB_SL", "NCCL_IB_PCI_RELAXED_ORDERING",
+	"NCCL_RAIL_IB_EAGER_ORDER",
 };
 
 static inline int fake_find_lib(void)

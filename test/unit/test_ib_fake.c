@@ -28,190 +28,7 @@
 #include "rail.h"
 #include "sysfs.h"
 
-#define NET_ABI 12
-#define LINE 1024
-
-struct fake {
-	char dir[64];
-	char conf[96], log[96];
-	void *ctx;
-	int ndev;
-	void *lc, *sc, *rc;
-};
-
-static char fake_lib[PATH_MAX];
-/* The one started plugin; the teardown finalizes it even after a failed assertion. */
-static struct fake fk;
-static int fk_live;
-
-static int find_lib(void)
-{
-	const char *env = getenv("RAIL_FAKEVERBS_LIB");
-	char exe[PATH_MAX];
-	ssize_t n;
-
-	if (env && env[0]) {
-		snprintf(fake_lib, sizeof(fake_lib), "%s", env);
-		return access(fake_lib, R_OK) == 0;
-	}
-	n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
-	if (n <= 0)
-		return 0;
-	exe[n] = '\0';
-	*strrchr(exe, '/') = '\0';
-	snprintf(fake_lib, sizeof(fake_lib), "%.4000s/../fakeverbs/libfakeverbs.so", exe);
-	return access(fake_lib, R_OK) == 0;
-}
-
-static void write_file(const char *path, const char *text)
-{
-	FILE *f = fopen(path, "w");
-
-	assert_non_null(f);
-	fputs(text, f);
-	fclose(f);
-}
-
-/* Start the plugin on the devices `conf` describes. */
-static struct fake *fake_start(const char *conf)
-{
-	struct fake *F = &fk;
-
-	memset(F, 0, sizeof(*F));
-	snprintf(F->dir, sizeof(F->dir), "/tmp/rail-fakeverbs-XXXXXX");
-	assert_non_null(mkdtemp(F->dir));
-	snprintf(F->conf, sizeof(F->conf), "%.60s/devices.conf", F->dir);
-	snprintf(F->log, sizeof(F->log), "%.60s/verbs.log", F->dir);
-	write_file(F->conf, conf);
-	setenv("NCCL_IBVERBS_LIB", fake_lib, 1);
-	setenv("RAIL_FAKEVERBS_CONF", F->conf, 1);
-	setenv("RAIL_FAKEVERBS_LOG", F->log, 1);
-	setenv("RAIL_FAKEVERBS_SYSFS", F->dir, 1);
-	setenv("NCCL_RAIL_SYSFS_ROOT", F->dir, 1);
-	setenv("NCCL_RAIL_TRANSPORT", "ib", 1);
-	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-	rail_params_reload();
-	rail_sysfs_set_root(F->dir);	/* read once per process otherwise */
-	unit_log_capture();
-	fk_live = 1;
-	assert_int_equal(rail_net_init(&F->ctx, 1, -1, NULL, NET_ABI), ncclSuccess);
-	assert_int_equal(rail_net_devices(&F->ndev), ncclSuccess);
-	return F;
-}
-
-static void fake_stop(struct fake *F)
-{
-	char cmd[128];
-	int bad = 0;
-
-	fk_live = 0;
-	bad |= F->sc && rail_net_close_send(F->sc) != ncclSuccess;
-	bad |= F->rc && rail_net_close_recv(F->rc) != ncclSuccess;
-	bad |= F->lc && rail_net_close_listen(F->lc) != ncclSuccess;
-	bad |= F->ctx && rail_net_finalize(F->ctx) != ncclSuccess;
-	unit_log_release();
-	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", F->dir);
-	if (getenv("RAIL_FAKEVERBS_KEEP"))
-		print_message("kept %s\n", F->dir);
-	else if (system(cmd) != 0)
-		print_message("could not remove %s\n", F->dir);
-	unsetenv("NCCL_IB_SL");
-	unsetenv("NCCL_IB_PCI_RELAXED_ORDERING");
-	unsetenv("NCCL_RAIL_IB_EAGER_ORDER");
-	rail_params_reload();
-	if (bad)
-		fail_msg("closing the comms or finalizing failed");
-}
-
-static int teardown(void **state)
-{
-	(void)state;
-	if (fk_live)
-		fake_stop(&fk);
-	return 0;
-}
-
-/* Connect a send comm on dev_send to a listener on dev_recv, both polled here. */
-static void fake_connect(struct fake *F, int dev_recv, int dev_send, int tc)
-{
-	uint8_t handle[RAIL_HANDLE_SIZE];
-	uint64_t deadline = rail_now_ns() + 30ull * 1000000000ull;
-	ncclResult_t cr = ncclSuccess, ar = ncclSuccess;
-
-	assert_int_equal(rail_net_listen(F->ctx, dev_recv, handle, &F->lc), ncclSuccess);
-	while ((!F->sc || !F->rc) && rail_now_ns() < deadline) {
-		if (!F->sc && cr == ncclSuccess)
-			cr = rail_net_connect(F->ctx, dev_send, tc, handle, &F->sc);
-		if (!F->rc && ar == ncclSuccess)
-			ar = rail_net_accept(F->lc, &F->rc);
-		if (cr != ncclSuccess || ar != ncclSuccess)
-			break;
-	}
-	if (!F->sc || !F->rc) {
-		unit_log_dump();
-		fail_msg("connection on the fake devices failed (connect %d, accept %d)", cr, ar);
-	}
-}
-
-/* ---- the call log ------------------------------------------------------- */
-
-/* The n-th (from 0) log line starting with call and containing every needle; 0 if none. */
-static int log_find(const struct fake *F, int n, char *out, const char *call, const char *n1,
-		    const char *n2)
-{
-	FILE *f = fopen(F->log, "r");
-	char line[LINE];
-	size_t cl = strlen(call);
-
-	if (!f)
-		return 0;
-	while (fgets(line, sizeof(line), f)) {
-		if (strncmp(line, call, cl) || line[cl] != ' ')
-			continue;
-		if ((n1 && !strstr(line, n1)) || (n2 && !strstr(line, n2)))
-			continue;
-		if (n-- == 0) {
-			line[strcspn(line, "\n")] = '\0';
-			snprintf(out, LINE, "%s", line);
-			fclose(f);
-			return 1;
-		}
-	}
-	fclose(f);
-	return 0;
-}
-
-static int log_count(const struct fake *F, const char *call, const char *n1, const char *n2)
-{
-	char line[LINE];
-	int n = 0;
-
-	while (log_find(F, n, line, call, n1, n2))
-		n++;
-	return n;
-}
-
-/* The value of " key=" in a log line; fails the test if absent. */
-static const char *kv(const char *line, const char *key, char *buf, size_t len)
-{
-	char pat[64];
-	const char *p;
-
-	snprintf(pat, sizeof(pat), " %s=", key);
-	p = strstr(line, pat);
-	if (!p)
-		fail_msg("no %s in: %s", key, line);
-	p += strlen(pat);
-	snprintf(buf, len, "%.*s", (int)strcspn(p, " \""), p);
-	return buf;
-}
-
-static long long kvnum(const char *line, const char *key)
-{
-	char buf[128];
-
-	return strtoll(kv(line, key, buf, sizeof(buf)), NULL, 0);
-}
+#include "fake.h"
 
 static void props(int dev, struct rail_props *p)
 {
@@ -747,26 +564,26 @@ static void test_eager_safe_forced(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
-		cmocka_unit_test_teardown(test_speed_xdr, teardown),
-		cmocka_unit_test_teardown(test_speed_query_port_speed_lag, teardown),
-		cmocka_unit_test_teardown(test_speed_old_library, teardown),
-		cmocka_unit_test_teardown(test_two_port_nics, teardown),
-		cmocka_unit_test_teardown(test_fork_init_first, teardown),
-		cmocka_unit_test_teardown(test_ib_grh_required, teardown),
-		cmocka_unit_test_teardown(test_ib_local_no_grh, teardown),
-		cmocka_unit_test_teardown(test_ib_routed_flid, teardown),
-		cmocka_unit_test_teardown(test_ib_sl_from_traffic_class, teardown),
-		cmocka_unit_test_teardown(test_dmabuf_unaligned_cache, teardown),
-		cmocka_unit_test_teardown(test_dmabuf_aligned_range, teardown),
-		cmocka_unit_test_teardown(test_dmabuf_relaxed_ordering, teardown),
-		cmocka_unit_test_teardown(test_transfer_through_fake, teardown),
-		cmocka_unit_test_teardown(test_eager_order_query, teardown),
-		cmocka_unit_test_teardown(test_eager_inorder_on_reordering_device, teardown),
-		cmocka_unit_test_teardown(test_eager_auto_on_reordering_device, teardown),
-		cmocka_unit_test_teardown(test_eager_safe_forced, teardown),
+		cmocka_unit_test_teardown(test_speed_xdr, fake_teardown),
+		cmocka_unit_test_teardown(test_speed_query_port_speed_lag, fake_teardown),
+		cmocka_unit_test_teardown(test_speed_old_library, fake_teardown),
+		cmocka_unit_test_teardown(test_two_port_nics, fake_teardown),
+		cmocka_unit_test_teardown(test_fork_init_first, fake_teardown),
+		cmocka_unit_test_teardown(test_ib_grh_required, fake_teardown),
+		cmocka_unit_test_teardown(test_ib_local_no_grh, fake_teardown),
+		cmocka_unit_test_teardown(test_ib_routed_flid, fake_teardown),
+		cmocka_unit_test_teardown(test_ib_sl_from_traffic_class, fake_teardown),
+		cmocka_unit_test_teardown(test_dmabuf_unaligned_cache, fake_teardown),
+		cmocka_unit_test_teardown(test_dmabuf_aligned_range, fake_teardown),
+		cmocka_unit_test_teardown(test_dmabuf_relaxed_ordering, fake_teardown),
+		cmocka_unit_test_teardown(test_transfer_through_fake, fake_teardown),
+		cmocka_unit_test_teardown(test_eager_order_query, fake_teardown),
+		cmocka_unit_test_teardown(test_eager_inorder_on_reordering_device, fake_teardown),
+		cmocka_unit_test_teardown(test_eager_auto_on_reordering_device, fake_teardown),
+		cmocka_unit_test_teardown(test_eager_safe_forced, fake_teardown),
 	};
 
-	if (!find_lib()) {
+	if (!fake_find_lib()) {
 		if (getenv("RAIL_FAKEVERBS_LIB")) {
 			printf("test_ib_fake: RAIL_FAKEVERBS_LIB=%s cannot be read\n", fake_lib);
 			return 1;
