@@ -278,7 +278,7 @@ static ncclResult_t send_larger_send(struct rail_conf *cx, void *sc, size_t send
 	uint8_t *buf;
 	void *req = NULL;
 	int done = 0, got_done = 0, posted_big = 0, followups = 0, big_done = 0;
-	uint64_t limit = 0;
+	uint64_t limit = 0, now;
 	ncclResult_t res = ncclSuccess;
 
 	rail_conf_arena_init(cx, &a, sc, rail_conf_slice_room(send));
@@ -303,13 +303,14 @@ static ncclResult_t send_larger_send(struct rail_conf *cx, void *sc, size_t send
 			rail_conf_stage(cx, "%zu-byte send: waiting to be told of the receiver's error",
 					send);
 		}
-		if (res == ncclSuccess && !strict && got_done && rail_conf_now_ns() > limit) {
+		/* One clock reading for both checks: two could straddle the limit. */
+		now = rail_conf_now_ns();
+		if (res == ncclSuccess && !strict && got_done && now > limit) {
 			rail_conf_note(cx, "the sender of %zu bytes into a smaller receive was not told "
 				       "within 3 s (%d later sends succeeded)", send, followups);
 			break;
 		}
-		if (res == ncclSuccess && ((got_done && rail_conf_now_ns() > limit) ||
-					   rail_conf_expired(cx)))
+		if (res == ncclSuccess && ((got_done && now > limit) || rail_conf_expired(cx)))
 			rail_conf_fail(cx, "a %zu-byte send into a smaller receive: the receiver failed "
 				       "but the sender was never told (the send %s, then %d later "
 				       "sends on the comm succeeded for 10 s)", send,
