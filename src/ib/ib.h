@@ -493,6 +493,8 @@ int rail_ib_eager_fits(const struct rail_ib_comm *c, size_t size, const struct r
 /* Sender: a send (tag, ord) is refused for now; ask the receiver for credits or a CTS. */
 int rail_ib_want_maybe(struct rail_ib_comm *c, struct rail_ib_tag *t, size_t size, int no_credit);
 void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits);
+/* -EMSGSIZE (WARN, comm failed) once the receiver refused an eager message of ours. */
+int rail_ib_eager_refused(struct rail_ib_comm *c, const char *call);
 /* Receiver: new arrivals in the ring, matched to receives in flight. */
 int rail_ib_ring_poll(struct rail_ib_comm *c);
 /* Receiver: whether the next ring slot holds a new message (one load). */

@@ -37,6 +37,7 @@
 #include "log.h"
 #include "param.h"
 #include "rail.h"
+#include "sock.h"
 
 /*
  * Accepted sockets whose handshake is in progress, at most (as many as the
@@ -527,6 +528,23 @@ static int connect_start(int vdev, const struct rail_conn_opts *opts, const void
 	return 0;
 }
 
+/*
+ * The handshake's TCP socket stays open beside the comm: the peer's exit
+ * closes it (rail_ib_peer_check sees that), and keepalive with a user
+ * timeout of NCCL_RAIL_PEER_TIMEOUT makes it fail when the peer host stops
+ * answering (killed, link down, partition): the verbs layer alone may never
+ * say so (rxe retries forever at NCCL_IB_RETRY_CNT=7; a side with nothing
+ * in flight gets no completion at all). The plugin's watchdog.
+ */
+static void oob_keep(struct rail_ib_hs *hs)
+{
+	int liveness = (int)rail_param_int(RAIL_P_PEER_TIMEOUT);
+
+	rail_sock_set_liveness(hs->fd, liveness / 2, liveness);
+	hs->comm->oob_fd = hs->fd;
+	hs->fd = -1;
+}
+
 int rail_ib_connect(int dev, const struct rail_conn_opts *opts, void *handle,
 		    struct rail_comm **send_comm)
 {
@@ -547,8 +565,7 @@ int rail_ib_connect(int dev, const struct rail_conn_opts *opts, void *handle,
 		hs_free(hs);
 		return err == -EAGAIN ? -ETIMEDOUT : err;
 	}
-	hs->comm->oob_fd = hs->fd;
-	hs->fd = -1;
+	oob_keep(hs);
 	*send_comm = &hs->comm->base;
 	hs->comm = NULL;
 	hs_free(hs);
@@ -812,8 +829,7 @@ static int pending_pass(struct rail_ib_listen *l, struct rail_comm **recv_comm)
 		if (err == -EAGAIN && !hs_timed_out(hs))
 			continue;
 		if (err == 0) {
-			hs->comm->oob_fd = hs->fd;
-			hs->fd = -1;
+			oob_keep(hs);
 			*recv_comm = &hs->comm->base;
 			hs->comm = NULL;
 			pending_drop(l, i);

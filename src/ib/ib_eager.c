@@ -94,8 +94,8 @@ void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits)
 	uint16_t ack, flags;
 
 	rail_ib_credit_decode(c->fifo + RAIL_IB_CREDIT_OFF, &consumed, &ack, &flags);
-	if (!(flags & RAIL_IB_CREDIT_READY))
-		return;
+	if (!(flags & RAIL_IB_CREDIT_READY) || (flags & RAIL_IB_CREDIT_REFUSED))
+		return;	/* a refusal carries no credits (rail_ib_eager_refused) */
 	if (!c->ring_ready && c->eager_slots) {
 		c->eager_safe = (flags & RAIL_IB_CREDIT_SAFE) != 0;
 		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s on %s: eager ring %s, as the "
@@ -177,6 +177,44 @@ int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data
 	r->tag = tag;
 	r->done = 1;
 	return 0;
+}
+
+/*
+ * Whether the receiver refused one of our eager messages (larger than its
+ * receive): then the comm fails here too, with both sizes in the WARN. One
+ * load of the credit word: cheap enough for every isend and sender progress.
+ */
+int rail_ib_eager_refused(struct rail_ib_comm *c, const char *call)
+{
+	uint32_t sizes, e, mask = (uint32_t)c->eager_slots - 1, size, room;
+	uint16_t e16, flags;
+	struct rail_ib_eager_hdr h;
+	const uint8_t *img;
+	char tag[48] = "";
+
+	if (!c->eager_slots)
+		return 0;
+	rail_ib_credit_decode(c->fifo + RAIL_IB_CREDIT_OFF, &sizes, &e16, &flags);
+	if (rail_likely(!(flags & RAIL_IB_CREDIT_REFUSED)))
+		return 0;
+	size = sizes >> 16;
+	room = sizes & 0xffff;
+	/* Message e is one of the last `slots` sent: its image is still staged. */
+	e = c->e_sent - (uint16_t)((uint16_t)c->e_sent - e16);
+	img = c->sizes + RAIL_IB_STAGE_OFF + (size_t)(e & mask) * c->eager_slot_bytes;
+	if (size <= c->eager_max &&
+	    rail_ib_eager_decode(img + size, e + 1, c->eager_max, &h, tag, sizeof(tag)) == 0 &&
+	    h.size == size)
+		snprintf(tag, sizeof(tag), ", tag %d", h.tag);
+	else
+		tag[0] = 0;
+	RAIL_WARN("%s to peer %s on %s:%d qp 0x%x: the receiver refused eager message %u (%u "
+		  "bytes%s): its receive buffer holds only %u bytes; a send larger than its "
+		  "receive is an error (check that both ranks post matching sizes); the "
+		  "connection is failed", call, c->peer, c->res[0].dev->hca->name,
+		  c->res[0].dev->port, c->qps[EAGER_QP].qp->qp_num, e, size, tag, room);
+	c->error = -EMSGSIZE;
+	return -EMSGSIZE;
 }
 
 /*
@@ -289,6 +327,24 @@ static int ring_loop(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *r, 
 	return 0;
 }
 
+/*
+ * Tell the sender that message e (size bytes) does not fit its receive
+ * (room bytes): a credit word with REFUSED, the last one this comm writes
+ * (credit_return writes nothing once the comm failed). Best effort: the
+ * comm fails here whatever happens to the write.
+ */
+static void ring_refuse(struct rail_ib_comm *c, uint32_t e, uint32_t size, uint32_t room)
+{
+	uint8_t *stage = c->cts_stage + RAIL_IB_CREDIT_STAGE_OFF;
+	const struct rail_ib_qp *q = &c->qps[CREDIT_QP];
+
+	rail_ib_credit_encode(size << 16 | room, (uint16_t)e, RAIL_IB_CREDIT_REFUSED |
+			      (c->eager_safe ? RAIL_IB_CREDIT_SAFE : 0), stage);
+	if (rail_ib_ctl_write(c, CREDIT_QP, stage, RAIL_IB_CREDIT_SIZE, c->remote_credit_addr,
+			      c->remote_fifo_rkey[q->remote_member], "eager refusal") == 0)
+		c->n_credits++;
+}
+
 /* Message e fills buffer i of r. */
 static int ring_deliver(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *r, int i)
 {
@@ -299,9 +355,11 @@ static int ring_deliver(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *
 
 	if (size > r->sizes[i]) {
 		RAIL_WARN("receive %llu buffer %d of %d from peer %s on %s: the peer's eager message "
-			  "of %u bytes (tag %d) does not fit the %zu-byte buffer; a send larger "
-			  "than its receive is an error", (unsigned long long)r->seq, i, r->base.n,
-			  c->peer, c->res[0].dev->name, size, s->h.tag, r->sizes[i]);
+			  "%u of %u bytes (tag %d) does not fit the %zu-byte buffer; a send larger "
+			  "than its receive is an error (the sender is told)",
+			  (unsigned long long)r->seq, i, r->base.n, c->peer, c->res[0].dev->name, e,
+			  size, s->h.tag, r->sizes[i]);
+		ring_refuse(c, e, size, (uint32_t)r->sizes[i]);
 		c->error = -EMSGSIZE;
 		r->error = -EMSGSIZE;
 		return -EMSGSIZE;
@@ -541,8 +599,8 @@ int rail_ib_credit_return(struct rail_ib_comm *c, int mode)
 	uint32_t owed = c->e_head - c->e_returned;
 	int err;
 
-	if (!c->eager_slots)
-		return 0;
+	if (!c->eager_slots || c->error)
+		return 0;	/* a failed comm's last word stays (a refusal) */
 	if (c->credit_owed)
 		mode = RAIL_IB_CREDIT_FORCE;
 	if (mode == RAIL_IB_CREDIT_BUSY ? owed < (uint32_t)c->eager_slots / 2

@@ -108,6 +108,7 @@
 
 #include "ib/ib.h"
 #include "log.h"
+#include "param.h"
 #include "rail.h"
 
 #define SLOT_MASK ((uint64_t)RAIL_IB_SLOTS - 1)
@@ -508,6 +509,8 @@ int rail_ib_isend(struct rail_comm *comm, struct rail_req *req, void *data, size
 	int err, i, no_credit = 0;
 
 	err = rail_ib_comm_check(c, "isend");
+	if (!err)
+		err = rail_ib_eager_refused(c, "isend");
 	if (err)
 		return err;
 	if (rail_unlikely((size && !mh) || (mh && mh->magic != RAIL_IB_MH_MAGIC))) {
@@ -681,8 +684,20 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 	n = recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
 	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
 		return 0;
-	RAIL_WARN("%s on %s: the connection to peer %s is gone (%s): the peer process exited or "
-		  "crashed while this side still waits", call, c->res[0].dev->name, c->peer,
+	if (n < 0 && errno == ETIMEDOUT) {
+		/* keepalive with NCCL_RAIL_PEER_TIMEOUT (ib_conn.c): the host went silent */
+		RAIL_WARN("%s on %s qp 0x%x: peer %s stopped answering (its host sent nothing, not "
+			  "even a TCP keepalive reply, for NCCL_RAIL_PEER_TIMEOUT=%lld s): the peer "
+			  "host died or the network between is down (check the peer node and both "
+			  "links); the connection is failed", call, c->res[0].dev->name,
+			  c->qps[0].qp->qp_num, c->peer,
+			  (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
+		c->error = -ETIMEDOUT;
+		return c->error;
+	}
+	RAIL_WARN("%s on %s qp 0x%x: the connection to peer %s is gone (%s): the peer process "
+		  "exited or crashed while this side still waits", call, c->res[0].dev->name,
+		  c->qps[0].qp->qp_num, c->peer,
 		  n == 0 ? "it closed its socket" : RAIL_ERRSTR(-errno));
 	c->error = -ECONNRESET;
 	return c->error;
@@ -691,9 +706,12 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 /* Progress besides the CQ: the receiver's ring and want word; the sender's CTSes. */
 static int progress(struct rail_ib_comm *c)
 {
+	int err;
+
 	if (c->base.kind == RAIL_COMM_RECV)
 		return rail_ib_recv_progress(c);
-	return batch_advance(c);
+	err = rail_ib_eager_refused(c, "test");
+	return err ? err : batch_advance(c);
 }
 
 int rail_ib_test(struct rail_req *req, int *done, size_t *sizes)

@@ -43,7 +43,9 @@
  * flags}; flags bit 0 (ready) is set in every credit word: the receiver
  * writes the first one once its QPs are ready, and the sender writes
  * nothing (eager, want) before it sees it; bit 1 (safe): eager messages
- * must come as writes with immediate (the same in every credit word).
+ * must come as writes with immediate (the same in every credit word); bit
+ * 2 (refused): the receiver failed the connection on an eager message
+ * larger than its receive (see RAIL_IB_CREDIT_REFUSED for the fields).
  */
 #ifndef RAIL_IB_WIRE_H
 #define RAIL_IB_WIRE_H
@@ -54,7 +56,7 @@
 #include "transport.h"
 
 #define RAIL_IB_WIRE_MAGIC 0x57424952u /* "RIBW" */
-#define RAIL_IB_WIRE_VERSION 3	/* 3: the eager ring's order-safe protocol, ECE */
+#define RAIL_IB_WIRE_VERSION 4	/* 3: order-safe eager ring, ECE; 4: eager refusal */
 #define RAIL_IB_HDR_SIZE 16
 #define RAIL_IB_BODY_MAX 1024
 #define RAIL_IB_WIRE_MAX_QPS 128
@@ -224,6 +226,13 @@ int rail_ib_want_decode(const uint8_t *p, uint32_t last_seq, struct rail_ib_want
 
 #define RAIL_IB_CREDIT_READY 1u
 #define RAIL_IB_CREDIT_SAFE 2u
+/*
+ * The receiver refused an eager message that does not fit its receive; the
+ * connection is failed. In that word consumed = size << 16 | room (both
+ * below 64 KiB: an eager payload fits one slot) and want_ack = the eager
+ * message number's low 16 bits; nothing else is written after it.
+ */
+#define RAIL_IB_CREDIT_REFUSED 4u
 /* READY is added to flags. */
 void rail_ib_credit_encode(uint32_t consumed, uint16_t want_ack, uint16_t flags, uint8_t *p);
 /* Read atomically (the NIC may be writing it); flags are 0 until the receiver wrote one. */

@@ -10,12 +10,16 @@
 #                rxe has one (retry_cnt 7 is "forever" on rxe)
 # Each fault case prints how long after the fault the surviving side's plugin
 # reported an error, or that it did not within RXE2_FAULT_TIMEOUT seconds.
-# A hang is a KNOWN GAP (the plugin has no verbs watchdog yet, and rxe treats
-# NCCL_IB_RETRY_CNT=7 as retry forever): it prints why and does not fail
-# unless RXE2_STRICT=1 (the watchdog work turns that on).
+# The fault cases run with NCCL_RAIL_PEER_TIMEOUT=RXE2_PEER_TIMEOUT (10 s):
+# the plugin's watchdog (keepalive on each verbs connection's handshake
+# socket) must fail the survivor within about that bound, whatever the verbs
+# layer does (rxe treats NCCL_IB_RETRY_CNT=7 as retry forever). A hang fails
+# the case; RXE2_STRICT=0 turns hangs into KNOWN GAP lines (for a plugin
+# built without the watchdog).
 #
 #   test/rxe2/tests.sh [CASE...]      default: all six
-# Environment: RXE2_FAULT_TIMEOUT (default 60), RXE2_STRICT, RXE2_SCENARIOS
+# Environment: RXE2_FAULT_TIMEOUT (default 60), RXE2_PEER_TIMEOUT (default
+# 10), RXE2_STRICT (default 1), RXE2_SCENARIOS
 # (the conformance cases, default all), RXE2_MAX_SIZE (default 16M), and
 # everything test/rxe2/run.sh reads. Figures: build/rxe2-runs/summary.txt.
 set -uo pipefail
@@ -28,7 +32,8 @@ plugin=build/libnccl-net-rail.so
 [ -x "$conf" ] && [ -f "$plugin" ] || { echo "$conf or $plugin missing: run make all tests"; exit 2; }
 
 FT=${RXE2_FAULT_TIMEOUT:-60}
-STRICT=${RXE2_STRICT:-0}
+STRICT=${RXE2_STRICT:-1}
+PT=${RXE2_PEER_TIMEOUT:-10}
 MAXSZ=${RXE2_MAX_SIZE:-16M}
 CASES=${*:-conformance kill-b kill-a link-b kill-b-r6 kill-a-r6}
 SUMMARY=$REPO/build/rxe2-runs/summary.txt
@@ -73,7 +78,8 @@ case_fault() {
     out=$REPO/build/rxe2-runs/$name
     cmd="$C --scenario peer-dies --max-size 4M --doomed $doomed --timeout $FT"
     cmd+=" --event-file \$RXE_OUT/events"
-    test/rxe2/run.sh --out "$out" --timeout $((FT + 120)) --fault "$fault" "$@" \
+    test/rxe2/run.sh --out "$out" --timeout $((FT + 120)) --fault "$fault" \
+        --env NCCL_RAIL_PEER_TIMEOUT="$PT" "$@" \
         --cmd-a "$cmd --ctl-listen 192.0.2.1:18700" \
         --cmd-b "$cmd --ctl-connect 192.0.2.1:18700" || rc=$?
     line=$(grep -E "^$surv \+[0-9.]+ $surv [0-9.]+ (ERROR|HANG)" "$out/fault.txt" 2>/dev/null | head -n1)
@@ -85,10 +91,10 @@ case_fault() {
             "$text [run $((SECONDS - t0)) s]"
     elif [[ $line == *" HANG "* ]]; then
         record "$name ($what): KNOWN GAP: $surv saw no error in ${dt} s after the fault" \
-            "($text) [run $((SECONDS - t0)) s]. Why: the plugin has no verbs" \
-            "watchdog yet: rxe retries NCCL_IB_RETRY_CNT=7 forever, and a side with nothing" \
+            "($text) [run $((SECONDS - t0)) s]. The watchdog (NCCL_RAIL_PEER_TIMEOUT=$PT)" \
+            "did not fire: rxe retries NCCL_IB_RETRY_CNT=7 forever, and a side with nothing" \
             "in flight (a sender waiting for a clear-to-send, a receiver waiting for data) never" \
-            "gets a completion at all (issue 11)"
+            "gets a completion at all"
         gaps=$((gaps + 1))
         [ "$STRICT" = 1 ] && fails=$((fails + 1))
     else

@@ -770,6 +770,24 @@ static void test_eager_send_larger(void **state)
 		snprintf(s1, sizeof(s1), "%zu", send[k]);
 		snprintf(s2buf, sizeof(s2buf), "%zu", room[k]);
 		unit_assert_logged2(RAIL_LOG_WARN, s1, s2);
+		/*
+		 * The sender is told too: the oversized send, or a later small one
+		 * (8 bytes, eager), fails within the deadline. Eager (1000 into 500):
+		 * the receiver's refusal in the credit word; larger: the sender
+		 * refuses itself against the clear-to-send.
+		 */
+		unit_log_reset();
+		while (sres == ncclSuccess && rail_now_ns() < deadline) {
+			int sdone = 0, ssz;
+
+			if (!sr)
+				sres = rail_net_isend(L.sc, buf + 8192, 8, tag + 1, smh, &sr);
+			else if ((sres = rail_net_test(sr, &sdone, &ssz)) == ncclSuccess && sdone)
+				sr = NULL;
+		}
+		assert_int_not_equal(sres, ncclSuccess);
+		if (k == 0)
+			unit_assert_logged2(RAIL_LOG_WARN, "refused eager message", s2);
 		for (size_t i = room[k]; i < 8192; i++)
 			assert_int_equal(buf[i], 0xee);
 		rail_net_dereg_mr(L.rc, rmh);

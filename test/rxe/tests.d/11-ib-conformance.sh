@@ -30,14 +30,7 @@ run() {
 
 run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 64M
 run "$conf" --plugin "$plugin" --dev 0 --peer-dev 0 --max-size 64M --abi 12
-# KNOWN GAP (issue 10): on a fused NIC (messages striped) and with adaptive
-# routing forced, a 1000-byte send into a 500-byte receive leaves the
-# receive waiting: the sender's refusal does not reach it (seen in the rxe
-# guest on 2026-12-03). send-larger is left out of those two runs until the
-# refusal answers every QP of the set.
-all_but_send_larger=$("$conf" --list | awk '{print $1}' | grep -vx send-larger | paste -sd, -)
-echo "KNOWN GAP: send-larger left out of the fused and adaptive-routing runs (refusal on striped/AR answers)"
-run "$conf" --plugin "$plugin" --fuse 0,1 --max-size 64M --abi 12 --scenario "$all_but_send_larger"
+run "$conf" --plugin "$plugin" --fuse 0,1 --max-size 64M --abi 12
 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
     --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional
@@ -46,7 +39,7 @@ NCCL_RAIL_IB_EAGER=0 \
     --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,close-inflight
 NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=1024 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
-    --scenario sizes,inflight-32,grouped-recv,recv-larger,bidirectional
+    --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional
 for order in safe inorder; do
     NCCL_RAIL_IB_EAGER_ORDER=$order \
         run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 1M --abi 12 \
