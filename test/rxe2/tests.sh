@@ -45,17 +45,9 @@ export NCCL_RAIL_TRANSPORT=ib
 
 record() { echo "$*" | tee -a "$SUMMARY"; }
 
-# Every scenario but peer-dies (the fault cases run it) and, unless strict,
-# misuse: its wrong-tag part is TCP-only so far (a verbs receive for tag 7
-# never completes when tag 5 arrives).
+# Every scenario but peer-dies (the fault cases run it).
 default_scenarios() {
-    local skip='^(peer-dies)$'
-    if [ "$STRICT" != 1 ]; then
-        skip='^(peer-dies|misuse)$'
-        echo "KNOWN GAP: misuse left out: a single verbs receive does not check the tag (issue 11" \
-            "item 9 is fixed for TCP only); RXE2_STRICT=1 runs it" >&2
-    fi
-    "$conf" --list | awk '{print $1}' | grep -Ev "$skip" | paste -sd, -
+    "$conf" --list | awk '{print $1}' | grep -Evx 'peer-dies' | paste -sd, -
 }
 
 case_conformance() {
