@@ -324,18 +324,34 @@ static const struct verbs_sym mlx5_syms[] = {
  * After libibverbs (libmlx5 needs it). Everything missing is one INFO
  * line: Data Direct is then not used and nothing else changes.
  */
+/*
+ * Why Data Direct is off, at INFO, once per process for the same reason
+ * (rail-info and a re-initialised plugin load libibverbs again). Under lib_lock.
+ */
+static void mlx5_skip(const char *why)
+{
+	static char said[512];
+
+	if (!strcmp(said, why))
+		return;
+	rail_strlcpy(said, why, sizeof(said));
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s: mlx5 Data Direct is not used", why);
+}
+
 static void mlx5_load(void)
 {
 	const char *user = rail_param_str(RAIL_P_MLX5_LIB);
 	const char *name = user[0] ? user : "libmlx5.so.1";
+	char why[480];
 	void *h;
 
 	if (!rail_param_int(RAIL_P_IB_DATA_DIRECT))
 		return;
 	h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
 	if (!h) {
-		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s cannot be loaded (%s): mlx5 Data Direct "
-			  "is not used (install rdma-core 54+'s libmlx5 for it)", name, dlerror());
+		snprintf(why, sizeof(why), "%s cannot be loaded (%s; rdma-core 54+'s libmlx5 has "
+			 "it)", name, dlerror());
+		mlx5_skip(why);
 		return;
 	}
 	memset(&mlx5_loaded, 0, sizeof(mlx5_loaded));
@@ -343,9 +359,9 @@ static void mlx5_load(void)
 		void *fn = dlvsym(h, mlx5_syms[i].name, mlx5_syms[i].version);
 
 		if (!fn) {
-			RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s lacks %s@%s (rdma-core older "
-				  "than 54?): mlx5 Data Direct is not used", name,
-				  mlx5_syms[i].name, mlx5_syms[i].version);
+			snprintf(why, sizeof(why), "%s lacks %s@%s (rdma-core older than 54?)",
+				 name, mlx5_syms[i].name, mlx5_syms[i].version);
+			mlx5_skip(why);
 			memset(&mlx5_loaded, 0, sizeof(mlx5_loaded));
 			dlclose(h);
 			return;
