@@ -24,6 +24,8 @@
 #   test/unit/test_*.c     -> build/test/unit/test_* (cmocka)
 #   test/fakeverbs/*.c     -> build/test/fakeverbs/libfakeverbs.so, the fake
 #                             libibverbs the unit tests load (NCCL_IBVERBS_LIB)
+#   test/fakeverbs/mlx5/   -> build/test/fakeverbs/libfakemlx5.so, its libmlx5
+#                             (NCCL_RAIL_MLX5_LIB)
 #   test/fuzz/fuzz_*.c     -> build-fuzz/test/fuzz/fuzz_* (libFuzzer, clang;
 #                             make fuzz)
 
@@ -73,6 +75,7 @@ TOOLS       := $(patsubst tools/%.c,$(BUILD)/%,$(subst _,-,$(TOOL_SRCS)))
 UNIT_TESTS  := $(UNIT_SRCS:test/unit/%.c=$(BUILD)/test/unit/%)
 CONFORMANCE := $(BUILD)/rail-conformance
 FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
+FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
@@ -83,7 +86,7 @@ all: plugin tools
 
 plugin: $(PLUGIN)
 tools: $(TOOLS)
-tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS)
+tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS) $(FAKEMLX5)
 
 # Every object depends on VERSION: the number is compiled in (src/rail.h).
 $(BUILD)/obj/%.o: %.c VERSION
@@ -120,8 +123,18 @@ $(FAKEVERBS): $(FAKEVERBS_SRCS) test/fakeverbs/fv.h test/fakeverbs/fakeverbs.map
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -fvisibility=default $(LDFLAGS) -shared \
-		-Wl,--version-script=test/fakeverbs/fakeverbs.map -Wl,-z,defs -o $@ \
-		$(FAKEVERBS_SRCS) $(LDLIBS)
+		-Wl,--version-script=test/fakeverbs/fakeverbs.map -Wl,-soname,libfakeverbs.so \
+		-Wl,-z,defs -o $@ $(FAKEVERBS_SRCS) $(LDLIBS)
+
+# The fake libmlx5 (mlx5dv_* for Data Direct, test/fakeverbs/mlx5/): it
+# works on the fake's devices, so it needs libfakeverbs.so (found beside it,
+# or the copy NCCL_IBVERBS_LIB already loaded: same soname).
+$(FAKEMLX5): test/fakeverbs/mlx5/fv_mlx5.c test/fakeverbs/mlx5/fakemlx5.map \
+		test/fakeverbs/fv.h $(FAKEVERBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -fvisibility=default $(LDFLAGS) -shared \
+		-Wl,--version-script=test/fakeverbs/mlx5/fakemlx5.map -Wl,-z,defs \
+		-Wl,-rpath,'$$ORIGIN' -o $@ test/fakeverbs/mlx5/fv_mlx5.c $(FAKEVERBS) $(LDLIBS)
 
 $(CONFORMANCE): $(CONF_OBJS)
 	$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
@@ -147,13 +160,13 @@ fuzz-targets: $(FUZZ_TARGETS)
 # Some unit tests also run the rail-info binary and load the plugin through
 # it (they skip, saying why, without them). The fake-verbs tests find the
 # fake library through RAIL_FAKEVERBS_LIB.
-test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(PLUGIN) $(FAKEVERBS)
+test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(PLUGIN) $(FAKEVERBS) $(FAKEMLX5)
 	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; \
 		RAIL_FAKEVERBS_LIB=$(abspath $(FAKEVERBS)) $$t; done
 
 # The live verbs unit tests on the fake provider, per description in
 # test/fakeverbs/conf/ (no RDMA device needed).
-test-fakeverbs: $(UNIT_TESTS) $(FAKEVERBS)
+test-fakeverbs: $(UNIT_TESTS) $(FAKEVERBS) $(FAKEMLX5)
 	test/fakeverbs/run-live.sh $(BUILD)
 
 # Every libFuzzer target for FUZZ_TIME seconds (default 20) from its seed

@@ -54,6 +54,13 @@ struct rail_ib_hca {
 	struct ibv_device_attr attr;
 	int max_inline;		/* probed inline size of an RC QP */
 	struct rail_ib_ladder ladder;
+	/*
+	 * mlx5 Data Direct (ib_init.c dd_decide): the device has a Data Direct
+	 * DMA function, at dd_path ("/sys" + what libmlx5 names), that its
+	 * ports are exposed on (NCCL_IB_DATA_DIRECT).
+	 */
+	int data_direct;
+	char dd_path[PATH_MAX];
 	atomic_int fatal;	/* DEVICE_FATAL seen */
 	/* registration cache (ib_mr.c), sorted by address */
 	pthread_mutex_t mr_lock;
@@ -91,6 +98,13 @@ struct rail_ib_dev {
 	 */
 	char nccl_pci_path[PATH_MAX];
 	int nccl_port;
+	/*
+	 * Exposed on the HCA's Data Direct function (pci_path and
+	 * nccl_pci_path are its path, as NCCL reports it: not shortened):
+	 * DMA-BUF registrations go through mlx5dv_reg_dmabuf_mr with the Data
+	 * Direct access bit, and the properties ask NCCL for forceFlush.
+	 */
+	int data_direct;
 	int rail, plane;	/* from NCCL_IB_HCA, -1 unset */
 	int ar;			/* adaptive routing: NCCL_IB_ADAPTIVE_ROUTING, else IB only */
 	/* async thread: the last port event was PORT_ERR (new connections refused) */

@@ -29,15 +29,28 @@
 #include "log.h"
 #include "rail.h"
 
-static struct rail_ib_dev *port_dev(struct rail_ib_hca *hca, int port)
+/*
+ * The next device from *i on that port (with NCCL_IB_DATA_DIRECT=2 a port
+ * is two devices: its PCIe and its Data Direct entry), or NULL.
+ */
+static struct rail_ib_dev *port_dev_next(struct rail_ib_hca *hca, int port, int *i)
 {
-	for (int i = 0; i < rail_ib_ndevs_phys(); i++) {
-		struct rail_ib_dev *d = rail_ib_dev_get(i);
+	for (; *i < rail_ib_ndevs_phys(); (*i)++) {
+		struct rail_ib_dev *d = rail_ib_dev_get(*i);
 
-		if (d->hca == hca && d->port == port)
+		if (d->hca == hca && d->port == port) {
+			(*i)++;
 			return d;
+		}
 	}
 	return NULL;
+}
+
+static struct rail_ib_dev *port_dev(struct rail_ib_hca *hca, int port)
+{
+	int i = 0;
+
+	return port_dev_next(hca, port, &i);
 }
 
 static void on_qp_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
@@ -62,7 +75,8 @@ static void on_qp_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 
 static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event *ev)
 {
-	struct rail_ib_dev *d = port_dev(hca, ev->element.port_num);
+	int i = 0;
+	struct rail_ib_dev *d = port_dev_next(hca, ev->element.port_num, &i), *o;
 	int down = ev->event_type == IBV_EVENT_PORT_ERR;
 
 	if (!d) {
@@ -76,15 +90,18 @@ static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event 
 		 * reads the flag (rail_ib_comm_res_init). With the old count it fails
 		 * at its next call; with the new one it sees the flag and is refused.
 		 */
-		atomic_store(&d->port_err, 1);
-		atomic_fetch_add(&d->port_downs, 1);
+		for (o = d; o; o = port_dev_next(hca, d->port, &i)) {
+			atomic_store(&o->port_err, 1);
+			atomic_fetch_add(&o->port_downs, 1);
+		}
 		RAIL_WARN("%s:%d: async event PORT_ERR (%s): the port went down; communicators "
 			  "using it fail at their next call, and new connections on it are refused "
 			  "until it is ACTIVE again. Check the link (ibstat, ip link, the switch "
 			  "port)", hca->name, d->port, rail_ibv_event_str(ev->event_type));
 		return;
 	}
-	atomic_store(&d->port_err, 0);
+	for (o = d; o; o = port_dev_next(hca, d->port, &i))
+		atomic_store(&o->port_err, 0);
 	RAIL_INFO(RAIL_LOG_NET, "%s:%d: port ACTIVE again: new connections on it are accepted "
 		  "(communicators that failed with it stay failed)", hca->name, d->port);
 }
@@ -163,9 +180,15 @@ static void handle_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 		break;
 	case IBV_EVENT_GID_CHANGE:
 		d = port_dev(hca, ev->element.port_num);
-		if (d)
+		if (d) {
+			struct rail_ib_dev *o;
+			int i = (int)(d - rail_ib_dev_get(0)) + 1;
+
 			on_gid_change(d);
-		else
+			/* the port's Data Direct entry: the same GID */
+			while ((o = port_dev_next(hca, d->port, &i)))
+				o->gid = d->gid;
+		} else
 			RAIL_INFO(RAIL_LOG_NET, "%s:%d: GID table changed (a port this process does "
 				  "not use)", hca->name, ev->element.port_num);
 		break;

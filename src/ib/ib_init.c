@@ -1,7 +1,7 @@
 /*
  * nccl-net-rail: the verbs transport's devices: discovery (every active
- * IB/Ethernet port of every device, filtered by NCCL_IB_HCA), speed,
- * properties, NIC fusion, and the transport ops table.
+ * IB/Ethernet port of every device, filtered by NCCL_IB_HCA; mlx5 Data
+ * Direct), speed, properties, NIC fusion, and the transport ops table.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -219,28 +219,43 @@ fail:
 }
 
 /* NCCL's pciPath: "...:1b:00.1" -> "...:1b:00.0"; merging VFs, "...:1b:05.2" -> "...:1b:00.0". */
-static void nccl_pci_path(struct rail_ib_dev *dev)
+static void pci_path_merged(const char *path, char *out, size_t len)
 {
-	size_t n = strlen(dev->pci_path);
+	size_t n = strlen(path);
 
-	rail_strlcpy(dev->nccl_pci_path, dev->pci_path, sizeof(dev->nccl_pci_path));
-	if (n < 4)
+	rail_strlcpy(out, path, len);
+	if (n < 4 || n >= len)
 		return;
-	dev->nccl_pci_path[n - 1] = '0';
+	out[n - 1] = '0';
 	if (rail_param_int(RAIL_P_IB_MERGE_VFS))
-		dev->nccl_pci_path[n - 3] = dev->nccl_pci_path[n - 4] = '0';
+		out[n - 3] = out[n - 4] = '0';
 }
 
-/* NCCL's port: ibv port + earlier devices on the same (merged) PCI path. */
+static void nccl_pci_path(struct rail_ib_dev *dev)
+{
+	pci_path_merged(dev->pci_path, dev->nccl_pci_path, sizeof(dev->nccl_pci_path));
+}
+
+/*
+ * NCCL's port: ibv port + earlier devices on the same (merged) PCI path.
+ * NCCL compares paths ignoring those digits (init.cc ncclIbMatchVfPath),
+ * which also applies to a Data Direct path, reported unshortened.
+ */
 static void nccl_ports(void)
 {
+	char a[PATH_MAX], b[PATH_MAX];
+
 	for (int i = 0; i < ib.ndev; i++) {
 		struct rail_ib_dev *d = &ib.devs[i];
 
 		d->nccl_port = d->port;
-		for (int j = 0; j < i && d->nccl_pci_path[0]; j++)
-			if (!strcmp(ib.devs[j].nccl_pci_path, d->nccl_pci_path))
-				d->nccl_port++;
+		if (!d->pci_path[0])
+			continue;
+		pci_path_merged(d->pci_path, a, sizeof(a));
+		for (int j = 0; j < i; j++) {
+			pci_path_merged(ib.devs[j].pci_path, b, sizeof(b));
+			d->nccl_port += !strcmp(a, b);
+		}
 	}
 }
 
@@ -342,6 +357,95 @@ static int dev_gid(struct rail_ib_dev *dev, char *why, size_t why_len)
 	return 0;
 }
 
+/*
+ * mlx5 Data Direct, NCCL's rule (init.cc): with NCCL_IB_DATA_DIRECT > 0, an
+ * mlx5 device (mlx5dv_is_supported) whose mlx5dv_reg_dmabuf_mr(fd -1) does
+ * not answer "not supported" and for which mlx5dv_get_data_direct_sysfs_path
+ * names a function is exposed on that function ("/sys" + the path); 2 keeps
+ * the PCIe entry too. Decided once per HCA, at its first selected port, and
+ * logged in one line. NCCL asks for the path after the DMA-BUF probe and
+ * fails its init on an error other than ENODEV; we ask first (no probe for
+ * the usual device without one) and use such a device on its PCIe path.
+ */
+static int dd_dmabuf_capable(struct rail_ib_hca *hca, char *why, size_t why_len)
+{
+	struct ibv_mr *mr;
+	int err;
+
+	errno = 0;
+	mr = rail_mlx5dv.reg_dmabuf_mr(hca->pd, 0, 0, 0, -1, 0, 0);
+	err = errno;
+	if (mr)
+		rail_ibv.dereg_mr(mr);
+	if (!mr && (err == EOPNOTSUPP || err == EPROTONOSUPPORT)) {
+		snprintf(why, why_len, "mlx5dv_reg_dmabuf_mr(fd -1) returned %s: the driver "
+			 "cannot import DMA-BUF", RAIL_ERRSTR(-err));
+		return 0;
+	}
+	return 1;
+}
+
+static void dd_decide(struct rail_ib_hca *hca, struct ibv_device *d)
+{
+	int mode = (int)rail_param_int(RAIL_P_IB_DATA_DIRECT);
+	char path[PATH_MAX - 8], why[160];
+	int err;
+
+	hca->data_direct = 0;
+	if (!mode || !rail_mlx5dv_loaded())
+		return;		/* the load said why, once */
+	if (!rail_mlx5dv.is_supported(d)) {
+		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s: PCIe path (mlx5 Data Direct: not an "
+			  "mlx5 device)", hca->name);
+		return;
+	}
+	err = rail_mlx5dv.get_data_direct_sysfs_path(hca->ctx, path, sizeof(path));
+	if (err == ENODEV) {
+		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s: PCIe path (mlx5 Data Direct: no Data "
+			  "Direct DMA function, mlx5dv_get_data_direct_sysfs_path: ENODEV)",
+			  hca->name);
+		return;
+	}
+	if (err) {
+		RAIL_WARN("mlx5dv_get_data_direct_sysfs_path on %s failed: %s; using the device on "
+			  "its PCIe path, without Data Direct (NCCL_IB_DATA_DIRECT=0 skips the "
+			  "query)", hca->name, RAIL_ERRSTR(err > 0 ? -err : -EIO));
+		return;
+	}
+	if (!dd_dmabuf_capable(hca, why, sizeof(why))) {
+		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s: PCIe path (mlx5 Data Direct function "
+			  "/sys%s not used: %s)", hca->name, path, why);
+		return;
+	}
+	snprintf(hca->dd_path, sizeof(hca->dd_path), "/sys%s", path);
+	hca->data_direct = 1;
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s: mlx5 Data Direct DMA function %s: %s; "
+		  "DMA-BUF registered through it, forceFlush=1 (NCCL_IB_DATA_DIRECT=%d)", hca->name,
+		  hca->dd_path, mode == 2 ? "exposed on it as a second device (_dma) beside the "
+		  "PCIe one" : "exposed on it instead of the PCIe path", mode);
+}
+
+/* The dev just filled on a Data Direct HCA: 1 or 2 entries (ib.ndev not yet counted). */
+static int dd_expose(struct rail_ib_dev *dev)
+{
+	struct rail_ib_dev *dd = dev;
+
+	if (rail_param_int(RAIL_P_IB_DATA_DIRECT) == 2) {
+		if (ib.ndev + 1 >= RAIL_IB_MAX_DEVS) {
+			RAIL_WARN("%s:%d: no room for the Data Direct device (%d devices at most); "
+				  "only the PCIe one is used", dev->hca->name, dev->port,
+				  RAIL_IB_MAX_DEVS);
+			return 1;
+		}
+		dd = dev + 1;
+		memcpy(dd, dev, sizeof(*dd));
+	}
+	rail_strlcpy(dd->pci_path, dev->hca->dd_path, sizeof(dd->pci_path));
+	rail_strlcpy(dd->nccl_pci_path, dev->hca->dd_path, sizeof(dd->nccl_pci_path));
+	dd->data_direct = 1;
+	return dd == dev ? 1 : 2;
+}
+
 static void append_why(char *why, size_t why_len, const char *what)
 {
 	size_t l = strlen(why);
@@ -351,9 +455,10 @@ static void append_why(char *why, size_t why_len, const char *what)
 }
 
 /* Keep the usable ports of one HCA. Returns the number kept. */
-static int hca_scan_ports(struct rail_ib_hca *hca, char *why, size_t why_len)
+static int hca_scan_ports(struct rail_ib_hca *hca, struct ibv_device *ibdev, char *why,
+			  size_t why_len)
 {
-	int first = ib.ndev, kept = 0;
+	int first = ib.ndev, kept = 0, dd_done = 0;
 
 	for (int p = 1; p <= hca->attr.phys_port_cnt && ib.ndev < RAIL_IB_MAX_DEVS; p++) {
 		const struct rail_match_entry *entry = NULL;
@@ -367,21 +472,26 @@ static int hca_scan_ports(struct rail_ib_hca *hca, char *why, size_t why_len)
 			append_why(why, why_len, msg);
 			continue;
 		}
+		if (!dd_done++)
+			dd_decide(hca, ibdev);
 		dev_fill(dev, hca, &pi, entry);
 		if (dev_gid(dev, msg, sizeof(msg))) {
 			RAIL_WARN("%s; the port is not used", msg);
 			append_why(why, why_len, msg);
 			continue;
 		}
-		ib.ndev++;
+		ib.ndev += hca->data_direct ? dd_expose(dev) : 1;
 		kept++;
 	}
+	/* NCCL names a Data Direct entry DEV_dma. */
 	for (int i = first; i < ib.ndev; i++) {
+		struct rail_ib_dev *d = &ib.devs[i];
+		const char *dma = d->data_direct ? "_dma" : "";
+
 		if (kept > 1)
-			snprintf(ib.devs[i].name, sizeof(ib.devs[i].name), "%.52s:%d", hca->name,
-				 ib.devs[i].port);
+			snprintf(d->name, sizeof(d->name), "%.48s%s:%d", hca->name, dma, d->port);
 		else
-			rail_strlcpy(ib.devs[i].name, hca->name, sizeof(ib.devs[i].name));
+			snprintf(d->name, sizeof(d->name), "%.52s%s", hca->name, dma);
 	}
 	return kept;
 }
@@ -399,7 +509,7 @@ static void hca_setup(struct ibv_device *d, char *why, size_t why_len)
 		append_why(why, why_len, msg);
 		return;
 	}
-	if (hca_scan_ports(hca, why, why_len) == 0) {
+	if (hca_scan_ports(hca, d, why, why_len) == 0) {
 		hca_close(hca);
 		return;
 	}
@@ -521,6 +631,8 @@ static void props_fill_member(struct rail_props *props, const struct rail_ib_dev
 		props->plane_id = -1;
 	}
 	props->speed += d->speed;
+	/* NCCL (init.cc): forceFlush for Data Direct; of a fused NIC, any member's. */
+	props->force_flush |= d->data_direct;
 }
 
 static int ib_get_props(int vdev, struct rail_props *props)
@@ -531,10 +643,10 @@ static int ib_get_props(int vdev, struct rail_props *props)
 		return -EINVAL;
 	props->name = v->name;
 	props->speed = 0;
+	props->force_flush = 0;
 	for (int i = 0; i < v->ndevs; i++)
 		props_fill_member(props, &ib.devs[v->devs[i]], i == 0);
 	props->reg_is_global = 1;
-	props->force_flush = 0;
 	props->latency = 0;
 	props->max_recvs = RAIL_MAX_RECVS;
 	props->vdev_ndevs = v->ndevs;
@@ -551,8 +663,9 @@ static void ib_describe(char *buf, size_t len)
 
 	for (int i = 0; i < ib.ndev && off < len; i++) {
 		const struct rail_ib_dev *d = &ib.devs[i];
-		int w = snprintf(buf + off, len - off, "%s[%d]%s:%d/%s/%dMbps/%s", i ? " " : "", i,
-				 d->hca->name, d->port, rail_link_layer_str(d->link_layer),
+		int w = snprintf(buf + off, len - off, "%s[%d]%s%s:%d/%s/%dMbps/%s", i ? " " : "",
+				 i, d->hca->name, d->data_direct ? "_dma" : "", d->port,
+				 rail_link_layer_str(d->link_layer),
 				 d->speed, d->hca->ladder.summary);
 
 		off += w > 0 ? (size_t)w : 0;

@@ -9,6 +9,9 @@
  * the HCA. Access rights: local write and remote write always (a buffer
  * may be a receive target), remote read only where a flush will read it;
  * PCIe relaxed ordering on every kind of registration, as NCCL (reg.cc).
+ * DMA-BUF on a Data Direct device goes through mlx5dv_reg_dmabuf_mr (its
+ * entries serve only such requests: with NCCL_IB_DATA_DIRECT=2 the PCIe
+ * and the Data Direct device of a port share the HCA's cache).
  * An entry records the range the NIC registered (its iova range), which for
  * DMA-BUF may start inside the first page (reg_range).
  *
@@ -38,6 +41,7 @@ struct rail_ib_mr_ent {
 	int access;
 	int refs;
 	int dmabuf;
+	int data_direct;	/* DMA-BUF through mlx5 Data Direct: serves only such requests */
 	struct ibv_mr *mr;
 };
 
@@ -55,14 +59,15 @@ static size_t page_size(void)
 
 /* An entry covering [s, e) with these rights (sorted by start). */
 static struct rail_ib_mr_ent *cache_find(struct rail_ib_hca *hca, uintptr_t s, uintptr_t e,
-					 int access)
+					 int access, int dd)
 {
 	for (int i = 0; i < hca->nmrs; i++) {
 		struct rail_ib_mr_ent *m = hca->mrs[i];
 
 		if (m->start > s)
 			break;
-		if (m->start + m->len >= e && (m->access & access) == access)
+		if (m->start + m->len >= e && (m->access & access) == access &&
+		    m->data_direct == dd)
 			return m;
 	}
 	return NULL;
@@ -121,14 +126,25 @@ static int relaxed_ordering(void)
 	return rail_ibv.reg_mr_iova2 && rail_param_int(RAIL_P_IB_PCI_RELAXED_ORDERING);
 }
 
+static struct ibv_mr *reg_dmabuf(struct rail_ib_hca *hca, uint64_t offset, size_t len,
+				 uint64_t iova, int fd, int access, int dd)
+{
+	if (dd)
+		return rail_mlx5dv.reg_dmabuf_mr(hca->pd, offset, len, iova, fd, access,
+						 RAIL_MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT);
+	return rail_ibv.reg_dmabuf_mr(hca->pd, offset, len, iova, fd, access);
+}
+
 /*
  * Register the page range [*s, *s + *len) with the HCA's PD; NULL with
  * errno on failure. A DMA-BUF whose offset is smaller than the buffer's
  * distance from its page start cannot be mapped from the page start: the
- * range then starts at the buffer, and *s, *len say so.
+ * range then starts at the buffer, and *s, *len say so. dd: a DMA-BUF for a
+ * Data Direct device (NCCL reg.cc: mlx5dv_reg_dmabuf_mr with
+ * MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT).
  */
 static struct ibv_mr *reg_range(struct rail_ib_hca *hca, uintptr_t *s, size_t *len, int access,
-				int fd, uint64_t offset, uintptr_t addr)
+				int fd, uint64_t offset, uintptr_t addr, int dd)
 {
 	if (relaxed_ordering())
 		access |= IBV_ACCESS_RELAXED_ORDERING;
@@ -136,10 +152,10 @@ static struct ibv_mr *reg_range(struct rail_ib_hca *hca, uintptr_t *s, size_t *l
 		uintptr_t delta = addr - *s;
 
 		if (offset >= delta)
-			return rail_ibv.reg_dmabuf_mr(hca->pd, offset - delta, *len, *s, fd, access);
+			return reg_dmabuf(hca, offset - delta, *len, *s, fd, access, dd);
 		*len -= delta;
 		*s = addr;
-		return rail_ibv.reg_dmabuf_mr(hca->pd, offset, *len, addr, fd, access);
+		return reg_dmabuf(hca, offset, *len, addr, fd, access, dd);
 	}
 	if (access & IBV_ACCESS_RELAXED_ORDERING)
 		return rail_ibv.reg_mr_iova2(hca->pd, (void *)*s, *len, *s, (unsigned)access);
@@ -155,11 +171,11 @@ static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int a
 	uintptr_t a = (uintptr_t)addr;
 	size_t len = e - s;
 	struct rail_ib_mr_ent *ent;
-	int err = 0;
+	int dd = fd >= 0 && d->data_direct, err = 0;
 
 	pthread_mutex_lock(&hca->mr_lock);
 	/* the bytes asked for: an entry may start inside the first page */
-	ent = cache_find(hca, a, a + RAIL_MAX(size, 1), access);
+	ent = cache_find(hca, a, a + RAIL_MAX(size, 1), access, dd);
 	if (ent) {
 		ent->refs++;
 		goto out;
@@ -169,12 +185,13 @@ static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int a
 		err = -ENOMEM;
 		goto out;
 	}
-	ent->mr = reg_range(hca, &s, &len, access, fd, offset, a);
+	ent->mr = reg_range(hca, &s, &len, access, fd, offset, a, dd);
 	if (!ent->mr) {
 		err = -(errno ? errno : EIO);
 		RAIL_WARN("%s(%p, %zu bytes%s) on %s:%d for a connection to peer %s failed: %s; %s",
-			  fd >= 0 ? "ibv_reg_dmabuf_mr" : "ibv_reg_mr", addr, size,
-			  fd >= 0 ? ", DMA-BUF" : "", hca->name, d->port, peer, RAIL_ERRSTR(err),
+			  dd ? "mlx5dv_reg_dmabuf_mr" : fd >= 0 ? "ibv_reg_dmabuf_mr" : "ibv_reg_mr",
+			  addr, size, dd ? ", DMA-BUF, Data Direct" : fd >= 0 ? ", DMA-BUF" : "",
+			  hca->name, d->port, peer, RAIL_ERRSTR(err),
 			  reg_hint(-err, fd >= 0 || (access & IBV_ACCESS_REMOTE_READ)));
 		free(ent);
 		goto out;
@@ -184,6 +201,7 @@ static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int a
 	ent->access = access;
 	ent->refs = 1;
 	ent->dmabuf = fd >= 0;
+	ent->data_direct = dd;
 	err = cache_insert(hca, ent);
 	if (err) {
 		rail_ibv.dereg_mr(ent->mr);

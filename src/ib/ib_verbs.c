@@ -10,6 +10,9 @@
  * layout; our shim does the same, with room for the fields newer
  * rdma-core appends (struct rail_port_attr). ibv_post_send, ibv_post_recv and
  * ibv_poll_cq are inlines calling the provider through ctx->ops.
+ *
+ * libmlx5's three Data Direct calls (struct rail_mlx5dv) are loaded after
+ * it, the same way, and are optional as a whole.
  */
 #include <dlfcn.h>
 #include <pthread.h>
@@ -32,6 +35,10 @@ static pthread_mutex_t lib_lock = PTHREAD_MUTEX_INITIALIZER;
 static int (*compat_query_port)(struct ibv_context *ctx, uint8_t port, void *attr);
 
 static atomic_int live_pd, live_mr, live_cq, live_qp, live_ctx;
+
+struct rail_mlx5dv rail_mlx5dv;
+static struct rail_mlx5dv mlx5_loaded;
+static void *mlx5_handle;
 
 struct verbs_sym {
 	const char *name;	/* exported name */
@@ -197,6 +204,17 @@ static struct ibv_mr *count_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, si
 	return mr;
 }
 
+static struct ibv_mr *count_mlx5dv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
+						 uint64_t iova, int fd, int access, int mlx5_access)
+{
+	struct ibv_mr *mr = mlx5_loaded.reg_dmabuf_mr(pd, offset, len, iova, fd, access,
+						       mlx5_access);
+
+	if (mr)
+		atomic_fetch_add(&live_mr, 1);
+	return mr;
+}
+
 void rail_verbs_counts(struct rail_verbs_counts *out)
 {
 	out->pd = atomic_load(&live_pd);
@@ -293,6 +311,82 @@ static void fork_init(void)
 			  RAIL_ERRSTR(-rail_verbs_err(ret)));
 }
 
+/* ---- libmlx5 (Data Direct) ---------------------------------------------- */
+
+static const struct verbs_sym mlx5_syms[] = {
+	{ "mlx5dv_is_supported", "MLX5_1.8", offsetof(struct rail_mlx5dv, is_supported), 0 },
+	{ "mlx5dv_get_data_direct_sysfs_path", "MLX5_1.25",
+	  offsetof(struct rail_mlx5dv, get_data_direct_sysfs_path), 0 },
+	{ "mlx5dv_reg_dmabuf_mr", "MLX5_1.25", offsetof(struct rail_mlx5dv, reg_dmabuf_mr), 0 },
+};
+
+/*
+ * After libibverbs (libmlx5 needs it). Everything missing is one INFO
+ * line: Data Direct is then not used and nothing else changes.
+ */
+/*
+ * Why Data Direct is off, at INFO, once per process for the same reason
+ * (rail-info and a re-initialised plugin load libibverbs again). Under lib_lock.
+ */
+static void mlx5_skip(const char *why)
+{
+	static char said[512];
+
+	if (!strcmp(said, why))
+		return;
+	rail_strlcpy(said, why, sizeof(said));
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s: mlx5 Data Direct is not used", why);
+}
+
+static void mlx5_load(void)
+{
+	const char *user = rail_param_str(RAIL_P_MLX5_LIB);
+	const char *name = user[0] ? user : "libmlx5.so.1";
+	char why[480];
+	void *h;
+
+	if (!rail_param_int(RAIL_P_IB_DATA_DIRECT))
+		return;
+	h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+	if (!h) {
+		snprintf(why, sizeof(why), "%s cannot be loaded (%s; rdma-core 54+'s libmlx5 has "
+			 "it)", name, dlerror());
+		mlx5_skip(why);
+		return;
+	}
+	memset(&mlx5_loaded, 0, sizeof(mlx5_loaded));
+	for (size_t i = 0; i < RAIL_ARRAY_SIZE(mlx5_syms); i++) {
+		void *fn = dlvsym(h, mlx5_syms[i].name, mlx5_syms[i].version);
+
+		if (!fn) {
+			snprintf(why, sizeof(why), "%s lacks %s@%s (rdma-core older than 54?)",
+				 name, mlx5_syms[i].name, mlx5_syms[i].version);
+			mlx5_skip(why);
+			memset(&mlx5_loaded, 0, sizeof(mlx5_loaded));
+			dlclose(h);
+			return;
+		}
+		memcpy((char *)&mlx5_loaded + mlx5_syms[i].offset, &fn, sizeof(fn));
+	}
+	mlx5_handle = h;
+	rail_mlx5dv = mlx5_loaded;
+	rail_mlx5dv.reg_dmabuf_mr = count_mlx5dv_reg_dmabuf_mr;
+}
+
+static void mlx5_unload(void)
+{
+	memset(&rail_mlx5dv, 0, sizeof(rail_mlx5dv));
+	memset(&mlx5_loaded, 0, sizeof(mlx5_loaded));
+	if (mlx5_handle)
+		dlclose(mlx5_handle);
+	mlx5_handle = NULL;
+}
+
+int rail_mlx5dv_loaded(void)
+{
+	return mlx5_handle != NULL;
+}
+
 int rail_verbs_load(char *why, size_t why_len)
 {
 	int err = 0;
@@ -317,6 +411,7 @@ int rail_verbs_load(char *why, size_t why_len)
 	lib_refs = 1;
 	fork_init();
 	fill_table();
+	mlx5_load();
 out:
 	pthread_mutex_unlock(&lib_lock);
 	return err;
@@ -327,6 +422,7 @@ void rail_verbs_unload(void)
 	pthread_mutex_lock(&lib_lock);
 	if (lib_refs > 0 && --lib_refs == 0) {
 		rail_verbs_fault_clear();
+		mlx5_unload();
 		memset(&rail_ibv, 0, sizeof(rail_ibv));
 		memset(&loaded, 0, sizeof(loaded));
 		dlclose(lib_handle);

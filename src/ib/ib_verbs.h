@@ -13,6 +13,7 @@
 #define RAIL_IB_VERBS_H
 
 #include <infiniband/verbs.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -95,8 +96,29 @@ extern struct rail_verbs rail_ibv;
 #define RAIL_IBV_DATA_IN_ORDER_ALIGNED_128 2u
 
 /*
+ * libmlx5's direct verbs for mlx5 Data Direct (NCCL: misc/mlx5dvsymbols.cc),
+ * loaded with libibverbs when NCCL_IB_DATA_DIRECT is not 0: the library
+ * NCCL_RAIL_MLX5_LIB names, else libmlx5.so.1; mlx5dv_is_supported at
+ * MLX5_1.8, the other two at MLX5_1.25 (rdma-core 54+). All three or none:
+ * a missing library or symbol is one INFO line and an empty table.
+ * rdma-core 44's mlx5dv.h has neither call, hence our prototypes.
+ */
+struct rail_mlx5dv {
+	bool (*is_supported)(struct ibv_device *dev);
+	/* 0, or an errno value (ENODEV: no Data Direct device); the path is under /sys. */
+	int (*get_data_direct_sysfs_path)(struct ibv_context *ctx, char *buf, size_t len);
+	struct ibv_mr *(*reg_dmabuf_mr)(struct ibv_pd *pd, uint64_t offset, size_t len,
+					uint64_t iova, int fd, int access, int mlx5_access);
+};
+extern struct rail_mlx5dv rail_mlx5dv;
+/* mlx5dv_reg_dmabuf_mr's mlx5_access bit (MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT). */
+#define RAIL_MLX5DV_REG_DMABUF_ACCESS_DATA_DIRECT 1
+/* 1 while rail_mlx5dv is filled. */
+int rail_mlx5dv_loaded(void);
+
+/*
  * Load libibverbs (NCCL_IBVERBS_LIB, then libibverbs.so.1) and fill the
- * table; reference-counted. A fresh load calls ibv_fork_init first, as
+ * table, then libmlx5 (rail_mlx5dv); reference-counted. A fresh load calls ibv_fork_init first, as
  * NCCL does, before any verbs object exists. 0, or -ENOENT/-ENOSYS with
  * why explaining.
  */

@@ -61,6 +61,8 @@ struct fv_dev {
 	int data_in_order;	/* ibv_query_qp_data_in_order's answer */
 	int reorder;		/* RDMA writes into this device's QPs land out of order */
 	int ece;		/* 0: EOPNOTSUPP, else the vendor_id/options answered */
+	/* mlx5 Data Direct function, relative to /sys, as libmlx5 names it; "": none */
+	char data_direct[128];
 	int nports;
 	struct fv_port ports[FV_MAX_PORTS];
 };
@@ -137,6 +139,13 @@ struct fv_qp {
 };
 
 struct fv_dev *fv_ctx_dev(struct ibv_context *ctx);
+/*
+ * A memory region (fd >= 0: DMA-BUF, refused with EOPNOTSUPP where the
+ * device has dmabuf=no), logged as call with extra appended; NULL with
+ * errno. Exported for the fake libmlx5 (FAKEVERBS_PRIVATE).
+ */
+struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t len,
+			 uint64_t iova, int access, int fd, uint64_t offset, const char *extra);
 struct fv_mr *fv_mr_by_key(uint32_t key, int remote);
 struct fv_qp *fv_qp_by_num(uint32_t qpn);
 void fv_cq_push(struct fv_cq *cq, const struct ibv_wc *wc);

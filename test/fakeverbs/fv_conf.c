@@ -100,6 +100,12 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 		snprintf(d->pci, sizeof(d->pci), "%s", v);
 		return 0;
 	}
+	if (!strcmp(k, "data_direct")) {
+		if (v[0] != '/' || strlen(v) >= sizeof(d->data_direct))
+			return EINVAL;
+		snprintf(d->data_direct, sizeof(d->data_direct), "%s", v);
+		return 0;
+	}
 	if (!strcmp(k, "sys_image_guid"))
 		return u64(v, &d->sys_image_guid);
 	if (!strcmp(k, "node_guid"))

@@ -329,8 +329,8 @@ int ibv_dealloc_pd(struct ibv_pd *pd)
 	return 0;
 }
 
-static struct ibv_mr *mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t len,
-			     uint64_t iova, int access, int fd, uint64_t offset)
+struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t len,
+			 uint64_t iova, int access, int fd, uint64_t offset, const char *extra)
 {
 	struct fv_mr *m;
 
@@ -360,26 +360,26 @@ static struct ibv_mr *mr_new(const char *call, struct ibv_pd *pd, void *addr, si
 	m->next = mrs;
 	mrs = m;
 	if (fd >= 0)
-		fv_log("%s dev=%s offset=0x%llx len=%zu iova=0x%llx fd=%d access=0x%x lkey=0x%x "
+		fv_log("%s dev=%s offset=0x%llx len=%zu iova=0x%llx fd=%d access=0x%x%s lkey=0x%x "
 		       "rkey=0x%x", call, ctx_name(pd->context), (unsigned long long)offset, len,
-		       (unsigned long long)iova, fd, access, m->mr.lkey, m->mr.rkey);
+		       (unsigned long long)iova, fd, access, extra, m->mr.lkey, m->mr.rkey);
 	else
-		fv_log("%s dev=%s addr=%p len=%zu iova=0x%llx access=0x%x lkey=0x%x rkey=0x%x",
+		fv_log("%s dev=%s addr=%p len=%zu iova=0x%llx access=0x%x%s lkey=0x%x rkey=0x%x",
 		       call, ctx_name(pd->context), addr, len, (unsigned long long)iova, access,
-		       m->mr.lkey, m->mr.rkey);
+		       extra, m->mr.lkey, m->mr.rkey);
 	pthread_mutex_unlock(&fv_lock);
 	return &m->mr;
 }
 
 struct ibv_mr *ibv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access)
 {
-	return mr_new("ibv_reg_mr", pd, addr, len, (uintptr_t)addr, access, -1, 0);
+	return fv_mr_new("ibv_reg_mr", pd, addr, len, (uintptr_t)addr, access, -1, 0, "");
 }
 
 struct ibv_mr *ibv_reg_mr_iova2(struct ibv_pd *pd, void *addr, size_t len, uint64_t iova,
 				unsigned int access)
 {
-	return mr_new("ibv_reg_mr_iova2", pd, addr, len, iova, (int)access, -1, 0);
+	return fv_mr_new("ibv_reg_mr_iova2", pd, addr, len, iova, (int)access, -1, 0, "");
 }
 
 struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len, uint64_t iova,
@@ -393,7 +393,7 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
 		errno = dmabuf ? EBADF : EOPNOTSUPP;
 		return NULL;
 	}
-	return mr_new("ibv_reg_dmabuf_mr", pd, NULL, len, iova, access, fd, offset);
+	return fv_mr_new("ibv_reg_dmabuf_mr", pd, NULL, len, iova, access, fd, offset, "");
 }
 
 int ibv_dereg_mr(struct ibv_mr *mr)

@@ -9,7 +9,8 @@
  *   fake_stop(F);                          also unsets the variables in fake_vars
  *
  * The library comes from RAIL_FAKEVERBS_LIB (make test-unit sets it), else
- * from next to the test binary (build/test/unit/../fakeverbs/).
+ * from next to the test binary (build/test/unit/../fakeverbs/); the fake
+ * libmlx5 (NCCL_RAIL_MLX5_LIB, unless the test set it) from beside it.
  */
 #ifndef RAIL_TEST_FAKE_H
 #define RAIL_TEST_FAKE_H
@@ -44,7 +45,7 @@ static const char *const fake_vars[] = {
 	"NCCL_IB_ADAPTIVE_ROUTING", "NCCL_IB_AR_THRESHOLD", "NCCL_IB_ECE_ENABLE",
 	"NCCL_IB_QPS_PER_CONNECTION", "NCCL_IB_SPLIT_DATA_ON_QPS", "NCCL_RAIL_IB_FLUSH_HOST",
 	"NCCL_RAIL_IB_EAGER", "NCCL_IB_SL", "NCCL_IB_PCI_RELAXED_ORDERING",
-	"NCCL_RAIL_IB_EAGER_ORDER",
+	"NCCL_RAIL_IB_EAGER_ORDER", "NCCL_RAIL_MLX5_LIB", "NCCL_IB_DATA_DIRECT",
 };
 
 static inline int fake_find_lib(void)
@@ -64,6 +65,15 @@ static inline int fake_find_lib(void)
 	*strrchr(exe, '/') = '\0';
 	snprintf(fake_lib, sizeof(fake_lib), "%.4000s/../fakeverbs/libfakeverbs.so", exe);
 	return access(fake_lib, R_OK) == 0;
+}
+
+/* The fake libmlx5 beside the fake libibverbs (test/fakeverbs/mlx5/). */
+static inline void fake_mlx5_lib(char *out, size_t len)
+{
+	const char *slash = strrchr(fake_lib, '/');
+	int dir = slash ? (int)(slash - fake_lib) : 1;
+
+	snprintf(out, len, "%.*s/libfakemlx5.so", dir, slash ? fake_lib : ".");
 }
 
 static inline void fake_write_file(const char *path, const char *text)
@@ -87,6 +97,12 @@ static inline struct fake *fake_start(const char *conf)
 	snprintf(F->log, sizeof(F->log), "%.60s/verbs.log", F->dir);
 	fake_write_file(F->conf, conf);
 	setenv("NCCL_IBVERBS_LIB", fake_lib, 1);
+	if (!getenv("NCCL_RAIL_MLX5_LIB")) {	/* a test may point it elsewhere */
+		char mlx5[PATH_MAX];
+
+		fake_mlx5_lib(mlx5, sizeof(mlx5));
+		setenv("NCCL_RAIL_MLX5_LIB", mlx5, 1);
+	}
 	setenv("RAIL_FAKEVERBS_CONF", F->conf, 1);
 	setenv("RAIL_FAKEVERBS_LOG", F->log, 1);
 	setenv("RAIL_FAKEVERBS_SYSFS", F->dir, 1);

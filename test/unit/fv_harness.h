@@ -170,6 +170,14 @@ static inline struct fvh *fvh_start(const char *conf)
 	snprintf(F->log, sizeof(F->log), "%.60s/verbs.log", F->dir);
 	fvh_write_file(F->conf, conf);
 	setenv("NCCL_IBVERBS_LIB", fvh_lib, 1);
+	{	/* the fake libmlx5 beside it, never the host's */
+		char mlx5[PATH_MAX];
+		const char *slash = strrchr(fvh_lib, '/');
+
+		snprintf(mlx5, sizeof(mlx5), "%.*s/libfakemlx5.so",
+			 slash ? (int)(slash - fvh_lib) : 1, slash ? fvh_lib : ".");
+		setenv("NCCL_RAIL_MLX5_LIB", mlx5, 1);
+	}
 	setenv("RAIL_FAKEVERBS_CONF", F->conf, 1);
 	setenv("RAIL_FAKEVERBS_LOG", F->log, 1);
 	setenv("RAIL_FAKEVERBS_SYSFS", F->dir, 1);

@@ -191,6 +191,41 @@ static void test_port_err_refuses_new_connections(void **state)
 	fvh_stop(F);
 }
 
+/*
+ * NCCL_IB_DATA_DIRECT=2: one port is two devices (its PCIe and its Data
+ * Direct entry); PORT_ERR and PORT_ACTIVE reach both (before: the first only).
+ */
+static void test_port_err_data_direct_both(void **state)
+{
+	struct fvh *F;
+	uint8_t handle[RAIL_HANDLE_SIZE];
+
+	(void)state;
+	setenv("NCCL_IB_DATA_DIRECT", "2", 1);
+	F = fvh_start("device mlx5_0 data_direct=/devices/pci0000:00/0000:00:02.0/0000:02:00.0\n"
+		      "port 1 link=eth speed=ndr width=4x\n"
+		      "gid 0 fe80::1 type=v1\n"
+		      "gid 1 ::ffff:10.1.0.1 type=v2\n");
+	assert_int_equal(F->ndev, 2);
+	port_down(F, "mlx5_0");
+	for (int dev = 0; dev < 2; dev++) {
+		assert_int_not_equal(rail_net_listen(F->ctx, dev, handle, &F->lc), ncclSuccess);
+		assert_null(F->lc);
+	}
+	port_up(F, "mlx5_0");
+	for (int dev = 0; dev < 2; dev++) {
+		fvh_connect(F, dev, dev, -1);
+		fvh_close_comms(F);
+	}
+	fvh_stop(F);
+}
+
+static int dd_teardown(void **state)
+{
+	unsetenv("NCCL_IB_DATA_DIRECT");
+	return fvh_teardown(state);
+}
+
 static void test_port_err_fails_running_comm(void **state)
 {
 	static char sbuf[8192], rbuf[8192];
@@ -373,6 +408,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_gid_change_new_connection, fvh_teardown),
 		cmocka_unit_test_teardown(test_port_err_refuses_new_connections, fvh_teardown),
 		cmocka_unit_test_teardown(test_port_err_fails_running_comm, fvh_teardown),
+		cmocka_unit_test_teardown(test_port_err_data_direct_both, dd_teardown),
 		cmocka_unit_test_teardown(test_dereg_inflight_fails_next_call, fvh_teardown),
 		cmocka_unit_test_teardown(test_dereg_concurrent_with_test, fvh_teardown),
 	};
