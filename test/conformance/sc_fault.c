@@ -396,6 +396,12 @@ int rail_conf_peer_stops(struct rail_conf *cx)
 	double dt;
 	ncclResult_t res = ncclSuccess;
 
+	if (cx->ctl_stream) {
+		/* Role A watches (/proc) and finally kills role B's process: one host only. */
+		rail_conf_skip_reason(cx, "two hosts: the receiver must see and kill the stopped "
+				      "sender's process (one host only; the single-host run covers it)");
+		return 1;
+	}
 	rail_conf_pair_open(cx, &p);
 	if (cx->role == RAIL_CONF_ROLE_B)
 		peer_stops_sender(cx, p.comm, sz);
