@@ -347,7 +347,14 @@ static void mlx5_load(void)
 
 	if (!rail_param_int(RAIL_P_IB_DATA_DIRECT))
 		return;
-	h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+	/*
+	 * RTLD_NODELETE as for libibverbs: libmlx5.so.1 is also the mlx5
+	 * provider, whose constructor registers it with libibverbs; unmapped
+	 * (dlclose when a symbol is missing), it left a dangling driver entry
+	 * and the next ibv_get_device_list crashed (seen in the rxe guest with
+	 * rdma-core 44).
+	 */
+	h = dlopen(name, LIB_FLAGS);
 	if (!h) {
 		snprintf(why, sizeof(why), "%s cannot be loaded (%s; rdma-core 54+'s libmlx5 has "
 			 "it)", name, dlerror());
