@@ -79,7 +79,7 @@ FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
-	test-clang test-rxe test-rxe-smoke test-rxe2 test-tsan test-readme test-netns test-fresh \
+	test-clang test-rxe test-rxe-smoke test-rxe2 test-rxe2-watchdog test-tsan test-readme test-netns test-fresh \
 	test-packages install uninstall clean readme deb rpm version test-fakeverbs fuzz \
 	fuzz-targets fuzz-seeds
 all: plugin tools
@@ -244,6 +244,12 @@ test-rxe: all tests
 test-rxe2: all tests
 	test/rxe2/tests.sh
 
+# The verbs watchdog between two guests, in make test (about 30 s): the
+# sender's guest is killed mid-transfer and the receiver must fail within
+# NCCL_RAIL_PEER_TIMEOUT=10 s (test/rxe2/tests.sh kill-b).
+test-rxe2-watchdog: all tests
+	test/rxe2/tests.sh kill-b
+
 # One boot of the guest with its smoke test (the fresh-machine test uses it).
 test-rxe-smoke: all tests
 	test/rxe/run.sh --tests 00-smoke
@@ -259,7 +265,8 @@ test-packages: deb
 
 check: all tests test-unit test-fakeverbs test-abi test-readme test-conformance test-netns
 
-test: check test-sanitizers test-tsan test-clang fuzz test-packages test-fresh test-rxe
+test: check test-sanitizers test-tsan test-clang fuzz test-packages test-fresh test-rxe \
+	test-rxe2-watchdog
 
 readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info --update
