@@ -134,8 +134,27 @@ static void destroy_qp(struct ibv_qp *qp)
 			  RAIL_ERRSTR(-rail_verbs_err(ret)));
 }
 
+/*
+ * A failed comm's QPs go to the error state before they are destroyed: that
+ * flushes what is still queued at once. Otherwise a QP whose peer vanished
+ * keeps retrying (forever on rxe at NCCL_IB_RETRY_CNT=7) and its destroy
+ * waited about 50 s in the two-guest runs.
+ */
+static void qps_to_error(struct rail_ib_comm *c)
+{
+	struct ibv_qp_attr a;
+
+	memset(&a, 0, sizeof(a));
+	a.qp_state = IBV_QPS_ERR;
+	for (int i = 0; i < c->nqps; i++)
+		if (c->qps[i].qp)
+			(void)rail_ibv.modify_qp(c->qps[i].qp, &a, IBV_QP_STATE);
+}
+
 void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 {
+	if (c->error)
+		qps_to_error(c);
 	rail_ib_flush_fini(c);
 	rail_ib_mr_dead_free(c);
 	for (int i = 0; i < c->nqps; i++) {

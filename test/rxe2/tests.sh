@@ -95,6 +95,13 @@ case_fault() {
     fi
     grep -v "^$surv +[0-9.]* $surv " "$out/fault.txt" 2>/dev/null | grep -v '^fault ' |
         sed 's/^/  also: /' | tee -a "$SUMMARY"
+    # The survivor must also finish: its verdict PASS (closing its failed comm
+    # once waited ~50 s for a QP that still retried, and the role timed out).
+    if [[ $line == *" ERROR "* ]] && ! grep -q '^PASS peer-dies' "$out/$surv/out/cmd.log" 2>/dev/null; then
+        record "$name: FAIL: $surv reported the error but did not finish cleanly:" \
+            "$(grep -E '^(FAIL|SKIP) ' "$out/$surv/out/cmd.log" 2>/dev/null | head -n1)"
+        fails=$((fails + 1))
+    fi
 }
 
 T0=$SECONDS
