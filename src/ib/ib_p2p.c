@@ -686,18 +686,18 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 		return 0;
 	if (n < 0 && errno == ETIMEDOUT) {
 		/* keepalive with NCCL_RAIL_PEER_TIMEOUT (ib_conn.c): the host went silent */
-		RAIL_WARN("%s on %s qp 0x%x: peer %s stopped answering (its host sent nothing, not "
-			  "even a TCP keepalive reply, for NCCL_RAIL_PEER_TIMEOUT=%lld s): the peer "
-			  "host died or the network between is down (check the peer node and both "
-			  "links); the connection is failed", call, c->res[0].dev->name,
-			  c->qps[0].qp->qp_num, c->peer,
+		RAIL_WARN("%s on %s:%d qp 0x%x: peer %s stopped answering (its host sent nothing, "
+			  "not even a TCP keepalive reply, for NCCL_RAIL_PEER_TIMEOUT=%lld s): the "
+			  "peer host died or the network between is down (check the peer node and "
+			  "both links); the connection is failed", call, c->res[0].dev->hca->name,
+			  c->res[0].dev->port, c->qps[0].qp->qp_num, c->peer,
 			  (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
 		c->error = -ETIMEDOUT;
 		return c->error;
 	}
-	RAIL_WARN("%s on %s qp 0x%x: the connection to peer %s is gone (%s): the peer process "
-		  "exited or crashed while this side still waits", call, c->res[0].dev->name,
-		  c->qps[0].qp->qp_num, c->peer,
+	RAIL_WARN("%s on %s:%d qp 0x%x: the connection to peer %s is gone (%s): the peer process "
+		  "exited or crashed while this side still waits", call, c->res[0].dev->hca->name,
+		  c->res[0].dev->port, c->qps[0].qp->qp_num, c->peer,
 		  n == 0 ? "it closed its socket" : RAIL_ERRSTR(-errno));
 	c->error = -ECONNRESET;
 	return c->error;

@@ -797,6 +797,74 @@ static void test_eager_send_larger(void **state)
 	free(buf);
 }
 
+/*
+ * The peer of one connection goes away (its receive comm closed: its
+ * handshake socket closes, as when the process exits): that connection's
+ * sender, waiting for a clear-to-send, fails with a WARN naming the peer and
+ * the QP within a few seconds; a second connection of the same process
+ * keeps moving data. The watchdog of the two-guest runs (a silent host:
+ * ETIMEDOUT after NCCL_RAIL_PEER_TIMEOUT) reads the same socket.
+ */
+static void test_peer_gone_other_comm_works(void **state)
+{
+	size_t big = 1 << 20;
+	uint8_t *sbuf = malloc(big), *rbuf = malloc(big);
+	void *smh = NULL, *rmh = NULL, *smh1 = NULL, *req = NULL;
+	uint64_t deadline;
+	ncclResult_t r = ncclSuccess;
+	struct live L, L2;
+	int got = -1, sent = -1;
+
+	(void)state;
+	live_init(&L, NULL);
+	live_connect(&L);
+	L2 = L;
+	L2.sc = L2.rc = L2.lc = NULL;
+	live_connect(&L2);
+	assert_non_null(L.sc);
+	assert_non_null(L2.sc);
+	assert_non_null(L2.rc);
+	assert_int_equal(rail_net_reg_mr(L.sc, sbuf, big, RAIL_PTR_HOST, &smh1), ncclSuccess);
+	assert_int_equal(rail_net_close_recv(L.rc), ncclSuccess);
+	L.rc = NULL;
+	unit_log_reset();
+	/* 64 KiB: beyond the eager ring, so the send waits for a clear-to-send. */
+	deadline = rail_now_ns() + 10ull * 1000000000ull;
+	while (r == ncclSuccess && rail_now_ns() < deadline) {
+		int done = 0;
+
+		if (!req)
+			r = rail_net_isend(L.sc, sbuf, 65536, 3, smh1, &req);
+		else
+			r = rail_net_test(req, &done, &sent);
+	}
+	assert_int_equal(r, ncclRemoteError);
+	unit_assert_logged2(RAIL_LOG_WARN, "is gone", "qp 0x");
+	/* The other connection is unaffected. */
+	assert_int_equal(rail_net_reg_mr(L2.sc, sbuf, big, RAIL_PTR_HOST, &smh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(L2.rc, rbuf, big, RAIL_PTR_HOST, &rmh), ncclSuccess);
+	fill(sbuf, big, 5);
+	memset(rbuf, 0, big);
+	{
+		void *rr = post_until(0, &L2, rbuf, big, 9, rmh);
+		void *sr = post_until(1, &L2, sbuf, big, 9, smh);
+
+		assert_int_equal(wait_req(sr, &sent), ncclSuccess);
+		assert_int_equal(wait_req(rr, &got), ncclSuccess);
+	}
+	assert_int_equal(got, (int)big);
+	assert_memory_equal(rbuf, sbuf, big);
+	assert_int_equal(rail_net_dereg_mr(L2.sc, smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(L2.rc, rmh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(L.sc, smh1), ncclSuccess);
+	assert_int_equal(rail_net_close_send(L2.sc), ncclSuccess);
+	assert_int_equal(rail_net_close_recv(L2.rc), ncclSuccess);
+	assert_int_equal(rail_net_close_listen(L2.lc), ncclSuccess);
+	live_fini(&L);
+	free(sbuf);
+	free(rbuf);
+}
+
 static void test_wrong_nonce_refused(void **state)
 {
 	uint8_t handle[RAIL_HANDLE_SIZE], copy[RAIL_HANDLE_SIZE];
@@ -841,6 +909,7 @@ int main(void)
 		cmocka_unit_test(test_eager_gpu_loopback),
 		cmocka_unit_test(test_eager_send_larger),
 		cmocka_unit_test(test_wrong_nonce_refused),
+		cmocka_unit_test(test_peer_gone_other_comm_works),
 	};
 	/*
 	 * The eager tests again with each protocol of the ring forced
