@@ -233,6 +233,12 @@ test-clang:
 test-readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info
 
+# src/ib/ calls one way, down its layers: the table in src/ib/ib.h against
+# nm of the objects (test/check-layering.sh).
+.PHONY: test-layering
+test-layering: $(CORE_LIB)
+	test/check-layering.sh $(BUILD)/obj/src/ib
+
 # The verbs tests in a Soft-RoCE guest (test/rxe/), with the live verbs unit
 # test also built under the sanitizers.
 test-rxe: all tests

@@ -13,6 +13,33 @@
  *                 (sender) or the completion records, want word and eager
  *                 ring (receiver). Protocol: ib_p2p.c; the eager path and
  *                 its flow control: ib_eager.c; receives: ib_recv.c.
+ *
+ * Layers. The files of src/ib/ call each other one way only: a file uses
+ * the functions and data of files of a lower rank (LAYER.STEP), never of a
+ * higher one, and of its own rank only where an "allow" line below says
+ * why. test/check-layering.sh (make test-layering, part of make check)
+ * reads this table and nm of the objects and fails naming every use that
+ * breaks it. Where a lower layer must reach an upper one, the upper one
+ * drives: it passes what is needed down when it sets things up.
+ *
+ *   0.0  ib_verbs    layer 0, the library: libibverbs through dlopen (rail_ibv)
+ *   0.0  ib_fault    fault injection into that table (NCCL_RAIL_IB_FAULT)
+ *   0.0  ib_wire     every format exchanged with the peer: pure codecs
+ *   1.0  ib_gid      layer 1, devices: RoCE GID choice from the sysfs table
+ *   1.0  ib_ladder   the GPU-memory ladder of an HCA
+ *   1.1  ib_init     discovery, the device table, properties, NIC fusion
+ *   1.2  ib_async    the async-event thread of an HCA (finds its devices)
+ *   1.2  ib_report   what rail-info prints about the verbs side
+ *   2.0  ib_qp       layer 2, a comm's resources: CQs, control regions, QPs
+ *   2.0  ib_mr       the registration cache of an HCA, regMr and deregMr
+ *   2.1  ib_flush    the self-connected QP: flushes and loopback copies
+ *   3.0  ib_p2p      layer 3, the progress engine: posting, CQ poll, dispatch
+ *   4.0  ib_eager    layer 4, send/receive: the eager ring, flow control
+ *   4.1  ib_recv     the receive side: irecv, CTS writes, answers
+ *   5.0  ib_conn     layer 5, connection setup: handshake, comms, close
+ *
+ *   allow  ib_verbs -> ib_fault  one unit: unloading the table disarms its faults
+ *   allow  ib_fault -> ib_verbs  one unit: the fault wrappers replace table entries
  */
 #ifndef RAIL_IB_H
 #define RAIL_IB_H
