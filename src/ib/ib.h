@@ -37,6 +37,7 @@
  *   4.0  ib_eager    layer 4, send/receive: the eager ring, flow control
  *   4.1  ib_recv     the receive side: irecv, CTS writes, answers
  *   5.0  ib_conn     layer 5, connection setup: handshake, comms, close
+ *   6.0  ib_ops      layer 6, the ops table (src/transport.c); init and fini
  *
  *   allow  ib_verbs -> ib_fault  one unit: unloading the table disarms its faults
  *   allow  ib_fault -> ib_verbs  one unit: the fault wrappers replace table entries
@@ -147,6 +148,20 @@ struct rail_ib_vdev {
 };
 
 /* ---- device table (ib_init.c) ------------------------------------------ */
+/*
+ * Discovery (the ops' init, ib_ops.c): the number of devices, or 0 with
+ * why. The ops' fini stops what the upper layers keep per HCA, then
+ * rail_ib_devices_fini closes the HCAs and unloads libibverbs.
+ */
+int rail_ib_devices_init(char *why, size_t why_len);
+void rail_ib_devices_fini(void);
+int rail_ib_hca_count(void);
+struct rail_ib_hca *rail_ib_hca_get(int i);
+/* The ops of the same names (struct rail_transport_ops). */
+int rail_ib_ndevs(void);
+int rail_ib_get_props(int vdev, struct rail_props *props);
+void rail_ib_describe(char *buf, size_t len);
+int rail_ib_make_vdevice(int n, const int *devs, int *vdev);
 int rail_ib_ndevs_phys(void);
 struct rail_ib_dev *rail_ib_dev_get(int dev);
 /* NULL if vdev does not exist. */
@@ -568,6 +583,8 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 		   const int *sizes, void **mhandles);
 
 /* ib_conn.c */
+/* The ops table new comms carry (ib_ops.c, at init: the table is above this layer). */
+void rail_ib_conn_ops_set(const struct rail_transport_ops *ops);
 int rail_ib_listen(int dev, void *handle, struct rail_comm **listen_comm);
 int rail_ib_connect(int dev, const struct rail_conn_opts *opts, void *handle,
 		    struct rail_comm **send_comm);

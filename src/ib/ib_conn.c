@@ -135,6 +135,14 @@ void rail_ib_comm_free(struct rail_ib_comm *c)
 	free(c);
 }
 
+/* The ops table, set by the layer above at init (rail_ib_conn_ops_set). */
+static const struct rail_transport_ops *conn_ops;
+
+void rail_ib_conn_ops_set(const struct rail_transport_ops *ops)
+{
+	conn_ops = ops;
+}
+
 static struct rail_ib_comm *comm_new(int vdev, int is_send, const char *peer, int *err)
 {
 	struct rail_ib_comm *c = calloc(1, sizeof(*c));
@@ -146,7 +154,7 @@ static struct rail_ib_comm *comm_new(int vdev, int is_send, const char *peer, in
 	c->oob_fd = -1;
 	rail_strlcpy(c->peer, peer, sizeof(c->peer));
 	*err = rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, vdev,
-			      &rail_ib_ops);
+			      conn_ops);
 	if (*err) {
 		free(c);
 		return NULL;
@@ -882,7 +890,7 @@ int rail_ib_listen(int dev, void *handle, struct rail_comm **listen_comm)
 		free(l);
 		return err;
 	}
-	rail_comm_init(&l->base, RAIL_COMM_LISTEN, dev, &rail_ib_ops);
+	rail_comm_init(&l->base, RAIL_COMM_LISTEN, dev, conn_ops);
 	memset(&h, 0, sizeof(h));
 	err = rail_sock_listen(rail_ib_oob_addr(), 128, &l->fd, &h.addr);
 	if (err) {

@@ -1,7 +1,9 @@
 /*
  * nccl-net-rail: the verbs transport's devices: discovery (every active
  * IB/Ethernet port of every device, filtered by NCCL_IB_HCA; mlx5 Data
- * Direct), speed, properties, NIC fusion, and the transport ops table.
+ * Direct), speed, properties, NIC fusion. The ops table, which also starts
+ * and stops what the upper layers keep per HCA (async thread,
+ * registrations): ib_ops.c.
  */
 #include <fcntl.h>
 #include <stdio.h>
@@ -44,6 +46,16 @@ struct rail_ib_dev *rail_ib_dev_get(int dev)
 const struct rail_ib_vdev *rail_ib_vdev_get(int vdev)
 {
 	return vdev >= 0 && vdev < atomic_load(&ib.nvdev) ? &ib.vdevs[vdev] : NULL;
+}
+
+int rail_ib_hca_count(void)
+{
+	return ib.nhca;
+}
+
+struct rail_ib_hca *rail_ib_hca_get(int i)
+{
+	return i >= 0 && i < ib.nhca ? ib.hcas[i] : NULL;
 }
 
 const union rail_sockaddr *rail_ib_oob_addr(void)
@@ -171,10 +183,9 @@ static int probe_inline(struct rail_ib_hca *hca)
 	return got;
 }
 
+/* Its async thread and registration cache are gone (ib_ops.c ib_fini), or never were. */
 static void hca_close(struct rail_ib_hca *hca)
 {
-	rail_ib_async_stop(hca);
-	rail_ib_mr_cache_fini(hca);
 	if (hca->pd)
 		rail_ibv.dealloc_pd(hca->pd);
 	if (hca->ctx)
@@ -514,9 +525,6 @@ static void hca_setup(struct ibv_device *d, char *why, size_t why_len)
 		return;
 	}
 	rail_ib_ladder_decide(hca, &hca->ladder);
-	if (rail_ib_async_start(hca))
-		RAIL_WARN("%s: no async event thread; fatal device errors will only show as "
-			  "failed completions", hca->name);
 	ib.hcas[ib.nhca++] = hca;
 }
 
@@ -545,7 +553,7 @@ static int find_oob(char *why, size_t why_len)
 	return 0;
 }
 
-static int ib_init(char *why, size_t why_len)
+int rail_ib_devices_init(char *why, size_t why_len)
 {
 	struct ibv_device **list;
 	int n = 0;
@@ -592,7 +600,7 @@ static int ib_init(char *why, size_t why_len)
 	return ib.ndev;
 }
 
-static void ib_fini(void)
+void rail_ib_devices_fini(void)
 {
 	for (int i = 0; i < ib.nhca; i++)
 		hca_close(ib.hcas[i]);
@@ -606,7 +614,7 @@ static void ib_fini(void)
 	}
 }
 
-static int ib_ndevs(void)
+int rail_ib_ndevs(void)
 {
 	return atomic_load(&ib.nvdev);
 }
@@ -635,7 +643,7 @@ static void props_fill_member(struct rail_props *props, const struct rail_ib_dev
 	props->force_flush |= d->data_direct;
 }
 
-static int ib_get_props(int vdev, struct rail_props *props)
+int rail_ib_get_props(int vdev, struct rail_props *props)
 {
 	const struct rail_ib_vdev *v = rail_ib_vdev_get(vdev);
 
@@ -657,7 +665,7 @@ static int ib_get_props(int vdev, struct rail_props *props)
 	return 0;
 }
 
-static void ib_describe(char *buf, size_t len)
+void rail_ib_describe(char *buf, size_t len)
 {
 	size_t off = 0;
 
@@ -705,7 +713,7 @@ static int vdev_check(int n, const int *devs)
 	return 0;
 }
 
-static int ib_make_vdevice(int n, const int *devs, int *vdev)
+int rail_ib_make_vdevice(int n, const int *devs, int *vdev)
 {
 	struct rail_ib_vdev *v;
 	size_t off = 0;
@@ -741,27 +749,3 @@ out:
 	pthread_mutex_unlock(&ib.lock);
 	return err;
 }
-
-const struct rail_transport_ops rail_ib_ops = {
-	.name = "ib",
-	.req_size = sizeof(struct rail_ib_req),
-	.init = ib_init,
-	.fini = ib_fini,
-	.ndevs = ib_ndevs,
-	.get_props = ib_get_props,
-	.describe = ib_describe,
-	.listen = rail_ib_listen,
-	.connect = rail_ib_connect,
-	.accept = rail_ib_accept,
-	.reg_mr = rail_ib_reg_mr,
-	.reg_mr_dmabuf = rail_ib_reg_mr_dmabuf,
-	.dereg_mr = rail_ib_dereg_mr,
-	.isend = rail_ib_isend,
-	.irecv = rail_ib_irecv,
-	.iflush = rail_ib_iflush,
-	.test = rail_ib_test,
-	.close_send = rail_ib_close_send,
-	.close_recv = rail_ib_close_recv,
-	.close_listen = rail_ib_close_listen,
-	.make_vdevice = ib_make_vdevice,
-};
