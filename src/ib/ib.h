@@ -226,14 +226,6 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 			int type, int fd, uint64_t offset, const char *peer,
 			struct rail_ib_mh **out);
 void rail_ib_mr_deregister(struct rail_ib_mh *mh);
-/*
- * Progress thread (rail_ib_comm_check): the registrations deregMr gave back
- * since the last call; with a request of the comm still using one, the comm
- * is stopped (rail_ib_comm_quiesce) and -ECANCELED returned.
- */
-int rail_ib_mr_reap(struct rail_ib_comm *c, const char *call);
-/* Close: forget the deregistered handles still owed a look. */
-void rail_ib_mr_dead_free(struct rail_ib_comm *c);
 /* Drop every cached registration of an HCA (fini). */
 void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 
@@ -501,6 +493,14 @@ int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn,
 		       int flush);
 int rail_ib_comm_check(struct rail_ib_comm *c, const char *call);
+/*
+ * Progress thread (rail_ib_comm_check): the registrations deregMr gave back
+ * since the last call; with a request of the comm still using one, the comm
+ * is stopped (rail_ib_comm_quiesce) and -ECANCELED returned.
+ */
+int rail_ib_mr_reap(struct rail_ib_comm *c, const char *call);
+/* Close: forget the deregistered handles still owed a look. */
+void rail_ib_mr_dead_free(struct rail_ib_comm *c);
 /* Move every QP to the error state (the NIC stops using our memory); the comm fails. */
 void rail_ib_comm_quiesce(struct rail_ib_comm *c, const char *why);
 const char *rail_ib_qp_where(struct rail_ib_comm *c, int qpi, char *buf, size_t len);

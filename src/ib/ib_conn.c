@@ -128,7 +128,9 @@ void rail_ib_comm_free(struct rail_ib_comm *c)
 	if (!c)
 		return;
 	comm_stats(c);
+	rail_ib_flush_fini(c);
 	rail_ib_comm_res_fini(c);
+	rail_ib_tags_free(&c->tags);
 	if (c->oob_fd >= 0)
 		close(c->oob_fd);
 	rail_comm_fini(&c->base);

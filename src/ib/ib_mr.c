@@ -345,62 +345,6 @@ int rail_ib_reg_mr_dmabuf(struct rail_comm *comm, void *data, size_t size, int t
 	return reg_common(comm, data, size, type | RAIL_PTR_CUDA, fd, offset, mhandle);
 }
 
-/* Progress thread: a request of this comm whose memory in mh the NIC may still read or write. */
-static int mh_in_flight(struct rail_ib_comm *c, const struct rail_ib_mh *mh)
-{
-	for (uint32_t i = 0; i < c->base.reqs.capacity; i++) {
-		const struct rail_ib_req *r = rail_pool_at(&c->base.reqs, i);
-
-		if (r->base.magic != RAIL_REQ_MAGIC || r->done || r->error)
-			continue;
-		if (r->base.type == RAIL_REQ_SEND && r->mh == mh)
-			return 1;
-		for (int j = 0; r->base.type == RAIL_REQ_RECV && j < r->base.n; j++)
-			if (r->mhs[j] == mh)
-				return 1;
-	}
-	return 0;
-}
-
-int rail_ib_mr_reap(struct rail_ib_comm *c, const char *call)
-{
-	struct rail_ib_mh *mh = atomic_exchange_explicit(&c->dead_mhs, NULL, memory_order_acquire);
-	char why[160];
-	int busy = 0;
-
-	while (mh) {
-		struct rail_ib_mh *next = mh->dead_next;
-
-		busy |= !c->error && mh_in_flight(c, mh);
-		free(mh);
-		mh = next;
-	}
-	if (!busy)
-		return 0;
-	/*
-	 * Deregistering memory a request still uses (an abort): stop the
-	 * connection, so that no message completes with whatever the memory
-	 * holds next, and nothing lands in it through a registration shared
-	 * with another handle.
-	 */
-	snprintf(why, sizeof(why), "%s after deregMr of a buffer a request in flight still uses "
-		 "(deregister only buffers whose requests completed)", call);
-	rail_ib_comm_quiesce(c, why);
-	return c->error;
-}
-
-void rail_ib_mr_dead_free(struct rail_ib_comm *c)
-{
-	struct rail_ib_mh *mh = atomic_exchange(&c->dead_mhs, NULL);
-
-	while (mh) {
-		struct rail_ib_mh *next = mh->dead_next;
-
-		free(mh);
-		mh = next;
-	}
-}
-
 int rail_ib_dereg_mr(struct rail_comm *comm, void *mhandle)
 {
 	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;

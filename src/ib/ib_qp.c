@@ -2,7 +2,9 @@
  * nccl-net-rail: a comm's verbs resources: per member device a CQ and the
  * control regions (the sender's CTS FIFO and credit word, the receiver's
  * completion records, want word and eager ring; layouts in ib.h), and the
- * RC QPs through INIT, RTR and RTS.
+ * RC QPs through INIT, RTR and RTS; the checks at each data-path call
+ * (rail_ib_comm_check), including the handles deregMr (ib_mr.c) left on
+ * the comm's dead_mhs stack for the progress thread (rail_ib_mr_reap).
  *
  * QP i lives on local member i % ndevs and talks to remote member
  * i % remote_ndevs. Every WARN names the call, errno text, device:port, QP
@@ -155,7 +157,6 @@ void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 {
 	if (c->error)
 		qps_to_error(c);
-	rail_ib_flush_fini(c);
 	rail_ib_mr_dead_free(c);
 	for (int i = 0; i < c->nqps; i++) {
 		if (c->qps[i].qp)
@@ -179,7 +180,6 @@ void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 	free(c->cmpl);
 	free(c->cts_stage);
 	c->fifo = c->sizes = c->cmpl = c->cts_stage = NULL;
-	rail_ib_tags_free(&c->tags);
 }
 
 static int qp_init(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
@@ -499,6 +499,64 @@ void rail_ib_local_wire_dev(const struct rail_ib_devres *r, uint32_t rkey,
 	out->gid_index = (uint8_t)r->gid.index;
 	out->ctrl_rkey = rkey;
 	memcpy(out->gid, r->gid.raw, 16);
+}
+
+/* ---- deregistered handles (deregMr in ib_mr.c pushes them on dead_mhs) ---- */
+
+/* Progress thread: a request of this comm whose memory in mh the NIC may still read or write. */
+static int mh_in_flight(struct rail_ib_comm *c, const struct rail_ib_mh *mh)
+{
+	for (uint32_t i = 0; i < c->base.reqs.capacity; i++) {
+		const struct rail_ib_req *r = rail_pool_at(&c->base.reqs, i);
+
+		if (r->base.magic != RAIL_REQ_MAGIC || r->done || r->error)
+			continue;
+		if (r->base.type == RAIL_REQ_SEND && r->mh == mh)
+			return 1;
+		for (int j = 0; r->base.type == RAIL_REQ_RECV && j < r->base.n; j++)
+			if (r->mhs[j] == mh)
+				return 1;
+	}
+	return 0;
+}
+
+int rail_ib_mr_reap(struct rail_ib_comm *c, const char *call)
+{
+	struct rail_ib_mh *mh = atomic_exchange_explicit(&c->dead_mhs, NULL, memory_order_acquire);
+	char why[160];
+	int busy = 0;
+
+	while (mh) {
+		struct rail_ib_mh *next = mh->dead_next;
+
+		busy |= !c->error && mh_in_flight(c, mh);
+		free(mh);
+		mh = next;
+	}
+	if (!busy)
+		return 0;
+	/*
+	 * Deregistering memory a request still uses (an abort): stop the
+	 * connection, so that no message completes with whatever the memory
+	 * holds next, and nothing lands in it through a registration shared
+	 * with another handle.
+	 */
+	snprintf(why, sizeof(why), "%s after deregMr of a buffer a request in flight still uses "
+		 "(deregister only buffers whose requests completed)", call);
+	rail_ib_comm_quiesce(c, why);
+	return c->error;
+}
+
+void rail_ib_mr_dead_free(struct rail_ib_comm *c)
+{
+	struct rail_ib_mh *mh = atomic_exchange(&c->dead_mhs, NULL);
+
+	while (mh) {
+		struct rail_ib_mh *next = mh->dead_next;
+
+		free(mh);
+		mh = next;
+	}
 }
 
 /* 0, or the comm's error (logged once when it was first seen). */
