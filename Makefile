@@ -237,7 +237,7 @@ test-readme: $(BUILD)/rail-info
 # nm of the objects (test/check-layering.sh).
 .PHONY: test-layering
 test-layering: $(CORE_LIB)
-	test/check-layering.sh $(BUILD)/obj/src/ib
+	$(Q)test/check-layering.sh $(filter $(BUILD)/obj/src/ib/%,$(CORE_OBJS))
 
 # The verbs tests in a Soft-RoCE guest (test/rxe/), with the live verbs unit
 # test also built under the sanitizers.

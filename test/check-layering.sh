@@ -1,18 +1,19 @@
 #!/bin/sh
 # nccl-net-rail: keep src/ib/ layered one way (make test-layering).
 #
-#   test/check-layering.sh OBJDIR [TABLE]
+#   test/check-layering.sh [-t TABLE] OBJECT...
 #
-# OBJDIR holds the objects of src/ib/ (build/obj/src/ib). TABLE (default
-# src/ib/ib.h) holds the layer table, in its header comment, one line per
-# file:
+# OBJECTs are those of src/ib/ (make passes build/obj/src/ib/*.o of the
+# sources there now, so a stale object of a removed file does not count).
+# TABLE (default src/ib/ib.h) holds the layer table, in its header comment,
+# one line per file:
 #    *  RANK  FILE  what it is
 # RANK is LAYER.STEP (1.0, 1.1, ...), FILE a source name without ".c". A
 # file may use a symbol (function or data) defined by another file of
 # src/ib/ only if the other file's rank is lower; calls between files of
 # equal rank, or upward, are allowed only where the table says so:
 #    *  allow  CALLER -> CALLEE  why
-# The check reads `nm` of every OBJDIR/*.o: each undefined symbol of a file
+# The check reads `nm` of every OBJECT: each undefined symbol of a file
 # that another file there defines is one use. It fails naming every
 # violation (caller, callee, ranks, symbol), a file with no rank, and a
 # ranked file with no object (a stale table).
@@ -20,15 +21,20 @@
 set -eu
 
 prog=check-layering
-[ $# -ge 1 ] && [ $# -le 2 ] || { echo "usage: $0 OBJDIR [TABLE]" >&2; exit 2; }
-objdir=$1
-table=${2:-$(dirname "$0")/../src/ib/ib.h}
+usage() { echo "usage: $0 [-t TABLE] OBJECT..." >&2; exit 2; }
+table=$(dirname "$0")/../src/ib/ib.h
+if [ "${1:-}" = -t ]; then
+	[ $# -ge 2 ] || usage
+	table=$2
+	shift 2
+fi
+[ $# -ge 1 ] || usage
 NM=${NM:-nm}
 
-[ -d "$objdir" ] || { echo "$prog: $objdir: no such directory (build first)" >&2; exit 2; }
 [ -r "$table" ] || { echo "$prog: $table: cannot read the layer table" >&2; exit 2; }
-set -- "$objdir"/*.o
-[ -e "$1" ] || { echo "$prog: no objects in $objdir (build first)" >&2; exit 2; }
+for o in "$@"; do
+	[ -r "$o" ] || { echo "$prog: $o: no such object (build first)" >&2; exit 2; }
+done
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT INT TERM
@@ -60,7 +66,7 @@ for f in $(sort "$tmp/files"); do
 done
 while read -r f r; do
 	grep -qx "$f" "$tmp/files" || {
-		echo "$prog: $table ranks $f ($r) but $objdir has no $f.o (stale table?)"
+		echo "$prog: $table ranks $f ($r) but no $f.o was given (stale table?)"
 		status=1
 	}
 done <"$tmp/ranks"

@@ -11,7 +11,7 @@
  *   rail_ib_comm  a send or receive comm: per member device a CQ, QPs
  *                 spread over the members, the CTS FIFO and credit word
  *                 (sender) or the completion records, want word and eager
- *                 ring (receiver). Protocol: ib_p2p.c; the eager path and
+ *                 ring (receiver). Protocol: ib_send.c; the eager path and
  *                 its flow control: ib_eager.c; receives: ib_recv.c.
  *
  * Layers. The files of src/ib/ call each other one way only: a file uses
@@ -33,8 +33,9 @@
  *   2.0  ib_qp       layer 2, a comm's resources: CQs, control regions, QPs
  *   2.0  ib_mr       the registration cache of an HCA, regMr and deregMr
  *   2.1  ib_flush    the self-connected QP: flushes and loopback copies
- *   3.0  ib_p2p      layer 3, the progress engine: posting, CQ poll, dispatch
+ *   3.0  ib_engine   layer 3, the progress engine: posting, CQ poll, dispatch
  *   4.0  ib_eager    layer 4, send/receive: the eager ring, flow control
+ *   4.1  ib_send     the send side: isend, CTS batches (the protocol: its top)
  *   4.1  ib_recv     the receive side: irecv, CTS writes, answers
  *   5.0  ib_conn     layer 5, connection setup: handshake, comms, close
  *   6.0  ib_ops      layer 6, the ops table (src/transport.c); init and fini
@@ -379,6 +380,13 @@ struct rail_ib_comm {
 	 */
 	struct rail_ib_mh *_Atomic dead_mhs;
 	int error;			/* a failed completion: -errno */
+	/*
+	 * Completions the engine (ib_engine.c) hands up, put here by the layer
+	 * above when it makes the comm: an answer to a CTS (rail_ib_on_answer)
+	 * and a loopback copy of an eager message (rail_ib_on_loop).
+	 */
+	int (*on_answer)(struct rail_ib_comm *c, int qpi, int m, const struct ibv_wc *wc);
+	int (*on_loop)(struct rail_ib_comm *c, uint32_t slot);
 	int oob_fd;			/* the handshake socket, kept to notice a dead peer */
 	uint32_t idle;			/* calls that found nothing to do */
 	uint64_t oob_checked_ns;
@@ -461,6 +469,14 @@ struct rail_ib_req {
 	int had_cts;
 };
 
+/* Receiver: receive k if it is in flight, else NULL. */
+static inline struct rail_ib_req *rail_ib_recv_at(struct rail_ib_comm *c, uint64_t k)
+{
+	struct rail_ib_req *r = c->recvs[k & (RAIL_IB_SLOTS - 1)];
+
+	return r && r->seq == k ? r : NULL;
+}
+
 /*
  * QPs that carry one message, as NCCL (common.h): every QP with
  * NCCL_IB_SPLIT_DATA_ON_QPS=1, else one per device of the larger side, so
@@ -505,7 +521,7 @@ void rail_ib_mr_dead_free(struct rail_ib_comm *c);
 void rail_ib_comm_quiesce(struct rail_ib_comm *c, const char *why);
 const char *rail_ib_qp_where(struct rail_ib_comm *c, int qpi, char *buf, size_t len);
 
-/* ib_p2p.c: shared by the send and receive sides */
+/* ib_engine.c: the progress engine, shared by the send and receive sides */
 void rail_ib_qp_set(const struct rail_ib_comm *c, uint64_t num, int *first, int *count);
 int rail_ib_post_send(struct rail_ib_comm *c, int qpi, struct ibv_send_wr *wr, const char *what);
 /* Room for nwr more retire-tracked WRs on QP qpi (below limit); polls once if short. */
@@ -517,12 +533,21 @@ int rail_ib_protocol_error(struct rail_ib_comm *c, int m, const char *what);
  */
 int rail_ib_ctl_write(struct rail_ib_comm *c, int qpi, const void *src, uint32_t len,
 		      uint64_t raddr, uint32_t rkey, const char *what);
-int rail_ib_isend(struct rail_comm *comm, struct rail_req *req, void *data, size_t size, int tag,
-		  void *mhandle);
-int rail_ib_test(struct rail_req *req, int *done, size_t *sizes);
+/*
+ * Poll every member's CQ; completions of receive WRs and loopback copies go
+ * to c->on_answer and c->on_loop.
+ */
 int rail_ib_poll(struct rail_ib_comm *c);
 /* Every ~100 ms of waiting: -ECONNRESET (logged) once the peer closed its socket. */
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call);
+/* r's buffers are all filled: complete it (and forget it). */
+void rail_ib_recv_check_done(struct rail_ib_comm *c, struct rail_ib_req *r);
+
+/* ib_send.c */
+int rail_ib_isend(struct rail_comm *comm, struct rail_req *req, void *data, size_t size, int tag,
+		  void *mhandle);
+/* Sender progress besides the CQ: a refusal from the receiver, the CTSes that came. */
+int rail_ib_send_progress(struct rail_ib_comm *c);
 
 /* ib_recv.c */
 int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **data,
@@ -531,8 +556,6 @@ int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **da
 int rail_ib_on_answer(struct rail_ib_comm *c, int qpi, int m, const struct ibv_wc *wc);
 /* CTSes for every receive in flight that lacks one (a want, or ordering). */
 int rail_ib_cts_upto(struct rail_ib_comm *c, uint64_t k);
-/* r's buffers are all filled: complete it (and forget it). */
-void rail_ib_recv_check_done(struct rail_ib_comm *c, struct rail_ib_req *r);
 /* Receiver progress besides the CQ: the ring, the want word, owed writes. */
 int rail_ib_recv_progress(struct rail_ib_comm *c);
 /*
@@ -593,6 +616,9 @@ int rail_ib_close_send(struct rail_comm *comm);
 int rail_ib_close_recv(struct rail_comm *comm);
 int rail_ib_close_listen(struct rail_comm *comm);
 void rail_ib_comm_free(struct rail_ib_comm *c);
+
+/* ib_ops.c: test, the op both sides share */
+int rail_ib_test(struct rail_req *req, int *done, size_t *sizes);
 
 /* ib_mr.c, the ops */
 int rail_ib_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mhandle);

@@ -154,6 +154,9 @@ static struct rail_ib_comm *comm_new(int vdev, int is_send, const char *peer, in
 		return NULL;
 	}
 	c->oob_fd = -1;
+	/* The engine's completions for the layer above (ib.h). */
+	c->on_answer = rail_ib_on_answer;
+	c->on_loop = rail_ib_on_loop;
 	rail_strlcpy(c->peer, peer, sizeof(c->peer));
 	*err = rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, vdev,
 			      conn_ops);

@@ -5,7 +5,9 @@
  * Besides the table: init and fini, which put the layers together -- the
  * devices (ib_init.c), then per HCA its async-event thread (ib_async.c);
  * at fini, per HCA the async thread and the registration cache (ib_mr.c)
- * before the devices close.
+ * before the devices close. And test, the one data-path op that both sides
+ * share: the engine's CQ poll (ib_engine.c), then the progress of the side
+ * the request is on (ib_send.c, ib_recv.c).
  */
 #include "ib/ib.h"
 #include "log.h"
@@ -35,6 +37,47 @@ static void ib_fini(void)
 		rail_ib_mr_cache_fini(hca);
 	}
 	rail_ib_devices_fini();
+}
+
+/* Progress besides the CQ: the receiver's ring and want word; the sender's CTSes. */
+static int progress(struct rail_ib_comm *c)
+{
+	if (c->base.kind == RAIL_COMM_RECV)
+		return rail_ib_recv_progress(c);
+	return rail_ib_send_progress(c);
+}
+
+int rail_ib_test(struct rail_req *req, int *done, size_t *sizes)
+{
+	struct rail_ib_req *r = (struct rail_ib_req *)req;
+	struct rail_ib_comm *c = (struct rail_ib_comm *)req->comm;
+	int err;
+
+	if (!r->done && !r->error) {
+		/* A receive only the ring can complete: one load, mostly. */
+		err = c->base.kind == RAIL_COMM_RECV ? rail_ib_recv_fast(c, r) : 0;
+		if (err == 0) {
+			err = rail_ib_comm_check(c, "test");
+			if (!err)
+				err = rail_ib_poll(c);
+			if (!err && !r->done)
+				err = progress(c);
+		} else if (err > 0) {
+			err = 0;
+		}
+		if (err && !r->done)
+			return err;
+	}
+	if (!r->done && !r->error)
+		rail_ib_peer_check(c, "test");
+	if (r->error || (!r->done && c->error))
+		return r->error ? r->error : c->error;
+	*done = r->done;
+	if (r->done && req->type != RAIL_REQ_FLUSH) {
+		for (int i = 0; i < req->n; i++)
+			sizes[i] = r->sizes[i];
+	}
+	return 0;
 }
 
 const struct rail_transport_ops rail_ib_ops = {

@@ -127,19 +127,12 @@ static int cts_write(struct rail_ib_comm *c, struct rail_ib_req *r)
 }
 
 /* Receive k, if in flight. */
-static struct rail_ib_req *recv_at(struct rail_ib_comm *c, uint64_t k)
-{
-	struct rail_ib_req *r = c->recvs[k & SLOT_MASK];
-
-	return r && r->seq == k ? r : NULL;
-}
-
 int rail_ib_cts_upto(struct rail_ib_comm *c, uint64_t k)
 {
 	if (c->cts_k < c->recv_lo)
 		c->cts_k = c->recv_lo;	/* the ones before are complete */
 	while (c->cts_k < k) {
-		struct rail_ib_req *r = recv_at(c, c->cts_k);
+		struct rail_ib_req *r = rail_ib_recv_at(c, c->cts_k);
 
 		if (r && !r->done && r->pending && !r->had_cts) {
 			int err = cts_write(c, r);
@@ -258,19 +251,6 @@ int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **da
 }
 
 /* ---- completion ------------------------------------------------------------ */
-
-void rail_ib_recv_check_done(struct rail_ib_comm *c, struct rail_ib_req *r)
-{
-	if (r->done || r->pending || r->loops)
-		return;
-	r->done = 1;
-	if (r->cts >= 0)
-		c->cts[r->cts & SLOT_MASK].r = NULL;	/* its answer can only say EAGER */
-	if (c->recvs[r->seq & SLOT_MASK] == r)
-		c->recvs[r->seq & SLOT_MASK] = NULL;
-	while (c->recv_lo < c->seq && !recv_at(c, c->recv_lo))
-		c->recv_lo++;
-}
 
 static int on_refusal(struct rail_ib_comm *c, struct rail_ib_cts_state *st, int m, int idx,
 		      uint64_t size)

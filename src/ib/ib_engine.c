@@ -1,0 +1,267 @@
+/*
+ * nccl-net-rail: the verbs progress engine, layer 3 of src/ib/ (ib.h):
+ * what the send and the receive side (ib_send.c, ib_recv.c, ib_eager.c)
+ * share on a comm -- the QP set of a message, posting with the error
+ * logged, the small control writes (CTS, credits, want, eager) and the
+ * send-queue room they take, the CQ poll and the dispatch of each
+ * completion, the completion of requests, and the peer liveness check.
+ * The protocol: ib_send.c's top comment.
+ *
+ * Dispatch: the engine completes what it owns itself (send-queue slots
+ * retired, a send batch's or flush's CQEs, errors); a receive WR (an
+ * answer to a CTS) and a loopback copy of an eager message belong to the
+ * layer above, which put its handlers on the comm when it made it
+ * (rail_ib_comm.on_answer, .on_loop): the engine never names them.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "ib/ib.h"
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+
+#define SLOT_MASK ((uint64_t)RAIL_IB_SLOTS - 1)
+#define CTL_SIGNAL_EVERY 16
+
+void rail_ib_qp_set(const struct rail_ib_comm *c, uint64_t num, int *first, int *count)
+{
+	int per = rail_ib_qps_per_msg(c);
+
+	*first = (int)(num % (uint64_t)(c->nqps / per)) * per;
+	*count = per;
+}
+
+int rail_ib_post_send(struct rail_ib_comm *c, int qpi, struct ibv_send_wr *wr, const char *what)
+{
+	struct ibv_send_wr *bad = NULL;
+	char where[160];
+	int ret = rail_ibv.post_send(c->qps[qpi].qp, wr, &bad);
+
+	if (rail_likely(!ret))
+		return 0;
+	ret = rail_verbs_err(ret);
+	RAIL_WARN("ibv_post_send(%s) on %s failed: %s; the send queue is full or the QP is in "
+		  "error", what, rail_ib_qp_where(c, qpi, where, sizeof(where)), RAIL_ERRSTR(-ret));
+	c->error = -ret;
+	return -ret;
+}
+
+int rail_ib_sq_room(struct rail_ib_comm *c, int qpi, int nwr, uint32_t limit)
+{
+	for (int pass = 0; pass < 2; pass++) {
+		const struct rail_ib_qp *q = &c->qps[qpi];
+
+		if (q->sq_posted - q->sq_retired + (uint32_t)nwr <= limit)
+			return 1;
+		if (pass == 0 && rail_ib_poll(c))
+			return 0;
+	}
+	return 0;
+}
+
+int rail_ib_ctl_write(struct rail_ib_comm *c, int qpi, const void *src, uint32_t len,
+		      uint64_t raddr, uint32_t rkey, const char *what)
+{
+	struct rail_ib_qp *q = &c->qps[qpi];
+	struct ibv_sge sge = {
+		.addr = (uintptr_t)src,
+		.length = len,
+		.lkey = c->res[q->member].scratch_mr->lkey,
+	};
+	struct ibv_send_wr wr = {
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = len <= q->max_inline ? IBV_SEND_INLINE : 0,
+	};
+
+	wr.wr.rdma.remote_addr = raddr;
+	wr.wr.rdma.rkey = rkey;
+	q->sq_posted++;
+	/*
+	 * The sender signals every write: closing waits until its messages are
+	 * out (their CQEs), and must not have to post anything to find out.
+	 */
+	if (c->base.kind == RAIL_COMM_SEND || q->sq_posted % CTL_SIGNAL_EVERY == 0) {
+		wr.send_flags |= IBV_SEND_SIGNALED;
+		wr.wr_id = rail_ib_wrid(RAIL_IB_WR_RETIRE, (uint32_t)qpi, q->sq_posted);
+	}
+	return rail_ib_post_send(c, qpi, &wr, what);
+}
+
+int rail_ib_protocol_error(struct rail_ib_comm *c, int m, const char *what)
+{
+	RAIL_WARN("connection to peer %s on %s: protocol error: %s", c->peer,
+		  c->res[m].dev->name, what);
+	c->error = -EPROTO;
+	return -EPROTO;
+}
+
+/* ---- completions -------------------------------------------------------- */
+
+static const char *wc_hint(enum ibv_wc_status s)
+{
+	switch (s) {
+	case IBV_WC_RETRY_EXC_ERR:
+		return "peer unreachable or dead; check the GID (NCCL_IB_GID_INDEX) and the link";
+	case IBV_WC_RNR_RETRY_EXC_ERR:
+		return "the peer posted no receive in time; is it still running?";
+	case IBV_WC_REM_ACCESS_ERR:
+		return "the peer refused the access: buffer deregistered or freed on the peer?";
+	case IBV_WC_LOC_PROT_ERR:
+	case IBV_WC_LOC_ACCESS_ERR:
+		return "a local buffer is not (or no longer) registered";
+	case IBV_WC_REM_INV_REQ_ERR:
+	case IBV_WC_REM_OP_ERR:
+		return "the peer rejected the request (size beyond its buffer?)";
+	case IBV_WC_WR_FLUSH_ERR:
+		return "the QP went to error earlier";
+	default:
+		return "check dmesg and the link on both sides";
+	}
+}
+
+static int wc_error(struct rail_ib_comm *c, int m, const struct ibv_wc *wc)
+{
+	const struct rail_ib_dev *d = c->res[m].dev;
+	int err = wc->status == IBV_WC_RETRY_EXC_ERR || wc->status == IBV_WC_RNR_RETRY_EXC_ERR ||
+			  wc->status == IBV_WC_REM_ACCESS_ERR || wc->status == IBV_WC_REM_OP_ERR ||
+			  wc->status == IBV_WC_REM_INV_REQ_ERR
+		  ? -EREMOTEIO : -EIO;
+
+	if (!c->error || wc->status != IBV_WC_WR_FLUSH_ERR)
+		RAIL_WARN("completion error on %s:%d qp 0x%x, connection to peer %s: %s (status "
+			  "%d, vendor error 0x%x, opcode %d); %s", d->hca->name, d->port, wc->qp_num,
+			  c->peer, rail_ibv_wc_status_str(wc->status), wc->status, wc->vendor_err,
+			  wc->opcode, wc_hint(wc->status));
+	if (!c->error)
+		c->error = err;
+	if (wc->wr_id && RAIL_IB_WRID_KIND(wc->wr_id) == RAIL_IB_WR_REQ)
+		((struct rail_ib_req *)(uintptr_t)wc->wr_id)->error = c->error;
+	return c->error;
+}
+
+static int events_left(const struct rail_ib_req *r, int ndevs)
+{
+	for (int m = 0; m < ndevs; m++)
+		if (r->events[m])
+			return 1;
+	return 0;
+}
+
+/* A send batch's lead or a flush. */
+static int on_req_cqe(struct rail_ib_comm *c, struct rail_ib_req *r, int m)
+{
+	if (r->base.type == RAIL_REQ_RECV || !r->events[m])
+		return rail_ib_protocol_error(c, m, "completion for no request in flight");
+	r->events[m]--;
+	if (events_left(r, c->ndevs))
+		return 0;
+	if (r->base.type == RAIL_REQ_SEND) {
+		for (int i = 0; i < r->nmembers; i++)
+			r->members[i]->done = 1;
+	} else {
+		r->done = 1;
+	}
+	return 0;
+}
+
+/* A receive whose buffers are all filled: complete it (and forget it). */
+void rail_ib_recv_check_done(struct rail_ib_comm *c, struct rail_ib_req *r)
+{
+	if (r->done || r->pending || r->loops)
+		return;
+	r->done = 1;
+	if (r->cts >= 0)
+		c->cts[r->cts & SLOT_MASK].r = NULL;	/* its answer can only say EAGER */
+	if (c->recvs[r->seq & SLOT_MASK] == r)
+		c->recvs[r->seq & SLOT_MASK] = NULL;
+	while (c->recv_lo < c->seq && !rail_ib_recv_at(c, c->recv_lo))
+		c->recv_lo++;
+}
+
+static int handle_wc(struct rail_ib_comm *c, int m, const struct ibv_wc *wc)
+{
+	uint32_t a = RAIL_IB_WRID_A(wc->wr_id);
+
+	if (rail_unlikely(wc->status != IBV_WC_SUCCESS))
+		return wc_error(c, m, wc);
+	c->res[m].cqes++;
+	switch (RAIL_IB_WRID_KIND(wc->wr_id)) {
+	case RAIL_IB_WR_RETIRE:
+		if (a < (uint32_t)c->nqps)
+			c->qps[a].sq_retired = RAIL_IB_WRID_B(wc->wr_id);
+		return 0;
+	case RAIL_IB_WR_RECV:
+		return c->on_answer(c, (int)a, m, wc);
+	case RAIL_IB_WR_LOOP:
+		return c->on_loop(c, a);
+	case RAIL_IB_WR_REQ:
+		if (wc->wr_id)
+			return on_req_cqe(c, (struct rail_ib_req *)(uintptr_t)wc->wr_id, m);
+		break;
+	}
+	return rail_ib_protocol_error(c, m, "completion of an unknown work request");
+}
+
+int rail_ib_poll(struct rail_ib_comm *c)
+{
+	struct ibv_wc wc[RAIL_IB_CQ_POLL];
+
+	for (int m = 0; m < c->ndevs; m++) {
+		int n;
+
+		do {
+			n = rail_ibv.poll_cq(c->res[m].cq, RAIL_IB_CQ_POLL, wc);
+			if (rail_unlikely(n < 0)) {
+				RAIL_WARN("ibv_poll_cq on %s for peer %s failed (%d)",
+					  c->res[m].dev->name, c->peer, n);
+				c->error = -EIO;
+				return c->error;
+			}
+			for (int i = 0; i < n; i++) {
+				int err = handle_wc(c, m, &wc[i]);
+
+				if (err)
+					return err;
+			}
+		} while (n == RAIL_IB_CQ_POLL);
+	}
+	return 0;
+}
+
+int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
+{
+	uint64_t now;
+	ssize_t n;
+	char b;
+
+	if ((++c->idle & 255) != 0 || c->oob_fd < 0)
+		return 0;
+	now = rail_now_ns();
+	if (now - c->oob_checked_ns < 100000000ull)
+		return 0;
+	c->oob_checked_ns = now;
+	n = recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
+		return 0;
+	if (n < 0 && errno == ETIMEDOUT) {
+		/* keepalive with NCCL_RAIL_PEER_TIMEOUT (ib_conn.c): the host went silent */
+		RAIL_WARN("%s on %s:%d qp 0x%x: peer %s stopped answering (its host sent nothing, "
+			  "not even a TCP keepalive reply, for NCCL_RAIL_PEER_TIMEOUT=%lld s): the "
+			  "peer host died or the network between is down (check the peer node and "
+			  "both links); the connection is failed", call, c->res[0].dev->hca->name,
+			  c->res[0].dev->port, c->qps[0].qp->qp_num, c->peer,
+			  (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
+		c->error = -ETIMEDOUT;
+		return c->error;
+	}
+	RAIL_WARN("%s on %s:%d qp 0x%x: the connection to peer %s is gone (%s): the peer process "
+		  "exited or crashed while this side still waits", call, c->res[0].dev->hca->name,
+		  c->res[0].dev->port, c->qps[0].qp->qp_num, c->peer,
+		  n == 0 ? "it closed its socket" : RAIL_ERRSTR(-errno));
+	c->error = -ECONNRESET;
+	return c->error;
+}
