@@ -269,7 +269,8 @@ test-fresh: deb
 test-packages: deb
 	test/check-packages.sh $(BUILD)/pkg
 
-check: all tests test-unit test-fakeverbs test-abi test-readme test-conformance test-netns
+check: all tests test-unit test-fakeverbs test-abi test-readme test-layering test-conformance \
+	test-netns
 
 test: check test-sanitizers test-tsan test-clang fuzz test-packages test-fresh test-rxe \
 	test-rxe2-watchdog

@@ -230,7 +230,7 @@ void rail_ib_mr_deregister(struct rail_ib_mh *mh);
 /* Drop every cached registration of an HCA (fini). */
 void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 
-/* ---- comms (ib_conn.c, ib_qp.c, ib_p2p.c, ib_recv.c, ib_eager.c, ib_flush.c) */
+/* ---- comms (ib_conn.c, ib_qp.c, ib_engine.c, ib_send.c, ib_recv.c, ib_eager.c, ib_flush.c) */
 #define RAIL_IB_SLOTS 64	/* CTS FIFO slots, a power of two */
 #define RAIL_IB_EARLY_DEPTH 256	/* sender WRs of early-completed batches in flight per QP */
 #define RAIL_IB_MAX_QPS 128

@@ -1,6 +1,6 @@
 /*
  * nccl-net-rail: the eager path of the verbs transport (the protocol is
- * described in ib_p2p.c) and its flow control.
+ * described in ib_send.c) and its flow control.
  *
  * Sender: a message of at most eager_max bytes from host memory, with a
  * credit, is written into ring slot e % slots as one signaled RDMA WRITE of

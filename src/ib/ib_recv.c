@@ -1,6 +1,6 @@
 /*
  * nccl-net-rail: the receive side of the verbs data path (the protocol is
- * described in ib_p2p.c): irecv, the clear-to-send writes in receive order,
+ * described in ib_send.c): irecv, the clear-to-send writes in receive order,
  * the answers to them, and the receiver's progress (ring, want, credits).
  *
  * Receive k sits in recvs[k % 64] while in flight; CTS number j (counted

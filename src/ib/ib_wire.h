@@ -5,7 +5,7 @@
  * entries the receiver RDMA-writes into the sender's FIFO, the immediate
  * value of the completing write, the completion records, and the eager
  * path's words: the trailer of an eager message, the sender's want word
- * and the receiver's credit word. The protocol itself: ib_p2p.c.
+ * and the receiver's credit word. The protocol itself: ib_send.c.
  *
  * Handshake frame: 16-byte header {u32 magic "RIBW", u16 version, u16 type,
  * u32 body length, u32 FNV-1a of the body} + body:
