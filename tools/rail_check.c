@@ -24,7 +24,7 @@
 
 #include "api.h"
 #include "rail.h"
-#include "rail_check/check.h"
+#include "check/check.h"
 
 static void usage(FILE *f)
 {
@@ -85,7 +85,7 @@ static int env_rank(int *rank, int *size)
 	return -1;
 }
 
-static int check_opts(struct rc_opts *o)
+static int check_opts(struct rail_ck_opts *o)
 {
 	const char *bad = NULL;
 	int modes = !!o->server + !!o->connect + !!o->rendezvous, size = 0;
@@ -93,7 +93,7 @@ static int check_opts(struct rc_opts *o)
 
 	if (modes != 1)
 		bad = "give one of --server, --connect or --rendezvous";
-	else if (o->ranks < 2 || o->ranks > RC_MAX_RANKS)
+	else if (o->ranks < 2 || o->ranks > RAIL_CK_MAX_RANKS)
 		bad = "--ranks must be from 2 to 64";
 	else if (o->timeout <= 0 || o->meet_timeout <= 0)
 		bad = "--timeout and --meet-timeout must be positive";
@@ -109,7 +109,7 @@ static int check_opts(struct rc_opts *o)
 			bad = "--rendezvous needs the launcher's rank and size (OMPI_COMM_WORLD_RANK/"
 			      "SIZE, SLURM_PROCID/NTASKS or PMI_RANK/SIZE); without a launcher use "
 			      "--server and --connect";
-		else if (size < 2 || size > RC_MAX_RANKS || o->env_rank < 0 || o->env_rank >= size)
+		else if (size < 2 || size > RAIL_CK_MAX_RANKS || o->env_rank < 0 || o->env_rank >= size)
 			bad = "the launcher's rank and size are out of range (2 to 64 processes)";
 		else if (rail_hostport_split(o->rendezvous, host, sizeof(host), &port) || !host[0])
 			bad = "--rendezvous needs HOST:PORT, HOST being where rank 0 runs";
@@ -124,7 +124,7 @@ static int check_opts(struct rc_opts *o)
 	return bad ? -1 : 0;
 }
 
-static int parse_opts(int argc, char **argv, struct rc_opts *o)
+static int parse_opts(int argc, char **argv, struct rail_ck_opts *o)
 {
 	static const struct option longopts[] = {
 		{ "server", required_argument, NULL, 'S' },
@@ -179,25 +179,25 @@ static int parse_opts(int argc, char **argv, struct rc_opts *o)
 /* ---- the pair tests ----------------------------------------------------------- */
 
 struct run {
-	struct rc_opts *o;
-	struct rc_meet m;
-	struct rc_info me;
+	struct rail_ck_opts *o;
+	struct rail_ck_meet m;
+	struct rail_ck_info me;
 	void *ctx;
-	struct rc_cell *cells;
+	struct rail_ck_cell *cells;
 	int ncells, cap;
 };
 
-static struct rc_cell *new_cell(struct run *u, int mine, int peer, int theirs)
+static struct rail_ck_cell *new_cell(struct run *u, int mine, int peer, int theirs)
 {
-	struct rc_cell *c;
+	struct rail_ck_cell *c;
 
 	if (u->ncells == u->cap) {
 		int cap = u->cap ? 2 * u->cap : 64;
-		struct rc_cell *n = realloc(u->cells, (size_t)cap * sizeof(*n));
+		struct rail_ck_cell *n = realloc(u->cells, (size_t)cap * sizeof(*n));
 
 		if (!n) {
 			fprintf(stderr, "rail-check: out of memory\n");
-			exit(RC_EXIT_SETUP);
+			exit(RAIL_CK_EXIT_SETUP);
 		}
 		u->cells = n, u->cap = cap;
 	}
@@ -210,17 +210,17 @@ static struct rc_cell *new_cell(struct run *u, int mine, int peer, int theirs)
 /* Device pairs with one peer, in the order both sides use (the lower rank's devices outer). */
 static void test_peer(struct run *u, int peer, uint64_t fd_deadline)
 {
-	const struct rc_info *p = &u->m.all[peer];
+	const struct rail_ck_info *p = &u->m.all[peer];
 	int role = u->m.rank < peer ? 0 : 1, fd = -1, lost = 0;
 	int na = role == 0 ? u->me.ndev : p->ndev, nb = role == 0 ? p->ndev : u->me.ndev;
 
 	if (!u->me.transport[0] || !p->transport[0] || strcmp(u->me.transport, p->transport))
 		return;	/* listed as a problem by the report */
-	fd = rc_pair_fd(&u->m, peer, fd_deadline);
+	fd = rail_ck_pair_fd(&u->m, peer, fd_deadline);
 	for (int a = 0; a < na; a++)
 		for (int b = 0; b < nb; b++) {
 			int mine = role == 0 ? a : b, theirs = role == 0 ? b : a;
-			struct rc_cell *c;
+			struct rail_ck_cell *c;
 
 			if (!u->o->all_pairs && a != b)
 				continue;
@@ -236,7 +236,7 @@ static void test_peer(struct run *u, int peer, uint64_t fd_deadline)
 			if (!u->o->json)
 				fprintf(stderr, "# rail-check: %s <-> %s %s ...\n", u->me.dev[mine].name,
 					p->host, p->dev[theirs].name);
-			lost = rc_pair_test(u->o, u->ctx, fd, role, mine, theirs, c) < 0;
+			lost = rail_ck_pair_test(u->o, u->ctx, fd, role, mine, theirs, c) < 0;
 		}
 }
 
@@ -254,27 +254,27 @@ static double total_budget(const struct run *u)
 
 static int hub_finish(struct run *u)
 {
-	struct rc_report *r = calloc(1, sizeof(*r));
-	char *buf = malloc(RC_MSG_MAX);
-	uint64_t dl = rc_deadline(total_budget(u));
+	struct rail_ck_report *r = calloc(1, sizeof(*r));
+	char *buf = malloc(RAIL_CK_MSG_MAX);
+	uint64_t dl = rail_ck_deadline(total_budget(u));
 	int code;
 
 	if (!r || !buf)
-		return RC_EXIT_SETUP;
+		return RAIL_CK_EXIT_SETUP;
 	r->nranks = u->m.nranks;
 	r->all = u->m.all;
 	for (int k = 1; k < u->m.nranks; k++) {
-		struct rc_cell *tmp = NULL;
+		struct rail_ck_cell *tmp = NULL;
 		int n = -1, lines = 1;
 
-		if (!rc_msg_recv(u->m.fds[k], RC_MSG_RESULT, buf, RC_MSG_MAX, NULL, dl)) {
+		if (!rail_ck_msg_recv(u->m.fds[k], RAIL_CK_MSG_RESULT, buf, RAIL_CK_MSG_MAX, NULL, dl)) {
 			for (const char *q = buf; *q; q++)
 				lines += *q == '\n';
 			tmp = calloc((size_t)lines, sizeof(*tmp));
-			n = tmp ? rc_cells_decode(buf, tmp, lines) : -1;
+			n = tmp ? rail_ck_cells_decode(buf, tmp, lines) : -1;
 		}
 		if (n < 0)
-			rc_problem(r, 1, "lost", "rank %d (%s) stopped before sending its results "
+			rail_ck_problem(r, 1, "lost", "rank %d (%s) stopped before sending its results "
 				   "(see its output)", k, u->m.all[k].host);
 		for (int i = 0; i < n; i++)
 			*new_cell(u, 0, 0, 0) = tmp[i];
@@ -282,16 +282,16 @@ static int hub_finish(struct run *u)
 	}
 	r->cells = u->cells;
 	r->ncells = u->ncells;
-	rc_static_checks(r, u->o);
+	rail_ck_static_checks(r, u->o);
 	if (u->o->json)
-		rc_print_json(r, stdout);
+		rail_ck_print_json(r, stdout);
 	else
-		rc_print_text(r, stdout);
+		rail_ck_print_text(r, stdout);
 	fflush(stdout);
-	code = r->nfail ? RC_EXIT_FAIL : RC_EXIT_OK;
+	code = r->nfail ? RAIL_CK_EXIT_FAIL : RAIL_CK_EXIT_OK;
 	snprintf(buf, 16, "%d", code);
 	for (int k = 1; k < u->m.nranks; k++)
-		rc_msg_send(u->m.fds[k], RC_MSG_FINAL, buf, strlen(buf), rc_deadline(5));
+		rail_ck_msg_send(u->m.fds[k], RAIL_CK_MSG_FINAL, buf, strlen(buf), rail_ck_deadline(5));
 	free(buf);
 	free(r);
 	return code;
@@ -299,21 +299,21 @@ static int hub_finish(struct run *u)
 
 static int peer_finish(struct run *u)
 {
-	char *buf = malloc(RC_MSG_MAX), fin[16];
-	const struct rc_info *hub = &u->m.all[0];
+	char *buf = malloc(RAIL_CK_MSG_MAX), fin[16];
+	const struct rail_ck_info *hub = &u->m.all[0];
 	int nfail = 0, code;
 
-	if (!buf || rc_cells_encode(u->cells, u->ncells, buf, RC_MSG_MAX) < 0)
-		return RC_EXIT_SETUP;
+	if (!buf || rail_ck_cells_encode(u->cells, u->ncells, buf, RAIL_CK_MSG_MAX) < 0)
+		return RAIL_CK_EXIT_SETUP;
 	for (int i = 0; i < u->ncells; i++)
 		nfail += !u->cells[i].ok;
-	if (rc_msg_send(u->m.hub_fd, RC_MSG_RESULT, buf, strlen(buf), rc_deadline(u->o->timeout)) ||
-	    rc_msg_recv(u->m.hub_fd, RC_MSG_FINAL, fin, sizeof(fin), NULL,
-			rc_deadline(total_budget(u)))) {
+	if (rail_ck_msg_send(u->m.hub_fd, RAIL_CK_MSG_RESULT, buf, strlen(buf), rail_ck_deadline(u->o->timeout)) ||
+	    rail_ck_msg_recv(u->m.hub_fd, RAIL_CK_MSG_FINAL, fin, sizeof(fin), NULL,
+			rail_ck_deadline(total_budget(u)))) {
 		fprintf(stderr, "rail-check: the first process (%s) stopped before the report "
 			"(see its output)\n", hub->host);
 		free(buf);
-		return RC_EXIT_SETUP;
+		return RAIL_CK_EXIT_SETUP;
 	}
 	free(buf);
 	code = atoi(fin);
@@ -326,30 +326,30 @@ static int peer_finish(struct run *u)
 
 int main(int argc, char **argv)
 {
-	struct rc_opts o = { .ranks = 2, .env_rank = -1, .timeout = 10, .meet_timeout = 120,
+	struct rail_ck_opts o = { .ranks = 2, .env_rank = -1, .timeout = 10, .meet_timeout = 120,
 			     .lat_iters = 100, .bw_bytes = 8u << 20, .bw_msg = 1u << 20 };
 	struct run u = { .o = &o };
-	char why[RC_WHY] = "";
+	char why[RAIL_CK_WHY] = "";
 	int init_ok, code;
 
 	if (parse_opts(argc, argv, &o))
-		return RC_EXIT_SETUP;
-	rc_verbose = o.verbose;
+		return RAIL_CK_EXIT_SETUP;
+	rail_ck_verbose = o.verbose;
 	o.bw_msg = RAIL_MIN(o.bw_msg, o.bw_bytes);
-	init_ok = rail_net_init(&u.ctx, 0x72636b, -1, (ncclDebugLogger_t)rc_logger, 12) ==
+	init_ok = rail_net_init(&u.ctx, 0x72636b, -1, (ncclDebugLogger_t)rail_ck_logger, 12) ==
 		  ncclSuccess;
 	if (!init_ok)
-		rc_last_warning(why, sizeof(why));
-	rc_info_local(&u.me, init_ok, why[0] ? why : "init failed");
+		rail_ck_last_warning(why, sizeof(why));
+	rail_ck_info_local(&u.me, init_ok, why[0] ? why : "init failed");
 	u.me.want_rank = o.env_rank;
-	if (rc_meet(&o, &u.me, &u.m))
-		return RC_EXIT_SETUP;
+	if (rail_ck_meet(&o, &u.me, &u.m))
+		return RAIL_CK_EXIT_SETUP;
 	u.me = u.m.all[u.m.rank];
 	for (int peer = 0; peer < u.m.nranks; peer++)
 		if (peer != u.m.rank)
-			test_peer(&u, peer, rc_deadline(total_budget(&u)));
+			test_peer(&u, peer, rail_ck_deadline(total_budget(&u)));
 	code = u.m.rank == 0 ? hub_finish(&u) : peer_finish(&u);
-	rc_meet_close(&u.m);
+	rail_ck_meet_close(&u.m);
 	free(u.cells);
 	if (init_ok)
 		rail_net_finalize(u.ctx);

@@ -15,13 +15,13 @@
 #include <unistd.h>
 
 #include "rail.h"
-#include "rail_check/check.h"
+#include "check/check.h"
 #include "sock.h"
 #include "wire.h"
 
-#define RC_MAGIC 0x4b484352u /* "RCHK" */
+#define RAIL_CK_MAGIC 0x4b484352u /* "RCHK" */
 
-uint64_t rc_deadline(double seconds)
+uint64_t rail_ck_deadline(double seconds)
 {
 	return rail_now_ns() + (uint64_t)(seconds * 1e9);
 }
@@ -56,19 +56,19 @@ static int xfer(int fd, int is_send, void *buf, size_t len, uint64_t deadline)
 	}
 }
 
-int rc_msg_send(int fd, int type, const void *buf, size_t len, uint64_t deadline)
+int rail_ck_msg_send(int fd, int type, const void *buf, size_t len, uint64_t deadline)
 {
 	uint8_t hdr[12];
 	int err;
 
-	rail_put_u32(hdr, RC_MAGIC);
+	rail_put_u32(hdr, RAIL_CK_MAGIC);
 	rail_put_u32(hdr + 4, (uint32_t)type);
 	rail_put_u32(hdr + 8, (uint32_t)len);
 	err = xfer(fd, 1, hdr, sizeof(hdr), deadline);
 	return err ? err : len ? xfer(fd, 1, (void *)buf, len, deadline) : 0;
 }
 
-int rc_msg_recv(int fd, int type, char *buf, size_t len, size_t *got, uint64_t deadline)
+int rail_ck_msg_recv(int fd, int type, char *buf, size_t len, size_t *got, uint64_t deadline)
 {
 	uint8_t hdr[12];
 	uint32_t n;
@@ -77,7 +77,7 @@ int rc_msg_recv(int fd, int type, char *buf, size_t len, size_t *got, uint64_t d
 	if (err)
 		return err;
 	n = rail_get_u32(hdr + 8);
-	if (rail_get_u32(hdr) != RC_MAGIC || rail_get_u32(hdr + 4) != (uint32_t)type)
+	if (rail_get_u32(hdr) != RAIL_CK_MAGIC || rail_get_u32(hdr + 4) != (uint32_t)type)
 		return -EPROTO;
 	if (n >= len)
 		return -EMSGSIZE;
@@ -170,10 +170,10 @@ static void local_host(int fd, char *out, size_t len)
 
 /* ---- the hub ---------------------------------------------------------------- */
 
-static int hub_collect(const struct rc_opts *o, int lfd, struct rc_meet *m, char **texts)
+static int hub_collect(const struct rail_ck_opts *o, int lfd, struct rail_ck_meet *m, char **texts)
 {
-	uint64_t deadline = rc_deadline(o->meet_timeout);
-	char *buf = malloc(RC_MSG_MAX);
+	uint64_t deadline = rail_ck_deadline(o->meet_timeout);
+	char *buf = malloc(RAIL_CK_MSG_MAX);
 
 	if (!buf)
 		return -1;
@@ -195,7 +195,7 @@ static int hub_collect(const struct rc_opts *o, int lfd, struct rc_meet *m, char
 		}
 		rail_sock_set_nonblocking(fd, 1);
 		rail_sock_set_liveness(fd, 30, 0);
-		err = rc_msg_recv(fd, RC_MSG_INFO, buf, RC_MSG_MAX, &got, rc_deadline(o->timeout));
+		err = rail_ck_msg_recv(fd, RAIL_CK_MSG_INFO, buf, RAIL_CK_MSG_MAX, &got, rail_ck_deadline(o->timeout));
 		if (err) {
 			fprintf(stderr, "rail-check: %s connected but is not a rail-check of this "
 				"version (%s); ignored\n", RAIL_ADDRSTR(&peer), RAIL_ERRSTR(err));
@@ -211,7 +211,7 @@ static int hub_collect(const struct rc_opts *o, int lfd, struct rc_meet *m, char
 }
 
 /* Rank order: the launcher's ranks when every process has a distinct one, else arrival. */
-static void hub_order(struct rc_meet *m, struct rc_info *all, int *order)
+static void hub_order(struct rail_ck_meet *m, struct rail_ck_info *all, int *order)
 {
 	int ok = 1;
 
@@ -228,27 +228,27 @@ static void hub_order(struct rc_meet *m, struct rc_info *all, int *order)
 		order[all[r].want_rank] = r;
 }
 
-static int hub_send_all(const struct rc_opts *o, struct rc_meet *m, struct rc_info *all)
+static int hub_send_all(const struct rail_ck_opts *o, struct rail_ck_meet *m, struct rail_ck_info *all)
 {
-	char *buf = malloc(RC_MSG_MAX);
+	char *buf = malloc(RAIL_CK_MSG_MAX);
 	size_t off;
 
 	if (!buf)
 		return -1;
 	for (int r = 1; r < m->nranks; r++) {
-		off = (size_t)snprintf(buf, RC_MSG_MAX, "self\t%d\t%d\n", r, m->nranks);
+		off = (size_t)snprintf(buf, RAIL_CK_MSG_MAX, "self\t%d\t%d\n", r, m->nranks);
 		for (int k = 0; k < m->nranks; k++) {
 			int n;
 
-			off += (size_t)snprintf(buf + off, RC_MSG_MAX - off, "#\n");
-			n = rc_info_encode(&all[k], buf + off, RC_MSG_MAX - off);
+			off += (size_t)snprintf(buf + off, RAIL_CK_MSG_MAX - off, "#\n");
+			n = rail_ck_info_encode(&all[k], buf + off, RAIL_CK_MSG_MAX - off);
 			if (n < 0) {
 				free(buf);
 				return -1;
 			}
 			off += (size_t)n;
 		}
-		if (rc_msg_send(m->fds[r], RC_MSG_ALL, buf, off, rc_deadline(o->timeout))) {
+		if (rail_ck_msg_send(m->fds[r], RAIL_CK_MSG_ALL, buf, off, rail_ck_deadline(o->timeout))) {
 			fprintf(stderr, "rail-check: rank %d (%s) left before the checks began\n", r,
 				all[r].host);
 			free(buf);
@@ -259,16 +259,16 @@ static int hub_send_all(const struct rc_opts *o, struct rc_meet *m, struct rc_in
 	return 0;
 }
 
-static int hub_meet(const struct rc_opts *o, struct rc_info *me, struct rc_meet *m)
+static int hub_meet(const struct rail_ck_opts *o, struct rail_ck_info *me, struct rail_ck_meet *m)
 {
-	char host[256], *texts[RC_MAX_RANKS] = { 0 }, why[160];
-	struct rc_info *in;
-	int port, lfd, err, order[RC_MAX_RANKS], fds[RC_MAX_RANKS], rc = -1;
+	char host[256], *texts[RAIL_CK_MAX_RANKS] = { 0 }, why[160];
+	struct rail_ck_info *in;
+	int port, lfd, err, order[RAIL_CK_MAX_RANKS], fds[RAIL_CK_MAX_RANKS], rc = -1;
 
 	if (rail_hostport_split(o->server, host, sizeof(host), &port))
 		return fprintf(stderr, "rail-check: --server %s: expected PORT or ADDR:PORT\n",
 			       o->server), -1;
-	err = listen_on(host, port, RC_MAX_RANKS, &lfd, NULL);
+	err = listen_on(host, port, RAIL_CK_MAX_RANKS, &lfd, NULL);
 	if (err)
 		return fprintf(stderr, "rail-check: cannot listen on %s port %d: %s%s\n",
 			       host[0] ? host : "every address,", port, RAIL_ERRSTR(err),
@@ -285,7 +285,7 @@ static int hub_meet(const struct rc_opts *o, struct rc_info *me, struct rc_meet 
 		goto out;
 	in[0] = *me;
 	for (int r = 1; r < m->nranks; r++)
-		if (rc_info_decode(texts[r], strlen(texts[r]), &in[r], why, sizeof(why))) {
+		if (rail_ck_info_decode(texts[r], strlen(texts[r]), &in[r], why, sizeof(why))) {
 			fprintf(stderr, "rail-check: a process sent a description this rail-check "
 				"cannot read (%s): run the same rail-check everywhere\n", why);
 			goto out;
@@ -301,7 +301,7 @@ static int hub_meet(const struct rc_opts *o, struct rc_info *me, struct rc_meet 
 		fprintf(stderr, "rail-check: the --hook command failed: %s\n", o->hook);
 	rc = hub_send_all(o, m, m->all);
 out:
-	for (int r = 0; r < RC_MAX_RANKS; r++)
+	for (int r = 0; r < RAIL_CK_MAX_RANKS; r++)
 		free(texts[r]);
 	free(in);
 	close(lfd);
@@ -310,13 +310,13 @@ out:
 
 /* ---- the other processes --------------------------------------------------- */
 
-static int parse_all(char *buf, struct rc_meet *m)
+static int parse_all(char *buf, struct rail_ck_meet *m)
 {
 	char why[160], *p = buf, *next;
 	int n = 0;
 
 	if (sscanf(p, "self\t%d\t%d", &m->rank, &m->nranks) != 2 || m->nranks < 2 ||
-	    m->nranks > RC_MAX_RANKS || m->rank < 1 || m->rank >= m->nranks)
+	    m->nranks > RAIL_CK_MAX_RANKS || m->rank < 1 || m->rank >= m->nranks)
 		return -1;
 	m->all = calloc((size_t)m->nranks, sizeof(*m->all));
 	if (!m->all)
@@ -325,7 +325,7 @@ static int parse_all(char *buf, struct rc_meet *m)
 	while (p && n < m->nranks) {
 		p += 2;
 		next = strstr(p, "\n#\n");
-		if (rc_info_decode(p, next ? (size_t)(next - p) + 1 : strlen(p), &m->all[n], why,
+		if (rail_ck_info_decode(p, next ? (size_t)(next - p) + 1 : strlen(p), &m->all[n], why,
 				   sizeof(why)))
 			return -1;
 		m->all[n].rank = n;
@@ -335,7 +335,7 @@ static int parse_all(char *buf, struct rc_meet *m)
 	return n == m->nranks ? 0 : -1;
 }
 
-static int peer_meet(const struct rc_opts *o, struct rc_info *me, struct rc_meet *m)
+static int peer_meet(const struct rail_ck_opts *o, struct rail_ck_info *me, struct rail_ck_meet *m)
 {
 	const char *spec = o->connect ? o->connect : o->rendezvous;
 	char host[256], *buf;
@@ -345,24 +345,24 @@ static int peer_meet(const struct rc_opts *o, struct rc_info *me, struct rc_meet
 	if (rail_hostport_split(spec, host, sizeof(host), &port) || !host[0])
 		return fprintf(stderr, "rail-check: %s: expected HOST:PORT ([IPv6]:PORT)\n", spec), -1;
 	rail_strlcpy(m->hub_host, host, sizeof(m->hub_host));
-	err = connect_to(host, port, rc_deadline(o->meet_timeout), &m->hub_fd);
+	err = connect_to(host, port, rail_ck_deadline(o->meet_timeout), &m->hub_fd);
 	if (err)
 		return fprintf(stderr, "rail-check: cannot reach the first process at %s: %s (is "
 			       "`rail-check --server %d` running there? firewall? --meet-timeout "
 			       "waits longer)\n", spec, RAIL_ERRSTR(err), port), -1;
 	local_host(m->hub_fd, me->ctrl_host, sizeof(me->ctrl_host));
-	err = listen_on(me->ctrl_host, 0, RC_MAX_RANKS, &m->ctrl_lfd, &me->ctrl_port);
+	err = listen_on(me->ctrl_host, 0, RAIL_CK_MAX_RANKS, &m->ctrl_lfd, &me->ctrl_port);
 	if (err)
 		return fprintf(stderr, "rail-check: cannot listen on %s for the pair checks: %s\n",
 			       me->ctrl_host, RAIL_ERRSTR(err)), -1;
-	buf = malloc(RC_MSG_MAX);
+	buf = malloc(RAIL_CK_MSG_MAX);
 	if (!buf)
 		return -1;
-	err = rc_info_encode(me, buf, RC_MSG_MAX) < 0 ? -EMSGSIZE
-		: rc_msg_send(m->hub_fd, RC_MSG_INFO, buf, strlen(buf), rc_deadline(o->timeout));
+	err = rail_ck_info_encode(me, buf, RAIL_CK_MSG_MAX) < 0 ? -EMSGSIZE
+		: rail_ck_msg_send(m->hub_fd, RAIL_CK_MSG_INFO, buf, strlen(buf), rail_ck_deadline(o->timeout));
 	if (!err)
-		err = rc_msg_recv(m->hub_fd, RC_MSG_ALL, buf, RC_MSG_MAX, &got,
-				  rc_deadline(o->meet_timeout + o->timeout));
+		err = rail_ck_msg_recv(m->hub_fd, RAIL_CK_MSG_ALL, buf, RAIL_CK_MSG_MAX, &got,
+				  rail_ck_deadline(o->meet_timeout + o->timeout));
 	if (!err && parse_all(buf, m))
 		err = -EPROTO;
 	free(buf);
@@ -373,19 +373,19 @@ static int peer_meet(const struct rc_opts *o, struct rc_info *me, struct rc_meet
 	return err ? -1 : 0;
 }
 
-int rc_meet(const struct rc_opts *o, struct rc_info *me, struct rc_meet *m)
+int rail_ck_meet(const struct rail_ck_opts *o, struct rail_ck_info *me, struct rail_ck_meet *m)
 {
 	int hub = o->server != NULL;	/* main makes launcher rank 0 the --server */
 
 	m->hub_fd = -1;
 	m->ctrl_lfd = -1;
-	for (int r = 0; r < RC_MAX_RANKS; r++)
+	for (int r = 0; r < RAIL_CK_MAX_RANKS; r++)
 		m->fds[r] = m->pair_fd[r] = -1;
 	if (!hub)
 		return peer_meet(o, me, m);
 	m->rank = 0;
 	m->nranks = o->ranks;
-	if (listen_on("", 0, RC_MAX_RANKS, &m->ctrl_lfd, &me->ctrl_port)) {
+	if (listen_on("", 0, RAIL_CK_MAX_RANKS, &m->ctrl_lfd, &me->ctrl_port)) {
 		fprintf(stderr, "rail-check: cannot open a listening socket for the pair checks\n");
 		return -1;
 	}
@@ -394,7 +394,7 @@ int rc_meet(const struct rc_opts *o, struct rc_info *me, struct rc_meet *m)
 
 /* ---- pair control connections ----------------------------------------------- */
 
-int rc_pair_fd(struct rc_meet *m, int peer, uint64_t deadline)
+int rail_ck_pair_fd(struct rail_ck_meet *m, int peer, uint64_t deadline)
 {
 	char buf[32];
 	int fd, err;
@@ -402,13 +402,13 @@ int rc_pair_fd(struct rc_meet *m, int peer, uint64_t deadline)
 	if (m->pair_fd[peer] >= 0)
 		return m->pair_fd[peer];
 	if (m->rank > peer) {
-		const struct rc_info *p = &m->all[peer];
+		const struct rail_ck_info *p = &m->all[peer];
 
 		err = connect_to(p->ctrl_host[0] ? p->ctrl_host : m->hub_host, p->ctrl_port,
 				 deadline, &fd);
 		snprintf(buf, sizeof(buf), "%d", m->rank);
 		if (!err)
-			err = rc_msg_send(fd, RC_MSG_PAIR, buf, strlen(buf), deadline);
+			err = rail_ck_msg_send(fd, RAIL_CK_MSG_PAIR, buf, strlen(buf), deadline);
 		if (err) {
 			fprintf(stderr, "rail-check: cannot reach rank %d (%s) at %s port %d for the "
 				"pair checks: %s\n", peer, p->host, p->ctrl_host[0] ? p->ctrl_host :
@@ -416,7 +416,7 @@ int rc_pair_fd(struct rc_meet *m, int peer, uint64_t deadline)
 			return -1;
 		}
 		/* the peer answers when it comes to this pair (it may be busy with others) */
-		if (rc_msg_recv(fd, RC_MSG_PAIR, buf, sizeof(buf), NULL, deadline)) {
+		if (rail_ck_msg_recv(fd, RAIL_CK_MSG_PAIR, buf, sizeof(buf), NULL, deadline)) {
 			fprintf(stderr, "rail-check: rank %d (%s) did not come to the pair checks "
 				"with this process in time\n", peer, p->host);
 			close(fd);
@@ -437,14 +437,14 @@ int rc_pair_fd(struct rc_meet *m, int peer, uint64_t deadline)
 			return -1;
 		}
 		rail_sock_set_nonblocking(fd, 1);
-		if (rc_msg_recv(fd, RC_MSG_PAIR, buf, sizeof(buf), NULL, deadline) ||
+		if (rail_ck_msg_recv(fd, RAIL_CK_MSG_PAIR, buf, sizeof(buf), NULL, deadline) ||
 		    (r = atoi(buf)) <= m->rank || r >= m->nranks || m->pair_fd[r] >= 0) {
 			close(fd);
 			continue;
 		}
 		m->pair_fd[r] = fd;
 	}
-	if (rc_msg_send(m->pair_fd[peer], RC_MSG_PAIR, "go", 2, deadline)) {
+	if (rail_ck_msg_send(m->pair_fd[peer], RAIL_CK_MSG_PAIR, "go", 2, deadline)) {
 		fprintf(stderr, "rail-check: rank %d (%s) left before the pair checks\n", peer,
 			m->all[peer].host);
 		close(m->pair_fd[peer]);
@@ -453,9 +453,9 @@ int rc_pair_fd(struct rc_meet *m, int peer, uint64_t deadline)
 	return m->pair_fd[peer];
 }
 
-void rc_meet_close(struct rc_meet *m)
+void rail_ck_meet_close(struct rail_ck_meet *m)
 {
-	for (int r = 0; r < RC_MAX_RANKS; r++) {
+	for (int r = 0; r < RAIL_CK_MAX_RANKS; r++) {
 		if (m->fds[r] >= 0)
 			close(m->fds[r]);
 		if (m->pair_fd[r] >= 0)

@@ -18,16 +18,16 @@
 #include "handle.h"
 #include "log.h"
 #include "rail.h"
-#include "rail_check/check.h"
+#include "check/check.h"
 
-int rc_verbose;
+int rail_ck_verbose;
 
 /* ---- the plugin's warnings, kept for the failure reasons --------------- */
 
 static pthread_mutex_t warn_lock = PTHREAD_MUTEX_INITIALIZER;
-static char warn_last[RC_WHY];
+static char warn_last[RAIL_CK_WHY];
 
-void rc_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...)
+void rail_ck_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...)
 {
 	char msg[1024];
 	va_list ap;
@@ -43,23 +43,11 @@ void rc_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, i
 		rail_strlcpy(warn_last, m, sizeof(warn_last));
 		pthread_mutex_unlock(&warn_lock);
 	}
-	if (rc_verbose || (int)level <= rail_log_level())
+	if (rail_ck_verbose || (int)level <= rail_log_level())
 		fprintf(stderr, "%s%s\n", level == NCCL_LOG_WARN ? "WARN " : "", msg);
 }
 
-void rc_catf(char *buf, size_t len, const char *fmt, ...)
-{
-	size_t n = strnlen(buf, len);
-	va_list ap;
-
-	if (n + 1 >= len)
-		return;
-	va_start(ap, fmt);
-	vsnprintf(buf + n, len - n, fmt, ap);
-	va_end(ap);
-}
-
-void rc_last_warning(char *buf, size_t len)
+void rail_ck_last_warning(char *buf, size_t len)
 {
 	pthread_mutex_lock(&warn_lock);
 	rail_strlcpy(buf, warn_last, len);
@@ -70,7 +58,7 @@ void rc_last_warning(char *buf, size_t len)
 /* ---- one device pair ----------------------------------------------------- */
 
 struct link {
-	const struct rc_opts *o;
+	const struct rail_ck_opts *o;
 	void *ctx;
 	int fd, role, mine, theirs;
 	void *lc, *send, *recv, *smh, *rmh;
@@ -80,12 +68,12 @@ struct link {
 	uint64_t deadline;
 	char peer_data[RAIL_ADDR_STRLEN + 32];
 	int failed;
-	char why[RC_WHY];
+	char why[RAIL_CK_WHY];
 };
 
 __attribute__((format(printf, 2, 3))) static void fail(struct link *l, const char *fmt, ...)
 {
-	char plugin[RC_WHY];
+	char plugin[RAIL_CK_WHY];
 	va_list ap;
 
 	if (l->failed++)
@@ -93,9 +81,9 @@ __attribute__((format(printf, 2, 3))) static void fail(struct link *l, const cha
 	va_start(ap, fmt);
 	vsnprintf(l->why, sizeof(l->why), fmt, ap);
 	va_end(ap);
-	rc_last_warning(plugin, sizeof(plugin));
+	rail_ck_last_warning(plugin, sizeof(plugin));
 	if (plugin[0])
-		rc_catf(l->why, sizeof(l->why), "; the plugin said: %s", plugin);
+		rail_ck_catf(l->why, sizeof(l->why), "; the plugin said: %s", plugin);
 }
 
 static const char *res_text(ncclResult_t r)
@@ -206,17 +194,17 @@ static size_t pattern_check(const char *b, size_t size, int role, uint64_t msg)
 /* ---- phases ------------------------------------------------------------ */
 
 /* The outcome of a phase both ways: 0 both fine; -1 one failed (cell why set); -2 control lost. */
-static int settle(struct link *l, const char *phase, struct rc_cell *cell, double *peer_value,
+static int settle(struct link *l, const char *phase, struct rail_ck_cell *cell, double *peer_value,
 		  double my_value)
 {
-	char out[RC_WHY + 64], in[RC_WHY + 64], *tab;
+	char out[RAIL_CK_WHY + 64], in[RAIL_CK_WHY + 64], *tab;
 	size_t got;
-	uint64_t dl = rc_deadline(l->o->timeout + 10);
+	uint64_t dl = rail_ck_deadline(l->o->timeout + 10);
 
 	snprintf(out, sizeof(out), "%d\t%.6f\t%s", l->failed ? 1 : 0, my_value,
 		 l->failed ? l->why : "");
-	if (rc_msg_send(l->fd, RC_MSG_STATUS, out, strlen(out), dl) ||
-	    rc_msg_recv(l->fd, RC_MSG_STATUS, in, sizeof(in), &got, dl)) {
+	if (rail_ck_msg_send(l->fd, RAIL_CK_MSG_STATUS, out, strlen(out), dl) ||
+	    rail_ck_msg_recv(l->fd, RAIL_CK_MSG_STATUS, in, sizeof(in), &got, dl)) {
 		fail(l, "%s: the peer's rail-check stopped answering on the control connection",
 		     phase);
 		rail_strlcpy(cell->step, phase, sizeof(cell->step));
@@ -235,9 +223,9 @@ static int settle(struct link *l, const char *phase, struct rc_cell *cell, doubl
 			 (int)(sizeof(cell->why) / 2 - 24), l->why, (int)(sizeof(cell->why) / 2 - 24),
 			 tab + 1);
 	else if (l->failed)
-		cell->why[0] = '\0', rc_catf(cell->why, sizeof(cell->why), "this side: %s", l->why);
+		cell->why[0] = '\0', rail_ck_catf(cell->why, sizeof(cell->why), "this side: %s", l->why);
 	else
-		cell->why[0] = '\0', rc_catf(cell->why, sizeof(cell->why), "the peer: %s",
+		cell->why[0] = '\0', rail_ck_catf(cell->why, sizeof(cell->why), "the peer: %s",
 					      tab ? tab + 1 : "?");
 	return -1;
 }
@@ -256,8 +244,8 @@ static void phase_connect(struct link *l)
 		fail(l, "listen on device %d: %s", l->mine, res_text(r));
 		l->lc = NULL;
 	}
-	if (rc_msg_send(l->fd, RC_MSG_HANDLE, mine, sizeof(mine), l->deadline) ||
-	    rc_msg_recv(l->fd, RC_MSG_HANDLE, theirs, sizeof(theirs), &got, l->deadline) ||
+	if (rail_ck_msg_send(l->fd, RAIL_CK_MSG_HANDLE, mine, sizeof(mine), l->deadline) ||
+	    rail_ck_msg_recv(l->fd, RAIL_CK_MSG_HANDLE, theirs, sizeof(theirs), &got, l->deadline) ||
 	    got != sizeof(mine))
 		return fail(l, "exchanging connection handles: the peer's rail-check stopped "
 			    "answering");
@@ -266,7 +254,7 @@ static void phase_connect(struct link *l)
 	if (rail_handle_decode(theirs, sizeof(mine), &ph, why, sizeof(why)) == 0)
 		rail_sockaddr_str(&ph.addr, l->peer_data, sizeof(l->peer_data));
 	else
-		l->peer_data[0] = '\0', rc_catf(l->peer_data, sizeof(l->peer_data),
+		l->peer_data[0] = '\0', rail_ck_catf(l->peer_data, sizeof(l->peer_data),
 						 "(unreadable handle: %s)", why);
 	while (!l->send || !l->recv) {
 		if (!l->send && (r = rail_net_connect(l->ctx, l->mine, -1, theirs, &l->send)))
@@ -424,17 +412,17 @@ static void release(struct link *l)
 		rail_net_close_listen(l->lc);
 	free(l->sbuf);
 	free(l->rbuf);
-	rc_last_warning((char[8]){ 0 }, 8);	/* a close's warnings belong to no check */
+	rail_ck_last_warning((char[8]){ 0 }, 8);	/* a close's warnings belong to no check */
 }
 
 static int next_phase(struct link *l)
 {
-	l->deadline = rc_deadline(l->o->timeout);
+	l->deadline = rail_ck_deadline(l->o->timeout);
 	return 0;
 }
 
-int rc_pair_test(const struct rc_opts *o, void *ctx, int fd, int role, int mine, int theirs,
-		 struct rc_cell *cell)
+int rail_ck_pair_test(const struct rail_ck_opts *o, void *ctx, int fd, int role, int mine, int theirs,
+		 struct rail_ck_cell *cell)
 {
 	struct link l = { .o = o, .ctx = ctx, .fd = fd, .role = role, .mine = mine,
 			  .theirs = theirs };
@@ -442,7 +430,7 @@ int rc_pair_test(const struct rc_opts *o, void *ctx, int fd, int role, int mine,
 	double peer_bw = 0, bw = 0, lat;
 
 	cell->tested = 1;
-	rc_last_warning((char[8]){ 0 }, 8);
+	rail_ck_last_warning((char[8]){ 0 }, 8);
 	next_phase(&l);
 	phase_connect(&l);
 	if ((rc = settle(&l, "connect", cell, NULL, 0)))

@@ -22,7 +22,7 @@
 #include "ib/ib.h"
 #include "param.h"
 #include "rail.h"
-#include "rail_check/check.h"
+#include "check/check.h"
 #include "tcp/tcp.h"
 
 /*
@@ -38,12 +38,12 @@ static const char *const conf_names[] = {
 	"NCCL_RAIL_TCP_MIN_CHUNK", "NCCL_RAIL_PEER_TIMEOUT",
 };
 
-static void conf_local(struct rc_info *me)
+static void conf_local(struct rail_ck_info *me)
 {
 	me->nconf = 0;
-	for (size_t i = 0; i < RAIL_ARRAY_SIZE(conf_names) && me->nconf < RC_MAX_CONF; i++) {
+	for (size_t i = 0; i < RAIL_ARRAY_SIZE(conf_names) && me->nconf < RAIL_CK_MAX_CONF; i++) {
 		for (int p = 0; p < RAIL_P_COUNT; p++) {
-			struct rc_conf *c = &me->conf[me->nconf];
+			struct rail_ck_conf *c = &me->conf[me->nconf];
 
 			if (strcmp(rail_param_table[p].name, conf_names[i]))
 				continue;
@@ -55,7 +55,7 @@ static void conf_local(struct rc_info *me)
 	}
 }
 
-const char *rc_conf_get(const struct rc_info *in, const char *name)
+const char *rail_ck_conf_get(const struct rail_ck_info *in, const char *name)
 {
 	for (int i = 0; i < in->nconf; i++)
 		if (!strcmp(in->conf[i].name, name))
@@ -99,7 +99,7 @@ static void subnet_of(int family, const void *addr, const char *ifname, char *ou
 	freeifaddrs(ifa);
 }
 
-static void dev_ib(int d, struct rc_dev *o)
+static void dev_ib(int d, struct rail_ck_dev *o)
 {
 	struct rail_ib_dev *dev = rail_ib_dev_get(d);
 	struct rail_ib_gid_choice g;
@@ -131,7 +131,7 @@ static void dev_ib(int d, struct rc_dev *o)
 		subnet_of(AF_INET6, g.raw, NULL, o->subnet, sizeof(o->subnet));
 }
 
-static void dev_tcp(int d, struct rc_dev *o)
+static void dev_tcp(int d, struct rail_ck_dev *o)
 {
 	const struct tcp_dev *t = tcp_dev_get(d);
 	const union rail_sockaddr *a;
@@ -159,7 +159,7 @@ static void dev_tcp(int d, struct rc_dev *o)
 	}
 }
 
-void rc_info_local(struct rc_info *me, int init_ok, const char *init_why)
+void rail_ck_info_local(struct rail_ck_info *me, int init_ok, const char *init_why)
 {
 	char devs[64];
 	const char *name = "";
@@ -182,8 +182,8 @@ void rc_info_local(struct rc_info *me, int init_ok, const char *init_why)
 	rail_strlcpy(me->transport, name, sizeof(me->transport));
 	if (rail_net_devices(&n) != ncclSuccess)
 		n = 0;
-	for (int d = 0; d < n && me->ndev < RC_MAX_DEVS; d++) {
-		struct rc_dev *o = &me->dev[me->ndev++];
+	for (int d = 0; d < n && me->ndev < RAIL_CK_MAX_DEVS; d++) {
+		struct rail_ck_dev *o = &me->dev[me->ndev++];
 		struct rail_props p;
 
 		memset(o, 0, sizeof(*o));
@@ -216,9 +216,9 @@ static const char *clean(const char *s, char *buf, size_t len)
 	return buf;
 }
 
-#define C(s) clean((s), (char[RC_WHY]){0}, RC_WHY)
+#define C(s) clean((s), (char[RAIL_CK_WHY]){0}, RAIL_CK_WHY)
 
-int rc_info_encode(const struct rc_info *in, char *buf, size_t len)
+int rail_ck_info_encode(const struct rail_ck_info *in, char *buf, size_t len)
 {
 	size_t off = 0;
 	int n;
@@ -235,7 +235,7 @@ int rc_info_encode(const struct rc_info *in, char *buf, size_t len)
 	for (int i = 0; i < in->nconf; i++)
 		OUT("conf\t%s\t%s\n", C(in->conf[i].name), C(in->conf[i].value));
 	for (int i = 0; i < in->ndev; i++) {
-		const struct rc_dev *d = &in->dev[i];
+		const struct rail_ck_dev *d = &in->dev[i];
 
 		OUT("dev\t%s\t%d\t%s\t%s\t%d\t%s\t%s\t%d\t%d\n", C(d->name), d->port, C(d->link),
 		    C(d->gid), d->gid_index, C(d->gid_type), C(d->subnet), d->mtu, d->speed);
@@ -260,11 +260,11 @@ static void field(char *dst, size_t len, const char *src)
 	rail_strlcpy(dst, strcmp(src, "-") ? src : "", len);
 }
 
-static int decode_dev(char **f, int n, struct rc_info *out)
+static int decode_dev(char **f, int n, struct rail_ck_info *out)
 {
-	struct rc_dev *d;
+	struct rail_ck_dev *d;
 
-	if (n != 10 || out->ndev >= RC_MAX_DEVS)
+	if (n != 10 || out->ndev >= RAIL_CK_MAX_DEVS)
 		return -1;
 	d = &out->dev[out->ndev++];
 	field(d->name, sizeof(d->name), f[1]);
@@ -279,7 +279,7 @@ static int decode_dev(char **f, int n, struct rc_info *out)
 	return 0;
 }
 
-static int decode_line(char **f, int n, struct rc_info *out)
+static int decode_line(char **f, int n, struct rail_ck_info *out)
 {
 	const char *k = f[0];
 
@@ -297,7 +297,7 @@ static int decode_line(char **f, int n, struct rc_info *out)
 		out->wire_handle = atoi(f[1]), out->wire_tcp = atoi(f[2]), out->wire_ib = atoi(f[3]);
 	else if (!strcmp(k, "ctrl") && n == 3)
 		field(out->ctrl_host, sizeof(out->ctrl_host), f[1]), out->ctrl_port = atoi(f[2]);
-	else if (!strcmp(k, "conf") && n == 3 && out->nconf < RC_MAX_CONF) {
+	else if (!strcmp(k, "conf") && n == 3 && out->nconf < RAIL_CK_MAX_CONF) {
 		field(out->conf[out->nconf].name, sizeof(out->conf[0].name), f[1]);
 		field(out->conf[out->nconf++].value, sizeof(out->conf[0].value), f[2]);
 	} else if (!strcmp(k, "dev"))
@@ -307,7 +307,7 @@ static int decode_line(char **f, int n, struct rc_info *out)
 	return 0;
 }
 
-int rc_info_decode(const char *buf, size_t len, struct rc_info *out, char *why, size_t why_len)
+int rail_ck_info_decode(const char *buf, size_t len, struct rail_ck_info *out, char *why, size_t why_len)
 {
 	char *copy = strndup(buf, len), *save = NULL, *f[12];
 	int lineno = 0, rc = 0;

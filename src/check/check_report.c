@@ -11,7 +11,7 @@
 #include <string.h>
 
 #include "rail.h"
-#include "rail_check/check.h"
+#include "check/check.h"
 
 /*
  * Settings that change the wire or the choice of GID and that the
@@ -23,9 +23,21 @@ static const char *const strict[] = {
 	"NCCL_IB_ADDR_RANGE", "NCCL_IB_TC", "NCCL_IB_SL", "NCCL_IB_PKEY", "NCCL_RAIL_IB_EAGER",
 };
 
-void rc_problem(struct rc_report *r, int fatal, const char *what, const char *fmt, ...)
+void rail_ck_catf(char *buf, size_t len, const char *fmt, ...)
 {
-	struct rc_problem *p;
+	size_t n = strnlen(buf, len);
+	va_list ap;
+
+	if (n + 1 >= len)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(buf + n, len - n, fmt, ap);
+	va_end(ap);
+}
+
+void rail_ck_problem(struct rail_ck_report *r, int fatal, const char *what, const char *fmt, ...)
+{
+	struct rail_ck_problem *p;
 	va_list ap;
 
 	if (r->nprobs >= (int)RAIL_ARRAY_SIZE(r->probs))
@@ -57,14 +69,14 @@ static int relevant(const char *name, const char *transport)
 	return ib ? !strcmp(transport, "ib") : tcp ? !strcmp(transport, "tcp") : 1;
 }
 
-static void check_config(struct rc_report *r, const struct rc_info *a, const struct rc_info *b)
+static void check_config(struct rail_ck_report *r, const struct rail_ck_info *a, const struct rail_ck_info *b)
 {
 	for (int i = 0; i < a->nconf; i++) {
-		const char *n = a->conf[i].name, *bv = rc_conf_get(b, n);
+		const char *n = a->conf[i].name, *bv = rail_ck_conf_get(b, n);
 
 		if (!bv || !strcmp(bv, a->conf[i].value) || !relevant(n, a->transport))
 			continue;
-		rc_problem(r, is_strict(n), "config", "%s differs: %s on %s (rank %d), %s on %s "
+		rail_ck_problem(r, is_strict(n), "config", "%s differs: %s on %s (rank %d), %s on %s "
 			   "(rank %d)%s", n, a->conf[i].value, a->host, a->rank, bv, b->host, b->rank,
 			   is_strict(n) ? ": it changes the wire or the GID chosen; set it the same "
 			   "on every node (or leave it unset everywhere)"
@@ -72,24 +84,24 @@ static void check_config(struct rc_report *r, const struct rc_info *a, const str
 	}
 }
 
-static void check_ranks(struct rc_report *r)
+static void check_ranks(struct rail_ck_report *r)
 {
-	const struct rc_info *a = &r->all[0];
+	const struct rail_ck_info *a = &r->all[0];
 
 	for (int k = 0; k < r->nranks; k++) {
-		const struct rc_info *b = &r->all[k];
+		const struct rail_ck_info *b = &r->all[k];
 
 		if (!b->transport[0])
-			rc_problem(r, 1, "plugin", "the plugin did not start on %s (rank %d): %s; "
+			rail_ck_problem(r, 1, "plugin", "the plugin did not start on %s (rank %d): %s; "
 				   "run rail-info there", b->host, k, b->why);
 		else if (b->ndev == 0)
-			rc_problem(r, 1, "plugin", "the %s transport on %s (rank %d) has no device; "
+			rail_ck_problem(r, 1, "plugin", "the %s transport on %s (rank %d) has no device; "
 				   "run rail-info there", b->transport, b->host, k);
 		if (k == 0)
 			continue;
 		if (strcmp(a->version, b->version) || a->wire_handle != b->wire_handle ||
 		    a->wire_tcp != b->wire_tcp || a->wire_ib != b->wire_ib)
-			rc_problem(r, 1, "version", "nccl-net-rail %s on %s (rank %d) (handle/TCP/"
+			rail_ck_problem(r, 1, "version", "nccl-net-rail %s on %s (rank %d) (handle/TCP/"
 				   "verbs wire versions %d/%d/%d), %s on %s (rank 0) (%d/%d/%d): "
 				   "install one release on every node%s", b->version, b->host, k,
 				   b->wire_handle, b->wire_tcp, b->wire_ib, a->version, a->host,
@@ -98,7 +110,7 @@ static void check_ranks(struct rc_report *r)
 				   a->wire_ib != b->wire_ib ? " (these two cannot connect: the plugin "
 				   "refuses the other wire version)" : "");
 		if (a->transport[0] && b->transport[0] && strcmp(a->transport, b->transport))
-			rc_problem(r, 1, "transport", "%s (rank 0) uses the %s transport (%s), %s "
+			rail_ck_problem(r, 1, "transport", "%s (rank 0) uses the %s transport (%s), %s "
 				   "(rank %d) the %s transport (%s): they cannot connect; set "
 				   "NCCL_RAIL_TRANSPORT the same everywhere, or fix the RDMA devices of "
 				   "the TCP one (rail-info)", a->host, a->transport, a->why, b->host, k,
@@ -106,7 +118,7 @@ static void check_ranks(struct rc_report *r)
 		else if (a->transport[0] && b->transport[0]) {
 			check_config(r, a, b);
 			if (a->ndev != b->ndev && a->ndev && b->ndev)
-				rc_problem(r, 1, "rail", "%s (rank 0) has %d device(s), %s (rank %d) "
+				rail_ck_problem(r, 1, "rail", "%s (rank 0) has %d device(s), %s (rank %d) "
 					   "%d: the rails beyond %d have no partner; check NCCL_IB_HCA / "
 					   "NCCL_SOCKET_IFNAME and the links (rail-info)", a->host, a->ndev,
 					   b->host, k, b->ndev, RAIL_MIN(a->ndev, b->ndev));
@@ -114,11 +126,11 @@ static void check_ranks(struct rc_report *r)
 	}
 }
 
-static void cell_mismatch(struct rc_cell *c, const char *step, const char *fmt, ...)
+static void cell_mismatch(struct rail_ck_cell *c, const char *step, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
-static void cell_mismatch(struct rc_cell *c, const char *step, const char *fmt, ...)
+static void cell_mismatch(struct rail_ck_cell *c, const char *step, const char *fmt, ...)
 {
-	char old[RC_WHY], add[RC_WHY];
+	char old[RAIL_CK_WHY], add[RAIL_CK_WHY];
 	va_list ap;
 
 	va_start(ap, fmt);
@@ -127,15 +139,15 @@ static void cell_mismatch(struct rc_cell *c, const char *step, const char *fmt, 
 	rail_strlcpy(old, c->ok ? "" : c->why, sizeof(old));
 	rail_strlcpy(c->why, add, sizeof(c->why));
 	if (old[0])
-		rc_catf(c->why, sizeof(c->why), "; and the %s step failed: %s", c->step, old);
+		rail_ck_catf(c->why, sizeof(c->why), "; and the %s step failed: %s", c->step, old);
 	rail_strlcpy(c->step, step, sizeof(c->step));
 	c->ok = 0;
 }
 
-static void check_cell(struct rc_cell *c, const struct rc_info *a, const struct rc_info *b,
-		       const struct rc_opts *o)
+static void check_cell(struct rail_ck_cell *c, const struct rail_ck_info *a, const struct rail_ck_info *b,
+		       const struct rail_ck_opts *o)
 {
-	const struct rc_dev *x, *y;
+	const struct rail_ck_dev *x, *y;
 
 	if (c->da >= a->ndev || c->db >= b->ndev)
 		return;
@@ -159,11 +171,11 @@ static void check_cell(struct rc_cell *c, const struct rc_info *a, const struct 
 			      "the switch", x->mtu, x->name, a->host, y->mtu, y->name, b->host);
 }
 
-void rc_static_checks(struct rc_report *r, const struct rc_opts *o)
+void rail_ck_static_checks(struct rail_ck_report *r, const struct rail_ck_opts *o)
 {
 	check_ranks(r);
 	for (int i = 0; i < r->ncells; i++) {
-		struct rc_cell *c = &r->cells[i];
+		struct rail_ck_cell *c = &r->cells[i];
 
 		if (c->ra < r->nranks && c->rb < r->nranks)
 			check_cell(c, &r->all[c->ra], &r->all[c->rb], o);
@@ -174,7 +186,7 @@ void rc_static_checks(struct rc_report *r, const struct rc_opts *o)
 
 /* ---- text ---------------------------------------------------------------- */
 
-static int host_unique(const struct rc_report *r, int rank)
+static int host_unique(const struct rail_ck_report *r, int rank)
 {
 	for (int k = 0; k < r->nranks; k++)
 		if (k != rank && !strcmp(r->all[k].host, r->all[rank].host))
@@ -183,9 +195,9 @@ static int host_unique(const struct rc_report *r, int rank)
 }
 
 /* "host:dev", or "host#rank:dev" when several processes share the host name. */
-static const char *label(const struct rc_report *r, int rank, int dev, char *buf, size_t len)
+static const char *label(const struct rail_ck_report *r, int rank, int dev, char *buf, size_t len)
 {
-	const struct rc_info *in = &r->all[rank];
+	const struct rail_ck_info *in = &r->all[rank];
 	const char *d = dev < in->ndev ? in->dev[dev].name : "?";
 
 	if (host_unique(r, rank))
@@ -195,17 +207,17 @@ static const char *label(const struct rc_report *r, int rank, int dev, char *buf
 	return buf;
 }
 
-static const char *gid_of(const struct rc_report *r, int rank, int dev)
+static const char *gid_of(const struct rail_ck_report *r, int rank, int dev)
 {
-	const struct rc_info *in = &r->all[rank];
+	const struct rail_ck_info *in = &r->all[rank];
 
 	return dev < in->ndev ? in->dev[dev].gid : "?";
 }
 
-static const struct rc_cell *find(const struct rc_report *r, int ra, int da, int rb, int db)
+static const struct rail_ck_cell *find(const struct rail_ck_report *r, int ra, int da, int rb, int db)
 {
 	for (int i = 0; i < r->ncells; i++) {
-		const struct rc_cell *c = &r->cells[i];
+		const struct rail_ck_cell *c = &r->cells[i];
 
 		if (c->ra == ra && c->da == da && c->rb == rb && c->db == db)
 			return c;
@@ -213,7 +225,7 @@ static const struct rc_cell *find(const struct rc_report *r, int ra, int da, int
 	return NULL;
 }
 
-static void print_matrix(const struct rc_report *r, FILE *out)
+static void print_matrix(const struct rail_ck_report *r, FILE *out)
 {
 	char l[160], v[64];
 	int w = 18;
@@ -231,7 +243,7 @@ static void print_matrix(const struct rc_report *r, FILE *out)
 			fprintf(out, "%-*s", w, label(r, a, da, l, sizeof(l)));
 			for (int b = 0; b < r->nranks; b++)
 				for (int db = 0; db < r->all[b].ndev; db++) {
-					const struct rc_cell *c = find(r, a, da, b, db);
+					const struct rail_ck_cell *c = find(r, a, da, b, db);
 
 					if (!c || !c->tested)
 						snprintf(v, sizeof(v), "%s", a == b ? "." : "-");
@@ -246,7 +258,7 @@ static void print_matrix(const struct rc_report *r, FILE *out)
 		}
 }
 
-void rc_print_text(const struct rc_report *r, FILE *out)
+void rail_ck_print_text(const struct rail_ck_report *r, FILE *out)
 {
 	char la[160], lb[160];
 	int npairs = 0, nbad = 0;
@@ -254,12 +266,12 @@ void rc_print_text(const struct rc_report *r, FILE *out)
 	fprintf(out, "# rail-check (nccl-net-rail %s): %d processes\n", RAIL_VERSION_STRING,
 		r->nranks);
 	for (int k = 0; k < r->nranks; k++) {
-		const struct rc_info *in = &r->all[k];
+		const struct rail_ck_info *in = &r->all[k];
 
 		fprintf(out, "# rank %d: %s, nccl-net-rail %s, transport %s (%s)\n", k, in->host,
 			in->version, in->transport[0] ? in->transport : "none", in->why);
 		for (int d = 0; d < in->ndev; d++) {
-			const struct rc_dev *x = &in->dev[d];
+			const struct rail_ck_dev *x = &in->dev[d];
 
 			fprintf(out, "#   [%d] %s port %d %s GID %s (index %d, %s) subnet %s MTU %d, "
 				"%d Mbps\n", d, x->name, x->port, x->link, x->gid, x->gid_index,
@@ -270,7 +282,7 @@ void rc_print_text(const struct rc_report *r, FILE *out)
 		"to the column:\n");
 	print_matrix(r, out);
 	for (int i = 0; i < r->ncells; i++) {
-		const struct rc_cell *c = &r->cells[i];
+		const struct rail_ck_cell *c = &r->cells[i];
 
 		if (!c->tested || c->ra > c->rb)
 			continue;
@@ -309,9 +321,9 @@ static void jstr(FILE *out, const char *s)
 	fputc('"', out);
 }
 
-static void json_end(const struct rc_report *r, int rank, int dev, FILE *out)
+static void json_end(const struct rail_ck_report *r, int rank, int dev, FILE *out)
 {
-	const struct rc_info *in = &r->all[rank];
+	const struct rail_ck_info *in = &r->all[rank];
 
 	fprintf(out, "{\"rank\": %d, \"host\": ", rank);
 	jstr(out, in->host);
@@ -322,11 +334,11 @@ static void json_end(const struct rc_report *r, int rank, int dev, FILE *out)
 	fprintf(out, "}");
 }
 
-static void json_ranks(const struct rc_report *r, FILE *out)
+static void json_ranks(const struct rail_ck_report *r, FILE *out)
 {
 	fprintf(out, "  \"ranks\": [\n");
 	for (int k = 0; k < r->nranks; k++) {
-		const struct rc_info *in = &r->all[k];
+		const struct rail_ck_info *in = &r->all[k];
 
 		fprintf(out, "    {\"rank\": %d, \"host\": ", k);
 		jstr(out, in->host);
@@ -338,7 +350,7 @@ static void json_ranks(const struct rc_report *r, FILE *out)
 		jstr(out, in->why);
 		fprintf(out, ", \"devices\": [");
 		for (int d = 0; d < in->ndev; d++) {
-			const struct rc_dev *x = &in->dev[d];
+			const struct rail_ck_dev *x = &in->dev[d];
 
 			fprintf(out, "%s{\"name\": ", d ? ", " : "");
 			jstr(out, x->name);
@@ -357,7 +369,7 @@ static void json_ranks(const struct rc_report *r, FILE *out)
 	fprintf(out, "  ],\n");
 }
 
-void rc_print_json(const struct rc_report *r, FILE *out)
+void rail_ck_print_json(const struct rail_ck_report *r, FILE *out)
 {
 	int first = 1;
 
@@ -368,7 +380,7 @@ void rc_print_json(const struct rc_report *r, FILE *out)
 	json_ranks(r, out);
 	fprintf(out, "  \"pairs\": [\n");
 	for (int i = 0; i < r->ncells; i++) {
-		const struct rc_cell *c = &r->cells[i];
+		const struct rail_ck_cell *c = &r->cells[i];
 
 		if (!c->tested)
 			continue;
@@ -397,13 +409,13 @@ void rc_print_json(const struct rc_report *r, FILE *out)
 
 /* ---- cells on the wire ------------------------------------------------------- */
 
-int rc_cells_encode(const struct rc_cell *c, int n, char *buf, size_t len)
+int rail_ck_cells_encode(const struct rail_ck_cell *c, int n, char *buf, size_t len)
 {
 	size_t off = 0;
 
 	buf[0] = '\0';
 	for (int i = 0; i < n; i++) {
-		char why[RC_WHY];
+		char why[RAIL_CK_WHY];
 		size_t k = 0;
 
 		for (; c[i].why[k] && k + 1 < sizeof(why); k++)
@@ -419,13 +431,13 @@ int rc_cells_encode(const struct rc_cell *c, int n, char *buf, size_t len)
 	return (int)off;
 }
 
-int rc_cells_decode(const char *buf, struct rc_cell *c, int max)
+int rail_ck_cells_decode(const char *buf, struct rail_ck_cell *c, int max)
 {
 	int n = 0;
 
 	while (*buf && n < max) {
 		const char *nl = strchr(buf, '\n');
-		struct rc_cell *x = &c[n];
+		struct rail_ck_cell *x = &c[n];
 		int used = 0;
 
 		memset(x, 0, sizeof(*x));
