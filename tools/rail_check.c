@@ -35,6 +35,8 @@ static void usage(FILE *f)
 		"  --ranks N          processes in all, the first included (default 2)\n"
 		"  --all-pairs        test every local device against every peer device\n"
 		"                     (default: the same device index, i.e. the same rail)\n"
+		"  --expect-devices N every process must have N devices (a port that is down\n"
+		"                     is left out by the plugin on both ends of its link)\n"
 		"  --routed           GIDs may be on different subnets (a routed fabric)\n"
 		"  --json             the report as one JSON object (on the first process)\n"
 		"  --timeout SEC      bound on each step of each pair (default 10)\n"
@@ -97,6 +99,8 @@ static int check_opts(struct rail_ck_opts *o)
 		bad = "--ranks must be from 2 to 64";
 	else if (o->timeout <= 0 || o->meet_timeout <= 0)
 		bad = "--timeout and --meet-timeout must be positive";
+	else if (o->expect_devs < 0 || o->expect_devs > RAIL_CK_MAX_DEVS)
+		bad = "--expect-devices must be from 0 to 16";
 	else if (o->lat_iters < 1)
 		bad = "--lat-iters must be at least 1";
 	else if (!o->bw_bytes || !o->bw_msg || o->bw_msg > (64u << 20))
@@ -132,6 +136,7 @@ static int parse_opts(int argc, char **argv, struct rail_ck_opts *o)
 		{ "rendezvous", required_argument, NULL, 'R' },
 		{ "ranks", required_argument, NULL, 'n' },
 		{ "all-pairs", no_argument, NULL, 'a' },
+		{ "expect-devices", required_argument, NULL, 'e' },
 		{ "routed", no_argument, NULL, 'r' },
 		{ "json", no_argument, NULL, 'j' },
 		{ "timeout", required_argument, NULL, 't' },
@@ -154,6 +159,7 @@ static int parse_opts(int argc, char **argv, struct rail_ck_opts *o)
 		case 'R': o->rendezvous = optarg; break;
 		case 'n': o->ranks = atoi(optarg); break;
 		case 'a': o->all_pairs = 1; break;
+		case 'e': o->expect_devs = atoi(optarg); break;
 		case 'r': o->routed = 1; break;
 		case 'j': o->json = 1; break;
 		case 't': o->timeout = atof(optarg); break;

@@ -30,6 +30,7 @@ struct rail_ck_opts {
 	int ranks;		/* processes in all */
 	int env_rank;		/* from the launcher, -1 without */
 	int all_pairs;
+	int expect_devs;	/* --expect-devices: each process must have this many, 0 any */
 	int routed;		/* subnets may differ (a routed RoCE v2 / IB fabric) */
 	int json;
 	int verbose;

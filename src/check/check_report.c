@@ -84,7 +84,7 @@ static void check_config(struct rail_ck_report *r, const struct rail_ck_info *a,
 	}
 }
 
-static void check_ranks(struct rail_ck_report *r)
+static void check_ranks(struct rail_ck_report *r, const struct rail_ck_opts *o)
 {
 	const struct rail_ck_info *a = &r->all[0];
 
@@ -97,6 +97,11 @@ static void check_ranks(struct rail_ck_report *r)
 		else if (b->ndev == 0)
 			rail_ck_problem(r, 1, "plugin", "the %s transport on %s (rank %d) has no device; "
 				   "run rail-info there", b->transport, b->host, k);
+		if (b->transport[0] && o->expect_devs && b->ndev != o->expect_devs)
+			rail_ck_problem(r, 1, "devices", "%s (rank %d) has %d device(s), "
+					"--expect-devices %d: a port or interface is down or left out by "
+					"NCCL_IB_HCA / NCCL_SOCKET_IFNAME (rail-info there says which and "
+					"why)", b->host, k, b->ndev, o->expect_devs);
 		if (k == 0)
 			continue;
 		if (strcmp(a->version, b->version) || a->wire_handle != b->wire_handle ||
@@ -173,7 +178,7 @@ static void check_cell(struct rail_ck_cell *c, const struct rail_ck_info *a, con
 
 void rail_ck_static_checks(struct rail_ck_report *r, const struct rail_ck_opts *o)
 {
-	check_ranks(r);
+	check_ranks(r, o);
 	for (int i = 0; i < r->ncells; i++) {
 		struct rail_ck_cell *c = &r->cells[i];
 
@@ -225,6 +230,29 @@ static const struct rail_ck_cell *find(const struct rail_ck_report *r, int ra, i
 	return NULL;
 }
 
+/* What to try, per failed step. */
+static const char *hint(const char *step)
+{
+	static const struct { const char *step, *text; } hints[] = {
+		{ "connect", "check the link and the route between these two addresses (ip link, "
+			     "ip route, ping from one to the other; for verbs also ibstat / ibv_devinfo, "
+			     "the GID tables and NCCL_IB_GID_INDEX; rail-info on both hosts)" },
+		{ "pattern", "data arrived wrong or not at all: check the NIC firmware and the "
+			     "switch port (errors in ethtool -S / perfquery), and retry with -v" },
+		{ "latency", "the link stalls under small messages: check for packet loss (ethtool -S, "
+			     "perfquery), PFC/ECN on RoCE, and NCCL_IB_TIMEOUT" },
+		{ "bandwidth", "the link stalls under load: check for packet loss, PFC/ECN on RoCE, "
+			       "the MTU on the path, and the switch port counters" },
+		{ "control", "rail-check on the peer stopped or is unreachable on its control "
+			     "address: see its output" },
+	};
+
+	for (size_t i = 0; i < RAIL_ARRAY_SIZE(hints); i++)
+		if (!strcmp(hints[i].step, step))
+			return hints[i].text;
+	return "the reason above says what differs: make both ends the same";
+}
+
 static void print_matrix(const struct rail_ck_report *r, FILE *out)
 {
 	char l[160], v[64];
@@ -261,7 +289,7 @@ static void print_matrix(const struct rail_ck_report *r, FILE *out)
 void rail_ck_print_text(const struct rail_ck_report *r, FILE *out)
 {
 	char la[160], lb[160];
-	int npairs = 0, nbad = 0;
+	int npairs = 0, nbad = 0, nprob = 0;
 
 	fprintf(out, "# rail-check (nccl-net-rail %s): %d processes\n", RAIL_VERSION_STRING,
 		r->nranks);
@@ -291,16 +319,18 @@ void rail_ck_print_text(const struct rail_ck_report *r, FILE *out)
 			continue;
 		if (!nbad++)
 			fprintf(out, "\nfailing pairs:\n");
-		fprintf(out, "FAIL %s (GID %s) <-> %s (GID %s): %s: %s\n",
+		fprintf(out, "FAIL %s (GID %s) <-> %s (GID %s): %s: %s\n  try: %s\n",
 			label(r, c->ra, c->da, la, sizeof(la)), gid_of(r, c->ra, c->da),
 			label(r, c->rb, c->db, lb, sizeof(lb)), gid_of(r, c->rb, c->db), c->step,
-			c->why);
+			c->why, hint(c->step));
 	}
-	for (int i = 0; i < r->nprobs; i++)
+	for (int i = 0; i < r->nprobs; i++) {
 		fprintf(out, "%s%s %s: %s\n", i == 0 ? "\n" : "", r->probs[i].fatal ? "FAIL" : "note",
 			r->probs[i].what, r->probs[i].text);
+		nprob += r->probs[i].fatal;
+	}
 	fprintf(out, "\nrail-check: %s: %d device pair(s) tested, %d failed; %d other problem(s)\n",
-		r->nfail ? "FAILED" : "all good", npairs, nbad, r->nfail - nbad);
+		r->nfail ? "FAILED" : "all good", npairs, nbad, nprob);
 }
 
 /* ---- JSON ------------------------------------------------------------------ */

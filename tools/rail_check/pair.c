@@ -43,7 +43,7 @@ void rail_ck_logger(ncclDebugLogLevel level, unsigned long flags, const char *fi
 		rail_strlcpy(warn_last, m, sizeof(warn_last));
 		pthread_mutex_unlock(&warn_lock);
 	}
-	if (rail_ck_verbose || (int)level <= rail_log_level())
+	if (rail_ck_verbose || ((int)level <= rail_log_level() && getenv("NCCL_DEBUG")))
 		fprintf(stderr, "%s%s\n", level == NCCL_LOG_WARN ? "WARN " : "", msg);
 }
 
@@ -68,6 +68,7 @@ struct link {
 	uint64_t deadline;
 	char peer_data[RAIL_ADDR_STRLEN + 32];
 	int failed;
+	const char *res;	/* the result's meaning, when the plugin said nothing */
 	char why[RAIL_CK_WHY];
 };
 
@@ -82,8 +83,11 @@ __attribute__((format(printf, 2, 3))) static void fail(struct link *l, const cha
 	vsnprintf(l->why, sizeof(l->why), fmt, ap);
 	va_end(ap);
 	rail_ck_last_warning(plugin, sizeof(plugin));
-	if (plugin[0])
-		rail_ck_catf(l->why, sizeof(l->why), "; the plugin said: %s", plugin);
+	if (plugin[0])	/* the plugin's own words say more than the result code */
+		rail_ck_catf(l->why, sizeof(l->why), ": %s", plugin);
+	else if (l->res)
+		rail_ck_catf(l->why, sizeof(l->why), ": %s", l->res);
+	l->res = NULL;
 }
 
 static const char *res_text(ncclResult_t r)
@@ -126,7 +130,8 @@ static int wait_req(struct link *l, void *req, const char *what)
 		ncclResult_t r = rail_net_test(req, &done, NULL);
 
 		if (r != ncclSuccess) {
-			fail(l, "%s: %s", what, res_text(r));
+			l->res = res_text(r);
+			fail(l, "%s", what);
 			return -1;
 		}
 		if (!done) {
@@ -150,7 +155,8 @@ static void *post(struct link *l, int is_send, void *buf, size_t size, const cha
 			: rail_net_irecv(l->recv, 1, &data, &size, &tag, &l->rmh, &req);
 
 		if (r != ncclSuccess) {
-			fail(l, "%s: posting failed: %s", what, res_text(r));
+			l->res = res_text(r);
+			fail(l, "%s: posting failed", what);
 			return NULL;
 		}
 		if (!req && (late(l, what), l->failed))
@@ -241,7 +247,8 @@ static void phase_connect(struct link *l)
 
 	r = rail_net_listen(l->ctx, l->mine, mine, &l->lc);
 	if (r != ncclSuccess) {
-		fail(l, "listen on device %d: %s", l->mine, res_text(r));
+		l->res = res_text(r);
+		fail(l, "listen on device %d", l->mine);
 		l->lc = NULL;
 	}
 	if (rail_ck_msg_send(l->fd, RAIL_CK_MSG_HANDLE, mine, sizeof(mine), l->deadline) ||
@@ -258,10 +265,10 @@ static void phase_connect(struct link *l)
 						 "(unreadable handle: %s)", why);
 	while (!l->send || !l->recv) {
 		if (!l->send && (r = rail_net_connect(l->ctx, l->mine, -1, theirs, &l->send)))
-			return fail(l, "connect to the peer's address %s: %s", l->peer_data,
-				    res_text(r));
+			return l->res = res_text(r), fail(l, "connect to the peer's address %s",
+							    l->peer_data);
 		if (!l->recv && (r = rail_net_accept(l->lc, &l->recv)))
-			return fail(l, "accept the peer's connection: %s", res_text(r));
+			return l->res = res_text(r), fail(l, "accept the peer's connection");
 		if (l->send && l->recv)
 			break;
 		if (late(l, l->send ? "accepting the peer's connection"
@@ -283,9 +290,10 @@ static void phase_register(struct link *l)
 	memset(l->sbuf, 0, l->blen);
 	memset(l->rbuf, 0, l->blen);
 	if ((r = rail_net_reg_mr(l->send, l->sbuf, l->blen, NCCL_PTR_HOST, &l->smh)))
-		return l->smh = NULL, fail(l, "registering the send buffer: %s", res_text(r));
+		return l->smh = NULL, l->res = res_text(r), fail(l, "registering the send buffer");
 	if ((r = rail_net_reg_mr(l->recv, l->rbuf, l->blen, NCCL_PTR_HOST, &l->rmh)))
-		return l->rmh = NULL, fail(l, "registering the receive buffer: %s", res_text(r));
+		return l->rmh = NULL, l->res = res_text(r),
+		       fail(l, "registering the receive buffer");
 }
 
 /* A pattern both ways, every byte checked. */
