@@ -313,7 +313,8 @@ static int peer_finish(struct run *u)
 		return RAIL_CK_EXIT_SETUP;
 	for (int i = 0; i < u->ncells; i++)
 		nfail += !u->cells[i].ok;
-	if (rail_ck_msg_send(u->m.hub_fd, RAIL_CK_MSG_RESULT, buf, strlen(buf), rail_ck_deadline(u->o->timeout)) ||
+	if (rail_ck_msg_send(u->m.hub_fd, RAIL_CK_MSG_RESULT, buf, strlen(buf),
+			     rail_ck_deadline(u->o->timeout)) ||
 	    rail_ck_msg_recv(u->m.hub_fd, RAIL_CK_MSG_FINAL, fin, sizeof(fin), NULL,
 			rail_ck_deadline(total_budget(u)))) {
 		fprintf(stderr, "rail-check: the first process (%s) stopped before the report "

@@ -80,7 +80,8 @@ void rail_ck_info_local(struct rail_ck_info *me, int init_ok, const char *init_w
 /* Text form (lines of tab-separated fields); returns the length, or -1 if too long. */
 int rail_ck_info_encode(const struct rail_ck_info *in, char *buf, size_t len);
 /* 0, or -1 with why (the bytes came from a peer). */
-int rail_ck_info_decode(const char *buf, size_t len, struct rail_ck_info *out, char *why, size_t why_len);
+int rail_ck_info_decode(const char *buf, size_t len, struct rail_ck_info *out, char *why,
+			size_t why_len);
 /* The value of one setting in info, or NULL. */
 const char *rail_ck_conf_get(const struct rail_ck_info *in, const char *name);
 
@@ -132,20 +133,22 @@ struct rail_ck_cell {
 };
 
 /* The logger handed to the plugin: keeps its last warning (for failure reasons). */
-void rail_ck_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...);
+void rail_ck_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
+		    const char *fmt, ...);
 /* The last warning the plugin logged since the last call ("" none), and forget it. */
 void rail_ck_last_warning(char *buf, size_t len);
 extern int rail_ck_verbose;
 /* snprintf into buf at its current end (truncating quietly). */
-__attribute__((format(printf, 3, 4))) void rail_ck_catf(char *buf, size_t len, const char *fmt, ...);
+__attribute__((format(printf, 3, 4)))
+void rail_ck_catf(char *buf, size_t len, const char *fmt, ...);
 
 /*
  * Test device `mine` against the peer's device `theirs` over the pair control
  * connection fd; both sides call it in the same order. Fills *cell (this
  * side's row). Returns -1 only when the control connection itself is lost.
  */
-int rail_ck_pair_test(const struct rail_ck_opts *o, void *ctx, int fd, int role, int mine, int theirs,
-		 struct rail_ck_cell *cell);
+int rail_ck_pair_test(const struct rail_ck_opts *o, void *ctx, int fd, int role, int mine,
+		      int theirs, struct rail_ck_cell *cell);
 
 /* ---- check_report.c ---- */
 struct rail_ck_problem {

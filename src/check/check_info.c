@@ -307,7 +307,8 @@ static int decode_line(char **f, int n, struct rail_ck_info *out)
 	return 0;
 }
 
-int rail_ck_info_decode(const char *buf, size_t len, struct rail_ck_info *out, char *why, size_t why_len)
+int rail_ck_info_decode(const char *buf, size_t len, struct rail_ck_info *out, char *why,
+			size_t why_len)
 {
 	char *copy = strndup(buf, len), *save = NULL, *f[12];
 	int lineno = 0, rc = 0;

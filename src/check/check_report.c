@@ -69,7 +69,8 @@ static int relevant(const char *name, const char *transport)
 	return ib ? !strcmp(transport, "ib") : tcp ? !strcmp(transport, "tcp") : 1;
 }
 
-static void check_config(struct rail_ck_report *r, const struct rail_ck_info *a, const struct rail_ck_info *b)
+static void check_config(struct rail_ck_report *r, const struct rail_ck_info *a,
+			 const struct rail_ck_info *b)
 {
 	for (int i = 0; i < a->nconf; i++) {
 		const char *n = a->conf[i].name, *bv = rail_ck_conf_get(b, n);
@@ -149,8 +150,8 @@ static void cell_mismatch(struct rail_ck_cell *c, const char *step, const char *
 	c->ok = 0;
 }
 
-static void check_cell(struct rail_ck_cell *c, const struct rail_ck_info *a, const struct rail_ck_info *b,
-		       const struct rail_ck_opts *o)
+static void check_cell(struct rail_ck_cell *c, const struct rail_ck_info *a,
+		       const struct rail_ck_info *b, const struct rail_ck_opts *o)
 {
 	const struct rail_ck_dev *x, *y;
 
@@ -219,7 +220,8 @@ static const char *gid_of(const struct rail_ck_report *r, int rank, int dev)
 	return dev < in->ndev ? in->dev[dev].gid : "?";
 }
 
-static const struct rail_ck_cell *find(const struct rail_ck_report *r, int ra, int da, int rb, int db)
+static const struct rail_ck_cell *find(const struct rail_ck_report *r, int ra, int da, int rb,
+				       int db)
 {
 	for (int i = 0; i < r->ncells; i++) {
 		const struct rail_ck_cell *c = &r->cells[i];

@@ -195,7 +195,8 @@ static int hub_collect(const struct rail_ck_opts *o, int lfd, struct rail_ck_mee
 		}
 		rail_sock_set_nonblocking(fd, 1);
 		rail_sock_set_liveness(fd, 30, 0);
-		err = rail_ck_msg_recv(fd, RAIL_CK_MSG_INFO, buf, RAIL_CK_MSG_MAX, &got, rail_ck_deadline(o->timeout));
+		err = rail_ck_msg_recv(fd, RAIL_CK_MSG_INFO, buf, RAIL_CK_MSG_MAX, &got,
+				       rail_ck_deadline(o->timeout));
 		if (err) {
 			fprintf(stderr, "rail-check: %s connected but is not a rail-check of this "
 				"version (%s); ignored\n", RAIL_ADDRSTR(&peer), RAIL_ERRSTR(err));
@@ -228,7 +229,8 @@ static void hub_order(struct rail_ck_meet *m, struct rail_ck_info *all, int *ord
 		order[all[r].want_rank] = r;
 }
 
-static int hub_send_all(const struct rail_ck_opts *o, struct rail_ck_meet *m, struct rail_ck_info *all)
+static int hub_send_all(const struct rail_ck_opts *o, struct rail_ck_meet *m,
+			struct rail_ck_info *all)
 {
 	char *buf = malloc(RAIL_CK_MSG_MAX);
 	size_t off;

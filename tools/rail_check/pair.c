@@ -27,7 +27,8 @@ int rail_ck_verbose;
 static pthread_mutex_t warn_lock = PTHREAD_MUTEX_INITIALIZER;
 static char warn_last[RAIL_CK_WHY];
 
-void rail_ck_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line, const char *fmt, ...)
+void rail_ck_logger(ncclDebugLogLevel level, unsigned long flags, const char *file, int line,
+		    const char *fmt, ...)
 {
 	char msg[1024];
 	va_list ap;
@@ -429,8 +430,8 @@ static int next_phase(struct link *l)
 	return 0;
 }
 
-int rail_ck_pair_test(const struct rail_ck_opts *o, void *ctx, int fd, int role, int mine, int theirs,
-		 struct rail_ck_cell *cell)
+int rail_ck_pair_test(const struct rail_ck_opts *o, void *ctx, int fd, int role, int mine,
+		      int theirs, struct rail_ck_cell *cell)
 {
 	struct link l = { .o = o, .ctx = ctx, .fd = fd, .role = role, .mine = mine,
 			  .theirs = theirs };
