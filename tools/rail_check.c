@@ -349,13 +349,16 @@ int main(int argc, char **argv)
 		rail_ck_last_warning(why, sizeof(why));
 	rail_ck_info_local(&u.me, init_ok, why[0] ? why : "init failed");
 	u.me.want_rank = o.env_rank;
-	if (rail_ck_meet(&o, &u.me, &u.m))
-		return RAIL_CK_EXIT_SETUP;
+	if (rail_ck_meet(&o, &u.me, &u.m)) {
+		code = RAIL_CK_EXIT_SETUP;
+		goto out;
+	}
 	u.me = u.m.all[u.m.rank];
 	for (int peer = 0; peer < u.m.nranks; peer++)
 		if (peer != u.m.rank)
 			test_peer(&u, peer, rail_ck_deadline(total_budget(&u)));
 	code = u.m.rank == 0 ? hub_finish(&u) : peer_finish(&u);
+out:
 	rail_ck_meet_close(&u.m);
 	free(u.cells);
 	if (init_ok)
