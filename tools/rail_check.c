@@ -282,8 +282,10 @@ static int hub_finish(struct run *u)
 		if (n < 0)
 			rail_ck_problem(r, 1, "lost", "rank %d (%s) stopped before sending its results "
 				   "(see its output)", k, u->m.all[k].host);
-		for (int i = 0; i < n; i++)
-			*new_cell(u, 0, 0, 0) = tmp[i];
+		for (int i = 0; i < n; i++)	/* only rank k's own rows, of devices that exist */
+			if (tmp[i].ra == k && tmp[i].da < u->m.all[k].ndev &&
+			    tmp[i].rb < u->m.nranks && tmp[i].db < u->m.all[tmp[i].rb].ndev)
+				*new_cell(u, 0, 0, 0) = tmp[i];
 		free(tmp);
 	}
 	r->cells = u->cells;
