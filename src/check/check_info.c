@@ -255,9 +255,16 @@ static int split(char *line, char **f, int max)
 	return n;
 }
 
+/* A peer's text: "-" is empty; control bytes become '?' (the report goes to a terminal). */
 static void field(char *dst, size_t len, const char *src)
 {
-	rail_strlcpy(dst, strcmp(src, "-") ? src : "", len);
+	size_t i = 0;
+
+	if (!strcmp(src, "-"))
+		src = "";
+	for (; src[i] && i + 1 < len; i++)
+		dst[i] = (unsigned char)src[i] < 0x20 || src[i] == 0x7f ? '?' : src[i];
+	dst[i] = '\0';
 }
 
 static int decode_dev(char **f, int n, struct rail_ck_info *out)
@@ -270,9 +277,9 @@ static int decode_dev(char **f, int n, struct rail_ck_info *out)
 	field(d->name, sizeof(d->name), f[1]);
 	d->port = atoi(f[2]);
 	field(d->link, sizeof(d->link), f[3]);
-	rail_strlcpy(d->gid, f[4], sizeof(d->gid));
+	field(d->gid, sizeof(d->gid), f[4]);
 	d->gid_index = atoi(f[5]);
-	rail_strlcpy(d->gid_type, f[6], sizeof(d->gid_type));
+	field(d->gid_type, sizeof(d->gid_type), f[6]);
 	field(d->subnet, sizeof(d->subnet), f[7]);
 	d->mtu = atoi(f[8]);
 	d->speed = atoi(f[9]);

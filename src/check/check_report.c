@@ -217,7 +217,7 @@ static const char *gid_of(const struct rail_ck_report *r, int rank, int dev)
 {
 	const struct rail_ck_info *in = &r->all[rank];
 
-	return dev < in->ndev ? in->dev[dev].gid : "?";
+	return dev >= in->ndev ? "?" : in->dev[dev].gid[0] ? in->dev[dev].gid : "-";
 }
 
 static const struct rail_ck_cell *find(const struct rail_ck_report *r, int ra, int da, int rb,
@@ -479,6 +479,12 @@ int rail_ck_cells_decode(const char *buf, struct rail_ck_cell *c, int max)
 			return -1;
 		snprintf(x->why, sizeof(x->why), "%.*s", (int)((nl ? nl : buf + strlen(buf)) -
 							     (buf + used)), buf + used);
+		for (char *q = x->why; *q; q++)	/* the report goes to a terminal */
+			if ((unsigned char)*q < 0x20 || *q == 0x7f)
+				*q = '?';
+		for (char *q = x->step; *q; q++)
+			if ((unsigned char)*q < 0x20 || *q == 0x7f)
+				*q = '?';
 		if (!strcmp(x->why, "-"))
 			x->why[0] = '\0';
 		if (!strcmp(x->step, "-"))

@@ -68,6 +68,13 @@ static void test_info_roundtrip(void **state)
 	assert_int_equal(b.dev[0].mtu, 1024);
 	assert_string_equal(b.ctrl_host, "10.0.0.2");
 	assert_int_equal(b.ctrl_port, 4242);
+	/* a peer's control bytes never reach the terminal */
+	{
+		const char *esc = "rail-check\t1\nhost\tab\x1b[31m\r\n";
+
+		assert_int_equal(rail_ck_info_decode(esc, strlen(esc), &b, why, sizeof(why)), 0);
+		assert_string_equal(b.host, "ab?[31m?");
+	}
 	/* too small a buffer is refused, not truncated */
 	assert_int_equal(rail_ck_info_encode(&a, buf, 40), -1);
 }
