@@ -129,7 +129,7 @@ struct rail_ck_cell {
 	double lat_us;		/* median half round trip */
 	double bw;		/* GB/s from the row to the column */
 	char step[32];		/* the step that failed */
-	char why[RAIL_CK_WHY];
+	char why[2 * RAIL_CK_WHY];	/* this side's reason and the peer's */
 };
 
 /* The logger handed to the plugin: keeps its last warning (for failure reasons). */

@@ -136,7 +136,7 @@ static void cell_mismatch(struct rail_ck_cell *c, const char *step, const char *
 	__attribute__((format(printf, 3, 4)));
 static void cell_mismatch(struct rail_ck_cell *c, const char *step, const char *fmt, ...)
 {
-	char old[RAIL_CK_WHY], add[RAIL_CK_WHY];
+	char old[2 * RAIL_CK_WHY], add[RAIL_CK_WHY];
 	va_list ap;
 
 	va_start(ap, fmt);
@@ -447,7 +447,7 @@ int rail_ck_cells_encode(const struct rail_ck_cell *c, int n, char *buf, size_t 
 
 	buf[0] = '\0';
 	for (int i = 0; i < n; i++) {
-		char why[RAIL_CK_WHY];
+		char why[2 * RAIL_CK_WHY];
 		size_t k = 0;
 
 		for (; c[i].why[k] && k + 1 < sizeof(why); k++)
