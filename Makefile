@@ -193,9 +193,11 @@ test-conformance: $(PLUGIN) $(CONFORMANCE)
 	NCCL_RAIL_TRANSPORT=tcp $(CONFORMANCE) --plugin $(PLUGIN) --self-test
 
 # rail-bench --server / --client in two network namespaces joined by a veth
-# pair (root; skips saying why otherwise).
+# pair, then rail-check across two namespaces with two rails, healthy and
+# with a rail down or black-holed (root; skips saying why otherwise).
 test-netns: all
 	test/netns/run.sh $(BUILD)
+	test/netns/rail-check.sh $(BUILD)
 
 # The unit tests and the conformance suite under AddressSanitizer (leaks
 # included) and UndefinedBehaviorSanitizer, in their own build tree.

@@ -20,7 +20,8 @@ cd "$top"
 
 die() { echo "make-deb: $*" >&2; exit 1; }
 command -v dpkg-deb >/dev/null || die "dpkg-deb not found (apt-get install dpkg)"
-for f in "$build/libnccl-net-rail.so" "$build/rail-info" "$build/rail-bench" "$build/rail-rawtcp"; do
+for f in "$build/libnccl-net-rail.so" "$build/rail-info" "$build/rail-bench" "$build/rail-check" \
+	"$build/rail-rawtcp"; do
 	[ -f "$f" ] || die "$f is missing: run make first"
 done
 
@@ -70,7 +71,7 @@ Description: NCCL network plugin for RDMA verbs and TCP
  transport. One library serves NCCL 2.13 and later (net plugin ABIs v6-v12).
  Set NCCL_NET_PLUGIN=rail to use it. Tools: rail-info (the doctor, also a
  readiness check), rail-bench (latency and bandwidth between two hosts),
- rail-rawtcp.
+ rail-check (a preflight across nodes: every NIC to every peer NIC), rail-rawtcp.
 CTRL
 echo "activate-noawait ldconfig" >"$stage/DEBIAN/triggers"
 (cd "$stage" && find . -path ./DEBIAN -prune -o -type f -printf '%P\0' | sort -z |

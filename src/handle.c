@@ -42,7 +42,25 @@ int rail_handle_encode(const struct rail_handle *h, void *buf, size_t len)
 	}
 	memcpy(p + 40, h->payload, h->payload_len);
 	rail_put_u32(p + 72, rail_fnv1a(p, 72));
+	rail_strlcpy((char *)p + RAIL_HANDLE_RELEASE_OFFSET, RAIL_VERSION_STRING,
+		     RAIL_HANDLE_RELEASE_MAX);
 	return 0;
+}
+
+/* The listener's release: printable and NUL-terminated within its field, else "". */
+static void release_decode(const uint8_t *p, size_t len, char *out)
+{
+	const uint8_t *r = p + RAIL_HANDLE_RELEASE_OFFSET;
+	int i;
+
+	out[0] = '\0';
+	if (len < RAIL_HANDLE_RELEASE_OFFSET + RAIL_HANDLE_RELEASE_MAX)
+		return;
+	for (i = 0; i < RAIL_HANDLE_RELEASE_MAX && r[i]; i++)
+		if (r[i] < 0x21 || r[i] > 0x7e)
+			return;
+	if (i < RAIL_HANDLE_RELEASE_MAX)
+		memcpy(out, r, (size_t)i + 1);
 }
 
 int rail_handle_decode(const void *buf, size_t len, struct rail_handle *h, char *why,
@@ -68,9 +86,13 @@ int rail_handle_decode(const void *buf, size_t len, struct rail_handle *h, char 
 	}
 	version = rail_get_u16(p + 4);
 	if (version != RAIL_HANDLE_VERSION) {
+		char rel[RAIL_HANDLE_RELEASE_MAX];
+
+		release_decode(p, len, rel);
 		snprintf(why, why_len,
-			 "handle format version %u, this plugin (%s) speaks version %d: "
-			 "use the same nccl-net-rail build on every node", version,
+			 "handle format version %u from a listener running nccl-net-rail %s, this "
+			 "plugin (%s) speaks version %d: use the same nccl-net-rail release on "
+			 "every node", version, rel[0] ? rel : "(an older release)",
 			 RAIL_VERSION_STRING, RAIL_HANDLE_VERSION);
 		return -EPROTONOSUPPORT;
 	}
@@ -100,6 +122,7 @@ int rail_handle_decode(const void *buf, size_t len, struct rail_handle *h, char 
 	}
 	rail_sockaddr_set_port(&out.addr, rail_get_u16(p + 16));
 	memcpy(out.payload, p + 40, out.payload_len);
+	release_decode(p, len, out.release);
 	*h = out;
 	return 0;
 }

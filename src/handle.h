@@ -3,7 +3,11 @@
  * node to connect() on another (at most 128 bytes). It holds a magic
  * number, a format version, the transport, a random nonce chosen per
  * listen comm, and the listener's address. Decoding refuses anything that
- * does not match, with a reason an operator can read.
+ * does not match, with a reason an operator can read. Beside the checked
+ * bytes it carries the listener's release (VERSION), outside the checksum
+ * and readable whatever the format version, so that a connector refused for
+ * a version or wire mismatch can name both releases (older releases leave
+ * those bytes zero: "").
  */
 #ifndef RAIL_HANDLE_H
 #define RAIL_HANDLE_H
@@ -19,6 +23,8 @@
 #define RAIL_HANDLE_WIRE_SIZE 76	/* encoded bytes, checksum included */
 #define RAIL_HANDLE_PAYLOAD_MAX 32
 #define RAIL_HANDLE_STAGE_OFFSET 120	/* connector-local stage index and generation */
+#define RAIL_HANDLE_RELEASE_OFFSET 80	/* the listener's release, NUL-terminated */
+#define RAIL_HANDLE_RELEASE_MAX 32
 
 enum rail_transport_id {
 	RAIL_TRANSPORT_TCP = 1,
@@ -31,6 +37,8 @@ struct rail_handle {
 	union rail_sockaddr addr;
 	uint16_t payload_len;
 	uint8_t payload[RAIL_HANDLE_PAYLOAD_MAX];
+	/* decode: the listener's release ("" when absent); encode writes this build's */
+	char release[RAIL_HANDLE_RELEASE_MAX];
 };
 
 /* Writes the whole 128-byte handle (zero-filled, stage slot cleared). */

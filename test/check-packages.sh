@@ -30,7 +30,7 @@ trap 'rm -rf "$tmp"' EXIT
 d=$tmp/inst
 make --no-print-directory -s install DESTDIR="$d" PREFIX=/opt/rail NCCL_DEFAULT_LINK=1 >/dev/null
 expect_file "$d/opt/rail/lib/libnccl-net-rail.so" "install: plugin in PREFIX/lib"
-for t in rail-info rail-bench rail-rawtcp; do
+for t in rail-info rail-bench rail-check rail-rawtcp; do
 	expect_file "$d/opt/rail/bin/$t" "install: $t in PREFIX/bin"
 done
 expect_file "$d/opt/rail/share/doc/nccl-net-rail/nccl-net.conf.example" "install: example config in DOCDIR"
@@ -57,7 +57,7 @@ else
 		fail "deb: Version $(dpkg-deb -f "$deb" Version), VERSION says $version"
 	list=$(dpkg-deb -c "$deb" | awk '{print $6}')
 	for f in "./usr/lib/$multiarch/libnccl-net-rail.so" ./usr/bin/rail-info ./usr/bin/rail-bench \
-		./usr/bin/rail-rawtcp ./usr/share/doc/nccl-net-rail/copyright \
+		./usr/bin/rail-check ./usr/bin/rail-rawtcp ./usr/share/doc/nccl-net-rail/copyright \
 		./usr/share/doc/nccl-net-rail/nccl-net.conf.example ./usr/share/doc/nccl-net-rail/DEPLOY.md; do
 		if grep -qxF "$f" <<<"$list"; then ok "deb: has $f"; else fail "deb: lacks $f"; fi
 	done
@@ -70,7 +70,7 @@ else
 		ok "deb: ldconfig trigger" || fail "deb: no ldconfig trigger"
 	x=$tmp/deb
 	dpkg-deb -x "$deb" "$x"
-	for t in rail-info rail-bench rail-rawtcp; do
+	for t in rail-info rail-bench rail-check rail-rawtcp; do
 		out=$("$x/usr/bin/$t" --version 2>&1 || true)
 		if [ "$out" = "$t (nccl-net-rail) $version" ]; then
 			ok "deb: $t --version says $version"
@@ -93,7 +93,7 @@ else
 		rpmfile=$(ls "$pkgdir"/rpm/RPMS/*/nccl-net-rail-"$version"-1*.rpm 2>/dev/null | head -n1 || true)
 		if [ -n "$rpmfile" ]; then
 			rlist=$(rpm -qlp "$rpmfile" 2>/dev/null)
-			for f in /usr/bin/rail-info /usr/bin/rail-bench /usr/bin/rail-rawtcp; do
+			for f in /usr/bin/rail-info /usr/bin/rail-bench /usr/bin/rail-check /usr/bin/rail-rawtcp; do
 				grep -qxF "$f" <<<"$rlist" && ok "rpm: has $f" || fail "rpm: lacks $f"
 			done
 			grep -q '/libnccl-net-rail.so$' <<<"$rlist" && ok "rpm: has the plugin" ||

@@ -80,6 +80,8 @@ struct rail_ib_hs {
 	struct rail_conn_opts opts;
 	struct rail_ib_comm *comm;
 	char peer[RAIL_ADDR_STRLEN];
+	/* connect: "" or what the listener's handle says of its release, when not ours */
+	char release_note[128];
 	uint8_t buf[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
 	size_t len, off;
 	int body_len;
@@ -246,10 +248,10 @@ static int io_warn(struct rail_ib_hs *hs, int err)
 {
 	if (!err || err == -EAGAIN)
 		return err;
-	RAIL_WARN("verbs handshake with peer %s failed while %s: %s%s", hs->peer,
+	RAIL_WARN("verbs handshake with peer %s failed while %s: %s%s%s", hs->peer,
 		  state_names[hs->state], RAIL_ERRSTR(err),
 		  err == -ECONNRESET || err == -EPIPE ? " (the peer closed the connection: did it "
-							 "fail or exit?)" : "");
+							 "fail or exit?)" : "", hs->release_note);
 	return err;
 }
 
@@ -286,8 +288,8 @@ static int hs_recv(struct rail_ib_hs *hs, struct rail_ib_msg *m)
 	if (!err)
 		return 0;
 bad:
-	RAIL_WARN("verbs handshake with peer %s while %s: %s", hs->peer, state_names[hs->state],
-		  why);
+	RAIL_WARN("verbs handshake with peer %s while %s: %s%s", hs->peer, state_names[hs->state],
+		  why, hs->release_note);
 	return -EPROTO;
 }
 
@@ -376,7 +378,8 @@ static int sender_check_accept(struct rail_ib_hs *hs, const struct rail_ib_msg *
 	char why[200];
 
 	if (m->type == RAIL_IB_MSG_REFUSE) {
-		RAIL_WARN("connection to peer %s refused by the listener: %s", hs->peer, m->text);
+		RAIL_WARN("connection to peer %s refused by the listener: %s%s", hs->peer, m->text,
+			  hs->release_note);
 		return -ECONNREFUSED;
 	}
 	if (m->type != RAIL_IB_MSG_ACCEPT || m->nqps < RAIL_MAX(c->ndevs, m->ndevs) ||
@@ -528,6 +531,10 @@ static int connect_start(int vdev, const struct rail_conn_opts *opts, const void
 	hs->start_ns = rail_now_ns();
 	hs->state = S_CONNECTING;
 	rail_sockaddr_str(&h.addr, hs->peer, sizeof(hs->peer));
+	if (h.release[0] && strcmp(h.release, RAIL_VERSION_STRING))
+		snprintf(hs->release_note, sizeof(hs->release_note), " (the listener runs "
+			 "nccl-net-rail %s, this node %s: use one release on every node)", h.release,
+			 RAIL_VERSION_STRING);
 	hs->comm = comm_new(vdev, 1, hs->peer, &err);
 	if (hs->comm)
 		err = rail_sock_connect_start(&h.addr, &hs->fd);

@@ -141,6 +141,12 @@ static void stage_layout(struct tcp_stage *s)
 	s->layout.conn_id = rail_random64();
 }
 
+/* The listener's handle names another release (a wire mismatch is then the likely cause). */
+static int tcp_release_differs(const struct rail_handle *h)
+{
+	return h->release[0] && strcmp(h->release, RAIL_VERSION_STRING);
+}
+
 static int stage_create(int dev, void *handle, struct tcp_stage **out)
 {
 	struct tcp_stage *s;
@@ -238,11 +244,15 @@ static int stage_reply(struct tcp_stage *s)
 		s->warned = 0;
 		return 0;
 	}
-	RAIL_WARN("connect to %s: the listener refused the connection: %s",
+	RAIL_WARN("connect to %s: the listener refused the connection: %s%s%s%s%s",
 		  RAIL_ADDRSTR(&s->h.addr), status < 0 ? "malformed reply"
 		  : status == EPERM ? "the handle's nonce does not match its listen comm (a stale "
 				      "handle from a closed listen?)"
-				    : RAIL_ERRSTR(-status));
+				    : RAIL_ERRSTR(-status),
+		  tcp_release_differs(&s->h) ? " (the listener runs nccl-net-rail " : "",
+		  tcp_release_differs(&s->h) ? s->h.release : "",
+		  tcp_release_differs(&s->h) ? ", this node " RAIL_VERSION_STRING : "",
+		  tcp_release_differs(&s->h) ? ": use one release on every node)" : "");
 	return -ECONNREFUSED;
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "check/check.h"
 #include "handle.h"
 #include "ib/ib_wire.h"
 #include "tcp/tcp.h"
@@ -141,6 +142,40 @@ static int sysfs_seeds(const char *dir)
 	return put(dir, "fuzz_sysfs", "gid-and-numa", b, sizeof(b));
 }
 
+/* rail-check: a description (verbs, one device) and two result rows. */
+static int check_seeds(const char *dir)
+{
+	static struct rail_ck_info in;
+	struct rail_ck_cell c[2] = { { .ra = 1, .rb = 0, .tested = 1, .ok = 1, .lat_us = 3.5,
+				       .bw = 12.5 },
+				     { .ra = 1, .da = 1, .rb = 0, .db = 1, .tested = 1 } };
+	char b[4096];
+	int n;
+
+	in.rank = 1, in.want_rank = -1, in.ctrl_port = 4242, in.ndev = 1, in.nconf = 1;
+	in.wire_handle = 1, in.wire_tcp = 1, in.wire_ib = 4;
+	snprintf(in.host, sizeof(in.host), "node2");
+	snprintf(in.version, sizeof(in.version), "0.2.0");
+	snprintf(in.transport, sizeof(in.transport), "ib");
+	snprintf(in.ctrl_host, sizeof(in.ctrl_host), "10.0.0.2");
+	snprintf(in.conf[0].name, sizeof(in.conf[0].name), "NCCL_IB_TC");
+	snprintf(in.conf[0].value, sizeof(in.conf[0].value), "-1");
+	snprintf(in.dev[0].name, sizeof(in.dev[0].name), "mlx5_0:1");
+	snprintf(in.dev[0].link, sizeof(in.dev[0].link), "RoCE");
+	snprintf(in.dev[0].gid, sizeof(in.dev[0].gid), "::ffff:10.1.0.2");
+	snprintf(in.dev[0].gid_type, sizeof(in.dev[0].gid_type), "RoCEv2");
+	snprintf(in.dev[0].subnet, sizeof(in.dev[0].subnet), "10.1.0.0/24");
+	in.dev[0].port = 1, in.dev[0].gid_index = 3, in.dev[0].mtu = 4096;
+	in.dev[0].speed = 400000;
+	n = rail_ck_info_encode(&in, b, sizeof(b));
+	if (n < 0 || put(dir, "fuzz_check", "info-roce", b, (size_t)n))
+		return -1;
+	snprintf(c[1].step, sizeof(c[1].step), "connect");
+	snprintf(c[1].why, sizeof(c[1].why), "this side: nothing within 10 s");
+	n = rail_ck_cells_encode(c, 2, b, sizeof(b));
+	return n < 0 ? -1 : put(dir, "fuzz_check", "cells", b, (size_t)n);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -149,7 +184,7 @@ int main(int argc, char **argv)
 	}
 	mkdir(argv[1], 0755);
 	if (tcp_seeds(argv[1]) || handle_seeds(argv[1]) || ib_seeds(argv[1]) ||
-	    text_seeds(argv[1]) || sysfs_seeds(argv[1]))
+	    text_seeds(argv[1]) || sysfs_seeds(argv[1]) || check_seeds(argv[1]))
 		return 1;
 	return 0;
 }

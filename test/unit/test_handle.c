@@ -155,10 +155,14 @@ static void test_wire_layout(void **state)
 	assert_memory_equal(buf + 24, "\x0a\x01\x02\x03", 4);
 	assert_memory_equal(buf + 40, "hello", 5);
 	assert_true(rail_get_u32(buf + 72) == rail_fnv1a(buf, 72));
-	/* Everything after the wire bytes is zero, stage slot included. */
+	/* After the wire bytes: this build's release, everything else zero, stage slot included. */
+	assert_string_equal((char *)buf + RAIL_HANDLE_RELEASE_OFFSET, RAIL_VERSION_STRING);
 	for (int i = RAIL_HANDLE_WIRE_SIZE; i < RAIL_HANDLE_SIZE; i++)
-		if (buf[i])
+		if (buf[i] && (i < RAIL_HANDLE_RELEASE_OFFSET ||
+			       i >= RAIL_HANDLE_RELEASE_OFFSET + (int)strlen(RAIL_VERSION_STRING)))
 			fail_msg("byte %d is 0x%02x after encode, expected 0", i, buf[i]);
+	assert_true(RAIL_HANDLE_RELEASE_OFFSET >= RAIL_HANDLE_WIRE_SIZE);
+	assert_true(RAIL_HANDLE_RELEASE_OFFSET + RAIL_HANDLE_RELEASE_MAX <= RAIL_HANDLE_STAGE_OFFSET);
 	assert_null(rail_handle_get_stage(buf));
 	/* The stage slot fits in the handle. */
 	assert_true(RAIL_HANDLE_STAGE_OFFSET >= RAIL_HANDLE_WIRE_SIZE);
@@ -245,6 +249,46 @@ static void test_wrong_version(void **state)
 	rail_put_u16(buf + 4, 0);
 	reseal(buf);
 	expect_decode_error(buf, sizeof(buf), -EPROTONOSUPPORT, "version 0");
+}
+
+/*
+ * The listener's release rides beside the checked bytes: decoded when
+ * sound, "" when absent (older releases) or garbled, and named when the
+ * format version does not match.
+ */
+static void test_release(void **state)
+{
+	struct rail_handle h = make_v4(), out;
+	uint8_t buf[RAIL_HANDLE_SIZE];
+	char why[256];
+
+	(void)state;
+	encode(&h, buf);
+	assert_int_equal(rail_handle_decode(buf, sizeof(buf), &out, why, sizeof(why)), 0);
+	assert_string_equal(out.release, RAIL_VERSION_STRING);
+	/* a short buffer (the 76 wire bytes only) decodes, without a release */
+	assert_int_equal(rail_handle_decode(buf, RAIL_HANDLE_WIRE_SIZE, &out, why, sizeof(why)), 0);
+	assert_string_equal(out.release, "");
+	/* an older release left zeros */
+	memset(buf + RAIL_HANDLE_RELEASE_OFFSET, 0, RAIL_HANDLE_RELEASE_MAX);
+	assert_int_equal(rail_handle_decode(buf, sizeof(buf), &out, why, sizeof(why)), 0);
+	assert_string_equal(out.release, "");
+	/* garbled: not printable, or not terminated */
+	memcpy(buf + RAIL_HANDLE_RELEASE_OFFSET, "0.\x01", 4);
+	assert_int_equal(rail_handle_decode(buf, sizeof(buf), &out, why, sizeof(why)), 0);
+	assert_string_equal(out.release, "");
+	memset(buf + RAIL_HANDLE_RELEASE_OFFSET, 'x', RAIL_HANDLE_RELEASE_MAX);
+	assert_int_equal(rail_handle_decode(buf, sizeof(buf), &out, why, sizeof(why)), 0);
+	assert_string_equal(out.release, "");
+	/* another format version: both releases named */
+	memset(buf + RAIL_HANDLE_RELEASE_OFFSET, 0, RAIL_HANDLE_RELEASE_MAX);
+	memcpy(buf + RAIL_HANDLE_RELEASE_OFFSET, "9.8.7", 5);
+	rail_put_u16(buf + 4, RAIL_HANDLE_VERSION + 1);
+	reseal(buf);
+	expect_decode_error(buf, sizeof(buf), -EPROTONOSUPPORT,
+			    "from a listener running nccl-net-rail 9.8.7, this plugin (" RAIL_VERSION_STRING);
+	memset(buf + RAIL_HANDLE_RELEASE_OFFSET, 0, RAIL_HANDLE_RELEASE_MAX);
+	expect_decode_error(buf, sizeof(buf), -EPROTONOSUPPORT, "(an older release)");
 }
 
 static int expected_flip_error(int offset)
@@ -476,6 +520,7 @@ int main(void)
 		cmocka_unit_test(test_truncated),
 		cmocka_unit_test(test_wrong_magic),
 		cmocka_unit_test(test_wrong_version),
+		cmocka_unit_test(test_release),
 		cmocka_unit_test(test_flipped_bytes),
 		cmocka_unit_test(test_stage_not_covered),
 		cmocka_unit_test(test_stage_random_bytes),

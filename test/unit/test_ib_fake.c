@@ -406,6 +406,40 @@ static void test_transfer_through_fake(void **state)
 	fake_stop(F);
 }
 
+/*
+ * A listener that refuses the connection (here: the handle's nonce was
+ * changed) and whose handle says it runs another release: the connector's
+ * warning names both releases, the likely cause.
+ */
+static void test_refusal_names_release(void **state)
+{
+	struct fake *F;
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	struct rail_handle h;
+	char why[128];
+	ncclResult_t cr = ncclSuccess, ar = ncclSuccess;
+	uint64_t deadline = rail_now_ns() + 30ull * 1000000000ull;
+
+	(void)state;
+	F = fake_start(roce_dev);
+	assert_int_equal(rail_net_listen(F->ctx, 0, handle, &F->lc), ncclSuccess);
+	assert_int_equal(rail_handle_decode(handle, sizeof(handle), &h, why, sizeof(why)), 0);
+	h.nonce ^= 0x5a5aull;
+	assert_int_equal(rail_handle_encode(&h, handle, sizeof(handle)), 0);
+	memcpy(handle + RAIL_HANDLE_RELEASE_OFFSET, "9.8.7", 6);
+	while (cr == ncclSuccess && !F->sc && rail_now_ns() < deadline) {
+		cr = rail_net_connect(F->ctx, 0, -1, handle, &F->sc);
+		if (!F->rc && ar == ncclSuccess)
+			ar = rail_net_accept(F->lc, &F->rc);
+	}
+	assert_int_not_equal(cr, ncclSuccess);
+	assert_null(F->sc);
+	unit_assert_logged2(RAIL_LOG_WARN, "refused by the listener",
+			    "(the listener runs nccl-net-rail 9.8.7, this node " RAIL_VERSION_STRING
+			    ": use one release on every node)");
+	fake_stop(F);
+}
+
 /* ---- defect 2: the eager ring's order ----------------------------------- */
 
 /*
@@ -577,6 +611,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_dmabuf_aligned_range, fake_teardown),
 		cmocka_unit_test_teardown(test_dmabuf_relaxed_ordering, fake_teardown),
 		cmocka_unit_test_teardown(test_transfer_through_fake, fake_teardown),
+		cmocka_unit_test_teardown(test_refusal_names_release, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_order_query, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_inorder_on_reordering_device, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_auto_on_reordering_device, fake_teardown),

@@ -246,6 +246,44 @@ static void test_wrong_nonce_refused(void **state)
 	assert_null(sc);
 	assert_null(rc);
 	unit_assert_logged2(RAIL_LOG_WARN, "refus", "nonce");
+	assert_false(unit_log_has(RAIL_LOG_WARN, "the listener runs"));	/* same release */
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unit_log_release();
+}
+
+/*
+ * The same refusal from a listener whose handle says it runs another
+ * release: the connector's warning names both releases (the likely cause).
+ */
+static void test_refusal_names_release(void **state)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	struct rail_handle h;
+	void *ctx = NULL, *lc = NULL, *sc = NULL, *rc = NULL;
+	ncclResult_t res = ncclSuccess;
+	char why[128];
+
+	(void)state;
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	unit_log_capture();
+	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	assert_int_equal(rail_handle_decode(handle, sizeof(handle), &h, why, sizeof(why)), 0);
+	assert_string_equal(h.release, RAIL_VERSION_STRING);
+	h.nonce ^= 0x5a5aull;
+	assert_int_equal(rail_handle_encode(&h, handle, sizeof(handle)), 0);
+	memcpy(handle + RAIL_HANDLE_RELEASE_OFFSET, "9.8.7", 6);
+	for (int i = 0; i < 100000 && res == ncclSuccess && !sc; i++) {
+		res = rail_net_connect(ctx, 0, -1, handle, &sc);
+		if (!rc)
+			assert_int_equal(rail_net_accept(lc, &rc), ncclSuccess);
+	}
+	assert_int_equal(res, ncclRemoteError);
+	unit_assert_logged2(RAIL_LOG_WARN, "the listener refused the connection",
+			    "(the listener runs nccl-net-rail 9.8.7, this node " RAIL_VERSION_STRING
+			    ": use one release on every node)");
 	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
 	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
 	unit_log_release();
@@ -493,6 +531,7 @@ int main(void)
 		cmocka_unit_test(test_refusal),
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_wrong_nonce_refused),
+		cmocka_unit_test(test_refusal_names_release),
 		cmocka_unit_test(test_sender_told_of_refusal),
 		cmocka_unit_test(test_thread_failure_closes_once),
 		cmocka_unit_test(test_strays_do_not_disable_listener),
