@@ -53,6 +53,7 @@ static struct tcp_pool_thread *pool_threads[TCP_POOL_MAX];
 static int pool_n;		/* started */
 static _Atomic int pool_running;
 static int pool_warned;		/* a thread beyond the first could not start */
+static struct tcp_pool_thread *pool_spare;	/* fds of the next thread, no thread yet */
 
 static inline void cpu_relax(void)
 {
@@ -378,6 +379,10 @@ static void atfork_parent(void)
  */
 static void atfork_child(void)
 {
+	/* The spare's epoll set is the parent's too: the child makes its own. */
+	if (pool_spare)
+		thread_free(pool_spare);
+	pool_spare = NULL;
 	for (int i = 0; i < pool_n; i++)
 		pool_threads[i] = NULL;
 	pool_n = 0;
@@ -391,18 +396,13 @@ static void atfork_register(void)
 	pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
 }
 
-/* Start one more pool thread. Holds pool_lock. */
-static int thread_start(void)
+/* A thread's epoll set and eventfd, not started yet. */
+static int thread_alloc(struct tcp_pool_thread **out)
 {
-	static pthread_once_t once = PTHREAD_ONCE_INIT;
-
 	struct tcp_pool_thread *t = calloc(1, sizeof(*t));
 	struct epoll_event ev = { .events = EPOLLIN };
-	pthread_attr_t attr;
-	sigset_t all, old;
 	int err;
 
-	pthread_once(&once, atfork_register);
 	if (!t)
 		return -ENOMEM;
 	t->spin_ns = (uint64_t)rail_param_int(RAIL_P_TCP_SPIN_US) * 1000;
@@ -413,6 +413,26 @@ static int thread_start(void)
 		thread_free(t);
 		return err;
 	}
+	*out = t;
+	return 0;
+}
+
+/* Start one more pool thread (the spare's fds first). Holds pool_lock. */
+static int thread_start(void)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	struct tcp_pool_thread *t = pool_spare;
+	pthread_attr_t attr;
+	sigset_t all, old;
+	int err;
+
+	pthread_once(&once, atfork_register);
+	if (!t) {
+		err = thread_alloc(&t);
+		if (err)
+			return err;
+	}
+	pool_spare = NULL;
 	pthread_attr_init(&attr);
 	pthread_attr_setstacksize(&attr, TCP_POOL_STACK);
 	/* Helpers never take the application's signals. */
@@ -424,7 +444,7 @@ static int thread_start(void)
 	pthread_sigmask(SIG_SETMASK, &old, NULL);
 	pthread_attr_destroy(&attr);
 	if (err) {
-		thread_free(t);
+		pool_spare = t;
 		return err;
 	}
 	pool_threads[pool_n++] = t;
@@ -461,15 +481,17 @@ static int pick_owner(struct tcp_comm *c, int bound, struct tcp_pool_thread **ou
 }
 
 /*
- * Start the first thread at a comm's listen or connect, before its sockets
- * take the last fds of a process near its fd limit (a thread needs two: its
- * epoll set and its eventfd). Best effort: attach reports a failure.
+ * At a comm's listen or connect, take the fds of the first thread (its
+ * epoll set and eventfd) before the comm's sockets can take the last fds of
+ * a process near its fd limit; the thread itself starts with the first
+ * connection (a process may still fork single-threaded after listen). Best
+ * effort: attach reports a failure.
  */
 void tcp_pool_reserve(void)
 {
 	pthread_mutex_lock(&pool_lock);
-	if (!pool_n)
-		thread_start();
+	if (!pool_n && !pool_spare)
+		thread_alloc(&pool_spare);
 	pthread_mutex_unlock(&pool_lock);
 }
 
@@ -571,6 +593,9 @@ void tcp_pool_stop(void)
 	}
 	pool_n = 0;
 	pool_warned = 0;
+	if (pool_spare)
+		thread_free(pool_spare);
+	pool_spare = NULL;
 	atomic_store(&pool_running, 0);
 	pthread_mutex_unlock(&pool_lock);
 }
