@@ -148,6 +148,8 @@ struct tcp_stream {
 	_Atomic int ready;		/* set up: the owner may use it */
 	_Atomic int kicked;		/* on the owner's inbox */
 	_Atomic int detached;		/* the owner forgot it: it can be freed */
+	_Atomic int busy;		/* a thread is moving its chunks (owner or progress) */
+	_Atomic int again;		/* look again: a thread found it busy */
 	struct tcp_stream *inbox_next;
 	/* owner only */
 	size_t off;			/* bytes of the head chunk moved */
@@ -267,6 +269,12 @@ int tcp_pool_attach(struct tcp_comm *c, uint32_t ring_size);
 void tcp_pool_detach(struct tcp_comm *c);
 /* Queue a chunk on data socket sock (NCCL's progress thread only). */
 void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req);
+/*
+ * NCCL's progress thread, in test(): move the comm's queued chunks itself
+ * where no helper is moving them (a bounded amount), so a message does not
+ * wait for a helper to be woken and scheduled on a busy host.
+ */
+void tcp_pool_help(struct tcp_comm *c);
 /* Threads running now. */
 int tcp_pool_threads(void);
 /* Stop and join every pool thread (no comm may be attached). */

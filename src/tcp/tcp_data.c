@@ -492,6 +492,9 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 		*done = 1;
 		return 0;
 	}
+	/* Chunks still queued: move some here rather than wait for a helper. */
+	if (atomic_load_explicit(&r->pending, memory_order_relaxed))
+		tcp_pool_help(c);
 	/* A large send waiting on its helpers: has the receiver refused it? */
 	if (c->is_send && (++c->polls & 7) == 0)
 		poll_refusal(c);

@@ -36,6 +36,8 @@
 /* Bytes a socket may move in one turn before its owner serves the others. */
 #define TCP_TURN_BYTES (4u << 20)
 #define TCP_POOL_EVENTS 64
+/* Bytes NCCL's progress thread moves per socket in one test() call. */
+#define TCP_HELP_BYTES (512u << 10)
 
 struct tcp_pool_thread {
 	pthread_t thread;
@@ -86,8 +88,9 @@ static int local_ranks(const char **from)
 /*
  * The bound: NCCL_RAIL_TCP_THREADS, or else the CPUs this process may run on
  * (sched_getaffinity), divided by the ranks a launcher says share the host,
- * minus 2 for NCCL's own busy threads (the application's and the proxy
- * progress thread), within 1..16.
+ * minus 1 for NCCL's proxy progress thread (which moves chunks too, in
+ * test()), within 2..16: at least two, so that one socket's wait for a
+ * slow peer never leaves a process with no helper free.
  */
 int tcp_pool_size(char *why, size_t why_len)
 {
@@ -105,12 +108,13 @@ int tcp_pool_size(char *why, size_t why_len)
 	if (cpus <= 0)
 		cpus = (int)RAIL_MAX(sysconf(_SC_NPROCESSORS_ONLN), 1);
 	ranks = local_ranks(&from);
-	n = cpus / (ranks > 0 ? ranks : 1) - 2;
-	n = RAIL_MAX(1, RAIL_MIN(n, 16));
+	n = cpus / (ranks > 0 ? ranks : 1) - 1;
+	n = RAIL_MAX(2, RAIL_MIN(n, 16));
 	if (ranks > 0)
-		snprintf(why, why_len, "%d CPUs / %d local ranks (%s) - 2", cpus, ranks, from);
+		snprintf(why, why_len, "%d CPUs / %d local ranks (%s) - 1, within 2..16", cpus,
+			 ranks, from);
 	else
-		snprintf(why, why_len, "%d CPUs - 2", cpus);
+		snprintf(why, why_len, "%d CPUs - 1, within 2..16", cpus);
 	return n;
 }
 
@@ -222,11 +226,10 @@ static int move_some(struct tcp_stream *s, const struct tcp_task *t, size_t *bud
 	return 0;
 }
 
-/* Serve one socket: 1 while it has chunks it can move now, 0 when empty or not ready. */
-static int serve(struct tcp_stream *s)
+/* Serve one socket (s->busy held): 1 while it has chunks it can move now, 0 when empty or not ready. */
+static int serve(struct tcp_stream *s, size_t budget)
 {
 	struct tcp_comm *c = s->comm;
-	size_t budget = TCP_TURN_BYTES;
 
 	for (;;) {
 		uint32_t tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
@@ -257,11 +260,50 @@ static int serve(struct tcp_stream *s)
 	}
 }
 
+/*
+ * Serve the socket unless another thread is at it: 1 when chunks it could
+ * move are left (the budget ran out), 0 when none or the socket is not
+ * ready, -1 when another thread holds it (which then looks again, so no
+ * readiness is lost).
+ */
+static int try_serve(struct tcp_stream *s, size_t budget)
+{
+	int more = 0;
+
+	atomic_store(&s->again, 1);
+	while (!more && atomic_load(&s->again)) {
+		if (atomic_exchange(&s->busy, 1))
+			return -1;
+		atomic_store(&s->again, 0);
+		more = serve(s, budget);
+		atomic_store(&s->busy, 0);
+	}
+	return more;
+}
+
+void tcp_pool_help(struct tcp_comm *c)
+{
+	for (int i = 0; i < c->nattached; i++) {
+		struct tcp_stream *s = &c->streams[i];
+
+		if (atomic_load_explicit(&s->head, memory_order_relaxed) ==
+		    atomic_load_explicit(&s->tail, memory_order_acquire))
+			continue;
+		/* Chunks left: the owner takes over (it may have seen it busy). */
+		if (try_serve(s, TCP_HELP_BYTES) > 0)
+			kick(s);
+	}
+}
+
 /* The comm is closing: forget the socket; its remaining chunks are failed. */
 static void forget(struct tcp_pool_thread *t, struct tcp_stream *s)
 {
-	uint32_t tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
+	uint32_t tail;
 
+	/* The progress thread may be in tcp_pool_help: wait for it; busy stays set. */
+	while (atomic_exchange(&s->busy, 1))
+		cpu_relax();
+	tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
 	deactivate(t, s);
 	epoll_ctl(t->epfd, EPOLL_CTL_DEL, s->fd, NULL);
 	while (atomic_load_explicit(&s->head, memory_order_acquire) != tail) {
@@ -345,7 +387,7 @@ static void *pool_main(void *arg)
 		take_inbox(t);
 		for (s = t->act_head; s; s = next) {
 			next = s->act_next;
-			if (!serve(s))
+			if (try_serve(s, TCP_TURN_BYTES) <= 0)
 				deactivate(t, s);
 		}
 	}
