@@ -185,6 +185,7 @@ struct tcp_comm {
 	int fds[TCP_MAX_SOCKS];
 	struct tcp_stream streams[TCP_MAX_SOCKS];
 	int nattached;			/* streams handed to the pool */
+	int help;			/* NCCL_RAIL_TCP_HELP */
 	size_t inline_max;
 	size_t min_chunk;
 	uint64_t seq;			/* next message to post (send) or match (recv) */

@@ -102,6 +102,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	c->nthreads = layout->nthreads;
 	c->inline_max = layout->inline_max;
 	c->min_chunk = layout->min_chunk;
+	c->help = (int)rail_param_int(RAIL_P_TCP_HELP);
 	rail_sockaddr_str(peer, c->peer, sizeof(c->peer));
 	c->stall_ns = (uint64_t)rail_param_int(RAIL_P_STALL_TIMEOUT) * 1000000000ull;
 	liveness = (int)rail_param_int(RAIL_P_PEER_TIMEOUT);
@@ -493,7 +494,7 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 		return 0;
 	}
 	/* Chunks still queued: move some here rather than wait for a helper. */
-	if (atomic_load_explicit(&r->pending, memory_order_relaxed))
+	if (c->help && atomic_load_explicit(&r->pending, memory_order_relaxed))
 		tcp_pool_help(c);
 	/* A large send waiting on its helpers: has the receiver refused it? */
 	if (c->is_send && (++c->polls & 7) == 0)
