@@ -7,6 +7,7 @@
 #   env: MODES (default "socket rail"), ROUNDS (3), ITERS (run.sh's), LOGS
 #   (folder, default build/nccl-logs/pool). Each run's table and log go to
 #   LOGS/np<NP>-<mode>-<round>.{out,log}; LOGS/threads.txt has the counts.
+#   Tables (medians of the rounds): test/nccl/pool-merge.py LABEL@LOGS:NP:MODE ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOGS=${LOGS:-build/nccl-logs/pool}
@@ -41,7 +42,7 @@ for spec in "$@"; do
 			kill "$wpid"; wait "$wpid" 2>/dev/null
 			cp "$LOGS"/run-"$tag"/*.log "$LOGS/$tag.log" 2>/dev/null
 			echo "$tag: max $(cat "$LOGS/$tag.threads") threads in one rank process;" \
-				"$(grep -oE 'Channel [0-9]+/[0-9]+' "$LOGS/$tag.log" | sort -u | tail -1)" \
+				"$(grep -oE '[0-9]+ coll channels' "$LOGS/$tag.out" | sort | uniq -c | head -1)" \
 				| tee -a "$LOGS/threads.txt"
 			grep -hoE "FAILED.*|[0-9]+ wrong elements|at most [0-9]+ helper threads per process \([^)]*\)" \
 				"$LOGS/$tag.out" "$LOGS/$tag.log" \
