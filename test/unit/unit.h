@@ -13,6 +13,7 @@
 #ifndef RAIL_UNIT_H
 #define RAIL_UNIT_H
 
+#include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -41,13 +42,20 @@ struct unit_log {
 	struct unit_log_line lines[UNIT_LOG_MAX_LINES];
 };
 
-/* One record per test binary; the header is included by one file each. */
+/*
+ * One record per test binary; the header is included by one file each. The
+ * plugin logs from its own threads too (handshake workers, the async
+ * thread), as NCCL's logger allows: one lock for writers and readers.
+ */
 static struct unit_log unit_log_rec;
+static pthread_mutex_t unit_log_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static inline void unit_log_reset(void)
 {
+	pthread_mutex_lock(&unit_log_mu);
 	unit_log_rec.n = 0;
 	unit_log_rec.dropped = 0;
+	pthread_mutex_unlock(&unit_log_mu);
 }
 
 /* Has NCCL's logger signature (ncclDebugLogger_t). */
@@ -59,8 +67,10 @@ static inline void unit_log_sink(ncclDebugLogLevel level, unsigned long flags, c
 
 	(void)file;
 	(void)line;
+	pthread_mutex_lock(&unit_log_mu);
 	if (unit_log_rec.n == UNIT_LOG_MAX_LINES) {
 		unit_log_rec.dropped++;
+		pthread_mutex_unlock(&unit_log_mu);
 		return;
 	}
 	l = &unit_log_rec.lines[unit_log_rec.n++];
@@ -69,6 +79,7 @@ static inline void unit_log_sink(ncclDebugLogLevel level, unsigned long flags, c
 	va_start(ap, fmt);
 	vsnprintf(l->text, sizeof(l->text), fmt, ap);
 	va_end(ap);
+	pthread_mutex_unlock(&unit_log_mu);
 }
 
 static inline void unit_log_capture(void)
@@ -87,6 +98,7 @@ static inline int unit_log_count2(int level, const char *a, const char *b)
 {
 	int count = 0;
 
+	pthread_mutex_lock(&unit_log_mu);
 	for (int i = 0; i < unit_log_rec.n; i++) {
 		const struct unit_log_line *l = &unit_log_rec.lines[i];
 
@@ -98,6 +110,7 @@ static inline int unit_log_count2(int level, const char *a, const char *b)
 			continue;
 		count++;
 	}
+	pthread_mutex_unlock(&unit_log_mu);
 	return count;
 }
 
@@ -114,23 +127,29 @@ static inline int unit_log_has(int level, const char *substr)
 /* The first captured line at this level containing substr, or NULL. */
 static inline const struct unit_log_line *unit_log_find(int level, const char *substr)
 {
-	for (int i = 0; i < unit_log_rec.n; i++) {
+	const struct unit_log_line *found = NULL;
+
+	pthread_mutex_lock(&unit_log_mu);
+	for (int i = 0; i < unit_log_rec.n && !found; i++) {
 		const struct unit_log_line *l = &unit_log_rec.lines[i];
 
 		if (l->level == level && (!substr || strstr(l->text, substr)))
-			return l;
+			found = l;
 	}
-	return NULL;
+	pthread_mutex_unlock(&unit_log_mu);
+	return found;
 }
 
 /* Print what was captured (call before failing an assertion about logs). */
 static inline void unit_log_dump(void)
 {
+	pthread_mutex_lock(&unit_log_mu);
 	for (int i = 0; i < unit_log_rec.n; i++)
 		print_message("  captured [%d 0x%lx] %s\n", unit_log_rec.lines[i].level,
 			      unit_log_rec.lines[i].flags, unit_log_rec.lines[i].text);
 	if (unit_log_rec.dropped)
 		print_message("  (%d lines dropped)\n", unit_log_rec.dropped);
+	pthread_mutex_unlock(&unit_log_mu);
 }
 
 /* Assert that a line at this level contains both substrings, dumping the log if not. */
@@ -147,7 +166,12 @@ static inline void unit_log_dump(void)
 /* Unused-variable guard for the static record in files that never capture. */
 static inline int unit_log_lines(void)
 {
-	return unit_log_rec.n;
+	int n;
+
+	pthread_mutex_lock(&unit_log_mu);
+	n = unit_log_rec.n;
+	pthread_mutex_unlock(&unit_log_mu);
+	return n;
 }
 
 #endif
