@@ -347,7 +347,13 @@ static void mlx5_load(void)
 
 	if (!rail_param_int(RAIL_P_IB_DATA_DIRECT))
 		return;
-	h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+	/*
+	 * RTLD_NODELETE: libmlx5.so.1 is rdma-core's mlx5 provider, which
+	 * registers itself with libibverbs when loaded; libibverbs calls into
+	 * it at every ibv_get_device_list, so unmapping it (a library without
+	 * the Data Direct calls, or at unload) crashes the next listing.
+	 */
+	h = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 	if (!h) {
 		snprintf(why, sizeof(why), "%s cannot be loaded (%s; rdma-core 54+'s libmlx5 has "
 			 "it)", name, dlerror());
