@@ -263,7 +263,8 @@ static void nccl_ports(void)
  * NCCL's sort key (init.cc ncclIbCompareDevs, misc/utils.cc pciPathToInt64):
  * the last component of the device's full PCI path ("0000:1b:00.1") read as
  * one hex number, ':' and '.' skipped, up to the first other character.
- * 0 when the device has no PCI path (NCCL sorts those last).
+ * Returns 1 with the key, 0 when the device has no PCI path (NCCL sorts
+ * those last).
  */
 static int pci_order_key(struct ibv_device *d, uint64_t *key)
 {
