@@ -75,7 +75,7 @@ TOOLS       := $(patsubst tools/%.c,$(BUILD)/%,$(subst _,-,$(TOOL_SRCS)))
 UNIT_TESTS  := $(UNIT_SRCS:test/unit/%.c=$(BUILD)/test/unit/%)
 CONFORMANCE := $(BUILD)/rail-conformance
 FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
-FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so
+FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so $(BUILD)/test/fakeverbs/libfakemlx5old.so
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 
 .PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
@@ -129,7 +129,14 @@ $(FAKEVERBS): $(FAKEVERBS_SRCS) test/fakeverbs/fv.h test/fakeverbs/fakeverbs.map
 # The fake libmlx5 (mlx5dv_* for Data Direct, test/fakeverbs/mlx5/): it
 # works on the fake's devices, so it needs libfakeverbs.so (found beside it,
 # or the copy NCCL_IBVERBS_LIB already loaded: same soname).
-$(FAKEMLX5): test/fakeverbs/mlx5/fv_mlx5.c test/fakeverbs/mlx5/fakemlx5.map \
+# A libmlx5 from before rdma-core 54: registers itself with libibverbs, no Data Direct calls.
+$(BUILD)/test/fakeverbs/libfakemlx5old.so: test/fakeverbs/mlx5/fv_mlx5_old.c test/fakeverbs/fv.h \
+		$(FAKEVERBS)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -shared -Wl,-z,defs -Wl,-rpath,'$$ORIGIN' \
+		-o $@ test/fakeverbs/mlx5/fv_mlx5_old.c $(FAKEVERBS) $(LDLIBS)
+
+$(BUILD)/test/fakeverbs/libfakemlx5.so: test/fakeverbs/mlx5/fv_mlx5.c test/fakeverbs/mlx5/fakemlx5.map \
 		test/fakeverbs/fv.h $(FAKEVERBS)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) -fvisibility=default $(LDFLAGS) -shared \

@@ -194,6 +194,8 @@ int rail_ib_port_check(struct ibv_context *ctx, const char *hca, int port,
 
 /* Parse NCCL_IB_HCA for rail_ib_port_check (init and the report). */
 void rail_ib_hca_filter_load(void);
+/* The device list in NCCL's order (NCCL_IB_DEVICE_PCI_ORDER): a copy to free(), or NULL. */
+struct ibv_device **rail_ib_dev_order(struct ibv_device **list, int n);
 
 /* ---- GPU memory ladder (ib_ladder.c) ----------------------------------- */
 void rail_ib_ladder_decide(struct rail_ib_hca *hca, struct rail_ib_ladder *out);

@@ -270,6 +270,93 @@ static void nccl_ports(void)
 	}
 }
 
+/*
+ * NCCL's sort key (init.cc ncclIbCompareDevs, misc/utils.cc pciPathToInt64):
+ * the last component of the device's full PCI path ("0000:1b:00.1") read as
+ * one hex number, ':' and '.' skipped, up to the first other character.
+ * Returns 1 with the key, 0 when the device has no PCI path (NCCL sorts
+ * those last).
+ */
+static int pci_order_key(struct ibv_device *d, uint64_t *key)
+{
+	char path[256], real[PATH_MAX];
+	const char *s;
+	size_t n;
+	int digits = 0;
+
+	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device",
+		 rail_ibv.get_device_name(d));
+	if (rail_sysfs_realpath(path, real, sizeof(real)))
+		return 0;
+	n = strlen(real);
+	if (n > 1 && real[n - 1] == '/')
+		real[--n] = '\0';
+	s = strrchr(real, '/');
+	*key = 0;
+	for (s = s ? s + 1 : real; *s && digits < 16; s++) {
+		int v = *s >= '0' && *s <= '9' ? *s - '0' : *s >= 'a' && *s <= 'f' ? *s - 'a' + 10 :
+			*s >= 'A' && *s <= 'F' ? *s - 'A' + 10 : -1;
+
+		if (*s == ':' || *s == '.')
+			continue;
+		if (v < 0)
+			break;
+		*key = *key << 4 | (uint64_t)v;
+		digits++;
+	}
+	return 1;
+}
+
+/*
+ * The library's device list in NCCL's device order: with
+ * NCCL_IB_DEVICE_PCI_ORDER=1 by pci_order_key, devices without a PCI path
+ * last; 0: as listed. Every port (and Data Direct entry) of a device has
+ * the device's key, so ordering the devices before their ports are scanned
+ * orders the entries as NCCL's sort of its entries does; equal keys keep
+ * the library's order (NCCL's qsort leaves it unspecified). A copy to
+ * free(), or NULL (no memory: the library's order).
+ */
+struct ibv_device **rail_ib_dev_order(struct ibv_device **list, int n)
+{
+	struct ibv_device **out = calloc((size_t)n + 1, sizeof(*out));
+	uint64_t *key = calloc((size_t)n + 1, sizeof(*key));
+	int *has = calloc((size_t)n + 1, sizeof(*has));
+
+	if (!out || !key || !has) {
+		free(out);
+		out = NULL;
+		goto done;
+	}
+	for (int i = 0; i < n; i++) {
+		int j = i, h = 0;
+		uint64_t k = 0;
+
+		if (rail_param_int(RAIL_P_IB_DEVICE_PCI_ORDER))
+			h = pci_order_key(list[i], &k);
+		/* Stable insertion: move past every entry that sorts after this one. */
+		for (; j > 0 && h && (!has[j - 1] || key[j - 1] > k); j--) {
+			out[j] = out[j - 1];
+			key[j] = key[j - 1];
+			has[j] = has[j - 1];
+		}
+		out[j] = list[i];
+		key[j] = k;
+		has[j] = h;
+	}
+	for (int i = 0; i < n; i++) {
+		if (out[i] != list[i]) {
+			RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "devices numbered in PCI address "
+				  "order as NCCL does, not libibverbs' (NCCL_IB_DEVICE_PCI_ORDER=0 "
+				  "keeps libibverbs' order)");
+			break;
+		}
+	}
+done:
+	free(key);
+	free(has);
+	return out;
+}
+
 static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 		     const struct rail_ib_port_info *pi, const struct rail_match_entry *entry)
 {
@@ -555,7 +642,7 @@ static int find_oob(char *why, size_t why_len)
 
 int rail_ib_devices_init(char *why, size_t why_len)
 {
-	struct ibv_device **list;
+	struct ibv_device **list, **order;
 	int n = 0;
 
 	if (rail_param_int(RAIL_P_IB_DISABLE)) {
@@ -581,8 +668,10 @@ int rail_ib_devices_init(char *why, size_t why_len)
 		return 0;
 	}
 	why[0] = '\0';
+	order = rail_ib_dev_order(list, n);
 	for (int i = 0; i < n; i++)
-		hca_setup(list[i], why, why_len);
+		hca_setup(order ? order[i] : list[i], why, why_len);
+	free(order);
 	rail_ibv.free_device_list(list);
 	if (ib.ndev == 0) {
 		if (!why[0])

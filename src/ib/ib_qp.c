@@ -305,6 +305,26 @@ static void fill_grh(struct ibv_qp_attr *a, const struct rail_ib_gid_choice *g,
 }
 
 /*
+ * The RoCE traffic class of a QP (connect.cc): NCCL_IB_FIFO_TC, when set,
+ * for the receiver's QPs, which carry only its writes to the sender (CTS
+ * entries; ours also credit returns and want answers); the connection's
+ * class (c->tc) for the sender's data QPs and the receiver's flush QP.
+ */
+static int rtr_tc(const struct rail_ib_comm *c, const struct rail_ib_dev *d, int flush)
+{
+	static atomic_int said;
+	int fifo = (int)rail_param_int(RAIL_P_IB_FIFO_TC);
+
+	if (c->base.kind != RAIL_COMM_RECV || flush || fifo < 0)
+		return c->tc;
+	if (d->link_layer != IBV_LINK_LAYER_ETHERNET && !atomic_exchange(&said, 1))
+		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "NCCL_IB_FIFO_TC=%d has no effect on %s:%d: "
+			  "traffic classes are RoCE only, as in NCCL",
+			  fifo, d->hca->name, d->port);
+	return fifo;
+}
+
+/*
  * NCCL's address vector (connect.cc): RoCE always has a GRH with the
  * traffic class. InfiniBand routes by LID inside a subnet; a GRH is added
  * when the port requires one (IBV_QPF_GRH_REQUIRED) or the peer's GID is on
@@ -312,7 +332,7 @@ static void fill_grh(struct ibv_qp_attr *a, const struct rail_ib_gid_choice *g,
  * service level is the connection's (NCCL_IB_SL, else the traffic class).
  */
 static void fill_ah(struct rail_ib_comm *c, struct ibv_qp *qp, struct ibv_qp_attr *a,
-		    const struct rail_ib_dev *d, const struct rail_ib_wire_dev *remote)
+		    const struct rail_ib_dev *d, const struct rail_ib_wire_dev *remote, int tc)
 {
 	const struct rail_ib_gid_choice *g = comm_gid(c, d);
 	unsigned local_subnet = rail_ib_gid_subnet(g->raw);
@@ -322,7 +342,7 @@ static void fill_ah(struct rail_ib_comm *c, struct ibv_qp *qp, struct ibv_qp_att
 	a->ah_attr.sl = (uint8_t)c->sl;
 	if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
 		fill_grh(a, g, remote);
-		a->ah_attr.grh.traffic_class = (uint8_t)c->tc;
+		a->ah_attr.grh.traffic_class = (uint8_t)tc;
 		return;
 	}
 	a->ah_attr.dlid = remote->lid;
@@ -370,7 +390,7 @@ int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 	uint64_t t0;
 	int ret;
 
-	(void)flush;	/* same settings: max_dest_rd_atomic 1 serves the flush reads */
+	/* The flush QP differs only in its traffic class: max_dest_rd_atomic 1 serves its reads. */
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = (enum ibv_mtu)RAIL_MIN((int)d->mtu, (int)remote->mtu);
@@ -378,7 +398,7 @@ int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 	a.rq_psn = 0;
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = 12;
-	fill_ah(c, qp, &a, d, remote);
+	fill_ah(c, qp, &a, d, remote, rtr_tc(c, d, flush));
 	t0 = rail_now_ns();
 	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 				 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |

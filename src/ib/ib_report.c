@@ -190,7 +190,7 @@ out:
 void rail_ib_report(FILE *f, int json)
 {
 	struct out o = { .f = f, .json = json };
-	struct ibv_device **list;
+	struct ibv_device **list, **order = NULL;
 	char why[256] = "";
 	int n = 0;
 
@@ -211,8 +211,11 @@ void rail_ib_report(FILE *f, int json)
 		fprintf(f, "{\"library_loaded\": true, \"library_error\": \"\", \"devices\": [");
 	else if (n <= 0)
 		fprintf(f, "verbs transport: no RDMA device\n");
+	if (list)
+		order = rail_ib_dev_order(list, n);
 	for (int i = 0; list && i < n; i++)
-		report_device(&o, list[i], i == 0);
+		report_device(&o, order ? order[i] : list[i], i == 0);
+	free(order);
 	if (json)
 		fprintf(f, "]}");
 	if (list)

@@ -348,13 +348,12 @@ static void mlx5_load(void)
 	if (!rail_param_int(RAIL_P_IB_DATA_DIRECT))
 		return;
 	/*
-	 * RTLD_NODELETE as for libibverbs: libmlx5.so.1 is also the mlx5
-	 * provider, whose constructor registers it with libibverbs; unmapped
-	 * (dlclose when a symbol is missing), it left a dangling driver entry
-	 * and the next ibv_get_device_list crashed (seen in the rxe guest with
-	 * rdma-core 44).
+	 * RTLD_NODELETE: libmlx5.so.1 is rdma-core's mlx5 provider, which
+	 * registers itself with libibverbs when loaded; libibverbs calls into
+	 * it at every ibv_get_device_list, so unmapping it (a library without
+	 * the Data Direct calls, or at unload) crashes the next listing.
 	 */
-	h = dlopen(name, LIB_FLAGS);
+	h = dlopen(name, RTLD_NOW | RTLD_LOCAL | RTLD_NODELETE);
 	if (!h) {
 		snprintf(why, sizeof(why), "%s cannot be loaded (%s; rdma-core 54+'s libmlx5 has "
 			 "it)", name, dlerror());

@@ -140,6 +140,13 @@ struct fv_qp {
 
 struct fv_dev *fv_ctx_dev(struct ibv_context *ctx);
 /*
+ * A provider library registering itself when loaded, as rdma-core's
+ * providers (libmlx5.so.1 among them) do with verbs_register_driver:
+ * libibverbs keeps the entry for good and calls into it at every
+ * ibv_get_device_list, so unloading that library makes the next one crash.
+ */
+void fv_provider_register(const char *name, int (*probe)(void));
+/*
  * A memory region (fd >= 0: DMA-BUF, refused with EOPNOTSUPP where the
  * device has dmabuf=no), logged as call with extra appended; NULL with
  * errno. Exported for the fake libmlx5 (FAKEVERBS_PRIVATE).

@@ -3,6 +3,7 @@
  * regions, completion queues and queue pairs. The data path (post_send,
  * post_recv, poll_cq) is in fv_data.c.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -36,6 +37,39 @@ static const char *ctx_name(struct ibv_context *ctx)
 
 /* ---- library, devices, contexts ----------------------------------------- */
 
+static struct {
+	const char *name;
+	int (*probe)(void);
+} providers[8];
+static int nproviders;
+
+void fv_provider_register(const char *name, int (*probe)(void))
+{
+	pthread_mutex_lock(&fv_lock);
+	if (nproviders < (int)(sizeof(providers) / sizeof(providers[0]))) {
+		providers[nproviders].name = name;
+		providers[nproviders++].probe = probe;
+	}
+	pthread_mutex_unlock(&fv_lock);
+}
+
+/* Under fv_lock. Where rdma-core would crash, say why first, then crash the same way. */
+static void providers_probe(void)
+{
+	for (int i = 0; i < nproviders; i++) {
+		Dl_info info;
+
+		if (!dladdr((void *)providers[i].probe, &info)) {
+			fv_log("ibv_get_device_list provider_unloaded=1");
+			fprintf(stderr, "fakeverbs: ibv_get_device_list: a provider registered by a "
+				"library that has been unloaded since (dlclose without "
+				"RTLD_NODELETE); rdma-core's libibverbs crashes here\n");
+			abort();
+		}
+		providers[i].probe();
+	}
+}
+
 int ibv_fork_init(void)
 {
 	LOCKED(fv_log_reopen(); fv_log("ibv_fork_init ret=0"));
@@ -53,6 +87,7 @@ struct ibv_device **ibv_get_device_list(int *num)
 		fv_conf_load();
 		fv_sysfs_write();
 	}
+	providers_probe();
 	n = fv_conf.ndevs;
 	list = calloc((size_t)n + 1, sizeof(*list));
 	for (int i = 0; list && i < n; i++)

@@ -199,6 +199,34 @@ static void test_dd_symbols_absent(void **state)
 	fake_stop(F);
 }
 
+/*
+ * rdma-core before 54: libmlx5.so.1 is the mlx5 provider, which registers
+ * itself with libibverbs when loaded and lacks the Data Direct calls. The
+ * plugin must not unload it: libibverbs calls into it at the next
+ * ibv_get_device_list (on the rxe guest, Debian 12's rdma-core: SIGSEGV in
+ * every init; the fake aborts).
+ */
+static void test_dd_old_provider_kept(void **state)
+{
+	struct fake *F;
+	char old[PATH_MAX];
+	const char *slash = strrchr(fake_lib, '/');
+
+	(void)state;
+	snprintf(old, sizeof(old), "%.*s/libfakemlx5old.so", (int)(slash - fake_lib), fake_lib);
+	setenv("NCCL_RAIL_MLX5_LIB", old, 1);
+	F = fake_start(dd_dev);
+	unit_assert_logged2(RAIL_LOG_INFO, "lacks mlx5dv_is_supported@MLX5_1.8",
+			    "mlx5 Data Direct is not used");
+	assert_pcie_only(F);
+	fake_stop(F);
+	/* A second init lists the devices again. */
+	setenv("NCCL_RAIL_MLX5_LIB", old, 1);
+	F = fake_start(dd_dev);
+	assert_int_equal(F->ndev, 1);
+	fake_stop(F);
+}
+
 /* A Data Direct function but no DMA-BUF (mlx5dv_reg_dmabuf_mr(fd -1): EOPNOTSUPP): PCIe. */
 static void test_dd_no_dmabuf(void **state)
 {
@@ -288,6 +316,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_dd_both, fake_teardown),
 		cmocka_unit_test_teardown(test_dd_library_absent, fake_teardown),
 		cmocka_unit_test_teardown(test_dd_symbols_absent, fake_teardown),
+		cmocka_unit_test_teardown(test_dd_old_provider_kept, fake_teardown),
 		cmocka_unit_test_teardown(test_dd_no_dmabuf, fake_teardown),
 		cmocka_unit_test_teardown(test_dd_none, fake_teardown),
 		cmocka_unit_test_teardown(test_dd_two_functions_port, fake_teardown),

@@ -144,6 +144,69 @@ static void test_two_port_nics(void **state)
 	fake_stop(F);
 }
 
+/* ---- device order: NCCL_IB_DEVICE_PCI_ORDER ------------------------------ */
+
+/*
+ * Listed by the library out of PCI order: mlx5_0 is the second function of
+ * the card whose first function is mlx5_2; mlx5_1 (two ports) is on 3d:00.0.
+ */
+static const char out_of_pci_order[] =
+	"device mlx5_0 pci=0000:1b:00.1\n"
+	"port 1 link=ib lid=3\ngid 0 fe80::1\n"
+	"device mlx5_1 pci=0000:3d:00.0\n"
+	"port 1 link=ib lid=4\ngid 0 fe80::2\n"
+	"port 2 link=ib lid=5\ngid 0 fe80::3\n"
+	"device mlx5_2 pci=0000:1b:00.0\n"
+	"port 1 link=ib lid=6\ngid 0 fe80::4\n";
+
+/* Device i is called names[i] and has NCCL port ports[i]. */
+static void expect_devs(struct fake *F, int n, const char *const *names, const int *ports)
+{
+	struct rail_props p;
+
+	assert_int_equal(F->ndev, n);
+	for (int i = 0; i < n; i++) {
+		props(i, &p);
+		assert_string_equal(p.name, names[i]);
+		assert_int_equal(p.port, ports[i]);
+	}
+}
+
+/*
+ * NCCL (init.cc ncclIbCompareDevs): with NCCL_IB_DEVICE_PCI_ORDER=1 (the
+ * default) devices are sorted by the last component of their full PCI
+ * path; the realPort count then follows that order. 0: the library's order.
+ */
+static void test_device_pci_order(void **state)
+{
+	static const char *const sorted[] = { "mlx5_2", "mlx5_0", "mlx5_1:1", "mlx5_1:2" };
+	static const char *const listed[] = { "mlx5_0", "mlx5_1:1", "mlx5_1:2", "mlx5_2" };
+	static const char *const hca[] = { "mlx5_2", "mlx5_0" };
+	static const char *const dd[] = { "mlx5_1", "mlx5_0", "mlx5_0_dma" };
+	static const int sorted_ports[] = { 1, 2, 1, 3 }, listed_ports[] = { 1, 1, 3, 2 };
+	static const int hca_ports[] = { 1, 2 }, dd_ports[] = { 1, 1, 1 };
+	struct fake *F;
+
+	(void)state;
+	expect_devs(F = fake_start(out_of_pci_order), 4, sorted, sorted_ports);
+	fake_stop(F);
+	setenv("NCCL_IB_DEVICE_PCI_ORDER", "0", 1);
+	expect_devs(F = fake_start(out_of_pci_order), 4, listed, listed_ports);
+	fake_stop(F);
+	/* NCCL_IB_HCA selects; its order does not matter. */
+	setenv("NCCL_IB_HCA", "=mlx5_0,mlx5_2", 1);
+	expect_devs(F = fake_start(out_of_pci_order), 2, hca, hca_ports);
+	fake_stop(F);
+	/* A Data Direct entry sorts on its PCIe function's path, after the PCIe entry. */
+	setenv("NCCL_IB_DATA_DIRECT", "2", 1);
+	F = fake_start("device mlx5_0 pci=0000:3d:00.0 "
+		       "data_direct=/devices/pci0000:00/0000:00:02.0/0000:02:00.0\n"
+		       "port 1 link=ib lid=3\ngid 0 fe80::1\n"
+		       "device mlx5_1 pci=0000:1b:00.0\nport 1 link=ib lid=4\ngid 0 fe80::2\n");
+	expect_devs(F, 3, dd, dd_ports);
+	fake_stop(F);
+}
+
 /* ---- defect 4: fork safety ---------------------------------------------- */
 
 /* ibv_fork_init runs once, before any device is listed or opened. */
@@ -264,6 +327,73 @@ static void test_ib_sl_from_traffic_class(void **state)
 	fake_connect(F, 0, 0, 5);
 	for (int i = 0; log_find(F, i, line, "ibv_modify_qp", "state=RTR", NULL); i++)
 		assert_int_equal(kvnum(line, "ah.sl"), 3);
+	fake_stop(F);
+}
+
+/* ---- NCCL_IB_FIFO_TC ---------------------------------------------------- */
+
+static const char roce_two[] = "device mlx5_0 pci=0000:1b:00.0\n"
+			       "port 1 link=eth\ngid 0 fe80::1 type=v1\ngid 1 ::ffff:10.1.0.1 type=v2\n"
+			       "device mlx5_1 pci=0000:3d:00.0\n"
+			       "port 1 link=eth\ngid 0 fe80::2 type=v1\ngid 1 ::ffff:10.2.0.1 type=v2\n";
+
+/* The traffic class QP qpn (a "0x..." string) of dev got at RTR; fails if it had no RTR. */
+static int rtr_tc_of(struct fake *F, const char *dev, const char *qpn)
+{
+	char line[LINE], pat[96];
+
+	snprintf(pat, sizeof(pat), "dev=%s qpn=%s ", dev, qpn);
+	if (!log_find(F, 0, line, "ibv_modify_qp", "state=RTR", pat))
+		fail_msg("no RTR for qp %s", qpn);
+	return (int)kvnum(line, "ah.traffic_class");
+}
+
+/* Every RDMA write posted on dev went on a QP whose RTR traffic class is tc; how many. */
+static int writes_with_tc(struct fake *F, const char *dev, int tc)
+{
+	char line[LINE], buf[32], d[32];
+	int n = 0;
+
+	snprintf(d, sizeof(d), "dev=%s ", dev);
+	for (; log_find(F, n, line, "ibv_post_send", d, "opcode=RDMA_WRITE"); n++)
+		assert_int_equal(rtr_tc_of(F, dev, kv(line, "qpn", buf, sizeof(buf))), tc);
+	return n;
+}
+
+/*
+ * NCCL (connect.cc): the receiver's QPs, which carry its clear-to-send
+ * writes, get NCCL_IB_FIFO_TC at RTR on RoCE when it is set, the sender's
+ * (NCCL_IB_TC) otherwise; the sender's data QPs keep NCCL_IB_TC.
+ */
+static void test_fifo_tc(void **state)
+{
+	static char sbuf[65536], rbuf[65536];
+	void *smh = NULL, *rmh = NULL;
+	struct fake *F;
+
+	(void)state;
+	for (int fifo = 0; fifo < 2; fifo++) {
+		setenv("NCCL_IB_TC", "106", 1);
+		if (fifo)
+			setenv("NCCL_IB_FIFO_TC", "96", 1);
+		F = fake_start(roce_two);
+		fake_connect(F, 0, 1, -1);	/* receiver on mlx5_0, sender on mlx5_1 */
+		assert_int_equal(rail_net_reg_mr(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &smh), 0);
+		assert_int_equal(rail_net_reg_mr(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST, &rmh), 0);
+		assert_int_equal(fake_xfer(F, sbuf, smh, sizeof(sbuf), rbuf, rmh, sizeof(rbuf), 7),
+				 sizeof(sbuf));
+		/* CTS writes (and credit returns) from the receiver; data from the sender. */
+		assert_true(writes_with_tc(F, "mlx5_0", fifo ? 96 : 106) >= 1);
+		assert_true(writes_with_tc(F, "mlx5_1", 106) >= 1);
+		assert_int_equal(rail_net_dereg_mr(F->sc, smh), 0);
+		assert_int_equal(rail_net_dereg_mr(F->rc, rmh), 0);
+		fake_stop(F);
+	}
+	/* InfiniBand has no traffic class: said once, not silently ignored. */
+	setenv("NCCL_IB_FIFO_TC", "96", 1);
+	F = fake_start("device mlx5_0\nport 1 link=ib lid=5\ngid 0 fe80::1\n");
+	fake_connect(F, 0, 0, -1);
+	assert_true(unit_log_has(RAIL_LOG_INFO, "NCCL_IB_FIFO_TC=96 has no effect on mlx5_0:1"));
 	fake_stop(F);
 }
 
@@ -602,11 +732,13 @@ int main(void)
 		cmocka_unit_test_teardown(test_speed_query_port_speed_lag, fake_teardown),
 		cmocka_unit_test_teardown(test_speed_old_library, fake_teardown),
 		cmocka_unit_test_teardown(test_two_port_nics, fake_teardown),
+		cmocka_unit_test_teardown(test_device_pci_order, fake_teardown),
 		cmocka_unit_test_teardown(test_fork_init_first, fake_teardown),
 		cmocka_unit_test_teardown(test_ib_grh_required, fake_teardown),
 		cmocka_unit_test_teardown(test_ib_local_no_grh, fake_teardown),
 		cmocka_unit_test_teardown(test_ib_routed_flid, fake_teardown),
 		cmocka_unit_test_teardown(test_ib_sl_from_traffic_class, fake_teardown),
+		cmocka_unit_test_teardown(test_fifo_tc, fake_teardown),
 		cmocka_unit_test_teardown(test_dmabuf_unaligned_cache, fake_teardown),
 		cmocka_unit_test_teardown(test_dmabuf_aligned_range, fake_teardown),
 		cmocka_unit_test_teardown(test_dmabuf_relaxed_ordering, fake_teardown),
