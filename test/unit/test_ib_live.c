@@ -18,6 +18,7 @@
 #include "unit.h"
 
 #include <errno.h>
+#include <unistd.h>
 
 #include "api.h"
 #include "handle.h"
@@ -402,6 +403,12 @@ static void test_fault_post_send_data(void **state)
 	assert_int_equal(rail_net_reg_mr(L.sc, buf + 8192, 2 * 8192, RAIL_PTR_HOST, &smh),
 			 ncclSuccess);
 	rr = post_until(0, &L, buf, 8192, 5, rmh);
+	/*
+	 * Let the receiver's clear-to-send land first: a sender that finds none
+	 * for 2 ms posts a want, and the fault would hit that write instead
+	 * (seen in the rxe guest under load).
+	 */
+	usleep(500000);
 	assert_int_equal(rail_verbs_fault_arm("ibv_post_send:EIO:1"), 0);
 	sr = NULL;
 	while (!sr && res == ncclSuccess && rail_now_ns() < deadline)
