@@ -640,6 +640,8 @@ ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, v
 	r = req_get(c, RAIL_REQ_SEND, 1, "isend", &h, &slot);
 	if (!r)
 		return ncclInternalError;
+	r->size = size;	/* for a flight record logged while it is posted */
+	r->tag = tag;
 	err = c->ops->isend(c, r, data, size, tag, mh);
 	if (err) {
 		if (err == -EAGAIN) {
@@ -649,8 +651,6 @@ ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, v
 			*request = NULL;
 			return ncclSuccess;
 		}
-		r->size = size;
-		r->tag = tag;
 		comm_failed(c, r, slot, "isend", err);
 		req_put(r);
 		return rail_result(err);
@@ -682,6 +682,8 @@ ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 	r = req_get(c, RAIL_REQ_RECV, n, "irecv", &h, &slot);
 	if (!r)
 		return ncclInternalError;
+	r->size = sizes[0];
+	r->tag = tags ? tags[0] : 0;
 	err = c->ops->irecv(c, r, n, data, sizes, tags, mhandles ? mhs : NULL);
 	if (err) {
 		if (err == -EAGAIN) {
@@ -691,8 +693,6 @@ ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 			*request = NULL;
 			return ncclSuccess;
 		}
-		r->size = sizes[0];
-		r->tag = tags ? tags[0] : 0;
 		comm_failed(c, r, slot, "irecv", err);
 		req_put(r);
 		return rail_result(err);

@@ -116,9 +116,12 @@ void rail_flight_format(const struct rail_fev *e, uint64_t now_ns, char *buf, si
 			 (unsigned)e->slot, e->size, (int)e->tag);
 		break;
 	case RAIL_FEV_STATE:
+		snprintf(buf, len, "-%.1f us %s: %s, qp 0x%" PRIx64, ago, name,
+			 e->note ? e->note : "?", e->size);
+		break;
 	case RAIL_FEV_WC_ERROR:
-		snprintf(buf, len, "-%.1f us %s: %s (qp 0x%" PRIx64 ", %d)", ago, name,
-			 e->note ? e->note : "?", e->size, (int)e->arg);
+		snprintf(buf, len, "-%.1f us %s: %s (status %d), qp 0x%" PRIx64, ago, name,
+			 e->note ? e->note : "?", (int)e->arg, e->size);
 		break;
 	case RAIL_FEV_REFUSAL_RX:
 		snprintf(buf, len, "-%.1f us %s: message #%u of %" PRIu64 " bytes, room %d", ago,
@@ -149,10 +152,15 @@ static void dump_in_flight(struct rail_comm *c, uint64_t now)
 
 		if (!r || r->magic != RAIL_REQ_MAGIC)
 			continue;
-		RAIL_WARN("  in flight: %s req=%u size=%" PRIu64 " tag=%d%s, posted %.1f us ago",
-			  req_kind(r->type), (unsigned)i, r->size, (int)r->tag,
-			  r->n > 1 ? " (first of a group)" : "",
-			  now >= r->t_post ? (double)(now - r->t_post) / 1e3 : 0.0);
+		if (!r->t_post)
+			RAIL_WARN("  in flight: %s req=%u size=%" PRIu64 " tag=%d%s, being posted "
+				  "(this call)", req_kind(r->type), (unsigned)i, r->size, (int)r->tag,
+				  r->n > 1 ? " (first of a group)" : "");
+		else
+			RAIL_WARN("  in flight: %s req=%u size=%" PRIu64 " tag=%d%s, posted %.1f us "
+				  "ago", req_kind(r->type), (unsigned)i, r->size, (int)r->tag,
+				  r->n > 1 ? " (first of a group)" : "",
+				  now >= r->t_post ? (double)(now - r->t_post) / 1e3 : 0.0);
 	}
 }
 
