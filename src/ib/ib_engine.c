@@ -319,11 +319,12 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 		watchdog_fired(c, call);
 		return c->error;
 	}
+	/* End of file: the peer closed (its process exited), which "reset" would misreport. */
+	c->error = n == 0 ? -RAIL_ECLOSED : -ECONNRESET;
 	RAIL_WARN("%s on %s:%d qp 0x%x: the connection to peer %s is gone (%s): the peer process "
 		  "exited or crashed while this side still waits", call, c->res[0].dev->hca->name,
 		  c->res[0].dev->port, c->qps[0].qp->qp_num, c->peer,
 		  n == 0 ? "it closed its socket" : RAIL_ERRSTR(-errno));
-	c->error = -ECONNRESET;
 	watchdog_fired(c, call);
 	return c->error;
 }
