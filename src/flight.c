@@ -115,6 +115,19 @@ void rail_flight_format(const struct rail_fev *e, uint64_t now_ns, char *buf, si
 		snprintf(buf, len, "-%.1f us %s #%u size=%" PRIu64 " tag=%d", ago, name,
 			 (unsigned)e->slot, e->size, (int)e->tag);
 		break;
+	case RAIL_FEV_CREDIT_TX:
+		if (e->arg < 0)
+			snprintf(buf, len, "-%.1f us %s: refusal of eager message #%u (%" PRIu64
+				 " bytes)", ago, name, (unsigned)e->slot, e->size);
+		else
+			snprintf(buf, len, "-%.1f us %s: eager messages consumed so far %d", ago, name,
+				 (int)e->arg);
+		break;
+	case RAIL_FEV_WANT_TX:
+	case RAIL_FEV_WANT_RX:
+		snprintf(buf, len, "-%.1f us %s #%u tag=%d ord=%d", ago, name, (unsigned)e->slot,
+			 (int)e->tag, (int)e->arg);
+		break;
 	case RAIL_FEV_STATE:
 		snprintf(buf, len, "-%.1f us %s: %s, qp 0x%" PRIx64, ago, name,
 			 e->note ? e->note : "?", e->size);
