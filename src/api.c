@@ -12,6 +12,7 @@
 #include "log.h"
 #include "param.h"
 #include "rail.h"
+#include "stats.h"
 #include "topo/topo.h"
 
 #define RAIL_CTX_MAGIC 0x43545852u /* "RXTC": the kind of a context's handle */
@@ -215,6 +216,7 @@ static ncclResult_t finalize_last(void)
 	}
 	api_ops->fini();
 	api_ops = NULL;
+	rail_stats_finalize();
 	rail_topo_reset();
 	rail_params_unload();
 	if (api_topo_fd >= 0) {
@@ -555,7 +557,7 @@ ncclResult_t rail_net_dereg_mr(void *comm, void *mhandle)
 }
 
 static struct rail_req *req_get(struct rail_comm *c, int type, int n, const char *call,
-			       uintptr_t *h)
+			       uintptr_t *h, uint32_t *slot)
 {
 	uint32_t i;
 	struct rail_req *r = rail_pool_get_idx(&c->reqs, &i);
@@ -572,6 +574,7 @@ static struct rail_req *req_get(struct rail_comm *c, int type, int n, const char
 	r->comm = c;
 	r->stamp = ++c->stamp & RAIL_H_STAMP_MASK;
 	*h = rail_h_req_encode(c->hidx, i, r->stamp);
+	*slot = i;
 	return r;
 }
 
@@ -581,29 +584,78 @@ static void req_put(struct rail_req *r)
 	rail_pool_put(&r->comm->reqs, r);
 }
 
+static const char *req_name(int type)
+{
+	return type == RAIL_REQ_SEND ? "send" : type == RAIL_REQ_RECV ? "receive" : "flush";
+}
+
+/*
+ * A call on comm c failed with err (not -EAGAIN): count it, note it in the
+ * flight record and, the first time, log the record (r: the request whose
+ * post or test failed, still held, or NULL).
+ */
+static void comm_failed(struct rail_comm *c, const struct rail_req *r, uint32_t slot,
+			const char *call, int err)
+{
+	char why[256];
+
+	c->st.errors++;
+	rail_flight_add(&c->fl, 0, RAIL_FEV_ERROR, (uint16_t)slot, r ? r->size : 0,
+			r ? r->tag : 0, err);
+	if (c->fl.logged)
+		return;
+	if (r)
+		snprintf(why, sizeof(why), "%s of %s req=%u (size %llu, tag %d) failed: %s", call,
+			 req_name(r->type), (unsigned)slot, (unsigned long long)r->size, (int)r->tag,
+			 RAIL_ERRSTR(err));
+	else
+		snprintf(why, sizeof(why), "%s failed: %s", call, RAIL_ERRSTR(err));
+	rail_flight_dump(c, why);
+}
+
+/* A post was accepted: note when and what. */
+static inline void req_posted(struct rail_comm *c, struct rail_req *r, uint32_t slot,
+			      uint8_t ev, uint64_t size, int tag, int n)
+{
+	uint64_t now = rail_now_ns();
+
+	r->t_post = now;
+	r->size = size;
+	r->tag = tag;
+	rail_flight_add(&c->fl, now, ev, (uint16_t)slot, size, tag, n);
+}
+
 ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
 			    void **request)
 {
 	struct rail_comm *c = comm_of(send_comm, RAIL_COMM_SEND, "isend");
 	struct rail_req *r;
 	uintptr_t h;
+	uint32_t slot;
 	void *mh;
 	int err;
 
 	if (!c || !request || mr_of(mhandle, "isend", &mh))
 		return ncclInternalError;
-	r = req_get(c, RAIL_REQ_SEND, 1, "isend", &h);
+	r = req_get(c, RAIL_REQ_SEND, 1, "isend", &h, &slot);
 	if (!r)
 		return ncclInternalError;
+	r->size = size;	/* for a flight record logged while it is posted */
+	r->tag = tag;
 	err = c->ops->isend(c, r, data, size, tag, mh);
 	if (err) {
-		req_put(r);
 		if (err == -EAGAIN) {
+			req_put(r);
+			c->st.refused++;
+			rail_flight_add(&c->fl, 0, RAIL_FEV_REFUSED, 0, size, tag, 1);
 			*request = NULL;
 			return ncclSuccess;
 		}
+		comm_failed(c, r, slot, "isend", err);
+		req_put(r);
 		return rail_result(err);
 	}
+	req_posted(c, r, slot, RAIL_FEV_SEND, size, tag, 1);
 	*request = (void *)h;
 	return ncclSuccess;
 }
@@ -615,6 +667,7 @@ ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 	void *mhs[RAIL_MAX_RECVS];
 	struct rail_req *r;
 	uintptr_t h;
+	uint32_t slot;
 	int err;
 
 	if (!c || !request || !data || !sizes)
@@ -626,18 +679,25 @@ ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 	}
 	if (mhandles && mrs_of(n, mhandles, mhs, "irecv"))
 		return ncclInternalError;
-	r = req_get(c, RAIL_REQ_RECV, n, "irecv", &h);
+	r = req_get(c, RAIL_REQ_RECV, n, "irecv", &h, &slot);
 	if (!r)
 		return ncclInternalError;
+	r->size = sizes[0];
+	r->tag = tags ? tags[0] : 0;
 	err = c->ops->irecv(c, r, n, data, sizes, tags, mhandles ? mhs : NULL);
 	if (err) {
-		req_put(r);
 		if (err == -EAGAIN) {
+			req_put(r);
+			c->st.refused++;
+			rail_flight_add(&c->fl, 0, RAIL_FEV_REFUSED, 0, sizes[0], tags ? tags[0] : 0, 1);
 			*request = NULL;
 			return ncclSuccess;
 		}
+		comm_failed(c, r, slot, "irecv", err);
+		req_put(r);
 		return rail_result(err);
 	}
+	req_posted(c, r, slot, RAIL_FEV_RECV, sizes[0], tags ? tags[0] : 0, n);
 	*request = (void *)h;
 	return ncclSuccess;
 }
@@ -649,6 +709,7 @@ ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
 	void *mhs[RAIL_MAX_RECVS];
 	struct rail_req *r;
 	uintptr_t h;
+	uint32_t slot;
 	int err;
 
 	if (!c || !request)
@@ -657,7 +718,7 @@ ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
 		return ncclInternalError;
 	if (mhandles && mrs_of(n, mhandles, mhs, "iflush"))
 		return ncclInternalError;
-	r = req_get(c, RAIL_REQ_FLUSH, n, "iflush", &h);
+	r = req_get(c, RAIL_REQ_FLUSH, n, "iflush", &h, &slot);
 	if (!r)
 		return ncclInternalError;
 	err = c->ops->iflush(c, r, n, data, sizes, mhandles ? mhs : NULL);
@@ -665,8 +726,12 @@ ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
 		/* 1: nothing to flush. NCCL counts a NULL request as done. */
 		req_put(r);
 		*request = NULL;
-		return err == 1 ? ncclSuccess : rail_result(err);
+		if (err == 1)
+			return ncclSuccess;
+		comm_failed(c, NULL, slot, "iflush", err);
+		return rail_result(err);
 	}
+	req_posted(c, r, slot, RAIL_FEV_FLUSH, sizes ? (uint64_t)sizes[0] : 0, 0, n);
 	*request = (void *)h;
 	return ncclSuccess;
 }
@@ -689,6 +754,35 @@ static struct rail_req *req_of(void *request)
 	return r;
 }
 
+static uint32_t req_slot(const struct rail_req *r)
+{
+	const struct rail_pool *p = &r->comm->reqs;
+
+	return (uint32_t)(((const unsigned char *)r - p->mem) / p->elem_size);
+}
+
+/* Count a completed request and note it in the flight record. */
+static inline void req_done(struct rail_req *r, const size_t *got)
+{
+	struct rail_comm *c = r->comm;
+	uint64_t now = rail_now_ns(), lat = now - r->t_post, bytes = 0;
+
+	if (r->type == RAIL_REQ_SEND) {
+		c->st.tx_msgs++;
+		c->st.tx_bytes += bytes = got[0];
+	} else if (r->type == RAIL_REQ_RECV) {
+		for (int i = 0; i < r->n; i++)
+			bytes += got[i];
+		c->st.rx_msgs += (uint64_t)r->n;
+		c->st.rx_bytes += bytes;
+	} else {
+		c->st.flushes++;
+	}
+	rail_stats_latency(&c->st, lat);
+	rail_flight_add(&c->fl, now, RAIL_FEV_DONE, (uint16_t)req_slot(r), bytes, r->tag,
+			lat / 1000 > INT32_MAX ? INT32_MAX : (int32_t)(lat / 1000));
+}
+
 ncclResult_t rail_net_test(void *request, int *done, int *sizes)
 {
 	struct rail_req *r = req_of(request);
@@ -702,6 +796,7 @@ ncclResult_t rail_net_test(void *request, int *done, int *sizes)
 	}
 	err = r->comm->ops->test(r, &d, got);
 	if (err) {
+		comm_failed(r->comm, r, req_slot(r), "test", err);
 		req_put(r);
 		return rail_result(err);
 	}
@@ -712,8 +807,20 @@ ncclResult_t rail_net_test(void *request, int *done, int *sizes)
 		for (int i = 0; i < r->n; i++)
 			sizes[i] = (int)got[i];
 	}
+	req_done(r, got);
 	req_put(r);
 	return ncclSuccess;
+}
+
+/* The comm's counters, to the summary and the process total (NCCL_RAIL_STATS). */
+static void comm_report(struct rail_comm *c, enum rail_comm_kind kind)
+{
+	char desc[512] = "";
+
+	if (rail_stats_mode() && c->ops->describe_comm)
+		c->ops->describe_comm(c, 0, desc, sizeof(desc));
+	rail_stats_report(&c->st, kind == RAIL_COMM_SEND ? "send" : "recv", c->ops->name, c->dev,
+			  desc);
 }
 
 static ncclResult_t close_comm(void *p, enum rail_comm_kind kind, const char *call)
@@ -737,6 +844,8 @@ static ncclResult_t close_comm(void *p, enum rail_comm_kind kind, const char *ca
 		RAIL_WARN("%s: %p closed by another thread meanwhile", call, p);
 		return ncclInternalError;
 	}
+	if (kind != RAIL_COMM_LISTEN)
+		comm_report(c, kind);
 	if (kind == RAIL_COMM_SEND)
 		err = c->ops->close_send(c);
 	else if (kind == RAIL_COMM_RECV)

@@ -28,6 +28,8 @@ int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
 	comm->kind = kind;
 	comm->dev = dev;
 	comm->ops = ops;
+	memset(&comm->st, 0, sizeof(comm->st));
+	memset(&comm->fl, 0, sizeof(comm->fl));
 	memset(&comm->reqs, 0, sizeof(comm->reqs));
 	err = cap ? rail_pool_init(&comm->reqs, cap, ops->req_size) : 0;
 	if (err) {

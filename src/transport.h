@@ -11,7 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "flight.h"
 #include "pool.h"
+#include "stats.h"
 
 /* Pointer kinds, with NCCL's bit values. */
 #define RAIL_PTR_HOST 0x1
@@ -67,6 +69,9 @@ struct rail_comm {
 	uintptr_t handle;
 	uint32_t hidx;
 	uint32_t stamp;
+	/* api.c: counters and the flight record (src/stats.h, src/flight.h). */
+	struct rail_stats st;
+	struct rail_flight fl;
 };
 
 enum rail_req_type {
@@ -84,6 +89,10 @@ struct rail_req {
 	int n;
 	uint32_t stamp;		/* api.c: must match the handle's (src/handles.h) */
 	struct rail_comm *comm;
+	/* api.c: when it was posted (rail_now_ns), and what, for the flight record. */
+	uint64_t t_post;
+	uint64_t size;		/* a receive: its first buffer's */
+	int32_t tag;
 };
 
 struct rail_transport_ops {
@@ -131,6 +140,14 @@ struct rail_transport_ops {
 	int (*close_send)(struct rail_comm *comm);
 	int (*close_recv)(struct rail_comm *comm);
 	int (*close_listen)(struct rail_comm *comm);
+
+	/*
+	 * NULL when the transport has nothing to add: a description of a send
+	 * or receive comm for its stats line and flight record (peer,
+	 * device:port; with detail, QP numbers and states). Only called by
+	 * the thread driving the comm.
+	 */
+	void (*describe_comm)(struct rail_comm *comm, int detail, char *buf, size_t len);
 
 	/* NULL when NIC fusion is not supported. *vdev gets the new index. */
 	int (*make_vdevice)(int ndevs, const int *devs, int *vdev);

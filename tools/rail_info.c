@@ -16,6 +16,7 @@
  *   rail-info --sysfs-root DIR     read a copy of sysfs (fixture, snapshot)
  *   rail-info --snapshot DIR       also copy what was read into DIR
  *   rail-info --config [--markdown|--json]   the configuration table
+ *   rail-info --stats FILE         the NCCL_RAIL_STATS counters as a table
  *
  * Exit status of the reporting modes (plain, --json, --check): 0 ready,
  * 1 usable with warnings, 2 not usable, 64 bad command line.
@@ -33,6 +34,7 @@
 #include "netplugin.h"
 #include "param.h"
 #include "rail.h"
+#include "rail_info/stats_table.h"
 #include "sysfs.h"
 #include "topo/topo.h"
 #include "transport.h"
@@ -61,6 +63,7 @@ struct opts {
 	const char *plugin;
 	int no_transport;
 	int xml;
+	const char *stats;
 };
 
 struct transport_info {
@@ -111,6 +114,8 @@ static void usage(FILE *out)
 		"  --config            every configuration variable: value, default, doc\n"
 		"      --markdown      ... as the README's markdown table\n"
 		"      --json          ... as JSON\n"
+		"  --stats FILE        the per-connection counters NCCL_RAIL_STATS wrote (a\n"
+		"                      stats file or an NCCL log; - for stdin) as a table\n"
 		"  --version           print the version\n"
 		"  --help              this text\n\n"
 		"Exit status (report, --json, --check): 0 ready, 1 usable with warnings,\n"
@@ -152,6 +157,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		{ "markdown", no_argument, NULL, 'm' },
 		{ "nccl-topo-xml", no_argument, NULL, 'x' },
 		{ "no-transport", no_argument, NULL, 'n' },
+		{ "stats", required_argument, NULL, 'S' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -171,6 +177,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'c': o->config = 1; break;
 		case 'm': o->config_format = "markdown"; break;
 		case 'x': o->xml = 1; break;
+		case 'S': o->stats = optarg; break;
 		case 'n': o->no_transport = 1; break;
 		case 'V': printf("rail-info (nccl-net-rail) %s\n", RAIL_VERSION_STRING); exit(0);
 		case 'h': usage(stdout); exit(0);
@@ -954,6 +961,8 @@ int main(int argc, char **argv)
 
 	if (parse_args(argc, argv, &o))
 		return RAIL_INFO_USAGE;
+	if (o.stats)
+		return rail_info_stats(o.stats, stdout);
 	r.o = &o;
 	/* --check speaks through its own lines; NCCL_DEBUG still shows the log. */
 	if (o.check && !getenv("NCCL_DEBUG"))

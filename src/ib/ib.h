@@ -437,13 +437,7 @@ struct rail_ib_comm {
 	int flush;			/* flush QPs exist */
 	uint32_t flush_host;		/* flush host buffers too (testing) */
 	uint8_t flush_buf[64];		/* RDMA read target of flushes */
-	/* counters, logged at close (INFO NET) */
-	uint64_t n_eager;		/* messages through the ring */
-	uint64_t n_cts;			/* CTSes answered (sender) or written (receiver) */
-	uint64_t n_cts_eager;		/* CTSes whose messages all went through the ring */
-	uint64_t n_wants;		/* wants sent / seen */
-	uint64_t n_credits;		/* credit words written */
-	uint64_t n_loops;		/* loopback copies into GPU buffers */
+	/* counters: base.st (src/stats.h); events: base.fl (src/flight.h) */
 };
 
 struct rail_ib_req {
@@ -542,6 +536,11 @@ int rail_ib_ctl_write(struct rail_ib_comm *c, int qpi, const void *src, uint32_t
 int rail_ib_poll(struct rail_ib_comm *c);
 /* Every ~100 ms of waiting: -ECONNRESET (logged) once the peer closed its socket. */
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call);
+/*
+ * The describe_comm of the ops table: peer, member devices, and with
+ * detail every QP's number, the peer's QP and the state (ibv_query_qp).
+ */
+void rail_ib_describe_comm(struct rail_comm *base, int detail, char *buf, size_t len);
 /* r's buffers are all filled: complete it (and forget it). */
 void rail_ib_recv_check_done(struct rail_ib_comm *c, struct rail_ib_req *r);
 

@@ -106,30 +106,10 @@ struct rail_ib_listen {
 
 /* ---- comms ------------------------------------------------------------- */
 
-static void comm_stats(const struct rail_ib_comm *c)
-{
-	if (!c->nqps)
-		return;	/* never connected */
-	if (c->base.kind == RAIL_COMM_SEND)
-		RAIL_INFO(RAIL_LOG_NET, "verbs connection to peer %s on %s closed: %llu messages "
-			  "eager, %llu clear-to-send answered (%llu all eager), %llu wants",
-			  c->peer, c->res[0].dev->name, (unsigned long long)c->n_eager,
-			  (unsigned long long)c->n_cts, (unsigned long long)c->n_cts_eager,
-			  (unsigned long long)c->n_wants);
-	else
-		RAIL_INFO(RAIL_LOG_NET, "verbs connection from peer %s on %s closed: %llu messages "
-			  "eager (%llu loopback copies), %llu clear-to-send written (%llu answered "
-			  "all eager), %llu credit words, %llu wants", c->peer, c->res[0].dev->name,
-			  (unsigned long long)c->n_eager, (unsigned long long)c->n_loops,
-			  (unsigned long long)c->n_cts, (unsigned long long)c->n_cts_eager,
-			  (unsigned long long)c->n_credits, (unsigned long long)c->n_wants);
-}
-
 void rail_ib_comm_free(struct rail_ib_comm *c)
 {
 	if (!c)
 		return;
-	comm_stats(c);
 	rail_ib_flush_fini(c);
 	rail_ib_comm_res_fini(c);
 	rail_ib_tags_free(&c->tags);

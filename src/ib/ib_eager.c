@@ -172,7 +172,8 @@ int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data
 	if (err)
 		return err;
 	c->e_sent++;
-	c->n_eager++;
+	c->base.st.eager++;
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_EAGER, (uint16_t)e, size, tag, 0);
 	r->sizes[0] = size;
 	r->tag = tag;
 	r->done = 1;
@@ -208,6 +209,7 @@ int rail_ib_eager_refused(struct rail_ib_comm *c, const char *call)
 		snprintf(tag, sizeof(tag), ", tag %d", h.tag);
 	else
 		tag[0] = 0;
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_REFUSAL_RX, (uint16_t)e, size, 0, (int32_t)room);
 	RAIL_WARN("%s to peer %s on %s:%d qp 0x%x: the receiver refused eager message %u (%u "
 		  "bytes%s): its receive buffer holds only %u bytes; a send larger than its "
 		  "receive is an error (check that both ranks post matching sizes); the "
@@ -263,7 +265,8 @@ int rail_ib_want_maybe(struct rail_ib_comm *c, struct rail_ib_tag *t, size_t siz
 	if (err)
 		return err;
 	c->want_seq++;
-	c->n_wants++;
+	c->base.st.wants++;
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_WANT_TX, c->want_seq, 0, t->tag, (int32_t)t->next);
 	t->want = t->next;
 	t->wanted = 1;
 	return 0;
@@ -320,7 +323,7 @@ static int ring_loop(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *r, 
 	if (err)
 		return err;
 	s->state = RAIL_IB_RING_LOOP;
-	c->n_loops++;
+	c->base.st.loops++;
 	s->r = r;
 	s->idx = (int8_t)i;
 	r->loops++;
@@ -342,7 +345,8 @@ static void ring_refuse(struct rail_ib_comm *c, uint32_t e, uint32_t size, uint3
 			      (c->eager_safe ? RAIL_IB_CREDIT_SAFE : 0), stage);
 	if (rail_ib_ctl_write(c, CREDIT_QP, stage, RAIL_IB_CREDIT_SIZE, c->remote_credit_addr,
 			      c->remote_fifo_rkey[q->remote_member], "eager refusal") == 0)
-		c->n_credits++;
+		c->base.st.credits++;
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_CREDIT_TX, (uint16_t)e, size, 0, -1);
 }
 
 /* Message e fills buffer i of r. */
@@ -366,7 +370,8 @@ static int ring_deliver(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *
 	}
 	r->pending &= (uint8_t)~(1u << i);
 	r->sizes[i] = size;
-	c->n_eager++;
+	c->base.st.eager++;
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_EAGER, (uint16_t)e, size, s->h.tag, 0);
 	if (size && r->mhs[i] && r->mhs[i]->gpu)
 		return ring_loop(c, e, r, i, payload);
 	if (size)
@@ -623,7 +628,8 @@ int rail_ib_credit_return(struct rail_ib_comm *c, int mode)
 		return err;
 	c->e_returned = c->e_head;
 	c->credit_owed = 0;
-	c->n_credits++;
+	c->base.st.credits++;
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_CREDIT_TX, 0, 0, 0, (int32_t)c->e_head);
 	return 0;
 }
 
@@ -645,7 +651,8 @@ int rail_ib_want_poll(struct rail_ib_comm *c)
 		t->want = w.ord;
 	t->wanted = 1;
 	c->want_seen = w.seq;
-	c->n_wants++;
+	c->base.st.wants++;
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_WANT_RX, w.seq, 0, w.tag, (int32_t)w.ord);
 	c->cts_owed = 1;	/* CTSes for the receives in flight that have none */
 	c->credit_owed = 1;	/* credits, and the acknowledgement */
 	return 0;

@@ -136,8 +136,11 @@ static int wc_error(struct rail_ib_comm *c, int m, const struct ibv_wc *wc)
 			  "%d, vendor error 0x%x, opcode %d); %s", d->hca->name, d->port, wc->qp_num,
 			  c->peer, rail_ibv_wc_status_str(wc->status), wc->status, wc->vendor_err,
 			  wc->opcode, wc_hint(wc->status));
-	if (!c->error)
+	if (!c->error) {
 		c->error = err;
+		rail_flight_note(&c->base.fl, RAIL_FEV_WC_ERROR, wc->qp_num, (int)wc->status,
+				 rail_ibv_wc_status_str(wc->status));
+	}
 	if (wc->wr_id && RAIL_IB_WRID_KIND(wc->wr_id) == RAIL_IB_WR_REQ)
 		((struct rail_ib_req *)(uintptr_t)wc->wr_id)->error = c->error;
 	return c->error;
@@ -232,6 +235,63 @@ int rail_ib_poll(struct rail_ib_comm *c)
 	return 0;
 }
 
+/* The watchdog found the peer gone: note it and log the flight record (once). */
+static void watchdog_fired(struct rail_ib_comm *c, const char *call)
+{
+	char why[128];
+
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_PEER_GONE, 0, 0, 0, c->error);
+	snprintf(why, sizeof(why), "the watchdog in %s found the peer gone: %s", call,
+		 RAIL_ERRSTR(c->error));
+	rail_flight_dump(&c->base, why);
+}
+
+static const char *qp_state_name(int s)
+{
+	static const char *const names[] = { "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR" };
+
+	return s >= 0 && s < (int)(sizeof(names) / sizeof(names[0])) ? names[s] : "?";
+}
+
+void rail_ib_describe_comm(struct rail_comm *base, int detail, char *buf, size_t len)
+{
+	struct rail_ib_comm *c = (struct rail_ib_comm *)base;
+	size_t off = 0;
+
+#define PUT(...) \
+	do { \
+		if (off < len) { \
+			int w_ = snprintf(buf + off, len - off, __VA_ARGS__); \
+			off += w_ > 0 ? (size_t)w_ : 0; \
+		} \
+	} while (0)
+	PUT("peer %s,", c->peer[0] ? c->peer : "?");
+	for (int m = 0; m < c->ndevs; m++)
+		if (c->res[m].dev)
+			PUT("%s%s:%d", m ? "+" : " ", c->res[m].dev->hca->name, c->res[m].dev->port);
+	if (!detail) {
+		PUT(", %d QPs", c->nqps);
+		return;
+	}
+	PUT(", error %s", c->error ? RAIL_ERRSTR(c->error) : "none");
+	for (int i = 0; i < c->nqps; i++) {
+		struct ibv_qp_attr a;
+		struct ibv_qp_init_attr ia;
+		const char *st = "state unknown (no ibv_query_qp)";
+
+		if (!c->qps[i].qp)
+			continue;
+		if (rail_ibv.query_qp) {
+			memset(&a, 0, sizeof(a));
+			st = rail_ibv.query_qp(c->qps[i].qp, &a, IBV_QP_STATE, &ia) == 0
+				     ? qp_state_name((int)a.qp_state) : "state query failed";
+		}
+		PUT("%s qp 0x%x->0x%x %s", i ? ";" : ",", c->qps[i].qp->qp_num,
+		    c->qps[i].remote_qpn, st);
+	}
+#undef PUT
+}
+
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 {
 	uint64_t now;
@@ -256,12 +316,15 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 			  c->res[0].dev->port, c->qps[0].qp->qp_num, c->peer,
 			  (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
 		c->error = -ETIMEDOUT;
+		watchdog_fired(c, call);
 		return c->error;
 	}
+	/* End of file: the peer closed (its process exited), which "reset" would misreport. */
+	c->error = n == 0 ? -RAIL_ECLOSED : -ECONNRESET;
 	RAIL_WARN("%s on %s:%d qp 0x%x: the connection to peer %s is gone (%s): the peer process "
 		  "exited or crashed while this side still waits", call, c->res[0].dev->hca->name,
 		  c->res[0].dev->port, c->qps[0].qp->qp_num, c->peer,
 		  n == 0 ? "it closed its socket" : RAIL_ERRSTR(-errno));
-	c->error = -ECONNRESET;
+	watchdog_fired(c, call);
 	return c->error;
 }

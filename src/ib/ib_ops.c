@@ -99,6 +99,7 @@ const struct rail_transport_ops rail_ib_ops = {
 	.iflush = rail_ib_iflush,
 	.test = rail_ib_test,
 	.close_send = rail_ib_close_send,
+	.describe_comm = rail_ib_describe_comm,
 	.close_recv = rail_ib_close_recv,
 	.close_listen = rail_ib_close_listen,
 	.make_vdevice = rail_ib_make_vdevice,

@@ -421,6 +421,7 @@ int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 				 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (ret)
 		return modify_warn(c, qp, d, "RTS", ret, remote);
+	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, qp->qp_num, IBV_QPS_RTS, "QP ready to send (RTS)");
 	return 0;
 }
 

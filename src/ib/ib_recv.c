@@ -122,7 +122,9 @@ static int cts_write(struct rail_ib_comm *c, struct rail_ib_req *r)
 	r->cts = (int64_t)num;
 	r->had_cts = 1;
 	c->cts_next++;
-	c->n_cts++;
+	c->base.st.cts++;
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_CTS_TX, (uint16_t)num, r->sizes[0],
+			r->tags[0], r->base.n);
 	return 0;
 }
 
@@ -285,7 +287,7 @@ static int cts_answered(struct rail_ib_comm *c, struct rail_ib_cts_state *st, in
 	if (r)
 		r->cts = -1;
 	else
-		c->n_cts_eager++;
+		c->base.st.cts_eager++;
 	for (int i = 0; i < st->n; i++) {
 		if (got[i] == RAIL_IB_SIZE_EAGER)
 			continue;	/* comes (or came) through the ring */

@@ -353,9 +353,10 @@ static int batch_advance(struct rail_ib_comm *c)
 		if (err)
 			return err == -EAGAIN ? 0 : err;
 		b->nreqs = 0;
+		rail_flight_add(&c->base.fl, 0, RAIL_FEV_CTS_RX, (uint16_t)c->seq, 0, 0, b->nreqs);
 		c->seq++;
-		c->n_cts++;
-		c->n_cts_eager++;
+		c->base.st.cts++;
+		c->base.st.cts_eager++;
 	}
 }
 
@@ -418,9 +419,11 @@ static int send_cts(struct rail_ib_comm *c, struct rail_ib_req *r, int i, size_t
 			if (b->reqs[j])
 				b->reqs[j]->error = err;
 	}
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_CTS_RX, (uint16_t)c->seq,
+			b->cts[0].size, b->cts[0].tag, b->nreqs);
 	b->nreqs = 0;
 	c->seq++;
-	c->n_cts++;
+	c->base.st.cts++;
 	return err;
 }
 

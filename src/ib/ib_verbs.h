@@ -64,6 +64,9 @@ struct rail_verbs {
 	struct ibv_qp *(*create_qp)(struct ibv_pd *pd, struct ibv_qp_init_attr *attr);
 	int (*modify_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask);
 	int (*destroy_qp)(struct ibv_qp *qp);
+	/* Optional here (IBVERBS_1.1, but only the flight record needs it). */
+	int (*query_qp)(struct ibv_qp *qp, struct ibv_qp_attr *attr, int mask,
+			struct ibv_qp_init_attr *init_attr);
 	/* Optional (IBVERBS_1.10). */
 	int (*query_ece)(struct ibv_qp *qp, struct ibv_ece *ece);
 	int (*set_ece)(struct ibv_qp *qp, struct ibv_ece *ece);

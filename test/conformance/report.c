@@ -102,7 +102,7 @@ void rail_conf_expect_kill(struct rail_conf *cx)
 
 /* ---- the logger given to init ---- */
 
-#define WARN_KEEP 32
+#define WARN_KEEP 160	/* room for a flight record (src/flight.h: 64 events) */
 
 static pthread_mutex_t log_lock = PTHREAD_MUTEX_INITIALIZER;
 static char log_prefix[32] = "[?]";

@@ -241,6 +241,24 @@ static int slot_step(struct rail_conf *cx, void *rc, struct rail_conf_arena *a, 
 	return 1;
 }
 
+/*
+ * The failure logged the receive comm's flight record, naming a receive in
+ * flight by its size and tag (src/flight.c).
+ */
+static void peer_dies_flight(struct rail_conf *cx, size_t sz, ncclResult_t err)
+{
+	char want[64];
+	const char *record[] = { "flight record of", "receive comm" };
+	const char *inflight[] = { "in flight: recv", want };
+
+	snprintf(want, sizeof(want), "size=%zu tag=1", sz);
+	RAIL_CONF_CHECK(cx, rail_conf_warn_has(record, 2), "the receive failed with %s but the "
+			"plugin logged no flight record of the receive comm",
+			rail_conf_result_str(err));
+	RAIL_CONF_CHECK(cx, rail_conf_warn_has(inflight, 2), "the flight record names no "
+			"receive in flight with %s", want);
+}
+
 int rail_conf_peer_dies(struct rail_conf *cx)
 {
 	size_t sz = cap_size(cx->full ? 64 * RAIL_CONF_MIB : 16 * RAIL_CONF_MIB,
@@ -290,6 +308,7 @@ int rail_conf_peer_dies(struct rail_conf *cx)
 	RAIL_CONF_CHECK(cx, rail_conf_warn_count() > 0,
 			"the receive failed with %s but the plugin printed no WARN",
 			rail_conf_result_str(err));
+	peer_dies_flight(cx, sz, err);
 	rail_conf_note(cx, "%s %.0f ms after the kill (%d complete messages after it)",
 		       rail_conf_result_str(err), (double)(rail_conf_now_ns() - t_kill) / 1e6, after);
 	rail_conf_arena_dereg(cx, &a);

@@ -847,6 +847,19 @@ static void test_peer_gone_other_comm_works(void **state)
 	}
 	assert_int_equal(r, ncclRemoteError);
 	unit_assert_logged2(RAIL_LOG_WARN, "is gone", "qp 0x");
+	/*
+	 * The failure logged the sender's flight record once: the connection
+	 * (peer, device:port, each QP and its state) and what it was doing, the
+	 * 64 KiB send of tag 3 that waited for a clear-to-send.
+	 */
+	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "flight record of ib send comm"), 1);
+	unit_assert_logged2(RAIL_LOG_WARN, "flight record of ib send comm (peer ", " RTS");
+	unit_assert_logged2(RAIL_LOG_WARN, "flight record of ib send comm", "found the peer gone");
+	unit_assert_logged2(RAIL_LOG_WARN, "flight: ", "size=65536 tag=3");
+	unit_assert_logged2(RAIL_LOG_WARN, "flight: ", "peer gone");
+	unit_assert_logged2(RAIL_LOG_WARN, "in flight: send req=", "size=65536 tag=3");
+	/* The peer closed its socket: nothing may call that a reset (conformance misuse-eof). */
+	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "reset by peer"), 0);
 	/* The other connection is unaffected. */
 	assert_int_equal(rail_net_reg_mr(L2.sc, sbuf, big, RAIL_PTR_HOST, &smh), ncclSuccess);
 	assert_int_equal(rail_net_reg_mr(L2.rc, rbuf, big, RAIL_PTR_HOST, &rmh), ncclSuccess);
