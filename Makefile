@@ -259,9 +259,7 @@ test-rxe: all tests
 test-rxe2: all tests
 	test/rxe2/tests.sh
 
-# The verbs watchdog between two guests, on demand (about 30 s; out of make
-# test until the two-host connect regression of the src/ib layering is fixed:
-# see docs/RELIABILITY.md "Two nodes"): the
+# The verbs watchdog between two guests, in make test (about 30 s): the
 # sender's guest is killed mid-transfer and the receiver must fail within
 # NCCL_RAIL_PEER_TIMEOUT=10 s (test/rxe2/tests.sh kill-b).
 test-rxe2-watchdog: all tests
@@ -283,7 +281,8 @@ test-packages: deb
 check: all tests test-unit test-fakeverbs test-abi test-readme test-layering test-conformance \
 	test-netns
 
-test: check test-sanitizers test-tsan test-clang fuzz test-packages test-fresh test-rxe
+test: check test-sanitizers test-tsan test-clang fuzz test-packages test-fresh test-rxe \
+	test-rxe2-watchdog
 
 readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info --update

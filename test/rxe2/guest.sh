@@ -40,6 +40,14 @@ while [ $SECONDS -lt $deadline ]; do
 done
 [ -n "$gid" ] || fail "no IPv4 GID on rxe0 after 30 s"
 [[ $state == *ACTIVE ]] || fail "rxe0 port 1 not ACTIVE: $state"
+# The NIC must also be RUNNING (carrier): the plugin picks its out-of-band
+# interface among those up, running and addressed, and a command started
+# before virtio-net's carrier came up got "lo" (its peer then connected to
+# 127.0.0.1).
+while [ $SECONDS -lt $deadline ] && [ "$(cat /sys/class/net/$nic/operstate 2>/dev/null)" != up ]; do
+    sleep 0.1
+done
+[ "$(cat /sys/class/net/$nic/operstate 2>/dev/null)" = up ] || fail "$nic not running (operstate $(cat /sys/class/net/$nic/operstate))"
 
 export RXE_GUEST=1 RXE_REPO RXE_OUT RXE_MTU RXE2_NAME RXE2_IP RXE2_PEER_IP
 export RXE_DEV0=rxe0 RXE_NETDEV0=$nic RXE_IP0=$RXE2_IP RXE_GID_INDEX0=$gid
