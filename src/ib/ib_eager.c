@@ -336,16 +336,27 @@ static int ring_loop(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *r, 
  * (credit_return writes nothing once the comm failed). Best effort: the
  * comm fails here whatever happens to the write.
  */
-static void ring_refuse(struct rail_ib_comm *c, uint32_t e, uint32_t size, uint32_t room)
+/* One credit word to the sender's credit address (consumed, want_ack, flags). */
+static int credit_write(struct rail_ib_comm *c, uint32_t consumed, uint16_t ack, uint16_t flags,
+			const char *what)
 {
 	uint8_t *stage = c->cts_stage + RAIL_IB_CREDIT_STAGE_OFF;
 	const struct rail_ib_qp *q = &c->qps[CREDIT_QP];
+	int err;
 
-	rail_ib_credit_encode(size << 16 | room, (uint16_t)e, RAIL_IB_CREDIT_REFUSED |
-			      (c->eager_safe ? RAIL_IB_CREDIT_SAFE : 0), stage);
-	if (rail_ib_ctl_write(c, CREDIT_QP, stage, RAIL_IB_CREDIT_SIZE, c->remote_credit_addr,
-			      c->remote_fifo_rkey[q->remote_member], "eager refusal") == 0)
+	rail_ib_credit_encode(consumed, ack, flags | (c->eager_safe ? RAIL_IB_CREDIT_SAFE : 0),
+			      stage);
+	err = rail_ib_ctl_write(c, CREDIT_QP, stage, RAIL_IB_CREDIT_SIZE, c->remote_credit_addr,
+				c->remote_fifo_rkey[q->remote_member], what);
+	if (!err)
 		c->base.st.credits++;
+	return err;
+}
+
+static void ring_refuse(struct rail_ib_comm *c, uint32_t e, uint32_t size, uint32_t room)
+{
+	(void)credit_write(c, size << 16 | room, (uint16_t)e, RAIL_IB_CREDIT_REFUSED,
+			   "eager refusal");
 	rail_flight_add(&c->base.fl, 0, RAIL_FEV_CREDIT_TX, (uint16_t)e, size, 0, -1);
 }
 
@@ -599,7 +610,6 @@ int rail_ib_on_loop(struct rail_ib_comm *c, uint32_t slot)
  */
 int rail_ib_credit_return(struct rail_ib_comm *c, int mode)
 {
-	uint8_t *stage = c->cts_stage + RAIL_IB_CREDIT_STAGE_OFF;
 	const struct rail_ib_qp *q = &c->qps[CREDIT_QP];
 	uint32_t owed = c->e_head - c->e_returned;
 	int err;
@@ -620,15 +630,11 @@ int rail_ib_credit_return(struct rail_ib_comm *c, int mode)
 			return 0;
 		}
 	}
-	rail_ib_credit_encode(c->e_head, (uint16_t)c->want_seen,
-			      c->eager_safe ? RAIL_IB_CREDIT_SAFE : 0, stage);
-	err = rail_ib_ctl_write(c, CREDIT_QP, stage, RAIL_IB_CREDIT_SIZE, c->remote_credit_addr,
-				c->remote_fifo_rkey[q->remote_member], "credit return");
+	err = credit_write(c, c->e_head, (uint16_t)c->want_seen, 0, "credit return");
 	if (err)
 		return err;
 	c->e_returned = c->e_head;
 	c->credit_owed = 0;
-	c->base.st.credits++;
 	rail_flight_add(&c->base.fl, 0, RAIL_FEV_CREDIT_TX, 0, 0, 0, (int32_t)c->e_head);
 	return 0;
 }
