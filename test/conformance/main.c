@@ -18,6 +18,7 @@
  * TCP connection per (scenario, ABI) (twohost.c), and each host prints the
  * verdicts of its own role.
  */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <getopt.h>
@@ -260,6 +261,51 @@ static void role_reap(struct role_state *r, int block)
 		r->t_fail = rail_conf_now_ns();
 }
 
+/* One /proc file of a task, on one line ("?" when unreadable: /proc/PID/stack needs root). */
+static void proc_read(pid_t pid, const char *tid, const char *what, char *out, size_t len)
+{
+	char path[96];
+	size_t n = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/task/%s/%s", (int)pid, tid, what);
+	f = fopen(path, "r");
+	if (f) {
+		n = fread(out, 1, len - 1, f);
+		fclose(f);
+	}
+	out[n] = 0;
+	for (size_t i = 0; i < n; i++)
+		out[i] = out[i] == '\n' ? ' ' : out[i];
+	if (!n)
+		snprintf(out, len, "?");
+}
+
+/* A hung role: where each of its threads waits, to stderr before it is killed. */
+static void role_dump(const struct role_state *r, char role)
+{
+	char path[64], comm[64], wchan[128], stack[2048];
+	struct dirent *d;
+	DIR *dir;
+
+	if (r->reaped || r->pid <= 0)
+		return;
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)r->pid);
+	dir = opendir(path);
+	if (!dir)
+		return;
+	while ((d = readdir(dir))) {
+		if (d->d_name[0] == '.')
+			continue;
+		proc_read(r->pid, d->d_name, "comm", comm, sizeof(comm));
+		proc_read(r->pid, d->d_name, "wchan", wchan, sizeof(wchan));
+		proc_read(r->pid, d->d_name, "stack", stack, sizeof(stack));
+		fprintf(stderr, "# hung role %c at '%s': pid %d task %s (%s) waits in %s; kernel "
+			"stack: %s\n", role, r->stage, (int)r->pid, d->d_name, comm, wchan, stack);
+	}
+	closedir(dir);
+}
+
 static void role_kill(struct role_state *r)
 {
 	if (!r->reaped && r->pid > 0)
@@ -338,6 +384,10 @@ static void supervise(const struct rail_conf_opts *o, struct role_state *r, int 
 		}
 		if (now >= deadline || (grace && now >= grace)) {
 			*timed_out = now >= deadline;
+			if (*timed_out) {
+				role_dump(&r[0], 'A');
+				role_dump(&r[1], 'B');
+			}
 			role_kill(&r[0]);
 			role_kill(&r[1]);
 			break;

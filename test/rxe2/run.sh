@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Two QEMU/TCG guests as two RDMA nodes: each runs its own kernel with one
 # Soft-RoCE device (rxe0) on one virtio NIC, and the two NICs are joined only
-# to each other, by a unix socket between the two QEMU processes (-netdev
-# stream). See test/rxe2/README.md.
+# to each other, by unix datagram sockets between the two QEMU processes
+# (-netdev dgram; README.md says why not stream). See test/rxe2/README.md.
 #
 #   test/rxe2/run.sh --cmd-a "CMD" --cmd-b "CMD" [options]
 #     --cmd-a CMD       command of guest A (192.0.2.1), bash -c in the repo root
@@ -124,7 +124,7 @@ mkdir -p "$JOB"
 JOB=$(cd "$JOB" && pwd -P)
 [[ $JOB =~ [[:space:]] || $REPO =~ [[:space:]] ]] && die "paths with spaces are not supported"
 [ ${#JOB} -lt 90 ] || die "job path too long for a unix socket: $JOB"
-rm -rf "$JOB/A" "$JOB/B" "$JOB/net.sock" "$JOB/fault.txt"
+rm -rf "$JOB/A" "$JOB/B" "$JOB/A.sock" "$JOB/B.sock" "$JOB/fault.txt"
 
 q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }
 write_config() { # NAME IP PEER MAC CMD
@@ -190,7 +190,7 @@ KERNEL=$RXE_VMLINUZ
 # host time, so guest timeouts and timings stay true, at ~1 us per
 # clock_gettime. RXE2_KERNEL_ARGS replaces it, RXE_APPEND adds more.
 APPEND="console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off ${RXE2_KERNEL_ARGS-clocksource=hpet} ${RXE_APPEND:-}"
-start_guest() { # NAME MAC server=on|off
+start_guest() { # NAME MAC PEER
     local n=$1 d=$JOB/$1
     # timeout runs QEMU as its child; QEMU's own PID is in qemu.pid.
     timeout -k 10 "$TIMEOUT" qemu-system-x86_64 -name "rxe2-$n" \
@@ -201,20 +201,14 @@ start_guest() { # NAME MAC server=on|off
         -chardev "pipe,id=mon,path=$d/mon" -mon chardev=mon,mode=readline \
         -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
         -virtfs "local,path=$d,mount_tag=rxejob,security_model=none,multidevs=remap" \
-        -netdev "stream,id=n0,server=$3,addr.type=unix,addr.path=$JOB/net.sock" \
+        -netdev "dgram,id=n0,local.type=unix,local.path=$JOB/$1.sock,remote.type=unix,remote.path=$JOB/$3.sock" \
         -device "virtio-net-pci,netdev=n0,mac=$2" </dev/null >"$d/qemu.log" 2>&1 &
     QPID[$n]=$!
 }
 step "booting two guests ($RXE_KVER, smp $SMP, mem $MEM, mtu $MTU, timeout ${TIMEOUT}s); job $JOB"
 TBOOT=$SECONDS
-start_guest A 52:54:00:12:34:01 on
-for _ in $(seq 100); do
-    [ -S "$JOB/net.sock" ] && break
-    kill -0 "${QPID[A]}" 2>/dev/null || break
-    sleep 0.1
-done
-[ -S "$JOB/net.sock" ] || { cat "$JOB/A/qemu.log" >&2; die "guest A's QEMU did not create $JOB/net.sock"; }
-start_guest B 52:54:00:12:34:02 off
+start_guest A 52:54:00:12:34:01 B
+start_guest B 52:54:00:12:34:02 A
 
 # ---- watch: the fault, and the events after it -------------------------------
 running() { kill -0 "${QPID[$1]}" 2>/dev/null; }
