@@ -8,7 +8,7 @@ static ncclResult_t v10_init(ncclDebugLogger_t logger, ncclProfilerCallback_t pr
 {
 	ncclResult_t res = rail_net_init_legacy(logger, 10);
 
-	(void)prof;
+	rail_net_profiler(prof);
 	ncclNetPlugin_v10.makeVDevice = rail_net_can_fuse() ? rail_shim_make_vdevice_v9 : NULL;
 	return res;
 }

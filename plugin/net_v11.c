@@ -9,7 +9,7 @@ static ncclResult_t v11_init(void **ctx, uint64_t comm_id, ncclNetCommConfig_v11
 {
 	ncclResult_t res = rail_net_init(ctx, comm_id, config ? config->trafficClass : -1, logger, 11);
 
-	(void)prof;
+	rail_net_profiler(prof);
 	ncclNetPlugin_v11.makeVDevice = rail_net_can_fuse() ? rail_shim_make_vdevice_v9 : NULL;
 	return res;
 }

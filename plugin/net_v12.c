@@ -16,7 +16,7 @@ static ncclResult_t v12_init(void **ctx, uint64_t comm_id, ncclNetCommConfig_v12
 {
 	ncclResult_t res = rail_net_init(ctx, comm_id, config ? config->trafficClass : -1, logger, 12);
 
-	(void)prof;
+	rail_net_profiler(prof);
 	ncclNetPlugin_v12.makeVDevice = rail_net_can_fuse() ? v12_make_vdevice : NULL;
 	return res;
 }

@@ -130,21 +130,9 @@ static inline ncclResult_t rail_shim_accept_devcomm(void *listen_comm, void **re
 	return rail_net_accept(listen_comm, recv_comm);
 }
 
-/* v10+: the profiler handles (phandle) are not used. */
-static inline ncclResult_t rail_shim_isend_ph(void *send_comm, void *data, size_t size, int tag,
-					      void *mhandle, void *phandle, void **request)
-{
-	(void)phandle;
-	return rail_net_isend(send_comm, data, size, tag, mhandle, request);
-}
-
-static inline ncclResult_t rail_shim_irecv_ph(void *recv_comm, int n, void **data, size_t *sizes,
-					      int *tags, void **mhandles, void **phandles,
-					      void **request)
-{
-	(void)phandles;
-	return rail_net_irecv(recv_comm, n, data, sizes, tags, mhandles, request);
-}
+/* v10+: isend and irecv carry the profiler's parent handles: the core takes them as they are. */
+#define rail_shim_isend_ph rail_net_isend_ph
+#define rail_shim_irecv_ph rail_net_irecv_ph
 
 /* v9-v11 share the 4-member virtual NIC struct. */
 static inline ncclResult_t rail_shim_make_vdevice_v9(int *d, ncclNetVDeviceProps_v9_t *props)

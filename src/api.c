@@ -580,6 +580,8 @@ static struct rail_req *req_get(struct rail_comm *c, int type, int n, const char
 
 static void req_put(struct rail_req *r)
 {
+	if (rail_unlikely(r->prof != NULL))
+		rail_prof_finish(r->prof);
 	r->magic = 0;
 	rail_pool_put(&r->comm->reqs, r);
 }
@@ -625,8 +627,36 @@ static inline void req_posted(struct rail_comm *c, struct rail_req *r, uint32_t 
 	rail_flight_add(&c->fl, now, ev, (uint16_t)slot, size, tag, n);
 }
 
+/*
+ * The profiler parents of a request (prof.h): attached only when NCCL gave
+ * both a callback and parent handles; the comm's table is made on first use.
+ */
+static void req_prof(struct rail_comm *c, struct rail_req *r, uint32_t slot, int n,
+		     void *const *parents)
+{
+	int any = 0;
+
+	for (int i = 0; i < n; i++)
+		any |= parents[i] != NULL;
+	if (!any || !rail_prof_on())
+		return;
+	if (!c->prof) {
+		c->prof = calloc(c->reqs.capacity, sizeof(*c->prof));
+		if (!c->prof)
+			return;	/* no events for this request */
+	}
+	r->prof = &c->prof[slot];
+	rail_prof_attach(r->prof, n, parents);
+}
+
 ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
 			    void **request)
+{
+	return rail_net_isend_ph(send_comm, data, size, tag, mhandle, NULL, request);
+}
+
+ncclResult_t rail_net_isend_ph(void *send_comm, void *data, size_t size, int tag, void *mhandle,
+			       void *phandle, void **request)
 {
 	struct rail_comm *c = comm_of(send_comm, RAIL_COMM_SEND, "isend");
 	struct rail_req *r;
@@ -642,6 +672,8 @@ ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, v
 		return ncclInternalError;
 	r->size = size;	/* for a flight record logged while it is posted */
 	r->tag = tag;
+	if (rail_unlikely(phandle != NULL))
+		req_prof(c, r, slot, 1, &phandle);
 	err = c->ops->isend(c, r, data, size, tag, mh);
 	if (err) {
 		if (err == -EAGAIN) {
@@ -662,6 +694,12 @@ ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, v
 
 ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 			    int *tags, void **mhandles, void **request)
+{
+	return rail_net_irecv_ph(recv_comm, n, data, sizes, tags, mhandles, NULL, request);
+}
+
+ncclResult_t rail_net_irecv_ph(void *recv_comm, int n, void **data, size_t *sizes, int *tags,
+			       void **mhandles, void **phandles, void **request)
 {
 	struct rail_comm *c = comm_of(recv_comm, RAIL_COMM_RECV, "irecv");
 	void *mhs[RAIL_MAX_RECVS];
@@ -684,6 +722,8 @@ ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 		return ncclInternalError;
 	r->size = sizes[0];
 	r->tag = tags ? tags[0] : 0;
+	if (rail_unlikely(phandles != NULL))
+		req_prof(c, r, slot, n, phandles);
 	err = c->ops->irecv(c, r, n, data, sizes, tags, mhandles ? mhs : NULL);
 	if (err) {
 		if (err == -EAGAIN) {

@@ -34,10 +34,20 @@ ncclResult_t rail_net_reg_mr(void *comm, void *data, size_t size, int type, void
 ncclResult_t rail_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int type,
 				    uint64_t offset, int fd, void **mhandle);
 ncclResult_t rail_net_dereg_mr(void *comm, void *mhandle);
+/*
+ * phandle / phandles (v10+): NCCL's profiler parent of the send, and of each
+ * buffer of the receive; NULL for none (prof.h). The short forms pass NULL.
+ */
+ncclResult_t rail_net_isend_ph(void *send_comm, void *data, size_t size, int tag, void *mhandle,
+			       void *phandle, void **request);
+ncclResult_t rail_net_irecv_ph(void *recv_comm, int n, void **data, size_t *sizes, int *tags,
+			       void **mhandles, void **phandles, void **request);
 ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
 			    void **request);
 ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 			    int *tags, void **mhandles, void **request);
+/* v10+: NCCL's profiler callback, from init (src/prof.c); NULL is ignored. */
+void rail_net_profiler(ncclProfilerCallback_t cb);
 ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
 			     void **mhandles, void **request);
 ncclResult_t rail_net_test(void *request, int *done, int *sizes);

@@ -1,4 +1,5 @@
 /* nccl-net-rail: transport choice and comm bookkeeping. */
+#include <stdlib.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
@@ -31,6 +32,7 @@ int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
 	memset(&comm->st, 0, sizeof(comm->st));
 	memset(&comm->fl, 0, sizeof(comm->fl));
 	memset(&comm->reqs, 0, sizeof(comm->reqs));
+	comm->prof = NULL;
 	err = cap ? rail_pool_init(&comm->reqs, cap, ops->req_size) : 0;
 	if (err) {
 		RAIL_WARN("%s: cannot allocate %u requests for a comm on device %d: %s", ops->name,
@@ -46,6 +48,8 @@ void rail_comm_fini(struct rail_comm *comm)
 {
 	if (comm->reqs.mem)
 		rail_pool_destroy(&comm->reqs);
+	free(comm->prof);
+	comm->prof = NULL;
 	if (comm->kind != RAIL_COMM_DEAD)
 		atomic_fetch_sub(&comms_live, 1);
 	comm->kind = RAIL_COMM_DEAD;

@@ -13,6 +13,7 @@
 
 #include "flight.h"
 #include "pool.h"
+#include "prof.h"
 #include "stats.h"
 
 /* Pointer kinds, with NCCL's bit values. */
@@ -72,6 +73,8 @@ struct rail_comm {
 	/* api.c: counters and the flight record (src/stats.h, src/flight.h). */
 	struct rail_stats st;
 	struct rail_flight fl;
+	/* api.c: profiler state per request slot, made at the first profiled post (prof.h). */
+	struct rail_prof_req *prof;
 };
 
 enum rail_req_type {
@@ -93,6 +96,12 @@ struct rail_req {
 	uint64_t t_post;
 	uint64_t size;		/* a receive: its first buffer's */
 	int32_t tag;
+	/*
+	 * NCCL's profiler parents of the buffers and the events kept (prof.h),
+	 * or NULL: no profiler, or no parent handle given. Set by api.c before
+	 * the transport's isend/irecv.
+	 */
+	struct rail_prof_req *prof;
 };
 
 struct rail_transport_ops {

@@ -55,6 +55,7 @@
 #include "ib/ib_verbs.h"
 #include "ib/ib_wire.h"
 #include "matchlist.h"
+#include "rail.h"
 #include "sock.h"
 #include "transport.h"
 
@@ -483,6 +484,15 @@ static inline struct rail_ib_req *rail_ib_recv_at(struct rail_ib_comm *c, uint64
 static inline int rail_ib_qps_per_msg(const struct rail_ib_comm *c)
 {
 	return c->split ? c->nqps : c->ndevs > c->remote_ndevs ? c->ndevs : c->remote_ndevs;
+}
+
+/* Piece j of count of a message split over a QP set: [*off, *off + *len) (128-byte pieces, as NCCL). */
+static inline void rail_ib_split_piece(size_t size, int j, int count, size_t *off, size_t *len)
+{
+	size_t chunk = RAIL_ALIGN_UP(RAIL_DIV_UP(size, (size_t)count), (size_t)128);
+
+	*off = RAIL_MIN((size_t)j * chunk, size);
+	*len = RAIL_MIN(chunk, size - *off);
 }
 
 /* ib_qp.c */

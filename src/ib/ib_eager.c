@@ -167,6 +167,11 @@ int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data
 	raddr = c->remote_ring_addr + (uint64_t)(e & mask) * c->eager_slot_bytes +
 		c->eager_slot_bytes - len;
 	rkey = c->remote_cmpl_rkey[q->remote_member];
+	if (rail_unlikely(r->base.prof != NULL))	/* the write's wr_id: the next retire count */
+		rail_prof_ib(r->base.prof, 0, q->member,
+			     rail_ib_wrid(RAIL_IB_WR_RETIRE, EAGER_QP, q->sq_posted + 1),
+			     c->eager_safe ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+			     q->qp->qp_num, size);
 	err = c->eager_safe ? eager_write_imm(c, img, len, raddr, rkey, h.seq)
 			    : rail_ib_ctl_write(c, EAGER_QP, img, len, raddr, rkey, "eager RDMA write");
 	if (err)

@@ -86,6 +86,29 @@ static int post_recvs(struct rail_ib_comm *c, int first, int count)
 	return 0;
 }
 
+/*
+ * Profiler: one event per receive WR posted for r's answer and buffer still
+ * to fill, with the buffer's share of that QP (the sender's split of the
+ * posted size); the opcode is the completion's, IBV_WC_RECV_RDMA_WITH_IMM.
+ */
+static void recv_events(struct rail_ib_comm *c, struct rail_ib_req *r, int first, int count)
+{
+	for (int j = 0; j < count; j++) {
+		const struct rail_ib_qp *q = &c->qps[first + j];
+
+		for (int i = 0; i < r->base.n; i++) {
+			size_t off, len;
+
+			if (!(r->pending & (1u << i)))
+				continue;
+			rail_ib_split_piece(r->sizes[i], j, count, &off, &len);
+			rail_prof_ib(r->base.prof, i, q->member,
+				     rail_ib_wrid(RAIL_IB_WR_RECV, (uint32_t)(first + j), 0),
+				     IBV_WC_RECV_RDMA_WITH_IMM, q->qp->qp_num, len);
+		}
+	}
+}
+
 /* Write the CTS of r: 0, -EAGAIN (slot or send queue busy) or an error. */
 static int cts_write(struct rail_ib_comm *c, struct rail_ib_req *r)
 {
@@ -104,6 +127,8 @@ static int cts_write(struct rail_ib_comm *c, struct rail_ib_req *r)
 			return -EAGAIN;
 	}
 	cts_fill(c, num, r, entries);
+	if (rail_unlikely(r->base.prof != NULL))
+		recv_events(c, r, first, count);
 	err = post_recvs(c, first, count);
 	q = &c->qps[first];
 	if (!err)

@@ -112,7 +112,6 @@
 #include "rail.h"
 
 #define SLOT_MASK ((uint64_t)RAIL_IB_SLOTS - 1)
-#define SPLIT_ALIGN 128
 
 /* ---- send: CTS batches -------------------------------------------------- */
 
@@ -174,6 +173,7 @@ struct wr_list {
 	int n;
 	struct ibv_send_wr wr[RAIL_MAX_RECVS + 1];
 	struct ibv_sge sge[RAIL_MAX_RECVS + 1];
+	struct rail_ib_req *owner[RAIL_MAX_RECVS + 1];	/* the send a data write moves */
 };
 
 static struct ibv_send_wr *wr_add(struct wr_list *l, uint64_t laddr, uint32_t len, uint32_t lkey,
@@ -189,19 +189,11 @@ static struct ibv_send_wr *wr_add(struct wr_list *l, uint64_t laddr, uint32_t le
 	wr->send_flags = (can_inline && len && len <= max_inline) ? IBV_SEND_INLINE : 0;
 	wr->wr.rdma.remote_addr = raddr;
 	wr->wr.rdma.rkey = rkey;
+	l->owner[l->n] = NULL;
 	if (l->n > 0)
 		l->wr[l->n - 1].next = wr;
 	l->n++;
 	return wr;
-}
-
-/* Piece j of count of a message split over the QP set: [*off, *off + *len). */
-static void split_piece(size_t size, int j, int count, size_t *off, size_t *len)
-{
-	size_t chunk = RAIL_ALIGN_UP(RAIL_DIV_UP(size, (size_t)count), SPLIT_ALIGN);
-
-	*off = RAIL_MIN((size_t)j * chunk, size);
-	*len = RAIL_MIN(chunk, size - *off);
 }
 
 static void batch_data_wrs(struct rail_ib_comm *c, const struct rail_ib_qp *q, int j, int count,
@@ -217,12 +209,25 @@ static void batch_data_wrs(struct rail_ib_comm *c, const struct rail_ib_qp *q, i
 			continue;	/* went through the ring */
 		len = r->sizes[0];
 		if (count > 1)
-			split_piece(r->sizes[0], j, count, &off, &len);
+			rail_ib_split_piece(r->sizes[0], j, count, &off, &len);
 		if (!len)
 			continue;
 		wr_add(l, (uintptr_t)r->data + off, (uint32_t)len, r->mh->lkey[q->member],
 		       b->cts[i].addr + off, b->cts[i].rkey[q->remote_member], q->max_inline,
 		       !r->mh->gpu);
+		l->owner[l->n - 1] = r;
+	}
+}
+
+/* Profiler: one event per data write of a send that has a parent (prof.h). */
+static void batch_events(const struct rail_ib_qp *q, const struct wr_list *l)
+{
+	for (int k = 0; k < l->n; k++) {
+		struct rail_ib_req *r = l->owner[k];
+
+		if (r && r->base.prof)
+			rail_prof_ib(r->base.prof, 0, q->member, l->wr[k].wr_id, l->wr[k].opcode,
+				     q->qp->qp_num, l->sge[k].length);
 	}
 }
 
@@ -281,6 +286,8 @@ static int batch_post_qp(struct rail_ib_comm *c, int qpi, int j, int count,
 		last->wr_id = (uintptr_t)lead;
 		lead->events[q->member]++;
 	}
+	if (rail_unlikely(rail_prof_on()))
+		batch_events(q, &l);
 	return rail_ib_post_send(c, qpi, &l.wr[0], "RDMA write");
 }
 

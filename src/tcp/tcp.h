@@ -128,6 +128,7 @@ struct tcp_task {
 	size_t len;
 	int fd;
 	struct tcp_req *req;
+	void *ev;		/* its profiler event, stopped by the helper (prof.h), or NULL */
 };
 
 struct tcp_worker {
@@ -243,8 +244,9 @@ int tcp_dereg_mr(struct rail_comm *comm, void *mh);
 /* tcp_worker.c */
 int tcp_workers_start(struct tcp_comm *c, uint32_t ring_size);
 void tcp_workers_stop(struct tcp_comm *c);
-/* Queue a chunk for the worker owning socket sock. */
-void tcp_worker_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req);
+/* Queue a chunk for the worker owning socket sock (ev: its profiler event, or NULL). */
+void tcp_worker_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req,
+		     void *ev);
 
 /* tcp_fault.c: NCCL_RAIL_TCP_FAULT, read at init. */
 void tcp_fault_arm(void);

@@ -147,19 +147,36 @@ static void fifo_pop(struct tcp_comm *c)
 		c->fifo_tail = NULL;
 }
 
-/* Give the chunks of one large message to the helper threads. */
-static void dispatch(struct tcp_comm *c, struct tcp_req *r, uint64_t seq, char *buf, size_t size)
+/*
+ * Give the chunks of one large message (buffer e of r) to the helper
+ * threads; with the profiler, each chunk is one socket operation event.
+ */
+static void dispatch(struct tcp_comm *c, struct tcp_req *r, int e, uint64_t seq, char *buf,
+		     size_t size)
 {
 	struct tcp_plan p;
 
 	tcp_plan_message(size, seq, c->nsocks, c->min_chunk, &p);
 	atomic_fetch_add_explicit(&r->pending, p.nchunks, memory_order_relaxed);
 	for (int i = 0; i < p.nchunks; i++) {
-		size_t off = (size_t)i * p.chunk;
+		size_t off = (size_t)i * p.chunk, len = RAIL_MIN(p.chunk, size - off);
+		int sock = (p.first + i) % c->nsocks;
+		void *ev = NULL;
 
-		tcp_worker_push(c, (p.first + i) % c->nsocks, buf + off,
-				RAIL_MIN(p.chunk, size - off), r);
+		if (rail_unlikely(r->base.prof != NULL))
+			ev = rail_prof_sock(r->base.prof, e, 0, c->fds[sock],
+					    c->is_send ? RAIL_PROF_SOCK_SEND : RAIL_PROF_SOCK_RECV,
+					    len);
+		tcp_worker_push(c, sock, buf + off, len, r, ev);
 	}
+}
+
+/* An inline message on the control socket: one event, ended when the request completes. */
+static void inline_event(struct tcp_comm *c, struct tcp_req *r, int e, size_t size)
+{
+	if (rail_unlikely(r->base.prof != NULL))
+		rail_prof_sock(r->base.prof, e, 1, c->ctrl_fd,
+			       c->is_send ? RAIL_PROF_SOCK_SEND : RAIL_PROF_SOCK_RECV, size);
 }
 
 /* Send bytes [*off, hlen + plen) of header + payload without blocking. */
@@ -264,7 +281,9 @@ int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, siz
 	r->tag[0] = tag;
 	tcp_frame_encode(&f, r->frame);
 	if (size > c->inline_max)
-		dispatch(c, r, c->seq, data, size);
+		dispatch(c, r, 0, c->seq, data, size);
+	else
+		inline_event(c, r, 0, size);
 	c->seq++;
 	fifo_push(c, r);
 	return progress_send(c);
@@ -394,11 +413,14 @@ static int progress_recv(struct tcp_comm *c)
 		r->got[e] = c->rx.size;
 		c->rx_have_frame = 0;
 		if (c->rx.size > c->inline_max) {
-			dispatch(c, r, c->seq, r->data[e], c->rx.size);
-		} else if (c->rx.size > 0) {
-			c->rx_req = r;
-			c->rx_entry = e;
-			c->rx_off = 0;
+			dispatch(c, r, e, c->seq, r->data[e], c->rx.size);
+		} else {
+			inline_event(c, r, e, c->rx.size);
+			if (c->rx.size > 0) {
+				c->rx_req = r;
+				c->rx_entry = e;
+				c->rx_off = 0;
+			}
 		}
 		c->seq++;
 		if (!c->rx_req)

@@ -102,13 +102,17 @@ static void *worker_main(void *arg)
 				      c->is_send ? "sending" : "receiving", t->len, RAIL_ERRSTR(err));
 			atomic_store(&t->req->failed, 1);
 		}
+		/* Before the request can complete: NCCL ends the parent step after that. */
+		if (rail_unlikely(t->ev != NULL))
+			rail_prof_stop(t->ev);
 		atomic_fetch_sub_explicit(&t->req->pending, 1, memory_order_release);
 		atomic_store_explicit(&w->tail, ++tail, memory_order_release);
 	}
 	return NULL;
 }
 
-void tcp_worker_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req)
+void tcp_worker_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req,
+		     void *ev)
 {
 	struct tcp_worker *w = &c->workers[sock % c->nthreads];
 	uint32_t head = atomic_load_explicit(&w->head, memory_order_relaxed);
@@ -117,7 +121,7 @@ void tcp_worker_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct
 	 * in practice; it keeps a bug from overwriting queued chunks. */
 	while (head - atomic_load_explicit(&w->tail, memory_order_acquire) > w->mask)
 		cpu_relax();
-	w->ring[head & w->mask] = (struct tcp_task){ buf, len, c->fds[sock], req };
+	w->ring[head & w->mask] = (struct tcp_task){ buf, len, c->fds[sock], req, ev };
 	atomic_store(&w->head, head + 1);
 	if (atomic_load(&w->sleeping)) {
 		pthread_mutex_lock(&w->lock);

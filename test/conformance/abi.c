@@ -274,6 +274,16 @@ static ncclResult_t v9_irecv(void *rc, int n, void **d, size_t *sizes, int *tags
 	{                                                                                  \
 		void *ph[RAIL_CONF_MAX_RECVS] = { 0 };                                     \
 		return t##V->irecv(rc, n, d, sizes, tags, mh, ph, req);                    \
+	}                                                                                  \
+	static ncclResult_t v##V##_isend_ph(void *sc, void *d, size_t size, int tag,       \
+					    void *mh, void *ph, void **req)                \
+	{                                                                                  \
+		return t##V->isend(sc, d, size, tag, mh, ph, req);                         \
+	}                                                                                  \
+	static ncclResult_t v##V##_irecv_ph(void *rc, int n, void **d, size_t *sizes,      \
+					    int *tags, void **mh, void **ph, void **req)   \
+	{                                                                                  \
+		return t##V->irecv(rc, n, d, sizes, tags, mh, ph, req);                    \
 	}
 DATA_PH(10)
 DATA_PH(11)
@@ -281,14 +291,16 @@ DATA_PH(12)
 
 /* ---- init, connect, makeVDevice: the version-specific ones ---- */
 
-/* NCCL passes a profiler callback from v10 on; ours records nothing. */
+ncclProfilerCallback_t rail_conf_prof_hook;
+
+/* NCCL passes a profiler callback from v10 on; ours records only through the hook. */
 static ncclResult_t conf_prof_cb(void **eh, int type, void *ph, int64_t plugin_id, void *ext)
 {
-	(void)type;
-	(void)ph;
-	(void)plugin_id;
-	(void)ext;
-	if (eh)
+	ncclProfilerCallback_t hook = rail_conf_prof_hook;
+
+	if (hook)
+		return hook(eh, type, ph, plugin_id, ext);
+	if (eh && type == 0)
 		*eh = NULL;
 	return ncclSuccess;
 }
@@ -449,6 +461,12 @@ static ncclResult_t v12_make_vdevice(int *d, int ndevs, const int *devs)
 		(net)->make_vdevice = v##V##_make_vdevice;                     \
 	} while (0)
 
+#define BIND_PH(net, V)                                                        \
+	do {                                                                   \
+		(net)->isend_ph = v##V##_isend_ph;                             \
+		(net)->irecv_ph = v##V##_irecv_ph;                             \
+	} while (0)
+
 #define BIND_CTX(net, V)                                                       \
 	do {                                                                   \
 		(net)->has_finalize = t##V->finalize != NULL;                   \
@@ -477,9 +495,15 @@ int rail_conf_bind(void *lib, int abi, struct rail_conf_net *net, char *why, siz
 	case 7: t7 = table; BIND_COMMON(net, 7); break;
 	case 8: t8 = table; BIND_COMMON(net, 8); break;
 	case 9: t9 = table; BIND_COMMON(net, 9); BIND_VDEV(net, 9); break;
-	case 10: t10 = table; BIND_COMMON(net, 10); BIND_VDEV(net, 10); break;
-	case 11: t11 = table; BIND_COMMON(net, 11); BIND_VDEV(net, 11); BIND_CTX(net, 11); break;
-	case 12: t12 = table; BIND_COMMON(net, 12); BIND_VDEV(net, 12); BIND_CTX(net, 12); break;
+	case 10: t10 = table; BIND_COMMON(net, 10); BIND_VDEV(net, 10); BIND_PH(net, 10); break;
+	case 11:
+		t11 = table;
+		BIND_COMMON(net, 11); BIND_VDEV(net, 11); BIND_PH(net, 11); BIND_CTX(net, 11);
+		break;
+	case 12:
+		t12 = table;
+		BIND_COMMON(net, 12); BIND_VDEV(net, 12); BIND_PH(net, 12); BIND_CTX(net, 12);
+		break;
 	default:
 		snprintf(why, len, "ABI v%d is not known to this suite", abi);
 		return -1;

@@ -94,6 +94,11 @@ struct rail_conf_net {
 	ncclResult_t (*close_listen)(void *lc);
 	ncclResult_t (*make_vdevice)(int *d, int ndevs, const int *devs);
 	ncclResult_t (*finalize)(void *ctx);
+	/* v10+: isend/irecv with profiler parent handles; NULL below v10. */
+	ncclResult_t (*isend_ph)(void *sc, void *data, size_t size, int tag, void *mh, void *ph,
+				 void **req);
+	ncclResult_t (*irecv_ph)(void *rc, int n, void **data, size_t *sizes, int *tags,
+				 void **mh, void **ph, void **req);
 	/* A second context (v11+: one per NCCL communicator); NULL below v11. */
 	ncclResult_t (*init_ctx)(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger);
 	ncclResult_t (*listen_ctx)(void *ctx, int dev, void *handle, void **lc);
@@ -106,6 +111,13 @@ int rail_conf_bind(void *lib, int abi, struct rail_conf_net *net, char *why, siz
 int rail_conf_inject_set(const char *name);
 void rail_conf_inject_apply(struct rail_conf_net *net);
 void rail_conf_inject_list(FILE *f);
+
+/*
+ * The profiler callback every v10+ init passes is the suite's own; it
+ * forwards to this hook when set (the profiler scenario), else records
+ * nothing and sets no event handle, as NCCL does with no profiler loaded.
+ */
+extern ncclProfilerCallback_t rail_conf_prof_hook;
 
 /* The maximum vProps members of an ABI (4 for v9-v11, 8 for v12). */
 int rail_conf_abi_max_vdevs(int abi);
@@ -191,6 +203,7 @@ int rail_conf_misuse(struct rail_conf *cx);
 int rail_conf_misuse_closed(struct rail_conf *cx);
 int rail_conf_random_handle(struct rail_conf *cx);
 int rail_conf_finalize_open(struct rail_conf *cx);
+int rail_conf_profiler(struct rail_conf *cx);
 /* peer-dies across two hosts: the harness kills (or unplugs) a host (sc_twohost.c). */
 int rail_conf_peer_dies_2h(struct rail_conf *cx);
 

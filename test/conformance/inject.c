@@ -33,6 +33,7 @@ enum fault {
 	F_MUTE_WARN,
 	F_OVERRUN,
 	F_DATA_RACE,
+	F_WRONG_PARENT,
 };
 
 static const struct {
@@ -57,6 +58,8 @@ static const struct {
 	[F_OVERRUN] = { "overrun", "one byte is written after every received message" },
 	[F_DATA_RACE] = { "data-race", "init: two threads write one word without a lock (only "
 			  "ThreadSanitizer sees it; make test-tsan checks that it does)" },
+	[F_WRONG_PARENT] = { "wrong-parent", "isend/irecv hand the plugin a profiler parent of "
+			     "their own instead of the caller's (v10+)" },
 };
 
 static int fault;
@@ -387,6 +390,24 @@ static ncclResult_t w_iflush(void *rc, int n, void **data, int *sizes, void **mh
 	return ncclSystemError;
 }
 
+static char stray_parent;
+
+static ncclResult_t w_isend_ph(void *sc, void *d, size_t size, int tag, void *mh, void *ph,
+			       void **req)
+{
+	return orig.isend_ph(sc, d, size, tag, mh, ph ? &stray_parent : NULL, req);
+}
+
+static ncclResult_t w_irecv_ph(void *rc, int n, void **d, size_t *sizes, int *tags, void **mh,
+			       void **ph, void **req)
+{
+	void *mine[RAIL_CONF_MAX_RECVS];
+
+	for (int i = 0; i < n && i < RAIL_CONF_MAX_RECVS; i++)
+		mine[i] = ph && ph[i] ? &stray_parent : NULL;
+	return orig.irecv_ph(rc, n, d, sizes, tags, mh, ph ? mine : NULL, req);
+}
+
 void rail_conf_inject_apply(struct rail_conf_net *net)
 {
 	if (fault == F_NONE)
@@ -401,6 +422,12 @@ void rail_conf_inject_apply(struct rail_conf_net *net)
 	case F_WRITE_AFTER_CLOSE: net->close_recv = w_close_recv; break;
 	case F_REGMR_FAIL: net->reg_mr = w_reg_mr; break;
 	case F_FLUSH_ERROR: net->iflush = w_iflush; break;
+	case F_WRONG_PARENT:
+		if (net->isend_ph) {
+			net->isend_ph = w_isend_ph;
+			net->irecv_ph = w_irecv_ph;
+		}
+		break;
 	default: break;
 	}
 }

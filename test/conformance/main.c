@@ -68,6 +68,9 @@ const struct rail_conf_scenario rail_conf_scenarios[] = {
 	  rail_conf_bad_handle, 1, 0, 6, NULL },
 	{ "reload", "finalize + dlclose leaves no thread or fd behind; reload works (v11+)",
 	  rail_conf_reload, 0, 1, 11, NULL },
+	{ "profiler", "v10+: NCCL profiler events, start/stop paired, under the right parent "
+	  "handle, lengths summing to the message; none without a parent; a failing callback "
+	  "breaks nothing", rail_conf_profiler, 1, 0, 10, NULL },
 	{ "iflush", "iflush on received host memory succeeds (NULL request = nothing to do)",
 	  rail_conf_iflush, 0, 0, 6, NULL },
 	{ "misuse", "calls NCCL never makes (NULL props, ...) fail with a WARN, never crash",
@@ -760,6 +763,7 @@ static const struct {
 	{ "misuse", "mute-warn" },		{ "misuse-closed", "mute-warn" },
 	{ "random-handle", "connect-hide-error" },
 	{ "finalize-open", "mute-warn" },
+	{ "profiler", "wrong-parent" },		{ "profiler", "mute-warn" },
 };
 
 /* Every scenario must FAIL under its faults; returns the number that did not. */
@@ -816,8 +820,9 @@ static void run_all(const struct rail_conf_opts *o, unsigned mask, long long pic
 			if (!(picked & (1ll << i)))
 				continue;
 			if (abi < s->min_abi) {
-				printf("SKIP %s v%d: needs ABI v%d+ (NCCL never unloads older "
-				       "plugins: they have no finalize)\n", s->name, abi, s->min_abi);
+				printf("SKIP %s v%d: needs ABI v%d+ (%s)\n", s->name, abi, s->min_abi,
+				       s->min_abi == 10 ? "no profiler handles before v10"
+				       : "NCCL never unloads older plugins: they have no finalize");
 				counts[2]++;
 				continue;
 			}

@@ -11,6 +11,9 @@
 # rxe does not implement ibv_query_qp_data_in_order, so libibverbs answers
 # 0 and the default is already the order-safe one; inorder is correct on
 # rxe, which places each write in order).
+# The profiler scenario (NCCL profiler events, v10+) runs in the first three
+# runs with every scenario, and again with data split over 2 QPs (an event
+# per QP of the set) and with the eager ring off (every receive posts WRs).
 # rxe-timeout: 1500
 set -uo pipefail
 
@@ -33,10 +36,10 @@ run "$conf" --plugin "$plugin" --dev 0 --peer-dev 0 --max-size 64M --abi 12
 run "$conf" --plugin "$plugin" --fuse 0,1 --max-size 64M --abi 12
 NCCL_IB_QPS_PER_CONNECTION=2 NCCL_IB_SPLIT_DATA_ON_QPS=1 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
-    --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional
+    --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,profiler
 NCCL_RAIL_IB_EAGER=0 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
-    --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,close-inflight
+    --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,close-inflight,profiler
 NCCL_IB_ADAPTIVE_ROUTING=1 NCCL_IB_AR_THRESHOLD=1024 \
     run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 16M --abi 12 \
     --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional
