@@ -213,6 +213,8 @@ int tcp_listen(int dev, void *handle, struct rail_comm **listen_comm);
 int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle,
 		struct rail_comm **send_comm);
 int tcp_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm);
+/* Peer, interface, and with detail the sockets (transport.h describe_comm). */
+void tcp_describe_comm(struct rail_comm *comm, int detail, char *buf, size_t len);
 int tcp_close_listen(struct rail_comm *listen_comm);
 
 /* tcp_data.c */

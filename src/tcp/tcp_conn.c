@@ -590,3 +590,28 @@ int tcp_close_listen(struct rail_comm *listen_comm)
 	free(lc);
 	return 0;
 }
+
+/*
+ * The describe_comm of the ops table: peer and local interface; with detail
+ * the sockets (control first) and the next message number.
+ */
+void tcp_describe_comm(struct rail_comm *comm, int detail, char *buf, size_t len)
+{
+	const struct tcp_comm *c = (const struct tcp_comm *)comm;
+	const struct tcp_dev *d = tcp_dev_get(comm->dev);
+	size_t off;
+	int w;
+
+	w = snprintf(buf, len, "peer %s, %s %s, %d data sockets", c->peer[0] ? c->peer : "?",
+		     d ? d->name : "?", d ? RAIL_ADDRSTR(&d->addr) : "?", c->nsocks);
+	off = w > 0 ? (size_t)w : 0;
+	if (!detail)
+		return;
+	for (int i = 0; i <= c->nsocks && off < len; i++) {
+		w = snprintf(buf + off, len - off, "%s%d", i ? "," : "; fds ", i ? c->fds[i - 1]
+									 : c->ctrl_fd);
+		off += w > 0 ? (size_t)w : 0;
+	}
+	if (off < len)
+		snprintf(buf + off, len - off, "; next message %llu", (unsigned long long)c->seq);
+}

@@ -218,5 +218,6 @@ const struct rail_transport_ops rail_tcp_ops = {
 	.close_send = tcp_close,
 	.close_recv = tcp_close,
 	.close_listen = tcp_close_listen,
+	.describe_comm = tcp_describe_comm,
 	.make_vdevice = NULL,
 };

@@ -242,14 +242,15 @@ static int slot_step(struct rail_conf *cx, void *rc, struct rail_conf_arena *a, 
 }
 
 /*
- * The failure logged the receive comm's flight record, naming a receive in
- * flight by its size and tag (src/flight.c).
+ * The failure logged the receive comm's flight record, naming the peer and a
+ * receive in flight by its size and tag (src/flight.c).
  */
 static void peer_dies_flight(struct rail_conf *cx, size_t sz, ncclResult_t err)
 {
 	char want[64];
 	const char *record[] = { "flight record of", "receive comm" };
 	const char *inflight[] = { "in flight: recv", want };
+	const char *peer[] = { "flight record of", "receive comm (peer " };
 
 	snprintf(want, sizeof(want), "size=%zu tag=1", sz);
 	RAIL_CONF_CHECK(cx, rail_conf_warn_has(record, 2), "the receive failed with %s but the "
@@ -257,6 +258,8 @@ static void peer_dies_flight(struct rail_conf *cx, size_t sz, ncclResult_t err)
 			rail_conf_result_str(err));
 	RAIL_CONF_CHECK(cx, rail_conf_warn_has(inflight, 2), "the flight record names no "
 			"receive in flight with %s", want);
+	RAIL_CONF_CHECK(cx, rail_conf_warn_has(peer, 2), "the flight record does not name "
+			"the peer (the transport's describe_comm)");
 }
 
 int rail_conf_peer_dies(struct rail_conf *cx)
