@@ -162,12 +162,48 @@ static void wait_req(void *req, int *size)
 		CHECK(rail_net_test(req, &done, size), "waiting for a transfer");
 }
 
+/*
+ * --profiler: what NCCL 2.26+ does with the profiler hooks. "none": no
+ * callback, no parent handles (older NCCL). "idle": a callback that starts
+ * no event and a parent per transfer, as NCCL with no profiler plugin
+ * loaded. "events": a callback that starts and stops events (a profiler
+ * recording every net plugin event, at no cost of its own).
+ */
+enum { PROF_NONE, PROF_IDLE, PROF_EVENTS };
+static int bench_prof;
+static int bench_parent;	/* a parent handle's address; never read */
+static _Atomic long bench_prof_events;
+
+static ncclResult_t bench_prof_cb(void **ev, int type, void *parent, int64_t id, void *descr)
+{
+	(void)parent;
+	(void)id;
+	(void)descr;
+	if (bench_prof == PROF_EVENTS && type == 0) {
+		*ev = &bench_parent;
+		bench_prof_events++;
+	}
+	return ncclSuccess;
+}
+
+static void *prof_parent(void)
+{
+	return bench_prof == PROF_NONE ? NULL : &bench_parent;
+}
+
+static void **prof_parents(void)
+{
+	static void *one[1] = { &bench_parent };
+
+	return bench_prof == PROF_NONE ? NULL : one;
+}
+
 static void *post_send(struct bench_side *s, int c, size_t size)
 {
 	void *req = NULL;
 
 	while (!req)
-		CHECK(rail_net_isend(s->send[c], s->sbuf, size, s->role, s->smh[c], &req),
+		CHECK(rail_net_isend_ph(s->send[c], s->sbuf, size, s->role, s->smh[c], prof_parent(), &req),
 		      "posting a send");
 	return req;
 }
@@ -178,7 +214,7 @@ static void *post_recv(struct bench_side *s, int c, char *buf, size_t size)
 	int tag = !s->role;
 
 	while (!req)
-		CHECK(rail_net_irecv(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], &req),
+		CHECK(rail_net_irecv_ph(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], prof_parents(), &req),
 		      "posting a receive");
 	return req;
 }
@@ -265,10 +301,10 @@ static void *try_post(struct bench_side *s, int is_send, int c, char *buf, size_
 	int tag = !s->role;
 
 	if (is_send)
-		CHECK(rail_net_isend(s->send[c], buf, size, s->role, s->smh[c], &req),
+		CHECK(rail_net_isend_ph(s->send[c], buf, size, s->role, s->smh[c], prof_parent(), &req),
 		      "posting a send");
 	else
-		CHECK(rail_net_irecv(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], &req),
+		CHECK(rail_net_irecv_ph(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], prof_parents(), &req),
 		      "posting a receive");
 	return req;
 }
@@ -476,6 +512,8 @@ static void setup_side(struct bench_side *s, struct bench_opts *o)
 
 	CHECK(rail_net_init(&s->ctx, 0x7261696c, -1, NULL, 12),
 	      "starting the plugin (rail-info explains what it found)");
+	if (bench_prof != PROF_NONE)
+		rail_net_profiler(bench_prof_cb);
 	rail_net_transport_info(&name, why, sizeof(why), devs, sizeof(devs));
 	CHECK(rail_net_devices(&ndev), "counting devices");
 	if (s->dev < 0 || s->dev >= ndev) {
@@ -597,12 +635,26 @@ static int run_side(struct bench_side *s, struct bench_opts *o)
 		rc = run_total(s, o);
 	else
 		run_sweep(s, o);
+	if (bench_prof == PROF_EVENTS)
+		printf("# profiler events started by this side: %ld\n", (long)bench_prof_events);
 	fflush(stdout);
 	teardown_side(s);
 	return rc;
 }
 
 /* ---- command line ---------------------------------------------------- */
+
+static int parse_prof(const char *v)
+{
+	if (!strcmp(v, "none"))
+		return PROF_NONE;
+	if (!strcmp(v, "idle"))
+		return PROF_IDLE;
+	if (!strcmp(v, "events"))
+		return PROF_EVENTS;
+	fprintf(stderr, "rail-bench: --profiler %s: want none, idle or events\n", v);
+	exit(2);
+}
 
 /* "4M", "1G", "8192": 0 when it is not a size. */
 static size_t parse_size(const char *s)
@@ -627,6 +679,7 @@ static void usage(FILE *f)
 		"                  [-W WINDOW] [-C CONNS] [-x] [-d DEV] [-D PEER_DEV] [-c] [-L|-B]\n"
 		"                  [-t SEC] [--total BYTES [--msg BYTES] [--verify]]\n"
 		"                  [--server [ADDR:]PORT | --client HOST:PORT] [--timeout SEC]\n"
+		"                  [--profiler none|idle|events]\n"
 		"  -b/-e  smallest/largest message (default 8 and 1G; k/M/G suffixes)\n"
 		"  -f     size multiplier per step (default 2)\n"
 		"  -n     most iterations per size (default 1000; fewer for large sizes)\n"
@@ -644,6 +697,9 @@ static void usage(FILE *f)
 		"  --client HOST:PORT    run against that server; the client's options are the\n"
 		"                        run's ([IPv6]:PORT for IPv6 addresses)\n"
 		"  --timeout SEC  wait at most SEC for the peer and for progress (default 60)\n"
+		"  --profiler M   NCCL's profiler hooks: none (default), idle (a callback that\n"
+		"                 starts no event, as NCCL without a profiler plugin), events\n"
+		"                 (every event started and stopped)\n"
 		"  --corrupt OFF  (test aid) the sender flips the byte at stream offset OFF\n"
 		"  --version      print the version\n"
 		"The transport is the plugin's choice: set NCCL_RAIL_TRANSPORT=tcp|ib to force,\n"
@@ -705,6 +761,7 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 		{ "verify", no_argument, NULL, 'V' },
 		{ "timeout", required_argument, NULL, 'O' },
 		{ "corrupt", required_argument, NULL, 'X' },
+		{ "profiler", required_argument, NULL, 'P' },
 		{ "version", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -734,6 +791,7 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'V': o->verify = 1; break;
 		case 'O': o->timeout = atof(optarg); break;
 		case 'X': o->corrupt = 1 + strtoull(optarg, NULL, 0); break;
+		case 'P': bench_prof = parse_prof(optarg); break;
 		case 'v': printf("rail-bench (nccl-net-rail) %s\n", RAIL_VERSION_STRING); exit(0);
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
