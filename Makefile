@@ -259,11 +259,12 @@ test-rxe: all tests
 test-rxe2: all tests
 	test/rxe2/tests.sh
 
-# The verbs watchdog between two guests, in make test (about 30 s): the
+# The verbs watchdog between two guests, in make test (about 50 s): the
 # sender's guest is killed mid-transfer and the receiver must fail within
-# NCCL_RAIL_PEER_TIMEOUT=10 s (test/rxe2/tests.sh kill-b).
+# NCCL_RAIL_PEER_TIMEOUT=10 s, then the receiver's guest and the sender must
+# fail and close (test/rxe2/tests.sh kill-b kill-a).
 test-rxe2-watchdog: all tests
-	test/rxe2/tests.sh kill-b
+	test/rxe2/tests.sh kill-b kill-a
 
 # One boot of the guest with its smoke test (the fresh-machine test uses it).
 test-rxe-smoke: all tests
