@@ -317,6 +317,31 @@ static void forget(struct tcp_pool_thread *t, struct tcp_stream *s)
 	atomic_store_explicit(&s->detached, 1, memory_order_release);
 }
 
+/*
+ * A stream taken off the inbox: serve it, or forget it once its comm is
+ * closing. A forgotten stream keeps kicked set, so no kick queues it again:
+ * the closer's own kick (tcp_pool_detach) must not put it back on the inbox
+ * of an owner that has forgotten it (a second forget would spin on busy,
+ * which the first leaves set, or touch the comm freed meanwhile). kicked is
+ * cleared before closing is read, and the closer sets closing before its
+ * kick, so a stream whose close starts now is either seen closing here or
+ * queued again by that kick, never lost.
+ */
+static void take_one(struct tcp_pool_thread *t, struct tcp_stream *s)
+{
+	if (!atomic_load(&s->comm->closing)) {
+		atomic_store(&s->kicked, 0);
+		if (!atomic_load(&s->comm->closing)) {
+			activate(t, s);
+			return;
+		}
+		/* Closing since: a kick that found kicked clear queues it again. */
+		if (atomic_exchange(&s->kicked, 1))
+			return;
+	}
+	forget(t, s);
+}
+
 static void take_inbox(struct tcp_pool_thread *t)
 {
 	struct tcp_stream *s = atomic_exchange(&t->inbox, NULL);
@@ -324,11 +349,7 @@ static void take_inbox(struct tcp_pool_thread *t)
 	while (s) {
 		struct tcp_stream *next = s->inbox_next;
 
-		atomic_store(&s->kicked, 0);
-		if (atomic_load(&s->comm->closing))
-			forget(t, s);
-		else
-			activate(t, s);
+		take_one(t, s);
 		s = next;
 	}
 }

@@ -3,18 +3,23 @@
  * threads of a process stay within NCCL_RAIL_TCP_THREADS however many
  * connections it opens, every byte still arrives in order, one thread
  * serves the send and the receive side of one process at once (a blocking
- * shared helper would deadlock), and the last finalize joins every thread.
+ * shared helper would deadlock), the last finalize joins every thread, and
+ * a close that races with the owner taking the socket off its inbox leaves
+ * the owner serving other comms.
  */
 #include "unit.h"
 
 #include <dirent.h>
 #include <pthread.h>
+#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "api.h"
 #include "handle.h"
+#include "param.h"
 #include "rail.h"
+#include "tcp/tcp.h"
 
 #define NCONN 32
 #define MSG (1u << 20)
@@ -187,12 +192,95 @@ static void test_threads_lazy(void **state)
 	pairs_run(1, "16", 8, 3u << 20);
 }
 
+/* A send comm of one data socket (one end of a socketpair), attached to the pool. */
+static struct tcp_comm *bare_comm(int *peer_fd)
+{
+	struct tcp_comm *c = calloc(1, sizeof(*c));
+	int sv[2];
+
+	assert_non_null(c);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+	c->is_send = 1;
+	c->nsocks = 1;
+	c->fds[0] = sv[0];
+	snprintf(c->peer, sizeof(c->peer), "socketpair");
+	assert_int_equal(tcp_pool_attach(c, 4), 0);
+	*peer_fd = sv[1];
+	return c;
+}
+
+/* Wait up to 5 s for *flag to be set. */
+static int wait_flag(_Atomic int *flag, int want)
+{
+	uint64_t deadline = rail_now_ns() + 5000000000ull;
+
+	while (atomic_load(flag) != want && rail_now_ns() < deadline)
+		usleep(1000);
+	return atomic_load(flag) == want;
+}
+
+/*
+ * The closer's kick comes after the owner took the socket off its inbox and
+ * forgot it (the comm was closing already): tcp_pool_detach kicks every
+ * socket of its comm. The owner must not forget it a second time: that
+ * second forget spun forever on the socket's busy flag (which the first
+ * leaves set), so no other comm of that thread moved a byte and its close,
+ * then finalize's join, hung (or it wrote into the freed comm: ASan's
+ * heap-use-after-free in forget). With one helper thread, a comm attached
+ * after the close must still be served.
+ */
+static void test_close_after_forget(void **state)
+{
+	struct tcp_req r = { 0 }, r2 = { 0 };
+	char out[4] = "rail", in[4] = { 0 };
+	struct tcp_comm *c, *c2;
+	int peer, peer2;
+
+	(void)state;
+	setenv("NCCL_RAIL_TCP_THREADS", "1", 1);
+	rail_params_reload();
+	c = bare_comm(&peer);
+	/* The owner takes the socket off its inbox while its comm closes. */
+	atomic_store(&c->closing, 1);
+	atomic_store(&r.pending, 1);
+	tcp_pool_push(c, 0, out, sizeof(out), &r);
+	if (!wait_flag(&c->streams[0].detached, 1))
+		fail_msg("the helper thread did not forget the socket of a closing comm in 5 s");
+	assert_int_equal(atomic_load(&r.pending), 0);
+	assert_int_equal(atomic_load(&r.failed), 1);
+	/* Then the closer kicks it. */
+	tcp_pool_detach(c);
+	c2 = bare_comm(&peer2);
+	atomic_store(&r2.pending, 1);
+	tcp_pool_push(c2, 0, out, sizeof(out), &r2);
+	if (!wait_flag(&r2.pending, 0))
+		fail_msg("a chunk of a new comm was not moved in 5 s: the only helper thread is "
+			 "stuck since a close kicked a socket it had forgotten (forgot it twice?)");
+	assert_int_equal(atomic_load(&r2.failed), 0);
+	assert_int_equal(read(peer2, in, sizeof(in)), (int)sizeof(in));
+	assert_memory_equal(in, out, sizeof(in));
+	atomic_store(&c2->closing, 1);
+	tcp_pool_detach(c2);
+	tcp_pool_stop();
+	for (int i = 0; i < 2; i++) {
+		struct tcp_comm *k = i ? c2 : c;
+
+		close(k->fds[0]);
+		free(k);
+	}
+	close(peer);
+	close(peer2);
+	unsetenv("NCCL_RAIL_TCP_THREADS");
+	rail_params_reload();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_threads_bounded),
 		cmocka_unit_test(test_one_thread_both_sides),
 		cmocka_unit_test(test_threads_lazy),
+		cmocka_unit_test(test_close_after_forget),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
