@@ -128,22 +128,34 @@ struct tcp_task {
 	size_t len;
 	int fd;
 	struct tcp_req *req;
-	void *ev;		/* its profiler event, stopped by the helper (prof.h), or NULL */
+	void *ev;		/* its profiler event, stopped by whoever moves it (prof.h), or NULL */
 };
 
-struct tcp_worker {
-	pthread_t thread;
+/*
+ * A data socket and its queue of chunks. The comm's progress thread pushes
+ * (single producer); the pool thread owning the socket moves them in order
+ * with non-blocking send/recv (single consumer), waiting in epoll when the
+ * socket is not ready (tcp_pool.c).
+ */
+struct tcp_stream {
 	struct tcp_comm *comm;
-	int started;
-	uint64_t spin_ns;
+	int fd;
+	int index;			/* in the comm: data socket index */
+	struct tcp_pool_thread *owner;
 	struct tcp_task *ring;
 	uint32_t mask;
-	_Atomic uint32_t head;	/* written by the progress thread */
-	_Atomic uint32_t tail;	/* written by the worker */
-	_Atomic int sleeping;
-	_Atomic int stop;
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
+	_Atomic uint32_t head;		/* written by the progress thread */
+	_Atomic uint32_t tail;		/* written by the owner */
+	_Atomic int ready;		/* set up: the owner may use it */
+	_Atomic int kicked;		/* on the owner's inbox */
+	_Atomic int detached;		/* the owner forgot it: it can be freed */
+	_Atomic int busy;		/* a thread is moving its chunks (owner or progress) */
+	_Atomic int again;		/* look again: a thread found it busy */
+	struct tcp_stream *inbox_next;
+	/* owner only */
+	size_t off;			/* bytes of the head chunk moved */
+	int active;
+	struct tcp_stream *act_next, *act_prev;
 };
 
 struct tcp_req {
@@ -172,7 +184,9 @@ struct tcp_comm {
 	int nsocks;
 	int nthreads;
 	int fds[TCP_MAX_SOCKS];
-	struct tcp_worker workers[TCP_MAX_THREADS];
+	struct tcp_stream streams[TCP_MAX_SOCKS];
+	int nattached;			/* streams handed to the pool */
+	int help;			/* NCCL_RAIL_TCP_HELP */
 	size_t inline_max;
 	size_t min_chunk;
 	uint64_t seq;			/* next message to post (send) or match (recv) */
@@ -243,12 +257,36 @@ const char *tcp_comm_dev_name(const struct tcp_comm *c);
 int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh);
 int tcp_dereg_mr(struct rail_comm *comm, void *mh);
 
-/* tcp_worker.c */
-int tcp_workers_start(struct tcp_comm *c, uint32_t ring_size);
-void tcp_workers_stop(struct tcp_comm *c);
-/* Queue a chunk for the worker owning socket sock (ev: its profiler event, or NULL). */
-void tcp_worker_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req,
-		     void *ev);
+/*
+ * tcp_pool.c: one bounded pool of helper threads per process, shared by all
+ * comms, started lazily (a thread per new socket until the bound) and
+ * stopped by tcp_pool_stop at the transport's fini.
+ */
+#define TCP_POOL_MAX 64
+/* The pool's bound: NCCL_RAIL_TCP_THREADS, or the rule of tcp_pool.c. */
+int tcp_pool_size(char *why, size_t why_len);
+/* Start the first thread early, at listen and connect (best effort). */
+void tcp_pool_reserve(void);
+/* Hand the comm's data sockets to the pool; on failure nothing stays attached. */
+int tcp_pool_attach(struct tcp_comm *c, uint32_t ring_size);
+/* Take them back (after shutdown): on return no pool thread touches the comm. */
+void tcp_pool_detach(struct tcp_comm *c);
+/*
+ * Queue a chunk on data socket sock (NCCL's progress thread only); ev: its
+ * profiler event, stopped by whoever moves the chunk (prof.h), or NULL.
+ */
+void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req,
+		   void *ev);
+/*
+ * NCCL's progress thread, in test(): move the comm's queued chunks itself
+ * where no helper is moving them (a bounded amount), so a message does not
+ * wait for a helper to be woken and scheduled on a busy host.
+ */
+void tcp_pool_help(struct tcp_comm *c);
+/* Threads running now. */
+int tcp_pool_threads(void);
+/* Stop and join every pool thread (no comm may be attached). */
+void tcp_pool_stop(void);
 
 /* tcp_fault.c: NCCL_RAIL_TCP_FAULT, read at init. */
 void tcp_fault_arm(void);

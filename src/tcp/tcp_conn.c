@@ -95,6 +95,7 @@ int tcp_listen(int dev, void *handle, struct rail_comm **out)
 	lc = calloc(1, sizeof(*lc));
 	if (!lc)
 		return -ENOMEM;
+	tcp_pool_reserve();
 	rail_sockaddr_set_port(&addr, 0);
 	err = rail_sock_listen(&addr, 16384, &lc->fd, &lc->addr);
 	if (err) {
@@ -281,6 +282,7 @@ int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle, struct
 	if (s && s->magic != TCP_STAGE_MAGIC)
 		s = NULL;
 	if (!s) {
+		tcp_pool_reserve();
 		err = stage_create(dev, handle, &s);
 		if (err)
 			return err;

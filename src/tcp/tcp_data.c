@@ -2,7 +2,7 @@
  * nccl-net-rail: the TCP data path. isend/irecv/test run on NCCL's progress
  * thread; they move frame headers and inline messages on the non-blocking
  * control socket and hand chunks of large messages to the helper threads
- * (tcp_worker.c). See tcp.h for the protocol.
+ * (tcp_pool.c). See tcp.h for the protocol.
  */
 #include <stdarg.h>
 #include <stdio.h>
@@ -83,7 +83,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	long sndbuf = (long)rail_param_int(RAIL_P_SOCKET_SNDBUF);
 	long rcvbuf = (long)rail_param_int(RAIL_P_SOCKET_RCVBUF);
 	struct tcp_comm *c = calloc(1, sizeof(*c));
-	uint32_t per_worker;
+	uint32_t per_sock;
 	int err, liveness;
 
 	err = c ? rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, dev,
@@ -102,26 +102,27 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	c->nthreads = layout->nthreads;
 	c->inline_max = layout->inline_max;
 	c->min_chunk = layout->min_chunk;
+	c->help = (int)rail_param_int(RAIL_P_TCP_HELP);
 	rail_sockaddr_str(peer, c->peer, sizeof(c->peer));
 	c->stall_ns = (uint64_t)rail_param_int(RAIL_P_STALL_TIMEOUT) * 1000000000ull;
 	liveness = (int)rail_param_int(RAIL_P_PEER_TIMEOUT);
 	rail_sock_set_liveness(c->ctrl_fd, liveness / 2, liveness);
 	for (int i = 0; i < c->nsocks; i++) {
 		c->fds[i] = fds[i + 1];
-		rail_sock_set_nonblocking(c->fds[i], 0);
+		rail_sock_set_nonblocking(c->fds[i], 1);
 		rail_sock_set_bufs(c->fds[i], sndbuf, rcvbuf);
 		rail_sock_set_liveness(c->fds[i], liveness / 2, liveness);
 	}
 	/* Worst case: every request of the pool has a chunk (x8 entries on a
-	 * grouped receive) on every socket of a worker. */
-	per_worker = c->base.reqs.capacity * (is_send ? 1 : RAIL_MAX_RECVS) *
-		     (uint32_t)RAIL_DIV_UP(c->nsocks, c->nthreads);
-	err = tcp_workers_start(c, next_pow2(per_worker));
+	 * grouped receive) on the socket. */
+	per_sock = c->base.reqs.capacity * (is_send ? 1 : RAIL_MAX_RECVS);
+	err = tcp_pool_attach(c, next_pow2(per_sock));
 	if (err) {
-		RAIL_WARN("%s comm on %s, peer %s: pthread_create for %d helper threads failed: %s; "
-			  "check the process and thread limits (ulimit -u, RLIMIT_NPROC, the pids "
-			  "cgroup's pids.max) or lower NCCL_SOCKET_NTHREADS", is_send ? "send"
-			  : "receive", tcp_comm_dev_name(c), c->peer, c->nthreads, RAIL_ERRSTR(err));
+		RAIL_WARN("%s comm on %s, peer %s: handing its %d data sockets to the TCP helper "
+			  "threads failed: %s (no helper thread runs and pthread_create failed, or "
+			  "epoll_ctl or memory); check the process and thread limits (ulimit -u, "
+			  "RLIMIT_NPROC, the pids cgroup's pids.max)", is_send ? "send" : "receive",
+			  tcp_comm_dev_name(c), c->peer, c->nsocks, RAIL_ERRSTR(err));
 		comm_free(c);
 		/* Not -EAGAIN: to the connect and accept state machines that means "call again". */
 		return err == -EAGAIN ? -ENOMEM : err;
@@ -167,7 +168,7 @@ static void dispatch(struct tcp_comm *c, struct tcp_req *r, int e, uint64_t seq,
 			ev = rail_prof_sock(r->base.prof, e, 0, c->fds[sock],
 					    c->is_send ? RAIL_PROF_SOCK_SEND : RAIL_PROF_SOCK_RECV,
 					    len);
-		tcp_worker_push(c, sock, buf + off, len, r, ev);
+		tcp_pool_push(c, sock, buf + off, len, r, ev);
 	}
 }
 
@@ -514,6 +515,9 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 		*done = 1;
 		return 0;
 	}
+	/* Chunks still queued: move some here rather than wait for a helper. */
+	if (c->help && atomic_load_explicit(&r->pending, memory_order_relaxed))
+		tcp_pool_help(c);
 	/* A large send waiting on its helpers: has the receiver refused it? */
 	if (c->is_send && (++c->polls & 7) == 0)
 		poll_refusal(c);
@@ -531,7 +535,7 @@ int tcp_close(struct rail_comm *comm)
 	struct tcp_comm *c = (struct tcp_comm *)comm;
 
 	atomic_store(&c->closing, 1);
-	tcp_workers_stop(c);
+	tcp_pool_detach(c);
 	comm_free(c);
 	return 0;
 }

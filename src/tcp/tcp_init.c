@@ -78,6 +78,7 @@ static int tcp_init(char *why, size_t why_len)
 
 static void tcp_fini(void)
 {
+	tcp_pool_stop();
 	tcp_ndevs = 0;
 }
 
@@ -116,6 +117,8 @@ static void tcp_describe(char *buf, size_t len)
 	size_t off = 0;
 	int nt = (int)rail_param_int(RAIL_P_SOCKET_NTHREADS);
 	int ns = (int)rail_param_int(RAIL_P_NSOCKS_PERTHREAD);
+	char why[128];
+	int pool = tcp_pool_size(why, sizeof(why));
 
 	off += (size_t)snprintf(buf, len, "interfaces (%s):", tcp_rule);
 	for (int i = 0; i < tcp_ndevs && off < len; i++)
@@ -123,9 +126,11 @@ static void tcp_describe(char *buf, size_t len)
 					tcp_devs[i].name, RAIL_ADDRSTR(&tcp_devs[i].addr),
 					tcp_devs[i].speed / 1000);
 	if (off < len)
-		snprintf(buf + off, len - off, "; %d helper threads x %d sockets per connection",
-			 nt > 0 ? nt : TCP_DEFAULT_THREADS,
-			 ns > 0 ? ns : TCP_DEFAULT_SOCKS_PER_THREAD);
+		snprintf(buf + off, len - off, "; %d data sockets per connection, moved by at most "
+			 "%d helper threads per process (%s), shared by all connections",
+			 RAIL_MIN((nt > 0 ? nt : TCP_DEFAULT_THREADS) *
+				  (ns > 0 ? ns : TCP_DEFAULT_SOCKS_PER_THREAD), TCP_MAX_SOCKS),
+			 pool, why);
 }
 
 /*

@@ -1,0 +1,287 @@
+/*
+ * Unit tests of the TCP transport's helper thread pool (tcp_pool.c): the
+ * threads of a process stay within NCCL_RAIL_TCP_THREADS however many
+ * connections it opens, every byte still arrives in order, one thread
+ * serves the send and the receive side of one process at once (a blocking
+ * shared helper would deadlock), the last finalize joins every thread, and
+ * a close that races with the owner taking the socket off its inbox leaves
+ * the owner serving other comms.
+ */
+#include "unit.h"
+
+#include <dirent.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "api.h"
+#include "handle.h"
+#include "param.h"
+#include "rail.h"
+#include "tcp/tcp.h"
+
+#define NCONN 32
+#define MSG (1u << 20)
+
+struct pair {
+	void *sc, *rc;
+	char *sbuf, *rbuf;
+};
+
+static void *noop_thread(void *arg)
+{
+	return arg;
+}
+
+static int count_threads(void)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+
+	if (!d)
+		return -1;
+	while ((e = readdir(d)) != NULL)
+		n += e->d_name[0] != '.';
+	closedir(d);
+	return n;
+}
+
+/* Joined threads can stay listed for a moment: wait up to 3 s for at most want. */
+static int threads_settle(int want)
+{
+	int t = count_threads();
+
+	for (int i = 0; i < 150 && t > want; i++) {
+		usleep(20000);
+		t = count_threads();
+	}
+	return t;
+}
+
+static void pair_open(void *ctx, void *lc, const uint8_t *handle, struct pair *p)
+{
+	uint8_t h[RAIL_HANDLE_SIZE];
+	uint64_t deadline = rail_now_ns() + 20ull * 1000000000ull;
+
+	(void)ctx;
+	memcpy(h, handle, sizeof(h));
+	p->sc = p->rc = NULL;
+	while ((!p->sc || !p->rc) && rail_now_ns() < deadline) {
+		if (!p->sc)
+			assert_int_equal(rail_net_connect(ctx, 0, -1, h, &p->sc), ncclSuccess);
+		if (!p->rc)
+			assert_int_equal(rail_net_accept(lc, &p->rc), ncclSuccess);
+	}
+	assert_non_null(p->sc);
+	assert_non_null(p->rc);
+}
+
+/* One message of `size` bytes on every pair at once, then check every byte. */
+static void traffic(struct pair *ps, int n, size_t size, unsigned seed)
+{
+	void *sreq[NCONN] = { 0 }, *rreq[NCONN] = { 0 };
+	int sdone[NCONN] = { 0 }, rdone[NCONN] = { 0 }, left = 2 * n, got;
+	uint64_t deadline = rail_now_ns() + 60ull * 1000000000ull;
+
+	for (int i = 0; i < n; i++) {
+		int tag = 1;
+		size_t sz = size;
+		void *data = ps[i].rbuf;
+
+		for (size_t k = 0; k < size; k++)
+			ps[i].sbuf[k] = (char)(k * 131 + (size_t)i * 7 + seed);
+		memset(ps[i].rbuf, 0, size);
+		while (!rreq[i])
+			assert_int_equal(rail_net_irecv(ps[i].rc, 1, &data, &sz, &tag, NULL,
+							&rreq[i]), ncclSuccess);
+		while (!sreq[i])
+			assert_int_equal(rail_net_isend(ps[i].sc, ps[i].sbuf, size, 1, NULL,
+							&sreq[i]), ncclSuccess);
+	}
+	while (left && rail_now_ns() < deadline) {
+		for (int i = 0; i < n; i++) {
+			if (!sdone[i]) {
+				assert_int_equal(rail_net_test(sreq[i], &sdone[i], &got), ncclSuccess);
+				left -= sdone[i];
+			}
+			if (!rdone[i]) {
+				assert_int_equal(rail_net_test(rreq[i], &rdone[i], &got), ncclSuccess);
+				if (rdone[i])
+					assert_int_equal(got, (int)size);
+				left -= rdone[i];
+			}
+		}
+	}
+	if (left)
+		fail_msg("%d of %d requests not done in 60 s (helper threads stuck?)", left, 2 * n);
+	for (int i = 0; i < n; i++)
+		if (memcmp(ps[i].sbuf, ps[i].rbuf, size))
+			fail_msg("connection %d: the %zu bytes received differ from those sent", i,
+				 size);
+}
+
+static void pairs_run(int nconn, const char *threads, int bound, size_t size)
+{
+	static struct pair ps[NCONN];
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	void *ctx = NULL, *lc = NULL;
+	pthread_t th;
+	int t0, t;
+
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	setenv("NCCL_RAIL_TCP_THREADS", threads, 1);
+	/* A first thread starts any runtime helper threads (TSan's) before the baseline. */
+	if (!pthread_create(&th, NULL, noop_thread, NULL))
+		pthread_join(th, NULL);
+	t0 = threads_settle(1);
+	unit_log_capture();
+	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
+	assert_true(unit_log_has(RAIL_LOG_INFO, "helper threads per process"));
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	for (int i = 0; i < nconn; i++) {
+		pair_open(ctx, lc, handle, &ps[i]);
+		ps[i].sbuf = malloc(size);
+		ps[i].rbuf = malloc(size);
+		assert_non_null(ps[i].sbuf);
+		assert_non_null(ps[i].rbuf);
+	}
+	for (unsigned round = 0; round < 3; round++)
+		traffic(ps, nconn, size, round);
+	t = count_threads();
+	if (t - t0 > bound)
+		fail_msg("%d connections (%d comms) run %d threads, %d before init: more than "
+			 "the %d helper threads per process NCCL_RAIL_TCP_THREADS=%s allows", nconn,
+			 2 * nconn, t, t0, bound, threads);
+	for (int i = 0; i < nconn; i++) {
+		assert_int_equal(rail_net_close_send(ps[i].sc), ncclSuccess);
+		assert_int_equal(rail_net_close_recv(ps[i].rc), ncclSuccess);
+		free(ps[i].sbuf);
+		free(ps[i].rbuf);
+	}
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unit_log_release();
+	t = threads_settle(t0);
+	if (t > t0)
+		fail_msg("%d threads after the last finalize, %d before init: helpers outlive it",
+			 t, t0);
+	unsetenv("NCCL_RAIL_TCP_THREADS");
+}
+
+/* 32 connections in one process, 64 comms, 256 data sockets: at most 4 helper threads. */
+static void test_threads_bounded(void **state)
+{
+	(void)state;
+	pairs_run(NCONN, "4", 4, MSG);
+}
+
+/* One helper thread moves 16 MiB both ways for 4 connections of the same process at once. */
+static void test_one_thread_both_sides(void **state)
+{
+	(void)state;
+	pairs_run(4, "1", 1, 16u << 20);
+}
+
+/* Threads start as sockets appear: one connection (4 + 4 data sockets in this process) starts 8, not 16. */
+static void test_threads_lazy(void **state)
+{
+	(void)state;
+	pairs_run(1, "16", 8, 3u << 20);
+}
+
+/* A send comm of one data socket (one end of a socketpair), attached to the pool. */
+static struct tcp_comm *bare_comm(int *peer_fd)
+{
+	struct tcp_comm *c = calloc(1, sizeof(*c));
+	int sv[2];
+
+	assert_non_null(c);
+	assert_int_equal(socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK, 0, sv), 0);
+	c->is_send = 1;
+	c->nsocks = 1;
+	c->fds[0] = sv[0];
+	snprintf(c->peer, sizeof(c->peer), "socketpair");
+	assert_int_equal(tcp_pool_attach(c, 4), 0);
+	*peer_fd = sv[1];
+	return c;
+}
+
+/* Wait up to 5 s for *flag to be set. */
+static int wait_flag(_Atomic int *flag, int want)
+{
+	uint64_t deadline = rail_now_ns() + 5000000000ull;
+
+	while (atomic_load(flag) != want && rail_now_ns() < deadline)
+		usleep(1000);
+	return atomic_load(flag) == want;
+}
+
+/*
+ * The closer's kick comes after the owner took the socket off its inbox and
+ * forgot it (the comm was closing already): tcp_pool_detach kicks every
+ * socket of its comm. The owner must not forget it a second time: that
+ * second forget spun forever on the socket's busy flag (which the first
+ * leaves set), so no other comm of that thread moved a byte and its close,
+ * then finalize's join, hung (or it wrote into the freed comm: ASan's
+ * heap-use-after-free in forget). With one helper thread, a comm attached
+ * after the close must still be served.
+ */
+static void test_close_after_forget(void **state)
+{
+	struct tcp_req r = { 0 }, r2 = { 0 };
+	char out[4] = "rail", in[4] = { 0 };
+	struct tcp_comm *c, *c2;
+	int peer, peer2;
+
+	(void)state;
+	setenv("NCCL_RAIL_TCP_THREADS", "1", 1);
+	rail_params_reload();
+	c = bare_comm(&peer);
+	/* The owner takes the socket off its inbox while its comm closes. */
+	atomic_store(&c->closing, 1);
+	atomic_store(&r.pending, 1);
+	tcp_pool_push(c, 0, out, sizeof(out), &r, NULL);
+	if (!wait_flag(&c->streams[0].detached, 1))
+		fail_msg("the helper thread did not forget the socket of a closing comm in 5 s");
+	assert_int_equal(atomic_load(&r.pending), 0);
+	assert_int_equal(atomic_load(&r.failed), 1);
+	/* Then the closer kicks it. */
+	tcp_pool_detach(c);
+	c2 = bare_comm(&peer2);
+	atomic_store(&r2.pending, 1);
+	tcp_pool_push(c2, 0, out, sizeof(out), &r2, NULL);
+	if (!wait_flag(&r2.pending, 0))
+		fail_msg("a chunk of a new comm was not moved in 5 s: the only helper thread is "
+			 "stuck since a close kicked a socket it had forgotten (forgot it twice?)");
+	assert_int_equal(atomic_load(&r2.failed), 0);
+	assert_int_equal(read(peer2, in, sizeof(in)), (int)sizeof(in));
+	assert_memory_equal(in, out, sizeof(in));
+	atomic_store(&c2->closing, 1);
+	tcp_pool_detach(c2);
+	tcp_pool_stop();
+	for (int i = 0; i < 2; i++) {
+		struct tcp_comm *k = i ? c2 : c;
+
+		close(k->fds[0]);
+		free(k);
+	}
+	close(peer);
+	close(peer2);
+	unsetenv("NCCL_RAIL_TCP_THREADS");
+	rail_params_reload();
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_threads_bounded),
+		cmocka_unit_test(test_one_thread_both_sides),
+		cmocka_unit_test(test_threads_lazy),
+		cmocka_unit_test(test_close_after_forget),
+	};
+
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
