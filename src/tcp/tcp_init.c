@@ -24,10 +24,11 @@ const struct tcp_dev *tcp_dev_get(int dev)
  * measures 27-29 GB/s, about 230 Gbps, with 8 streams on the GPU machine).
  * NCCL sizes its channels from the reported speed; at 10 Gbps it gives a
  * loopback run two channels, which the GPU side, not TCP, then limits.
- * The copies are the host's CPUs, shared by every rank on it: with N ranks
- * a launcher reports, each reports 1/N of it (not below 10 Gbps). Eight
- * ranks at the full figure each opened 4 channels (32 connections' worth
- * of copying on 16 cores) and lost to NCCL Socket at 128 KiB-8 MiB.
+ * That figure is for two processes; the copies are the host's CPUs, shared
+ * by every rank on it, so with N ranks a launcher reports each reports
+ * 2/N of it (not below 10 Gbps). Eight ranks at the full figure opened 4
+ * channels each and lost to NCCL Socket at 128 KiB-2 MiB; at 60 Gbps they
+ * open 2 (GPU machine, docs/PERFORMANCE.md).
  */
 #define TCP_LOOPBACK_SPEED 240000
 #define TCP_UNKNOWN_SPEED 10000
@@ -48,7 +49,7 @@ static int tcp_speed_of(const struct rail_iface *ifc)
 		const char *from = NULL;
 		int n = tcp_local_ranks(&from);
 
-		return n > 1 ? RAIL_MAX(TCP_LOOPBACK_SPEED / n, TCP_UNKNOWN_SPEED)
+		return n > 2 ? RAIL_MAX(TCP_LOOPBACK_SPEED * 2 / n, TCP_UNKNOWN_SPEED)
 			     : TCP_LOOPBACK_SPEED;
 	}
 	return TCP_UNKNOWN_SPEED;
