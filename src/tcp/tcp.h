@@ -265,6 +265,12 @@ int tcp_dereg_mr(struct rail_comm *comm, void *mh);
 #define TCP_POOL_MAX 64
 /* The pool's bound: NCCL_RAIL_TCP_THREADS, or the rule of tcp_pool.c. */
 int tcp_pool_size(char *why, size_t why_len);
+/*
+ * The ranks a launcher says share this host (OMPI_COMM_WORLD_LOCAL_SIZE,
+ * MPI_LOCALNRANKS, LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE), or 0; *from
+ * names the variable.
+ */
+int tcp_local_ranks(const char **from);
 /* Start the first thread early, at listen and connect (best effort). */
 void tcp_pool_reserve(void);
 /* Hand the comm's data sockets to the pool; on failure nothing stays attached. */

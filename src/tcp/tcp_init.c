@@ -24,6 +24,11 @@ const struct tcp_dev *tcp_dev_get(int dev)
  * measures 27-29 GB/s, about 230 Gbps, with 8 streams on the GPU machine).
  * NCCL sizes its channels from the reported speed; at 10 Gbps it gives a
  * loopback run two channels, which the GPU side, not TCP, then limits.
+ * That figure is for two processes; the copies are the host's CPUs, shared
+ * by every rank on it, so with N ranks a launcher reports each reports
+ * 2/N of it (not below 10 Gbps). Eight ranks at the full figure opened 4
+ * channels each and lost to NCCL Socket at 128 KiB-2 MiB; at 60 Gbps they
+ * open 2 (GPU machine, docs/PERFORMANCE.md).
  */
 #define TCP_LOOPBACK_SPEED 240000
 #define TCP_UNKNOWN_SPEED 10000
@@ -40,7 +45,14 @@ static int tcp_speed_of(const struct rail_iface *ifc)
 	/* Virtual interfaces have no speed (EINVAL) or report -1. */
 	if (rail_sysfs_read_long(path, &speed) == 0 && speed > 0)
 		return (int)speed;
-	return ifc->loopback ? TCP_LOOPBACK_SPEED : TCP_UNKNOWN_SPEED;
+	if (ifc->loopback) {
+		const char *from = NULL;
+		int n = tcp_local_ranks(&from);
+
+		return n > 2 ? RAIL_MAX(TCP_LOOPBACK_SPEED * 2 / n, TCP_UNKNOWN_SPEED)
+			     : TCP_LOOPBACK_SPEED;
+	}
+	return TCP_UNKNOWN_SPEED;
 }
 
 static void tcp_fill_dev(struct tcp_dev *d, const struct rail_iface *ifc)

@@ -67,8 +67,8 @@ static inline void cpu_relax(void)
 #endif
 }
 
-/* The launcher's count of ranks on this host, or 0 when none says. */
-static int local_ranks(const char **from)
+/* The launcher's count of ranks on this host, or 0 when none says (tcp.h). */
+int tcp_local_ranks(const char **from)
 {
 	static const char *const vars[] = { "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS",
 					    "LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE" };
@@ -108,7 +108,7 @@ int tcp_pool_size(char *why, size_t why_len)
 		cpus = CPU_COUNT(&set);
 	if (cpus <= 0)
 		cpus = (int)RAIL_MAX(sysconf(_SC_NPROCESSORS_ONLN), 1);
-	ranks = local_ranks(&from);
+	ranks = tcp_local_ranks(&from);
 	n = cpus / (ranks > 0 ? ranks : 1) - 1;
 	n = RAIL_MAX(2, RAIL_MIN(n, 16));
 	if (ranks > 0)
