@@ -203,7 +203,8 @@ static void *post_send(struct bench_side *s, int c, size_t size)
 	void *req = NULL;
 
 	while (!req)
-		CHECK(rail_net_isend_ph(s->send[c], s->sbuf, size, s->role, s->smh[c], prof_parent(), &req),
+		CHECK(rail_net_isend_ph(s->send[c], s->sbuf, size, s->role, s->smh[c],
+					prof_parent(), &req),
 		      "posting a send");
 	return req;
 }
@@ -214,7 +215,8 @@ static void *post_recv(struct bench_side *s, int c, char *buf, size_t size)
 	int tag = !s->role;
 
 	while (!req)
-		CHECK(rail_net_irecv_ph(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], prof_parents(), &req),
+		CHECK(rail_net_irecv_ph(s->recv[c], 1, &data, &size, &tag, &s->rmh[c],
+					prof_parents(), &req),
 		      "posting a receive");
 	return req;
 }
@@ -301,10 +303,12 @@ static void *try_post(struct bench_side *s, int is_send, int c, char *buf, size_
 	int tag = !s->role;
 
 	if (is_send)
-		CHECK(rail_net_isend_ph(s->send[c], buf, size, s->role, s->smh[c], prof_parent(), &req),
+		CHECK(rail_net_isend_ph(s->send[c], buf, size, s->role, s->smh[c], prof_parent(),
+					&req),
 		      "posting a send");
 	else
-		CHECK(rail_net_irecv_ph(s->recv[c], 1, &data, &size, &tag, &s->rmh[c], prof_parents(), &req),
+		CHECK(rail_net_irecv_ph(s->recv[c], 1, &data, &size, &tag, &s->rmh[c],
+					prof_parents(), &req),
 		      "posting a receive");
 	return req;
 }

@@ -766,6 +766,19 @@ static const struct {
 	{ "profiler", "wrong-parent" },		{ "profiler", "mute-warn" },
 };
 
+/* What the ABIs before v`abi` lack, for a scenario that needs v`abi`. */
+static const char *abi_lacks(int abi)
+{
+	switch (abi) {
+	case 10:
+		return "no profiler handles before v10";
+	case 11:
+		return "NCCL never unloads older plugins: they have no finalize";
+	default:
+		return "older ABIs lack what it tests";
+	}
+}
+
 /* Every scenario must FAIL under its faults; returns the number that did not. */
 static int self_test(struct rail_conf_opts *o, int abi, long long picked)
 {
@@ -821,8 +834,7 @@ static void run_all(const struct rail_conf_opts *o, unsigned mask, long long pic
 				continue;
 			if (abi < s->min_abi) {
 				printf("SKIP %s v%d: needs ABI v%d+ (%s)\n", s->name, abi, s->min_abi,
-				       s->min_abi == 10 ? "no profiler handles before v10"
-				       : "NCCL never unloads older plugins: they have no finalize");
+				       abi_lacks(s->min_abi));
 				counts[2]++;
 				continue;
 			}
