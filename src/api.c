@@ -37,6 +37,8 @@ static int api_legacy;
 static const struct rail_transport_ops *api_ops;
 static int api_topo_fd = -1;	/* the NCCL topology memfd we exported */
 static char api_why[512];	/* why api_ops was chosen */
+/* NCCL asked a device's properties: it uses this plugin as its network. */
+static int api_props_asked;
 
 ncclResult_t rail_result(int err)
 {
@@ -216,6 +218,7 @@ static ncclResult_t finalize_last(void)
 	}
 	api_ops->fini();
 	api_ops = NULL;
+	api_props_asked = 0;
 	rail_stats_finalize();
 	rail_topo_reset();
 	rail_params_unload();
@@ -267,6 +270,17 @@ int rail_net_transport_info(const char **name, char *why, size_t why_len, char *
 	return err;
 }
 
+const char *rail_net_in_use(void)
+{
+	const char *name = NULL;
+
+	pthread_mutex_lock(&api_lock);
+	if (api_ops && __atomic_load_n(&api_props_asked, __ATOMIC_RELAXED))
+		name = api_ops->name;
+	pthread_mutex_unlock(&api_lock);
+	return name;
+}
+
 static const struct rail_transport_ops *ops_or_warn(const char *call)
 {
 	const struct rail_transport_ops *ops = api_ops;
@@ -306,6 +320,7 @@ ncclResult_t rail_net_get_properties(int dev, struct rail_props *props)
 		return ncclInternalError;
 	err = check_dev(ops, "getProperties", dev);
 	if (!err) {
+		__atomic_store_n(&api_props_asked, 1, __ATOMIC_RELAXED);
 		memset(props, 0, sizeof(*props));
 		props->rail_id = props->plane_id = -1;
 		err = ops->get_props(dev, props);

@@ -23,6 +23,11 @@ ncclResult_t rail_net_finalize(void *ctx);
  */
 int rail_net_transport_info(const char **name, char *why, size_t why_len, char *devs,
 			    size_t devs_len);
+/*
+ * The transport's name ("tcp", "ib") once NCCL has asked a device's
+ * properties, which it does only of the network it uses; else NULL.
+ */
+const char *rail_net_in_use(void);
 ncclResult_t rail_net_devices(int *ndev);
 ncclResult_t rail_net_get_properties(int dev, struct rail_props *props);
 ncclResult_t rail_net_listen(void *ctx, int dev, void *handle, void **listen_comm);

@@ -4,7 +4,8 @@
 #   test/check-exports.sh PLUGIN.so
 #
 # Passes only when the defined dynamic symbols are exactly the net plugin
-# tables ncclNetPlugin_v6 .. ncclNetPlugin_v12, each a data object (NCCL
+# tables ncclNetPlugin_v6 .. ncclNetPlugin_v12 and the tuner tables
+# ncclTunerPlugin_v3 .. ncclTunerPlugin_v6, each a data object (NCCL
 # finds them with dlsym and reads them as structs). Anything else leaking
 # out of the .so (a core function, a libc wrapper, a C++ symbol) fails,
 # listed by name. Exit status: 0 pass, 1 mismatch, 2 usage or tool error.
@@ -12,7 +13,8 @@ set -eu
 
 prog=check-exports
 expected="ncclNetPlugin_v6 ncclNetPlugin_v7 ncclNetPlugin_v8 ncclNetPlugin_v9
-ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12"
+ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12
+ncclTunerPlugin_v3 ncclTunerPlugin_v4 ncclTunerPlugin_v5 ncclTunerPlugin_v6"
 # Symbols some linkers add to every shared object; none are expected with
 # plugin/exports.map ("local: *"), but they are not ours if they appear.
 linker_syms="_init _fini _edata _end __bss_start"
@@ -90,6 +92,6 @@ if [ -s "$tmp/badtype" ]; then
 	status=1
 fi
 if [ $status -eq 0 ]; then
-	echo "$prog: $so exports exactly ncclNetPlugin_v6 .. ncclNetPlugin_v12"
+	echo "$prog: $so exports exactly ncclNetPlugin_v6 .. ncclNetPlugin_v12 and ncclTunerPlugin_v3 .. ncclTunerPlugin_v6"
 fi
 exit $status

@@ -9,7 +9,8 @@
 #   env: NP (ranks, default 2), RPN (ranks per node, default 1),
 #        NGPUS (GPUs to spread a node's ranks over, default 1),
 #        MPS (1 = run under MPS, default 1), SIZES ("-b 8 -e 512M -f 4"),
-#        ITERS ("-w 5 -n 20"), OUT (folder for logs; default build/nccl-logs)
+#        ITERS ("-w 5 -n 20"), OUT (folder for logs; default build/nccl-logs),
+#        RUN_DEBUG_SUBSYS (NCCL_DEBUG_SUBSYS, default INIT,NET,ENV)
 # Each mode prints the driver's table; its NCCL log goes to $OUT/<mode>.log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -34,7 +35,7 @@ if [ "$MPS" = 1 ]; then
 	trap 'echo quit | nvidia-cuda-mps-control' EXIT
 fi
 
-common=(-x NCCL_NVLS_ENABLE=0 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS=INIT,NET,ENV
+common=(-x NCCL_NVLS_ENABLE=0 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS="${RUN_DEBUG_SUBSYS:-INIT,NET,ENV}"
 	-x RAIL_TEST_RANKS_PER_NODE="$RPN" -x RAIL_TEST_NGPUS="$NGPUS"
 	-x NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}")
 [ "$MPS" = 1 ] && common+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
