@@ -29,12 +29,12 @@ for group in "$@"; do
 			OUT="$LOGS/tuning-np$np" test/nccl/run.sh "$t" >"$LOGS/tuning-np$np-$t.txt" 2>&1 ||
 			tail -5 "$LOGS/tuning-np$np-$t.txt"
 		echo "## $np ranks $t: NCCL's choice per size"
-		grep -hE "Bytes -> Algo" "$LOGS/tuning-np$np/${t}_.log" 2>/dev/null |
+		grep -hE "Bytes -> Algo" "$LOGS/tuning-np$np/${t}_.out" 2>/dev/null |
 			sed -E 's/^.*NCCL INFO //; s/ time [0-9.]+//' | sort -u | sort -t' ' -k2,2n | head -12
-		grep -c "Bytes -> Algo" "$LOGS/tuning-np$np/${t}_.log" || grep -m6 -i "tun" "$LOGS/tuning-np$np/${t}_.log"
-		grep -hoE "TUNER/Plugin: .*|NET/Rail : tuner: .*" "$LOGS/tuning-np$np/${t}_.log" | sort | uniq -c
+		grep -c "Bytes -> Algo" "$LOGS/tuning-np$np/${t}_.out" || grep -m6 -i "tun" "$LOGS/tuning-np$np/${t}_.out"
+		grep -hoE "TUNER/Plugin: .*|NET/Rail : tuner: .*" "$LOGS/tuning-np$np/${t}_.out" | sort | uniq -c
 		grep -hoE "[0-9]+ coll channels, [0-9]+ collnet channels, [0-9]+ nvls channels, [0-9]+ p2p channels" \
-			"$LOGS/tuning-np$np/${t}_.log" | sort | uniq -c | head -2
+			"$LOGS/tuning-np$np/${t}_.out" | sort | uniq -c | head -2
 	done
 done
 exit $status
