@@ -10,7 +10,8 @@
 #        NGPUS (GPUs to spread a node's ranks over, default 1),
 #        MPS (1 = run under MPS, default 1), SIZES ("-b 8 -e 512M -f 4"),
 #        ITERS ("-w 5 -n 20"), OUT (folder for logs; default build/nccl-logs),
-#        RUN_DEBUG_SUBSYS (NCCL_DEBUG_SUBSYS, default INIT,NET,ENV)
+#        RUN_DEBUG_SUBSYS (NCCL_DEBUG_SUBSYS, default INIT,NET,ENV),
+#        RUN_NCCL_LIB (a folder with another libnccl.so, e.g. from build-nccl.sh)
 # Each mode prints the driver's table; its NCCL log goes to $OUT/<mode>.log.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -39,6 +40,7 @@ common=(-x NCCL_NVLS_ENABLE=0 -x NCCL_DEBUG=INFO -x NCCL_DEBUG_SUBSYS="${RUN_DEB
 	-x RAIL_TEST_RANKS_PER_NODE="$RPN" -x RAIL_TEST_NGPUS="$NGPUS"
 	-x NCCL_SOCKET_IFNAME="${NCCL_SOCKET_IFNAME:-lo}")
 [ "$MPS" = 1 ] && common+=(-x CUDA_MPS_PIPE_DIRECTORY -x CUDA_MPS_LOG_DIRECTORY)
+[ -n "${RUN_NCCL_LIB:-}" ] && common+=(-x LD_LIBRARY_PATH="$RUN_NCCL_LIB${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}")
 
 status=0
 for mode in "${modes[@]}"; do
