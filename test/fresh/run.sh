@@ -246,13 +246,14 @@ copy_checkout() {
 }
 
 # run_part NAME COMMAND...: log to RUNS/NAME.log, print the tail on failure.
-# The part runs in a subshell outside any condition, so set -e holds in it.
+# The part runs in a subshell outside any condition, with set -e turned back
+# on in it (it inherits the set +e here): any failed command fails the part.
 run_part() {
 	local name=$1 t0=$SECONDS rc=0
 	shift
 	log "$name ..."
 	set +e
-	("$@") >"$RUNS/$name.log" 2>&1
+	(set -e; "$@") >"$RUNS/$name.log" 2>&1
 	rc=$?
 	set -e
 	if [ "$rc" = 0 ]; then
