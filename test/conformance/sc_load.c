@@ -248,7 +248,8 @@ static void multi_traffic(struct rail_conf *cx, struct multi *m, int nmsg, const
 {
 	int nops = m->n * nmsg, is_recv = cx->role == RAIL_CONF_ROLE_A;
 	size_t cap = rail_conf_common_max_msg(cx);
-	struct rail_conf_op *ops = calloc((size_t)nops, sizeof(*ops));
+	/* nops > 0: gcc 11 otherwise finds a path with a negative count (-Walloc-size-larger-than). */
+	struct rail_conf_op *ops = calloc(nops > 0 ? (size_t)nops : 1, sizeof(*ops));
 	struct rail_conf_lane *lanes = calloc((size_t)m->n, sizeof(*lanes));
 	struct rail_conf_arena *ar = calloc((size_t)m->n, sizeof(*ar));
 	struct rail_conf_engine e = { .ops = ops, .nops = nops, .lanes = lanes, .nlanes = m->n };

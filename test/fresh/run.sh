@@ -1,30 +1,41 @@
 #!/usr/bin/env bash
 # The fresh-machine test (make test-fresh): what a newcomer meets on a new
-# Debian 12 machine, proven in a Debian 12 root built from Debian's packages.
+# Debian 12, Ubuntu 22.04 or Ubuntu 24.04 machine, proven in roots built from
+# each one's own packages.
 #
-#   test/fresh/run.sh [--keep] [--quick]
+#   test/fresh/run.sh [--keep] [--quick] [PART...]
 #
-# 1. debootstrap --variant=minbase bookworm, cached as a tarball in
-#    build/fresh-cache (rebuilt after 7 days), unpacked anew for each part.
-#    The root gets what a Debian 12 cloud image also has and minbase lacks:
-#    sudo, a user "newcomer" who may use it, the host's apt sources (main,
-#    updates, security) and resolv.conf. Nothing of the project's.
-# 2. Quick start: the checkout (tracked files and new, not ignored ones;
-#    never build/) is copied to /home/newcomer/nccl-net-rail, and the command
-#    lines of README.md between <!-- quickstart:begin --> and
-#    <!-- quickstart:end --> run there, one by one, as newcomer, exactly as
-#    written. `sudo .ci/run` runs with RAIL_CI_TARGET="check test-rxe-smoke"
-#    (kept through sudo by the root's sudoers): it installs every test
-#    dependency and the Soft-RoCE kernel, as on CI, then runs the quick
-#    tests and boots the Soft-RoCE guest once, not the whole of make test
-#    (which would start this test again). Before that it checks that the
-#    first command built the plugin and tools without libcmocka-dev.
-# 3. Package: a second fresh root gets build/pkg/nccl-net-rail_*.deb with
-#    `apt-get install ./file.deb` only, then: rail-info --version;
+# Parts (all by default): quickstart package ubuntu-jammy ubuntu-noble.
+# 1. debootstrap --variant=minbase of the suite (bookworm; jammy, noble from
+#    the Ubuntu archive, checked against the Ubuntu archive key: the host's
+#    /usr/share/keyrings/ubuntu-archive-keyring.gpg, else the copy beside this
+#    script, ubuntu-archive-2018.asc), cached as a tarball in build/fresh-cache
+#    (rebuilt after 7 days), unpacked anew for each part. The root gets what a
+#    cloud image also has and minbase lacks: sudo, a user "newcomer" who may
+#    use it, apt sources (Debian: the host's, main, updates, security; Ubuntu:
+#    main and universe of the suite, -updates and -security) and resolv.conf.
+#    Nothing of the project's.
+# 2. quickstart (bookworm), ubuntu-jammy, ubuntu-noble: the checkout (tracked
+#    files and new, not ignored ones; never build/) is copied to
+#    /home/newcomer/nccl-net-rail, and the command lines of README.md between
+#    <!-- quickstart:begin --> and <!-- quickstart:end --> run there, one by
+#    one, as newcomer, exactly as written. After the first line the plugin
+#    and tools must be built, and libcmocka-dev not installed. `sudo .ci/run`
+#    runs only for the suites in FRESH_CI_SUITES (default: bookworm; e.g.
+#    FRESH_CI_SUITES="bookworm jammy noble"), with RAIL_CI_TARGET="check
+#    test-rxe-smoke" (kept through sudo by the root's sudoers): it installs
+#    every test dependency and the Soft-RoCE kernel, as on CI, then runs the
+#    quick tests and boots the Soft-RoCE guest once, not the whole of make
+#    test (which would start this test again).
+# 3. package (bookworm): a second fresh root gets build/pkg/nccl-net-rail_*.deb
+#    with `apt-get install ./file.deb` only, then: rail-info --version;
 #    rail-info --check with NCCL_NET_PLUGIN=rail must find the plugin NCCL
 #    would load, by name, in the system library directory; a two-process
-#    rail-bench run with its byte check.
-# --quick skips the sudo .ci/run line of part 2 (QEMU and the guest).
+#    rail-bench run with its byte check. (Not on Ubuntu: the .deb is built
+#    on the Debian host, against its libc.)
+# --quick skips every `sudo .ci/run` line (QEMU and the guest).
+# FRESH_MIRROR (Debian), FRESH_UBUNTU_MIRROR and FRESH_UBUNTU_SECURITY_MIRROR
+# choose the mirrors.
 # Every part runs in a private mount namespace (unshare -m), so /proc, /sys
 # and /dev/pts mounted for the root vanish with it. Output of each part goes
 # to build/fresh-runs/<part>.log; the last 40 lines are printed on failure.
@@ -36,20 +47,26 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${FRESH_CACHE:-$REPO/build/fresh-cache}
 RUNS=$REPO/build/fresh-runs
-SUITE=bookworm
 MIRROR=${FRESH_MIRROR:-http://deb.debian.org/debian}
+UBUNTU_MIRROR=${FRESH_UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}
+UBUNTU_SECURITY=${FRESH_UBUNTU_SECURITY_MIRROR:-http://security.ubuntu.com/ubuntu}
+CI_SUITES=" ${FRESH_CI_SUITES-bookworm} "
 USER_NAME=newcomer
+ALL_PARTS=(quickstart package ubuntu-jammy ubuntu-noble)
 
 keep=0
 quick=0
+parts=()
 for arg in "$@"; do
 	case $arg in
 	--keep) keep=1 ;;
 	--quick) quick=1 ;;
 	-h | --help) sed -n '2,/^set -e/p' "$0" | sed 's/^# \{0,1\}//;/^set -e/d'; exit 0 ;;
-	*) echo "fresh: unknown argument $arg" >&2; exit 2 ;;
+	quickstart | package | ubuntu-jammy | ubuntu-noble) parts+=("$arg") ;;
+	*) echo "fresh: unknown argument $arg (parts: ${ALL_PARTS[*]})" >&2; exit 2 ;;
 	esac
 done
+[ ${#parts[@]} -gt 0 ] || parts=("${ALL_PARTS[@]}")
 
 log() { printf 'fresh: [%4ds] %s\n' "$SECONDS" "$*"; }
 die() { echo "fresh: FAIL: $*" >&2; exit 1; }
@@ -62,21 +79,55 @@ command -v debootstrap >/dev/null || { echo "fresh: debootstrap not installed (a
 command -v unshare >/dev/null || { echo "fresh: unshare not found (util-linux)" >&2; exit 2; }
 
 mkdir -p "$CACHE" "$RUNS"
-tarball=$CACHE/$SUITE-minbase.tar
 
-# The cached minbase root, made once a week.
+# distro_of SUITE: debian or ubuntu.
+distro_of() {
+	case $1 in
+	jammy | noble) echo ubuntu ;;
+	*) echo debian ;;
+	esac
+}
+
+# The Ubuntu archive key for debootstrap (gpgv wants it unarmored): the
+# host's keyring where ubuntu-keyring is installed (not in Debian 12), else
+# the Ubuntu Archive Automatic Signing Key (2018), fingerprint
+# F6EC B376 2474 EDA9 D21B  7022 8719 20D1 991B C93C, kept beside this script
+# and unarmored with base64 (no gpg needed).
+ubuntu_keyring() {
+	local host=/usr/share/keyrings/ubuntu-archive-keyring.gpg out=$CACHE/ubuntu-archive-2018.gpg
+	if [ -s "$host" ]; then
+		echo "$host"
+		return 0
+	fi
+	sed '1,/^$/d;/^=/d;/^-----END/d' "$HERE/ubuntu-archive-2018.asc" | base64 -d >"$out.tmp"
+	mv "$out.tmp" "$out"
+	echo "$out"
+}
+
+# base_root SUITE: the cached minbase root of SUITE, made once a week.
 base_root() {
+	local suite=$1 tarball=$CACHE/$1-minbase.tar
+	local args=(--variant=minbase)
 	if [ -s "$tarball" ] && [ -z "$(find "$tarball" -mtime +7)" ]; then
 		return 0
 	fi
-	local tmp=$CACHE/.debootstrap.$$
+	local tmp=$CACHE/.debootstrap.$$ dlog=$RUNS/debootstrap-$suite.log t0=$SECONDS
 	rm -rf "$tmp"
-	log "debootstrap --variant=minbase $SUITE (cached in $tarball)"
-	if ! debootstrap --variant=minbase "$SUITE" "$tmp" "$MIRROR" >"$RUNS/debootstrap.log" 2>&1; then
-		tail -n 20 "$RUNS/debootstrap.log" >&2
-		rm -rf "$tmp"
-		die "debootstrap failed (log: $RUNS/debootstrap.log)"
+	if [ "$(distro_of "$suite")" = ubuntu ]; then
+		args+=("--components=main,universe" "--keyring=$(ubuntu_keyring)" "$suite" "$tmp" "$UBUNTU_MIRROR")
+		# Debian 12's debootstrap has no script for noble; every Ubuntu
+		# suite's script is a link to gutsy.
+		[ -e "/usr/share/debootstrap/scripts/$suite" ] || args+=(/usr/share/debootstrap/scripts/gutsy)
+	else
+		args+=("$suite" "$tmp" "$MIRROR")
 	fi
+	log "debootstrap ${args[*]} (cached in $tarball)"
+	if ! debootstrap "${args[@]}" >"$dlog" 2>&1; then
+		tail -n 20 "$dlog" >&2
+		rm -rf "$tmp"
+		die "debootstrap $suite failed (log: $dlog)"
+	fi
+	log "debootstrap $suite: $((SECONDS - t0)) s"
 	tar -C "$tmp" -cf "$tarball.tmp" .
 	mv "$tarball.tmp" "$tarball"
 	rm -rf "$tmp"
@@ -103,17 +154,50 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# new_root NAME: a fresh copy of the cached root with the cloud-image basics,
-# in $ROOT.
+# ubuntu_sources SUITE ROOT: the apt sources of an Ubuntu cloud image, main
+# and universe (deb822 on noble, one-line sources.list on jammy, as each
+# release ships them).
+ubuntu_sources() {
+	local suite=$1 root=$2
+	rm -f "$root/etc/apt/sources.list"
+	if [ "$suite" = jammy ]; then
+		{
+			echo "deb $UBUNTU_MIRROR $suite main universe"
+			echo "deb $UBUNTU_MIRROR $suite-updates main universe"
+			echo "deb $UBUNTU_SECURITY $suite-security main universe"
+		} >"$root/etc/apt/sources.list"
+		return 0
+	fi
+	cat >"$root/etc/apt/sources.list.d/ubuntu.sources" <<-EOF
+		Types: deb
+		URIs: $UBUNTU_MIRROR
+		Suites: $suite $suite-updates
+		Components: main universe
+		Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg
+
+		Types: deb
+		URIs: $UBUNTU_SECURITY
+		Suites: $suite-security
+		Components: main universe
+		Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg
+	EOF
+}
+
+# new_root NAME SUITE: a fresh copy of SUITE's cached root with the
+# cloud-image basics, in $ROOT.
 new_root() {
-	local root=$RUNS/$1.root
+	local root=$RUNS/$1.root suite=$2
 	ROOT=$root
 	remove_root "$root"
 	mkdir -p "$root"
-	tar -C "$root" -xf "$tarball"
-	rm -f "$root/etc/apt/sources.list"
-	cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/" 2>/dev/null ||
-		cp /etc/apt/sources.list "$root/etc/apt/sources.list"
+	tar -C "$root" -xf "$CACHE/$suite-minbase.tar"
+	if [ "$(distro_of "$suite")" = ubuntu ]; then
+		ubuntu_sources "$suite" "$root"
+	else
+		rm -f "$root/etc/apt/sources.list"
+		cp /etc/apt/sources.list.d/debian.sources "$root/etc/apt/sources.list.d/" 2>/dev/null ||
+			cp /etc/apt/sources.list "$root/etc/apt/sources.list"
+	fi
 	cp -L /etc/resolv.conf "$root/etc/resolv.conf"
 	echo "fresh-$1" >"$root/etc/hostname"
 	# The chroot keeps the host's UTS name: list it too, or sudo warns.
@@ -162,13 +246,14 @@ copy_checkout() {
 }
 
 # run_part NAME COMMAND...: log to RUNS/NAME.log, print the tail on failure.
-# The part runs in a subshell outside any condition, so set -e holds in it.
+# The part runs in a subshell outside any condition, with set -e turned back
+# on in it (it inherits the set +e here): any failed command fails the part.
 run_part() {
 	local name=$1 t0=$SECONDS rc=0
 	shift
 	log "$name ..."
 	set +e
-	("$@") >"$RUNS/$name.log" 2>&1
+	(set -e; "$@") >"$RUNS/$name.log" 2>&1
 	rc=$?
 	set -e
 	if [ "$rc" = 0 ]; then
@@ -180,10 +265,12 @@ run_part() {
 	die "$name failed after $((SECONDS - t0)) s"
 }
 
+# quickstart NAME SUITE: the README's quick-start lines in a fresh SUITE root.
 quickstart() {
-	local root src n=0 line
-	new_root quickstart
+	local name=$1 suite=$2 root src n=0 line t0
+	new_root "$name" "$suite"
 	root=$ROOT
+	in_root "$root" root ". /etc/os-release && echo \"== \$PRETTY_NAME, \$(uname -m), glibc \$(ldd --version | head -n1 | sed 's/.* //')\""
 	src=$root/home/$USER_NAME/nccl-net-rail
 	copy_checkout "$src"
 	in_root "$root" root "chown -R $USER_NAME: /home/$USER_NAME/nccl-net-rail"
@@ -191,13 +278,12 @@ quickstart() {
 	[ "${#lines[@]}" -ge 2 ] || die "README.md has no quick-start block with two commands (markers <!-- quickstart:begin/end -->)"
 	for line in "${lines[@]}"; do
 		n=$((n + 1))
+		t0=$SECONDS
 		case $line in
 		*".ci/run"*)
 			[ "$quick" = 1 ] && { echo "SKIP: quick-start line $n ($line): --quick"; continue; }
-			# The first line must have built everything without cmocka.
-			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && test -x build/libnccl-net-rail.so &&
-				test -x build/rail-info && test -x build/rail-bench && ! dpkg -s libcmocka-dev >/dev/null 2>&1" ||
-				die "after quick-start line 1 the plugin and tools are not all built, or cmocka was installed"
+			[[ $CI_SUITES == *" $suite "* ]] ||
+				{ echo "SKIP: quick-start line $n ($line): $suite is not in FRESH_CI_SUITES"; continue; }
 			echo "== quick-start line $n: $line   (RAIL_CI_TARGET=check test-rxe-smoke)"
 			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && export RAIL_CI_TARGET='check test-rxe-smoke' && $line"
 			;;
@@ -206,6 +292,13 @@ quickstart() {
 			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && $line"
 			;;
 		esac
+		echo "== quick-start line $n: ok ($((SECONDS - t0)) s)"
+		if [ "$n" = 1 ]; then
+			# The first line must have built everything without cmocka.
+			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && test -x build/libnccl-net-rail.so &&
+				test -x build/rail-info && test -x build/rail-bench && ! dpkg -s libcmocka-dev >/dev/null 2>&1" ||
+				die "after quick-start line 1 the plugin and tools are not all built, or cmocka was installed"
+		fi
 	done
 }
 
@@ -214,7 +307,7 @@ package() {
 	multiarch=$(gcc -print-multiarch)
 	deb=$(ls "$REPO"/build/pkg/nccl-net-rail_"$(cat "$REPO/VERSION")"_*.deb 2>/dev/null | head -n1 || true)
 	[ -n "$deb" ] || die "no .deb in build/pkg (make deb)"
-	new_root package
+	new_root package bookworm
 	root=$ROOT
 	cp "$deb" "$root/tmp/"
 	in_root "$root" "$USER_NAME" "cd /tmp && sudo apt-get install -y ./$(basename "$deb")"
@@ -235,7 +328,20 @@ package() {
 }
 
 t0=$SECONDS
-base_root
-run_part quickstart quickstart
-run_part package package
-log "all passed in $((SECONDS - t0)) s"
+for part in "${parts[@]}"; do
+	case $part in
+	quickstart)
+		base_root bookworm
+		run_part quickstart quickstart quickstart bookworm
+		;;
+	package)
+		base_root bookworm
+		run_part package package
+		;;
+	ubuntu-*)
+		base_root "${part#ubuntu-}"
+		run_part "$part" quickstart "$part" "${part#ubuntu-}"
+		;;
+	esac
+done
+log "all passed in $((SECONDS - t0)) s (${parts[*]})"

@@ -5,19 +5,25 @@
 #
 # 1. apt-get installs the host packages the harness needs, only those missing.
 # 2. Picks the kernel package apt offers for `linux-image-amd64` (on Debian 12:
-#    linux-image-6.1.0-N-amd64 from bookworm-security), `apt-get download`s it
-#    (never installs it) and unpacks it with `dpkg-deb -x` into the cache, then
-#    runs depmod on the unpacked tree.
+#    linux-image-6.1.0-N-amd64 from bookworm-security) or, on Ubuntu, for
+#    `linux-image-generic` (linux-image-X-generic, whose modules are in
+#    linux-modules-X-generic and linux-modules-extra-X-generic: rdma_rxe and
+#    ib_uverbs are in the extra one), `apt-get download`s it and those of its
+#    linux-modules[-extra]-X packages that apt knows (never installs them),
+#    unpacks them with `dpkg-deb -x` into one tree in the cache, then runs
+#    depmod on it.
 # 3. Extracts the uncompressed vmlinux from the bzImage when it has a PVH entry
-#    point (Xen ELF note 0x12; Debian's kernels do): QEMU then boots it
-#    directly, skipping SeaBIOS and the in-guest decompression (~3 s under TCG).
+#    point (Xen ELF note 0x12; Debian's and Ubuntu's kernels do): QEMU then
+#    boots it directly, skipping SeaBIOS and the in-guest decompression (~3 s
+#    under TCG).
 # 4. Writes $RXE_CACHE/kernel.env (RXE_KPKG, RXE_KVER, RXE_KROOT, RXE_VMLINUZ,
 #    RXE_VMLINUX; the last is empty when the kernel has no PVH entry).
 #
 # Environment:
 #   RXE_CACHE       cache directory (default: <repo>/build/rxe-cache)
 #   RXE_KERNEL_PKG  kernel package to use instead of the one linux-image-amd64
-#                   points to (e.g. linux-image-6.12.57+deb12-amd64)
+#                   (linux-image-generic) points to (e.g.
+#                   linux-image-6.12.57+deb12-amd64, linux-image-6.8.0-31-generic)
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -79,14 +85,32 @@ install_packages() {
         "${missing[@]}" >&2
 }
 
-# The kernel package name: the one linux-image-amd64's candidate depends on.
+# The kernel package name: the one linux-image-amd64's candidate depends on
+# (Debian), else linux-image-generic's (Ubuntu).
 resolve_kernel_pkg() {
     if [ -n "${RXE_KERNEL_PKG:-}" ]; then
         echo "$RXE_KERNEL_PKG"
         return 0
     fi
-    apt-cache depends linux-image-amd64 2>/dev/null |
-        sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-amd64\)$/\1/p' | head -n1
+    {
+        apt-cache depends linux-image-amd64 2>/dev/null |
+            sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-amd64\)$/\1/p'
+        apt-cache depends linux-image-generic 2>/dev/null |
+            sed -n 's/^ *Depends: \(linux-image-[0-9][^ ]*-generic\)$/\1/p'
+    } | head -n1
+}
+
+# kernel_debs PKG: PKG and the packages that hold its modules where they are
+# apart from the image (Ubuntu: linux-modules-X and linux-modules-extra-X for
+# linux-image-X), those that apt knows.
+kernel_debs() {
+    local pkg=$1 flavour=${1#linux-image-} extra
+    echo "$pkg"
+    [ "$flavour" != "$pkg" ] || return 0
+    for extra in "linux-modules-$flavour" "linux-modules-extra-$flavour"; do
+        apt-cache show "$extra" >/dev/null 2>&1 && echo "$extra"
+    done
+    return 0
 }
 
 # Newest kernel already unpacked in the cache (offline fallback).
@@ -106,18 +130,22 @@ fetch_kernel() {
     local tmp=$CACHE/kernel/.tmp-$pkg.$$
     rm -rf "$tmp"
     mkdir -p "$tmp/dl"
-    log "downloading $pkg (apt-get download, not installed)"
+    local debs=()
+    mapfile -t debs < <(kernel_debs "$pkg")
+    log "downloading ${debs[*]} (apt-get download, not installed)"
     # apt-get download runs as root here; -o APT::Sandbox::User=root avoids
     # the "_apt cannot access" warning for a directory owned by root.
-    if ! (cd "$tmp/dl" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2); then
+    if ! (cd "$tmp/dl" && apt-get download -q -o APT::Sandbox::User=root "${debs[@]}" >&2); then
         apt_update
-        (cd "$tmp/dl" && apt-get download -q -o APT::Sandbox::User=root "$pkg" >&2) ||
-            { rm -rf "$tmp"; die "apt-get download $pkg failed"; }
+        mapfile -t debs < <(kernel_debs "$pkg")
+        (cd "$tmp/dl" && apt-get download -q -o APT::Sandbox::User=root "${debs[@]}" >&2) ||
+            { rm -rf "$tmp"; die "apt-get download ${debs[*]} failed"; }
     fi
     local deb
-    deb=$(ls "$tmp"/dl/*.deb)
-    log "unpacking $(basename "$deb")"
-    dpkg-deb -x "$deb" "$tmp/root"
+    for deb in "$tmp"/dl/*.deb; do
+        log "unpacking $(basename "$deb")"
+        dpkg-deb -x "$deb" "$tmp/root"
+    done
     # Newer kernels (trixie) ship usr/lib/modules only.
     if [ ! -e "$tmp/root/lib/modules" ] && [ -d "$tmp/root/usr/lib/modules" ]; then
         ln -s usr/lib "$tmp/root/lib"
@@ -130,7 +158,7 @@ fetch_kernel() {
     [ -e "$vmlinuz" ] || { rm -rf "$tmp"; die "$pkg has no vmlinuz"; }
     if ! find "$tmp/root/lib/modules/$kver" -name 'rdma_rxe.ko*' | grep -q .; then
         rm -rf "$tmp"
-        die "$pkg has no rdma_rxe module (cloud kernels lack it; use a generic -amd64 image)"
+        die "$pkg has no rdma_rxe module (cloud kernels lack it; use a generic -amd64 image; on Ubuntu it is in linux-modules-extra-${pkg#linux-image-})"
     fi
     log "depmod $kver"
     depmod -b "$tmp/root" "$kver"
@@ -207,7 +235,7 @@ if [ -z "$pkg" ] && [ "$(id -u)" = 0 ] && ! cached_kernel_pkg >/dev/null; then
     pkg=$(resolve_kernel_pkg || true)
 fi
 if [ -z "$pkg" ]; then
-    pkg=$(cached_kernel_pkg) || die "no kernel package found (apt-cache depends linux-image-amd64 is empty)"
+    pkg=$(cached_kernel_pkg) || die "no kernel package found (apt-cache depends linux-image-amd64 and linux-image-generic are empty)"
     log "apt offers no kernel; using cached $pkg"
 fi
 fetch_kernel "$pkg"
