@@ -41,7 +41,7 @@ void rail_flight_add(struct rail_flight *f, uint64_t ns, uint8_t type, uint16_t 
 	struct rail_fev *e;
 
 	if (!ns)
-		ns = rail_now_ns();
+		ns = rail_coarse_ns();
 	/* A refusal repeats while NCCL retries: count it in the last event instead. */
 	if (type == RAIL_FEV_REFUSED && f->head) {
 		e = &f->ev[(f->head - 1) & (RAIL_FLIGHT_N - 1)];
@@ -95,8 +95,12 @@ void rail_flight_format(const struct rail_fev *e, uint64_t now_ns, char *buf, si
 			 e->arg > 1 ? " (grouped)" : "");
 		break;
 	case RAIL_FEV_DONE:
-		snprintf(buf, len, "-%.1f us %s req=%u size=%" PRIu64 " after %d us", ago, name,
-			 (unsigned)e->slot, e->size, (int)e->arg);
+		if (e->arg >= 0)
+			snprintf(buf, len, "-%.1f us %s req=%u size=%" PRIu64 " after %d us", ago,
+				 name, (unsigned)e->slot, e->size, (int)e->arg);
+		else
+			snprintf(buf, len, "-%.1f us %s req=%u size=%" PRIu64, ago, name,
+				 (unsigned)e->slot, e->size);
 		break;
 	case RAIL_FEV_REFUSED:
 		snprintf(buf, len, "-%.1f us %s size=%" PRIu64 " tag=%d, %d times", ago, name,
@@ -197,7 +201,7 @@ int rail_flight_dump(struct rail_comm *c, const char *why)
 		  "events, oldest first:", c->ops ? c->ops->name : "?",
 		  c->kind == RAIL_COMM_SEND ? "send" : "receive", desc, why, pending, n,
 		  (unsigned)c->fl.head);
-	now = rail_now_ns();
+	now = rail_coarse_ns();
 	for (int i = 0; i < n; i++) {
 		rail_flight_format(&ev[i], now, line, sizeof(line));
 		RAIL_WARN("  flight: %s", line);

@@ -9,7 +9,8 @@
  * verbs watchdog finds the peer gone, the record is logged once at WARN
  * (rail_flight_dump) with the transport's description of the connection
  * (peer, device:port, QPs and their states), one line per event, oldest
- * first, times in microseconds before the failure.
+ * first, times in microseconds before the failure (rail_coarse_ns: 1-4 ms
+ * steps; a done event's "after" is precise, for the requests api.c times).
  */
 #ifndef RAIL_FLIGHT_H
 #define RAIL_FLIGHT_H

@@ -45,6 +45,12 @@ const char *rail_strerror(int neg_errno, char *buf, size_t len);
 
 /* Monotonic clock in nanoseconds. */
 uint64_t rail_now_ns(void);
+/*
+ * CLOCK_MONOTONIC_COARSE: the same clock at the last timer tick (1-4 ms
+ * steps), read without the time counter; for times kept for people (the
+ * flight record), not for latencies.
+ */
+uint64_t rail_coarse_ns(void);
 
 /* 64 random bits from getrandom(), falling back to the clock and pid. */
 uint64_t rail_random64(void);

@@ -73,6 +73,7 @@ struct rail_comm {
 	/* api.c: counters and the flight record (src/stats.h, src/flight.h). */
 	struct rail_stats st;
 	struct rail_flight fl;
+	uint32_t lat_tick;	/* requests posted: every RAIL_LAT_EVERY-th is timed */
 	/* api.c: profiler state per request slot, made at the first profiled post (prof.h). */
 	struct rail_prof_req *prof;
 };
@@ -92,8 +93,12 @@ struct rail_req {
 	int n;
 	uint32_t stamp;		/* api.c: must match the handle's (src/handles.h) */
 	struct rail_comm *comm;
-	/* api.c: when it was posted (rail_now_ns), and what, for the flight record. */
+	/*
+	 * api.c: when it was posted (rail_coarse_ns), and what, for the flight
+	 * record; t_lat: rail_now_ns at post for a timed request, else 0.
+	 */
 	uint64_t t_post;
+	uint64_t t_lat;
 	uint64_t size;		/* a receive: its first buffer's */
 	int32_t tag;
 	/*

@@ -4,7 +4,12 @@
  * Every rank fills its buffer with small integers (exact in float), runs
  * ncclAllReduce(sum) over a size sweep, checks every element of the result
  * against the closed-form sum, and prints time, algorithm bandwidth and
- * bus bandwidth per size as nccl-tests does: busbw = algbw * 2(n-1)/n.
+ * bus bandwidth per size as nccl-tests does: busbw = algbw * 2(n-1)/n; then
+ * the CPU seconds per GB that crossed the network (all ranks' threads but
+ * the one calling NCCL, which waits for the GPU: NCCL's proxy threads, the
+ * net plugin's, CUDA's; /proc/self/task, 10 ms ticks, so only sizes whose
+ * timed calls run for seconds say much), the network bytes being
+ * 2(n-1) x size per call over all ranks.
  *
  *   mpirun -np N [wrapper] nccl-allreduce [-b MIN] [-e MAX] [-f FACTOR]
  *                                         [-w WARMUP] [-n ITERS]
@@ -13,11 +18,13 @@
  * Exits non-zero if any element is wrong or any call fails.
  */
 #include <cuda_runtime.h>
+#include <dirent.h>
 #include <mpi.h>
 #include <nccl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define CUDA_CHECK(call)                                                           \
@@ -87,6 +94,35 @@ static long check_result(const float *host, size_t count, int nranks)
 	return wrong;
 }
 
+/* CPU seconds of this process's threads other than the caller (utime + stime). */
+static double cpu_other_threads(void)
+{
+	long self = syscall(SYS_gettid), ticks = 0;
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+
+	if (!d)
+		return 0;
+	while ((e = readdir(d))) {
+		char path[300], buf[1024], *p;
+		unsigned long ut = 0, st = 0;
+		FILE *f;
+
+		if (e->d_name[0] == '.' || atol(e->d_name) == self)
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/stat", e->d_name);
+		if (!(f = fopen(path, "r")))
+			continue;
+		/* after "(comm)": state is field 3; utime, stime are 14 and 15 */
+		if (fgets(buf, sizeof(buf), f) && (p = strrchr(buf, ')')) &&
+		    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) == 2)
+			ticks += (long)(ut + st);
+		fclose(f);
+	}
+	closedir(d);
+	return (double)ticks / (double)sysconf(_SC_CLK_TCK);
+}
+
 struct sweep {
 	size_t min, max;
 	int factor, warmup, iters;
@@ -100,6 +136,7 @@ static long run_size(ncclComm_t comm, cudaStream_t stream, float *dsend, float *
 	cudaEvent_t start, stop;
 	float ms = 0;
 	long wrong, all_wrong = 0;
+	double cpu, all_cpu = 0;
 
 	for (size_t i = 0; i < count; i++)
 		host[i] = value_of(g_rank, i);
@@ -113,12 +150,15 @@ static long run_size(ncclComm_t comm, cudaStream_t stream, float *dsend, float *
 	CUDA_CHECK(cudaEventCreate(&start));
 	CUDA_CHECK(cudaEventCreate(&stop));
 	MPI_Barrier(MPI_COMM_WORLD);
+	cpu = cpu_other_threads();
 	CUDA_CHECK(cudaEventRecord(start, stream));
 	for (int i = 0; i < iters; i++)
 		NCCL_CHECK(ncclAllReduce(dsend, drecv, count, ncclFloat, ncclSum, comm, stream));
 	CUDA_CHECK(cudaEventRecord(stop, stream));
 	CUDA_CHECK(cudaEventSynchronize(stop));
 	CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+	cpu = cpu_other_threads() - cpu;
+	MPI_Allreduce(&cpu, &all_cpu, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 	CUDA_CHECK(cudaMemcpy(host, drecv, bytes, cudaMemcpyDeviceToHost));
 	wrong += check_result(host, count, nranks);
 	MPI_Allreduce(&wrong, &all_wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
@@ -126,9 +166,10 @@ static long run_size(ncclComm_t comm, cudaStream_t stream, float *dsend, float *
 		double us = ms * 1e3 / iters;
 		double algbw = (double)bytes / us / 1e3;
 		double busbw = algbw * 2.0 * (nranks - 1) / nranks;
+		double net_gb = 2.0 * (nranks - 1) * (double)bytes * iters / 1e9;
 
-		printf("%12zu %12zu %6s %6s %10.1f %8.2f %8.2f %8ld\n", bytes, count, "float",
-		       "sum", us, algbw, busbw, all_wrong);
+		printf("%12zu %12zu %6s %6s %10.1f %8.2f %8.2f %8ld %9.2f\n", bytes, count, "float",
+		       "sum", us, algbw, busbw, all_wrong, all_cpu / net_gb);
 		fflush(stdout);
 	}
 	CUDA_CHECK(cudaEventDestroy(start));
@@ -172,8 +213,9 @@ int main(int argc, char **argv)
 	ncclGetVersion(&ver);
 	if (g_rank == 0)
 		printf("# nccl-allreduce: NCCL %d, %d ranks, warmup %d, iters %d\n"
-		       "# %10s %12s %6s %6s %10s %8s %8s %8s\n", ver, nranks, sw.warmup, sw.iters,
-		       "size(B)", "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong");
+		       "# %10s %12s %6s %6s %10s %8s %8s %8s %9s\n", ver, nranks, sw.warmup, sw.iters,
+		       "size(B)", "count", "type", "redop", "time(us)", "algbw", "busbw", "#wrong",
+		       "cpu_s/GB");
 	for (size_t bytes = sw.min; bytes <= sw.max; bytes *= (size_t)sw.factor)
 		wrong += run_size(comm, stream, dsend, drecv, host, bytes, nranks, &sw);
 	if (g_rank == 0)
