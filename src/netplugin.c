@@ -133,6 +133,14 @@ static void inspect(void *h, struct rail_netplugin_entry *e)
 		e->abi_mask |= 1u << v;
 		e->newest_abi = v;
 	}
+	/* NCCL takes a tuner from the net plugin's library when NCCL_TUNER_PLUGIN names none. */
+	for (int v = 2; v <= 6; v++) {
+		char sym[32];
+
+		snprintf(sym, sizeof(sym), "ncclTunerPlugin_v%d", v);
+		if (dlsym(h, sym))
+			e->tuner_mask |= 1u << v;
+	}
 	if (e->newest_abi) {
 		char sym[32];
 		/* Every ncclNet_vN table starts with its name (const char *). */

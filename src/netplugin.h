@@ -29,6 +29,7 @@ struct rail_netplugin_entry {
 	char path[PATH_MAX];	/* the file the loader opened (RTLD_DI_LINKMAP) */
 	unsigned abi_mask;	/* bit N: exports ncclNetPlugin_vN, N in 2..12 */
 	int newest_abi;		/* 0: none */
+	unsigned tuner_mask;	/* bit N: exports ncclTunerPlugin_vN, N in 2..6 (NCCL's tuner ABIs) */
 	char name[64];		/* the name field of the newest table */
 	char rail_version[64];	/* from the @(#) ident; "" when not nccl-net-rail */
 	int is_rail;		/* the ident or the table name says nccl-net-rail */

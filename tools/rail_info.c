@@ -566,7 +566,7 @@ static void conf_text(const struct report *r)
 static void plugin_entry_text(const struct rail_netplugin *np, int i)
 {
 	const struct rail_netplugin_entry *e = &np->entries[i];
-	char abis[64], errs[1024];
+	char abis[64], tabis[64], errs[1024];
 
 	if (!e->loaded) {
 		tries_text(e, errs, sizeof(errs));
@@ -576,9 +576,11 @@ static void plugin_entry_text(const struct rail_netplugin *np, int i)
 	printf("  %s: %s", e->entry, e->path[0] ? e->path : e->tried[e->ntried - 1]);
 	if (e->is_rail)
 		printf(": nccl-net-rail %s", e->rail_version[0] ? e->rail_version : "(no version)");
-	printf(", plugin \"%s\", ABIs %s%s\n", e->name,
-	       rail_netplugin_abi_text(e->abi_mask, abis, sizeof(abis)),
-	       np->nentries > 1 && i == np->chosen ? "  <= NCCL tries this one first" : "");
+	printf(", plugin \"%s\", ABIs %s", e->name,
+	       rail_netplugin_abi_text(e->abi_mask, abis, sizeof(abis)));
+	if (e->tuner_mask)
+		printf(", tuner ABIs %s", rail_netplugin_abi_text(e->tuner_mask, tabis, sizeof(tabis)));
+	printf("%s\n", np->nentries > 1 && i == np->chosen ? "  <= NCCL tries this one first" : "");
 }
 
 static void plugin_text(const struct report *r)
@@ -770,6 +772,8 @@ static void plugin_entry_json(const struct rail_netplugin_entry *e)
 	json_str_or_null(stdout, e->path);
 	printf(", \"abi_versions\": ");
 	abis_json(e->abi_mask);
+	printf(", \"tuner_abi_versions\": ");
+	abis_json(e->tuner_mask);
 	printf(", \"table_name\": ");
 	json_str_or_null(stdout, e->name);
 	printf(", \"is_rail\": %s, \"rail_version\": ", e->is_rail ? "true" : "false");

@@ -280,6 +280,10 @@ static void test_plugin_path(void **state)
 	assert_int_equal(abis->n, 7);
 	for (int i = 0; i < 7; i++)
 		assert_int_equal((int)abis->items[i].num, 6 + i);
+	abis = tj_get(c, "tuner_abi_versions");
+	assert_int_equal(abis->n, 4);
+	for (int i = 0; i < 4; i++)
+		assert_int_equal((int)abis->items[i].num, 3 + i);
 	assert_non_null(strstr(r.out, "is a path: NCCL before 2.21 accepts only a name"));
 	tj_free(&doc);
 	free(r.out);
