@@ -13,6 +13,7 @@
  * flight, like NCCL's pipelined steps. --total moves a given number of
  * bytes instead of the size sweep, and --verify checks every byte of it.
  */
+#include <errno.h>
 #include <getopt.h>
 #include <sched.h>
 #include <inttypes.h>
@@ -683,12 +684,12 @@ static void usage(FILE *f)
 		"                  [-W WINDOW] [-C CONNS] [-x] [-d DEV] [-D PEER_DEV] [-c] [-L|-B]\n"
 		"                  [-t SEC] [--total BYTES [--msg BYTES] [--verify]]\n"
 		"                  [--server [ADDR:]PORT | --client HOST:PORT] [--timeout SEC]\n"
-		"                  [--profiler none|idle|events]\n"
+		"                  [--profiler none|idle|events] [--cpus A,B]\n"
 		"  -b/-e  smallest/largest message (default 8 and 1G; k/M/G suffixes)\n"
 		"  -f     size multiplier per step (default 2)\n"
 		"  -n     most iterations per size (default 1000; fewer for large sizes)\n"
 		"  -W     messages in flight per connection for bandwidth (default 8, at most 64)\n"
-		"  -C     connections per direction, all busy at once (default 1, at most 16)\n"
+		"  -C     connections per direction, all busy at once (default 1, at most 64)\n"
 		"  -x     bandwidth in both directions at once (as in an all-reduce)\n"
 		"  -d/-D  device of this process / of the forked peer (default 0/0)\n"
 		"  -c     check every byte of one transfer per size\n"
@@ -704,6 +705,8 @@ static void usage(FILE *f)
 		"  --profiler M   NCCL's profiler hooks: none (default), idle (a callback that\n"
 		"                 starts no event, as NCCL without a profiler plugin), events\n"
 		"                 (every event started and stopped)\n"
+		"  --cpus A,B     pin this process to CPU A and the forked peer to CPU B (a\n"
+		"                 benchmark aid: the same placement as two pinned perftest sides)\n"
 		"  --corrupt OFF  (test aid) the sender flips the byte at stream offset OFF\n"
 		"  --version      print the version\n"
 		"The transport is the plugin's choice: set NCCL_RAIL_TRANSPORT=tcp|ib to force,\n"
@@ -721,7 +724,7 @@ static int check_opts(const struct bench_opts *o)
 	else if (o->window < 1 || o->window > BENCH_MAX_WINDOW)
 		bad = "-W must be from 1 to 64";
 	else if (o->comms < 1 || o->comms > BENCH_MAX_COMMS)
-		bad = "-C must be from 1 to 16";
+		bad = "-C must be from 1 to 64";
 	else if (o->min_size < 1 || o->max_size < o->min_size)
 		bad = "-b and -e need sizes with MIN <= MAX (k/M/G suffixes)";
 	else if (o->iters < 1)
@@ -766,6 +769,7 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 		{ "timeout", required_argument, NULL, 'O' },
 		{ "corrupt", required_argument, NULL, 'X' },
 		{ "profiler", required_argument, NULL, 'P' },
+		{ "cpus", required_argument, NULL, 'U' },
 		{ "version", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -796,6 +800,13 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'O': o->timeout = atof(optarg); break;
 		case 'X': o->corrupt = 1 + strtoull(optarg, NULL, 0); break;
 		case 'P': bench_prof = parse_prof(optarg); break;
+		case 'U':
+			if (sscanf(optarg, "%d,%d", &o->cpu, &o->peer_cpu) != 2 || o->cpu < 0 ||
+			    o->peer_cpu < 0) {
+				fprintf(stderr, "rail-bench: --cpus takes two CPU numbers, A,B\n");
+				return -1;
+			}
+			break;
 		case 'v': printf("rail-bench (nccl-net-rail) %s\n", RAIL_VERSION_STRING); exit(0);
 		case 'h': usage(stdout); exit(0);
 		default: usage(stderr); return -1;
@@ -809,11 +820,24 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 	return check_opts(o);
 }
 
+/* --cpus: run the calling process on one CPU only. */
+static int pin_cpu(int cpu)
+{
+	cpu_set_t set;
+
+	CPU_ZERO(&set);
+	CPU_SET(cpu, &set);
+	if (sched_setaffinity(0, sizeof(set), &set) == 0)
+		return 0;
+	fprintf(stderr, "rail-bench: --cpus: cannot run on CPU %d: %s\n", cpu, strerror(errno));
+	return -1;
+}
+
 int main(int argc, char **argv)
 {
 	struct bench_opts o = { .min_size = 8, .max_size = 1ull << 30, .factor = 2, .iters = 1000,
 				.warmup = 5, .window = 8, .comms = 1, .seconds = 0.5,
-				.msg = 4u << 20, .timeout = 60 };
+				.msg = 4u << 20, .timeout = 60, .cpu = -1, .peer_cpu = -1 };
 	struct bench_side s = { 0 };
 	int sv[2], status = 0, rc;
 	pid_t pid;
@@ -827,6 +851,8 @@ int main(int argc, char **argv)
 	}
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
 		return 1;
+	if (o.cpu >= 0 && pin_cpu(o.peer_cpu))	/* the child inherits it */
+		return 1;
 	snprintf(s.peer_addr, sizeof(s.peer_addr), "pid %d", (int)getpid());
 	fflush(stdout);
 	pid = fork();
@@ -838,6 +864,8 @@ int main(int argc, char **argv)
 		_exit(run_side(&s, &o));
 	}
 	close(sv[1]);
+	if (o.cpu >= 0 && pin_cpu(o.cpu))
+		return 1;
 	snprintf(s.peer_addr, sizeof(s.peer_addr), "pid %d", (int)pid);
 	s.oob = sv[0];
 	s.dev = o.dev;

@@ -12,7 +12,9 @@
 # BENCH_BW_BYTES (bytes per bandwidth run, default 512 MiB: a few seconds each,
 # rxe's rate swings from second to second), BENCH_WINDOW (rail-bench -W,
 # default 32), BENCH_LAT_ITERS (round trips per latency run, default 20000:
-# about a second, so that a burst of host noise does not decide a round).
+# about a second, so that a burst of host noise does not decide a round),
+# BENCH_CPUS (A,B: pin perftest's server and rail-bench's parent to guest CPU
+# A, perftest's client and rail-bench's forked peer to CPU B; default: no pinning).
 # Prints perftest's and rail-bench's own lines, then one summary table:
 # 8-byte latency (perftest's t_avg and t_typical against rail-bench's mean
 # and median half round trip) and bandwidth in MB/s with rail-bench / perftest ratios, per round,
@@ -25,6 +27,11 @@ read -r -a rbs <<<"${RAIL_BENCH:-build/rail-bench}"
 bw_bytes=${BENCH_BW_BYTES:-536870912}
 lat_iters=${BENCH_LAT_ITERS:-20000}
 window=${BENCH_WINDOW:-32}
+pin_srv=() pin_cli=() pin_rb=()
+if [ -n "${BENCH_CPUS:-}" ]; then
+    pin_srv=(taskset -c "${BENCH_CPUS%,*}") pin_cli=(taskset -c "${BENCH_CPUS#*,}")
+    pin_rb=(--cpus "$BENCH_CPUS")
+fi
 g0=$(rxe_ipv4_gid_index rxe0 "$RXE_IP0") || { echo "no IPv4 GID on rxe0"; exit 1; }
 g1=$(rxe_ipv4_gid_index rxe1 "$RXE_IP1") || { echo "no IPv4 GID on rxe1"; exit 1; }
 export NCCL_RAIL_TRANSPORT=ib
@@ -38,8 +45,8 @@ perf() { # MODE TOOL SIZE ITERS EXTRA...
     [ "$mode" = cross ] && cdev=rxe1 cg=$g1
     port=$((port + 1))
     rxe_pair "$tool" $port 180 \
-        "$tool" -d rxe0 -x "$g0" -p $port -s "$size" -n "$iters" -F "$@" -- \
-        "$tool" -d "$cdev" -x "$cg" -p $port -s "$size" -n "$iters" -F "$@" "$RXE_IP0" |
+        "${pin_srv[@]}" "$tool" -d rxe0 -x "$g0" -p $port -s "$size" -n "$iters" -F "$@" -- \
+        "${pin_cli[@]}" "$tool" -d "$cdev" -x "$cg" -p $port -s "$size" -n "$iters" -F "$@" "$RXE_IP0" |
         grep -E "client\| +$size +[0-9]+ "
 }
 
@@ -49,9 +56,9 @@ rail() { # MODE BINARY ARGS...
     shift 2
     if [ "$mode" = cross ]; then
         # device 0 is rxe0: the parent (role A, the sender in -B runs) on rxe1
-        NCCL_IB_HCA="=rxe0,rxe1" timeout 180 "$rb" -d 1 -D 0 "$@" | tail -1
+        NCCL_IB_HCA="=rxe0,rxe1" timeout 180 "$rb" -d 1 -D 0 "${pin_rb[@]}" "$@" | tail -1
     else
-        NCCL_IB_HCA="=rxe0" timeout 180 "$rb" "$@" | tail -1
+        NCCL_IB_HCA="=rxe0" timeout 180 "$rb" "${pin_rb[@]}" "$@" | tail -1
     fi
 }
 

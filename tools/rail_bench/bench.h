@@ -26,9 +26,10 @@ struct bench_opts {
 	double timeout;	/* seconds to wait for the peer, or for progress */
 	uint64_t corrupt; /* --corrupt: 1 + the stream offset of a byte the sender flips */
 	const char *server, *client;
+	int cpu, peer_cpu;	/* --cpus A,B: CPUs to pin this process and the forked peer to (-1: none) */
 };
 
-#define BENCH_MAX_COMMS 16
+#define BENCH_MAX_COMMS 64
 #define BENCH_MAX_WINDOW 64
 #define BENCH_HELLO_SIZE 1024
 #define BENCH_NOPTS 17
