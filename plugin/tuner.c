@@ -3,9 +3,6 @@
  * library (ncclTunerPlugin_v3 .. v6), each a thin conversion to src/tuner.h.
  * NCCL tries the newest version it knows first.
  */
-#include <errno.h>
-
-#include "api.h"
 #include "nccl_tuner.h"
 #include "shim.h"
 #include "tuner.h"
@@ -43,9 +40,10 @@ static ncclResult_t tuner_init_v5(void **context, uint64_t comm_id, size_t nrank
 static ncclResult_t tuner_coll_v3(void *context, ncclFunc_t coll, size_t nbytes, int pipe_ops,
 				  float **table, int nalgo, int nproto, int *nchannels)
 {
+	(void)coll;
 	(void)pipe_ops;
 	(void)nchannels;	/* unset: NCCL chooses */
-	rail_tuner_adjust(context, (int)coll, nbytes, (float *)table, nalgo, nproto);
+	rail_tuner_adjust(context, nbytes, (float *)table, nalgo, nproto);
 	return ncclSuccess;
 }
 

@@ -134,7 +134,7 @@ static void inspect(void *h, struct rail_netplugin_entry *e)
 		e->newest_abi = v;
 	}
 	/* NCCL takes a tuner from the net plugin's library when NCCL_TUNER_PLUGIN names none. */
-	for (int v = 2; v <= 6; v++) {
+	for (int v = RAIL_TUNER_ABI_MIN; v <= RAIL_TUNER_ABI_MAX; v++) {
 		char sym[32];
 
 		snprintf(sym, sizeof(sym), "ncclTunerPlugin_v%d", v);

@@ -17,6 +17,9 @@
 #define RAIL_NETPLUGIN_MAX_ENTRIES 14
 #define RAIL_NETPLUGIN_ABI_MIN 2
 #define RAIL_NETPLUGIN_ABI_MAX 12
+/* NCCL's tuner ABIs (ncclTunerPlugin_vN), which it also looks for in the net plugin's library. */
+#define RAIL_TUNER_ABI_MIN 2
+#define RAIL_TUNER_ABI_MAX 6
 /* The ABIs NCCL 2.28 and later still probe. */
 #define RAIL_NETPLUGIN_ABI_PROBED 6
 

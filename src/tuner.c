@@ -27,7 +27,6 @@
 #define RAIL_LOG_TUNING 0x40ul	/* NCCL_TUNING */
 
 struct rail_tuner {
-	size_t nranks, nnodes;
 	double us_per_mib;	/* 0: inactive */
 };
 
@@ -55,36 +54,27 @@ int rail_tuner_open(size_t nranks, size_t nnodes, struct rail_tuner **out)
 
 	if (!t)
 		return -ENOMEM;
-	t->nranks = nranks;
-	t->nnodes = nnodes;
 	why = tuner_idle_why(nnodes, penalty);
-	if (!why)
-		t->us_per_mib = (double)penalty;
-	if (why)
+	if (why) {
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_TUNING,
 			  "tuner: %zu ranks on %zu nodes: NCCL's choices left alone (%s)",
 			  nranks, nnodes, why);
-	else
+	} else {
+		t->us_per_mib = (double)penalty;
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_TUNING,
 			  "tuner: %zu ranks on %zu nodes over TCP: LL costs %.0f us "
 			  "more per MiB than NCCL's model (NCCL_RAIL_TCP_LL_PENALTY)",
 			  nranks, nnodes, t->us_per_mib);
+	}
 	*out = t;
 	return 0;
 }
 
-int rail_tuner_active(const struct rail_tuner *t)
-{
-	return t && t->us_per_mib > 0;
-}
-
-void rail_tuner_adjust(struct rail_tuner *t, int coll, size_t nbytes, float *table, int nalgo,
-		       int nproto)
+void rail_tuner_adjust(struct rail_tuner *t, size_t nbytes, float *table, int nalgo, int nproto)
 {
 	float extra;
 
-	(void)coll;
-	if (!rail_tuner_active(t) || !table || nproto <= NCCL_PROTO_LL || nalgo <= 0)
+	if (!t || t->us_per_mib <= 0 || !table || nproto <= NCCL_PROTO_LL || nalgo <= 0)
 		return;
 	extra = (float)(t->us_per_mib * ((double)nbytes / (1024.0 * 1024.0)));
 	for (int a = 0; a < nalgo; a++) {

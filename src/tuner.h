@@ -17,14 +17,12 @@ struct rail_tuner;
  * success (-ENOMEM otherwise): inactive when there is nothing to correct.
  */
 int rail_tuner_open(size_t nranks, size_t nnodes, struct rail_tuner **out);
-/* 1 when the context changes costs. */
-int rail_tuner_active(const struct rail_tuner *t);
 /*
- * NCCL's cost table for one collective of nbytes: nalgo x nproto floats in
- * microseconds, negative for pairs NCCL does not consider (left as they are).
+ * NCCL's cost table for one collective of nbytes (any collective: the rule
+ * does not depend on which): nalgo x nproto floats in microseconds, negative
+ * for pairs NCCL does not consider (left as they are).
  */
-void rail_tuner_adjust(struct rail_tuner *t, int coll, size_t nbytes, float *table, int nalgo,
-		       int nproto);
+void rail_tuner_adjust(struct rail_tuner *t, size_t nbytes, float *table, int nalgo, int nproto);
 void rail_tuner_close(struct rail_tuner *t);
 
 #endif

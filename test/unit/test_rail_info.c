@@ -468,15 +468,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_text_consistent),
 		cmocka_unit_test(test_json_python),
 	};
-	char here[PATH_MAX], *slash;
-
 	/* build/test/unit/test_rail_info -> build/ */
 	(void)argc;
-	rail_strlcpy(here, argv[0], sizeof(here));
-	for (int up = 0; up < 3 && (slash = strrchr(here, '/')); up++)
-		*slash = '\0';
-	if (!strrchr(argv[0], '/') || !realpath(here, build_dir))
-		rail_strlcpy(build_dir, "build", sizeof(build_dir));
+	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
 	snprintf(rail_info, sizeof(rail_info), "%.*s/rail-info", PATH_MAX - 16, build_dir);
 	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

@@ -274,14 +274,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test(test_flight_refused_coalesce),
 		cmocka_unit_test(test_flight_dump_once),
 	};
-	char here[PATH_MAX], *slash;
-
 	/* build/test/unit/test_stats -> build/ */
 	(void)argc;
-	rail_strlcpy(here, argv[0], sizeof(here));
-	for (int up = 0; up < 3 && (slash = strrchr(here, '/')); up++)
-		*slash = '\0';
-	if (!strrchr(argv[0], '/') || !realpath(here, build_dir))
-		rail_strlcpy(build_dir, "build", sizeof(build_dir));
+	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
 	return cmocka_run_group_tests(tests, NULL, NULL);
 }

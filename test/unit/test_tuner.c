@@ -271,17 +271,11 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_choice_moves_with_size, need_plugin),
 		cmocka_unit_test_setup(test_every_version, need_plugin),
 	};
-	char here[PATH_MAX], *slash;
+	char build_dir[PATH_MAX];
 
 	/* build/test/unit/test_tuner -> build/libnccl-net-rail.so */
 	(void)argc;
-	rail_strlcpy(here, argv[0], sizeof(here));
-	for (int up = 0; up < 2 && (slash = strrchr(here, '/')); up++)
-		*slash = '\0';
-	if ((slash = strrchr(here, '/')))
-		*slash = '\0';
-	else
-		rail_strlcpy(here, "build", sizeof(here));
-	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, here);
+	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
+	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -13,6 +13,7 @@
 #ifndef RAIL_UNIT_H
 #define RAIL_UNIT_H
 
+#include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -26,6 +27,21 @@
 
 #include "log.h"
 #include "nccl_common.h"
+
+/*
+ * The build folder of a test binary (build/test/unit/test_x -> build,
+ * resolved), or "build" when argv0 names no folder; out holds PATH_MAX.
+ */
+static inline void unit_build_dir(const char *argv0, char *out, size_t len)
+{
+	char here[PATH_MAX], *slash;
+
+	snprintf(here, sizeof(here), "%s", argv0);
+	for (int up = 0; up < 3 && (slash = strrchr(here, '/')); up++)
+		*slash = '\0';
+	if (!strrchr(argv0, '/') || len < PATH_MAX || !realpath(here, out))
+		snprintf(out, len, "build");
+}
 
 #define UNIT_LOG_MAX_LINES 256
 #define UNIT_LOG_LINE_LEN 1024
