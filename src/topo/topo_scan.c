@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -207,13 +208,13 @@ static int parse_rate(const char *s)
 	char *end;
 	double v = strtod(s, &end);
 
-	if (end == s || v <= 0)
+	if (end == s || !(v > 0))	/* also NaN */
 		return 0;
 	while (*end == ' ')
 		end++;
-	if (!strncmp(end, "Mb", 2))
-		return (int)v;
-	return (int)(v * 1000.0);
+	if (strncmp(end, "Mb", 2))
+		v *= 1000.0;
+	return v >= (double)INT_MAX ? INT_MAX : (int)v;	/* a rate no int holds (fuzz_sysfs) */
 }
 
 /* The netdev of an RDMA port: gid_attrs/ndevs/0 (RoCE), else device/net/ by dev_port. */
