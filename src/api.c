@@ -590,6 +590,7 @@ static struct rail_req *req_get(struct rail_comm *c, int type, int n, const char
 	r->stamp = ++c->stamp & RAIL_H_STAMP_MASK;
 	*h = rail_h_req_encode(c->hidx, i, r->stamp);
 	*slot = i;
+	r->slot = i;
 	return r;
 }
 
@@ -819,12 +820,6 @@ static struct rail_req *req_of(void *request)
 	return r;
 }
 
-static uint32_t req_slot(const struct rail_req *r)
-{
-	const struct rail_pool *p = &r->comm->reqs;
-
-	return (uint32_t)(((const unsigned char *)r - p->mem) / p->elem_size);
-}
 
 /* Count a completed request and note it in the flight record. */
 static inline void req_done(struct rail_req *r, const size_t *got)
@@ -850,7 +845,7 @@ static inline void req_done(struct rail_req *r, const size_t *got)
 		rail_stats_latency(&c->st, lat);
 		lat_us = lat / 1000 > INT32_MAX ? INT32_MAX : (int32_t)(lat / 1000);
 	}
-	rail_flight_add(&c->fl, now, RAIL_FEV_DONE, (uint16_t)req_slot(r), bytes, r->tag, lat_us);
+	rail_flight_add(&c->fl, now, RAIL_FEV_DONE, (uint16_t)r->slot, bytes, r->tag, lat_us);
 }
 
 ncclResult_t rail_net_test(void *request, int *done, int *sizes)
@@ -866,7 +861,7 @@ ncclResult_t rail_net_test(void *request, int *done, int *sizes)
 	}
 	err = r->comm->ops->test(r, &d, got);
 	if (err) {
-		comm_failed(r->comm, r, req_slot(r), "test", err);
+		comm_failed(r->comm, r, r->slot, "test", err);
 		req_put(r);
 		return rail_result(err);
 	}

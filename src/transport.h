@@ -92,6 +92,7 @@ struct rail_req {
 	int type;
 	int n;
 	uint32_t stamp;		/* api.c: must match the handle's (src/handles.h) */
+	uint32_t slot;		/* api.c: its index in the comm's pool */
 	struct rail_comm *comm;
 	/*
 	 * api.c: when it was posted (rail_coarse_ns), and what, for the flight
