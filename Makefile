@@ -70,6 +70,7 @@ PLUGIN_OBJS := $(PLUGIN_SRCS:%.c=$(BUILD)/obj/%.o)
 CONF_OBJS   := $(CONF_SRCS:%.c=$(BUILD)/obj/%.o)
 
 CORE_LIB    := $(BUILD)/librail-core.a
+PINGPONG    := $(BUILD)/test/perf/pingpong
 PLUGIN      := $(BUILD)/libnccl-net-rail.so
 TOOLS       := $(patsubst tools/%.c,$(BUILD)/%,$(subst _,-,$(TOOL_SRCS)))
 UNIT_TESTS  := $(UNIT_SRCS:test/unit/%.c=$(BUILD)/test/unit/%)
@@ -86,7 +87,7 @@ all: plugin tools
 
 plugin: $(PLUGIN)
 tools: $(TOOLS)
-tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS) $(FAKEMLX5)
+tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS) $(FAKEMLX5) $(PINGPONG)
 
 # Every object depends on VERSION: the number is compiled in (src/rail.h).
 $(BUILD)/obj/%.o: %.c VERSION
@@ -111,6 +112,12 @@ $(TOOLS): $(BUILD)/%: $$(subst -,_,tools/%.c) $$(wildcard $$(subst -,_,tools/%)/
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) -Itools $(CFLAGS) $(LDFLAGS) -o $@ $(filter %.c,$^) $(CORE_LIB) $(LDLIBS)
+
+# test/perf/pingpong.c: the verbs data path counted in instructions (test/perf/instr.sh).
+$(PINGPONG): test/perf/pingpong.c $(CORE_LIB) VERSION
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
 $(BUILD)/test/unit/%: test/unit/%.c $(CORE_LIB) VERSION
 	@mkdir -p $(dir $@)

@@ -40,10 +40,13 @@ static ncclResult_t tuner_init_v5(void **context, uint64_t comm_id, size_t nrank
 static ncclResult_t tuner_coll_v3(void *context, ncclFunc_t coll, size_t nbytes, int pipe_ops,
 				  float **table, int nalgo, int nproto, int *nchannels)
 {
-	(void)coll;
+	int nc;
+
 	(void)pipe_ops;
-	(void)nchannels;	/* unset: NCCL chooses */
 	rail_tuner_adjust(context, nbytes, (float *)table, nalgo, nproto);
+	nc = rail_tuner_channels(context, (int)coll, nbytes, (const float *)table, nalgo, nproto);
+	if (nc > 0 && nchannels)
+		*nchannels = nc;	/* 0, left alone: NCCL chooses */
 	return ncclSuccess;
 }
 

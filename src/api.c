@@ -644,7 +644,7 @@ static void comm_failed(struct rail_comm *c, const struct rail_req *r, uint32_t 
 static inline void req_posted(struct rail_comm *c, struct rail_req *r, uint32_t slot,
 			      uint8_t ev, uint64_t size, int tag, int n)
 {
-	uint64_t now = rail_coarse_ns();
+	uint64_t now = rail_flight_now(&c->fl);
 
 	r->t_post = now;
 	r->t_lat = c->lat_tick++ % RAIL_LAT_EVERY == 0 ? rail_now_ns() : 0;
@@ -693,6 +693,7 @@ ncclResult_t rail_net_isend_ph(void *send_comm, void *data, size_t size, int tag
 
 	if (!c || !request || mr_of(mhandle, "isend", &mh))
 		return ncclInternalError;
+	rail_flight_call(&c->fl);
 	r = req_get(c, RAIL_REQ_SEND, 1, "isend", &h, &slot);
 	if (!r)
 		return ncclInternalError;
@@ -743,6 +744,7 @@ ncclResult_t rail_net_irecv_ph(void *recv_comm, int n, void **data, size_t *size
 	}
 	if (mhandles && mrs_of(n, mhandles, mhs, "irecv"))
 		return ncclInternalError;
+	rail_flight_call(&c->fl);
 	r = req_get(c, RAIL_REQ_RECV, n, "irecv", &h, &slot);
 	if (!r)
 		return ncclInternalError;
@@ -784,6 +786,7 @@ ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
 		return ncclInternalError;
 	if (mhandles && mrs_of(n, mhandles, mhs, "iflush"))
 		return ncclInternalError;
+	rail_flight_call(&c->fl);
 	r = req_get(c, RAIL_REQ_FLUSH, n, "iflush", &h, &slot);
 	if (!r)
 		return ncclInternalError;
@@ -825,7 +828,7 @@ static struct rail_req *req_of(void *request)
 static inline void req_done(struct rail_req *r, const size_t *got)
 {
 	struct rail_comm *c = r->comm;
-	uint64_t now = rail_coarse_ns(), bytes = 0;
+	uint64_t now = rail_flight_now(&c->fl), bytes = 0;
 	int32_t lat_us = -1;
 
 	if (r->type == RAIL_REQ_SEND) {
@@ -859,6 +862,7 @@ ncclResult_t rail_net_test(void *request, int *done, int *sizes)
 			  "or failed, or its comm was closed)", request);
 		return ncclInternalError;
 	}
+	rail_flight_call(&r->comm->fl);
 	err = r->comm->ops->test(r, &d, got);
 	if (err) {
 		comm_failed(r->comm, r, r->slot, "test", err);
@@ -896,6 +900,7 @@ static ncclResult_t close_comm(void *p, enum rail_comm_kind kind, const char *ca
 
 	if (!c)
 		return ncclInternalError;
+	rail_flight_call(&c->fl);
 	/* Registrations NCCL did not deregister go with the comm (their handles die too). */
 	while (rail_h_take_owned((uintptr_t)p, &mh)) {
 		c->ops->dereg_mr(c, mh);

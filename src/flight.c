@@ -35,13 +35,20 @@ const char *rail_fev_name(uint8_t type)
 	return type < RAIL_FEV_NTYPES && fev_names[type] ? fev_names[type] : "?";
 }
 
+uint64_t rail_flight_now(struct rail_flight *f)
+{
+	if (!f->now)
+		f->now = rail_coarse_ns();
+	return f->now;
+}
+
 void rail_flight_add(struct rail_flight *f, uint64_t ns, uint8_t type, uint16_t slot,
 		     uint64_t size, int32_t tag, int32_t arg)
 {
 	struct rail_fev *e;
 
 	if (!ns)
-		ns = rail_coarse_ns();
+		ns = rail_flight_now(f);
 	/* A refusal repeats while NCCL retries: count it in the last event instead. */
 	if (type == RAIL_FEV_REFUSED && f->head) {
 		e = &f->ev[(f->head - 1) & (RAIL_FLIGHT_N - 1)];

@@ -55,10 +55,25 @@ struct rail_fev {
 struct rail_flight {
 	uint32_t head;		/* events ever added; the next goes to head % N */
 	uint32_t logged;	/* the record was logged (once per comm) */
+	/*
+	 * The time of the API call in progress on the comm, read at its first
+	 * event (rail_flight_now); api.c clears it as each call starts. A
+	 * message's events (posted, eager, done) share one clock read.
+	 */
+	uint64_t now;
 	struct rail_fev ev[RAIL_FLIGHT_N];
 };
 
-/* Add an event at time ns (0: read the clock now). */
+/* The coarse time of the call in progress (read once per call). */
+uint64_t rail_flight_now(struct rail_flight *f);
+
+/* A new API call on the comm starts: its events get a fresh time. */
+static inline void rail_flight_call(struct rail_flight *f)
+{
+	f->now = 0;
+}
+
+/* Add an event at time ns (0: the call's time, rail_flight_now). */
 void rail_flight_add(struct rail_flight *f, uint64_t ns, uint8_t type, uint16_t slot,
 		     uint64_t size, int32_t tag, int32_t arg);
 

@@ -13,8 +13,17 @@
  * with the steps of the algorithm (about 16 KiB at 2 ranks, 64 KiB at 4,
  * 128 KiB at 8 for the default 2048). LL is never removed: when NCCL
  * considers nothing else (NCCL_PROTO=LL), it is still chosen.
+ *
+ * Channels: a ring collective of n bytes on c channels and r ranks sends
+ * messages of n / (c x r) bytes per step. NCCL opens as many channels as the
+ * speed we report deserves (4 at 2 ranks for loopback's 240 Gbps) and uses
+ * them all from a few hundred KiB, where TCP's fixed cost per message (a
+ * hand-off to a helper thread, a wake-up) outweighs what a channel adds.
+ * For Ring/Simple, the tuner asks for n / (r x NCCL_RAIL_TCP_MIN_STEP)
+ * channels when that is 1 or 2, and leaves larger collectives alone.
  */
 #include <errno.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -28,6 +37,8 @@
 
 struct rail_tuner {
 	double us_per_mib;	/* 0: inactive */
+	size_t nranks;
+	uint64_t min_step;	/* 0: channels left to NCCL */
 };
 
 /* Why a context is inactive, or NULL when it is active. */
@@ -61,10 +72,14 @@ int rail_tuner_open(size_t nranks, size_t nnodes, struct rail_tuner **out)
 			  nranks, nnodes, why);
 	} else {
 		t->us_per_mib = (double)penalty;
+		t->nranks = nranks;
+		t->min_step = (uint64_t)rail_param_int(RAIL_P_TCP_MIN_STEP);
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_TUNING,
 			  "tuner: %zu ranks on %zu nodes over TCP: LL costs %.0f us "
-			  "more per MiB than NCCL's model (NCCL_RAIL_TCP_LL_PENALTY)",
-			  nranks, nnodes, t->us_per_mib);
+			  "more per MiB than NCCL's model (NCCL_RAIL_TCP_LL_PENALTY); ring "
+			  "steps of at least %llu bytes (NCCL_RAIL_TCP_MIN_STEP%s)", nranks, nnodes,
+			  t->us_per_mib, (unsigned long long)t->min_step,
+			  t->min_step ? "" : "=0: channels left to NCCL");
 	}
 	*out = t;
 	return 0;
@@ -83,6 +98,40 @@ void rail_tuner_adjust(struct rail_tuner *t, size_t nbytes, float *table, int na
 		if (*ll >= 0)
 			*ll += extra;
 	}
+}
+
+/* The algorithm of the cheapest entry NCCL considers, or -1. */
+static int cheapest(const float *table, int nalgo, int nproto, int *proto)
+{
+	int best = -1;
+
+	for (int a = 0; a < nalgo; a++) {
+		for (int p = 0; p < nproto; p++) {
+			float v = table[a * nproto + p];
+
+			if (v >= 0 && (best < 0 || v < table[best]))
+				best = a * nproto + p;
+		}
+	}
+	*proto = best < 0 ? -1 : best % nproto;
+	return best < 0 ? -1 : best / nproto;
+}
+
+int rail_tuner_channels(const struct rail_tuner *t, int coll, size_t nbytes, const float *table,
+			int nalgo, int nproto)
+{
+	uint64_t want;
+	int proto;
+
+	if (!t || t->us_per_mib <= 0 || !t->min_step || !table || t->nranks < 2)
+		return 0;
+	if (coll != ncclFuncAllReduce && coll != ncclFuncAllGather &&
+	    coll != ncclFuncReduceScatter)
+		return 0;
+	if (cheapest(table, nalgo, nproto, &proto) != NCCL_ALGO_RING || proto != NCCL_PROTO_SIMPLE)
+		return 0;
+	want = (uint64_t)nbytes / ((uint64_t)t->nranks * t->min_step);
+	return want > 2 ? 0 : want < 1 ? 1 : (int)want;
 }
 
 void rail_tuner_close(struct rail_tuner *t)

@@ -6,7 +6,9 @@
  * table. Checked: LL gets NCCL_RAIL_TCP_LL_PENALTY us per MiB on TCP across
  * nodes, and nothing changes on one node, before NCCL uses the network, with
  * the penalty 0, or in entries NCCL ignores; every exported version (v3-v6)
- * does the same; small collectives keep LL, mid-size ones move to Simple.
+ * does the same; small collectives keep LL, mid-size ones move to Simple;
+ * a mid-size ring collective gets the channels that keep its steps at
+ * NCCL_RAIL_TCP_MIN_STEP or more.
  * Skips, saying why, when the plugin is not built.
  */
 #include "unit.h"
@@ -83,8 +85,9 @@ static void table_fill(float t[NALGO][NPROTO], float ll, float simple)
 	}
 }
 
-/* One collective through the v5 table (NCCL 2.27-2.29 load it). */
-static void coll_v5(size_t nranks, size_t nnodes, size_t nbytes, float t[NALGO][NPROTO])
+/* One collective coll through the v5 table (NCCL 2.27-2.29 load it): the channels it asked. */
+static int coll_v5_func(ncclFunc_t coll, size_t nranks, size_t nnodes, size_t nbytes,
+			float t[NALGO][NPROTO])
 {
 	ncclTuner_v5_t *tuner = sym("ncclTunerPlugin_v5");
 	void *ctx = NULL;
@@ -93,11 +96,17 @@ static void coll_v5(size_t nranks, size_t nnodes, size_t nbytes, float t[NALGO][
 	assert_int_equal(tuner->init(&ctx, 1, nranks, nnodes, quiet_logger, NULL, NULL),
 			 ncclSuccess);
 	assert_non_null(ctx);
-	assert_int_equal(tuner->getCollInfo(ctx, ncclFuncAllReduce, nbytes, 1, (float **)t, NALGO,
-					    NPROTO, 0, &nch),
+	assert_int_equal(tuner->getCollInfo(ctx, coll, nbytes, 1, (float **)t, NALGO, NPROTO, 0,
+					    &nch),
 			 ncclSuccess);
-	assert_int_equal(nch, 0);	/* channels are left to NCCL */
 	assert_int_equal(tuner->finalize(ctx), ncclSuccess);
+	return nch;
+}
+
+/* An all-reduce whose cheapest entry is not Ring/Simple: channels stay NCCL's. */
+static void coll_v5(size_t nranks, size_t nnodes, size_t nbytes, float t[NALGO][NPROTO])
+{
+	assert_int_equal(coll_v5_func(ncclFuncAllReduce, nranks, nnodes, nbytes, t), 0);
 }
 
 static void assert_untouched(float t[NALGO][NPROTO], float ll, float simple)
@@ -194,6 +203,71 @@ static void test_choice_moves_with_size(void **state)
 	net_down();
 }
 
+/* Ring and Tree with Simple at 40 and 50 us (Ring cheapest), LL at 100. */
+static void ring_table(float t[NALGO][NPROTO])
+{
+	table_fill(t, 100, 50);
+	t[NCCL_ALGO_RING][NCCL_PROTO_SIMPLE] = 40;
+}
+
+/*
+ * A ring step moves bytes / (channels x ranks): below NCCL_RAIL_TCP_MIN_STEP
+ * (256 KiB) the tuner asks for 1 or 2 channels, and leaves larger
+ * collectives, other algorithms and protocols, other collectives and the
+ * switched-off case to NCCL.
+ */
+static void test_channels_keep_ring_steps_large(void **state)
+{
+	static const struct {
+		size_t nranks, nbytes;
+		int want;
+	} cases[] = {
+		{ 2, 128 << 10, 1 }, { 2, 512 << 10, 1 }, { 2, 1 << 20, 2 },
+		{ 2, 1280 << 10, 2 }, { 2, 1536 << 10, 0 }, { 2, 2 << 20, 0 },
+		{ 2, 64 << 20, 0 }, { 8, 1 << 20, 1 }, { 8, 2 << 20, 1 },
+		{ 8, 4 << 20, 2 }, { 8, 8 << 20, 0 },
+	};
+	float t[NALGO][NPROTO];
+
+	(void)state;
+	net_up(NULL, 1);
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		int got;
+
+		ring_table(t);
+		got = coll_v5_func(ncclFuncAllReduce, cases[i].nranks, cases[i].nranks,
+				   cases[i].nbytes, t);
+		if (got != cases[i].want)
+			fail_msg("%zu ranks, %zu bytes: %d channels asked, want %d", cases[i].nranks,
+				 cases[i].nbytes, got, cases[i].want);
+	}
+	ring_table(t);
+	assert_int_equal(coll_v5_func(ncclFuncAllGather, 2, 2, 1 << 20, t), 2);
+	ring_table(t);
+	assert_int_equal(coll_v5_func(ncclFuncReduceScatter, 2, 2, 512 << 10, t), 1);
+	ring_table(t);	/* a pipeline: its steps are not bytes / ranks */
+	assert_int_equal(coll_v5_func(ncclFuncBroadcast, 2, 2, 512 << 10, t), 0);
+	table_fill(t, 100, 50);	/* Tree first among equals */
+	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 2, 2, 512 << 10, t), 0);
+	table_fill(t, 100, NCCL_ALGO_PROTO_IGNORE);	/* only LL considered */
+	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 2, 2, 512 << 10, t), 0);
+	ring_table(t);	/* one node */
+	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 2, 1, 512 << 10, t), 0);
+	net_down();
+
+	setenv("NCCL_RAIL_TCP_MIN_STEP", "0", 1);
+	net_up(NULL, 1);
+	ring_table(t);
+	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 2, 2, 512 << 10, t), 0);
+	net_down();
+	setenv("NCCL_RAIL_TCP_MIN_STEP", "1m", 1);
+	net_up(NULL, 1);
+	ring_table(t);
+	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 8, 8, 8 << 20, t), 1);
+	net_down();
+	unsetenv("NCCL_RAIL_TCP_MIN_STEP");
+}
+
 /* v3, v4 and v6 give the same table as v5. */
 static void test_every_version(void **state)
 {
@@ -234,6 +308,21 @@ static void test_every_version(void **state)
 	assert_int_equal(v6->finalize(ctx), ncclSuccess);
 	assert_memory_equal(t, want, sizeof(t));
 	assert_int_equal(nch, 0);
+
+	/* and ask the same channels */
+	ring_table(t);
+	assert_int_equal(v3->init(2, 2, quiet_logger, &ctx), ncclSuccess);
+	assert_int_equal(v3->getCollInfo(ctx, ncclFuncAllReduce, 1 << 20, 1, (float **)t, NALGO,
+					 NPROTO, &nch), ncclSuccess);
+	assert_int_equal(v3->destroy(ctx), ncclSuccess);
+	assert_int_equal(nch, 2);
+	nch = 0;
+	ring_table(t);
+	assert_int_equal(v6->init(&ctx, 7, 2, 2, quiet_logger, NULL, NULL), ncclSuccess);
+	assert_int_equal(v6->getCollInfo(ctx, ncclFuncAllReduce, 1 << 20, 1, (float **)t, NALGO,
+					 NPROTO, 0, &nch), ncclSuccess);
+	assert_int_equal(v6->finalize(ctx), ncclSuccess);
+	assert_int_equal(nch, 2);
 	net_down();
 }
 
@@ -269,6 +358,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_untouched_cases, need_plugin),
 		cmocka_unit_test_setup(test_penalty_set_by_environment, need_plugin),
 		cmocka_unit_test_setup(test_choice_moves_with_size, need_plugin),
+		cmocka_unit_test_setup(test_channels_keep_ring_steps_large, need_plugin),
 		cmocka_unit_test_setup(test_every_version, need_plugin),
 	};
 	char build_dir[PATH_MAX];
