@@ -589,6 +589,8 @@ int rail_ib_eager_refused(struct rail_ib_comm *c, const char *call);
 int rail_ib_ring_poll(struct rail_ib_comm *c);
 /* Receiver: whether the next ring slot holds a new message (one load). */
 int rail_ib_ring_peek(struct rail_ib_comm *c);
+/* Order-safe receiver: whether the next message's completion may be in the CQ (one load). */
+int rail_ib_ring_due(struct rail_ib_comm *c);
 /* Receiver: messages already in the ring for a receive just posted. */
 int rail_ib_ring_match_recv(struct rail_ib_comm *c, struct rail_ib_req *r);
 int rail_ib_on_loop(struct rail_ib_comm *c, uint32_t slot);

@@ -450,6 +450,23 @@ int rail_ib_ring_peek(struct rail_ib_comm *c)
 				 RAIL_IB_EAGER_TRAILER) == c->e_seen + 1;
 }
 
+/*
+ * Order-safe ring: whether the next message's completion may be in the CQ.
+ * Its trailer (every eager write carries one, with the message's seq) is
+ * placed before the completion is written, so while the slot holds an older
+ * seq there is nothing to poll for. A trailer placed early (out of order)
+ * only costs a poll that finds nothing yet.
+ */
+int rail_ib_ring_due(struct rail_ib_comm *c)
+{
+	uint32_t e = c->e_placed;
+
+	if (!c->eager_slots || e - c->e_head >= (uint32_t)c->eager_slots)
+		return 1;
+	return rail_ib_eager_seq(ring_slot(c, e) + c->eager_slot_bytes - RAIL_IB_EAGER_TRAILER) ==
+	       e + 1;
+}
+
 int rail_ib_ring_poll(struct rail_ib_comm *c)
 {
 	char why[200];

@@ -399,8 +399,8 @@ int rail_ib_recv_fast(struct rail_ib_comm *c, struct rail_ib_req *r)
 	if (r->base.type != RAIL_REQ_RECV || r->cts >= 0 || r->loops || c->cts_owed ||
 	    !c->eager_slots || c->error || (++c->fast_polls & 15) == 0)
 		return 0;
-	/* Order-safe ring: arrivals are receive completions. */
-	err = c->eager_safe ? rail_ib_poll(c) : 0;
+	/* Order-safe ring: arrivals are receive completions, once the trailer shows. */
+	err = c->eager_safe && rail_ib_ring_due(c) ? rail_ib_poll(c) : 0;
 	if (err)
 		return err;
 	if (!rail_ib_ring_peek(c)) {
