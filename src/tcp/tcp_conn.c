@@ -129,6 +129,7 @@ static void stage_layout(struct tcp_stage *s)
 {
 	int nt = (int)rail_param_int(RAIL_P_SOCKET_NTHREADS);
 	int spt = (int)rail_param_int(RAIL_P_NSOCKS_PERTHREAD);
+	char why[128];
 
 	if (nt <= 0)
 		nt = TCP_DEFAULT_THREADS;
@@ -136,7 +137,7 @@ static void stage_layout(struct tcp_stage *s)
 		spt = TCP_DEFAULT_SOCKS_PER_THREAD;
 	s->layout.nthreads = (uint16_t)RAIL_MIN(nt, TCP_MAX_THREADS);
 	s->layout.nsocks = (uint16_t)RAIL_MIN(s->layout.nthreads * spt, TCP_MAX_SOCKS);
-	s->layout.inline_max = (uint32_t)rail_param_int(RAIL_P_TCP_INLINE);
+	s->layout.inline_max = tcp_inline_max(why, sizeof(why));
 	s->layout.min_chunk = (uint32_t)rail_param_int(RAIL_P_TCP_MIN_CHUNK);
 	s->layout.nonce = s->h.nonce;
 	s->layout.conn_id = rail_random64();

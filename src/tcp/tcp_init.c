@@ -129,8 +129,9 @@ static void tcp_describe(char *buf, size_t len)
 	size_t off = 0;
 	int nt = (int)rail_param_int(RAIL_P_SOCKET_NTHREADS);
 	int ns = (int)rail_param_int(RAIL_P_NSOCKS_PERTHREAD);
-	char why[128];
+	char why[128], iwhy[128];
 	int pool = tcp_pool_size(why, sizeof(why));
+	uint32_t inl = tcp_inline_max(iwhy, sizeof(iwhy));
 
 	off += (size_t)snprintf(buf, len, "interfaces (%s):", tcp_rule);
 	for (int i = 0; i < tcp_ndevs && off < len; i++)
@@ -139,10 +140,11 @@ static void tcp_describe(char *buf, size_t len)
 					tcp_devs[i].speed / 1000);
 	if (off < len)
 		snprintf(buf + off, len - off, "; %d data sockets per connection, moved by at most "
-			 "%d helper threads per process (%s), shared by all connections",
+			 "%d helper threads per process (%s), shared by all connections; messages "
+			 "up to %u KiB on the control socket (%s)",
 			 RAIL_MIN((nt > 0 ? nt : TCP_DEFAULT_THREADS) *
 				  (ns > 0 ? ns : TCP_DEFAULT_SOCKS_PER_THREAD), TCP_MAX_SOCKS),
-			 pool, why);
+			 pool, why, inl >> 10, iwhy);
 }
 
 /*

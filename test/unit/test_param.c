@@ -167,7 +167,7 @@ static void test_size_suffixes(void **state)
 	int64_t v;
 
 	(void)state;
-	/* NCCL_RAIL_TCP_INLINE: [0, 4M], default 16k */
+	/* NCCL_RAIL_TCP_INLINE: [0, 4M], default auto */
 	expect_ok(RAIL_P_TCP_INLINE, "64k", 64 * 1024);
 	expect_ok(RAIL_P_TCP_INLINE, "64K", 64 * 1024);
 	expect_ok(RAIL_P_TCP_INLINE, "64kb", 64 * 1024);
@@ -190,7 +190,8 @@ static void test_size_suffixes(void **state)
 	expect_bad(RAIL_P_SOCKET_SNDBUF, "2g");	 /* parses as 2 GiB, above max */
 	expect_bad(RAIL_P_SOCKET_SNDBUF, "4095"); /* below min */
 	/* "auto" only where the default is auto */
-	expect_bad(RAIL_P_TCP_INLINE, "auto");
+	expect_ok(RAIL_P_TCP_INLINE, "auto", RAIL_PARAM_AUTO);
+	expect_bad(RAIL_P_TCP_MIN_CHUNK, "auto");
 	/* negative and junk */
 	expect_bad(RAIL_P_TCP_INLINE, "-1");
 	expect_bad(RAIL_P_TCP_INLINE, "-64k");
@@ -313,7 +314,7 @@ static void test_env_bad_value_warns_and_keeps_default(void **state)
 	assert_string_equal(rail_param_str(RAIL_P_IB_TIMEOUT), "20");
 	assert_false(rail_param_is_set(RAIL_P_IB_TIMEOUT));
 	assert_int_equal(rail_param_int(RAIL_P_IB_DISABLE), 0);
-	assert_int_equal(rail_param_int(RAIL_P_TCP_INLINE), 16 * 1024);
+	assert_int_equal(rail_param_int(RAIL_P_TCP_INLINE), RAIL_PARAM_AUTO);
 	assert_int_equal(rail_param_int(RAIL_P_TRANSPORT), 0);
 	assert_string_equal(rail_param_str(RAIL_P_TRANSPORT), "auto");
 }
@@ -355,7 +356,7 @@ static void test_env_good_value_logged(void **state)
 	rail_params_reload();
 	assert_int_equal(rail_param_int(RAIL_P_IB_TIMEOUT), 20);
 	assert_false(rail_param_is_set(RAIL_P_IB_TIMEOUT));
-	assert_int_equal(rail_param_int(RAIL_P_TCP_INLINE), 16 * 1024);
+	assert_int_equal(rail_param_int(RAIL_P_TCP_INLINE), RAIL_PARAM_AUTO);
 	assert_string_equal(rail_param_str(RAIL_P_SOCKET_IFNAME), "");
 	assert_int_equal(unit_log_count(RAIL_LOG_INFO, "set by environment"), 0);
 }

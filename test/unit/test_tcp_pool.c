@@ -5,12 +5,13 @@
  * serves the send and the receive side of one process at once (a blocking
  * shared helper would deadlock), the last finalize joins every thread, and
  * a close that races with the owner taking the socket off its inbox leaves
- * the owner serving other comms.
+ * the owner serving other comms; the inline limit grows on a crowded host.
  */
 #include "unit.h"
 
 #include <dirent.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -229,6 +230,41 @@ static int wait_flag(_Atomic int *flag, int want)
  * heap-use-after-free in forget). With one helper thread, a comm attached
  * after the close must still be served.
  */
+/* The inline limit per host: the process pinned to one CPU, the launcher's rank count varied. */
+static void test_inline_crowded_host(void **state)
+{
+	cpu_set_t old, one;
+	char why[160];
+	uint32_t v;
+
+	(void)state;
+	assert_int_equal(sched_getaffinity(0, sizeof(old), &old), 0);
+	CPU_ZERO(&one);
+	CPU_SET(0, &one);
+	assert_int_equal(sched_setaffinity(0, sizeof(one), &one), 0);
+	unsetenv("NCCL_RAIL_TCP_INLINE");
+	setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "1", 1);
+	rail_params_reload();
+	v = tcp_inline_max(why, sizeof(why));
+	assert_int_equal(v, TCP_INLINE_DEFAULT);	/* one rank: not crowded, whatever the CPUs */
+	setenv("OMPI_COMM_WORLD_LOCAL_SIZE", "2", 1);
+	v = tcp_inline_max(why, sizeof(why));
+	assert_int_equal(v, TCP_INLINE_CROWDED);	/* 1 CPU / 2 ranks */
+	assert_non_null(strstr(why, "1 CPUs / 2 local ranks (OMPI_COMM_WORLD_LOCAL_SIZE)"));
+	assert_non_null(strstr(why, "crowded"));
+	setenv("NCCL_RAIL_TCP_INLINE", "64k", 1);
+	rail_params_reload();
+	v = tcp_inline_max(why, sizeof(why));
+	assert_int_equal(v, 64 * 1024);	/* the operator's value wins */
+	assert_string_equal(why, "NCCL_RAIL_TCP_INLINE");
+	unsetenv("NCCL_RAIL_TCP_INLINE");
+	unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+	rail_params_reload();
+	v = tcp_inline_max(why, sizeof(why));
+	assert_int_equal(v, TCP_INLINE_DEFAULT);	/* no launcher: not crowded */
+	assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
+}
+
 static void test_close_after_forget(void **state)
 {
 	struct tcp_req r = { 0 }, r2 = { 0 };
@@ -281,6 +317,7 @@ int main(void)
 		cmocka_unit_test(test_one_thread_both_sides),
 		cmocka_unit_test(test_threads_lazy),
 		cmocka_unit_test(test_close_after_forget),
+		cmocka_unit_test(test_inline_crowded_host),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
