@@ -823,7 +823,6 @@ static struct rail_req *req_of(void *request)
 	return r;
 }
 
-
 /* Count a completed request and note it in the flight record. */
 static inline void req_done(struct rail_req *r, const size_t *got)
 {

@@ -36,18 +36,18 @@
 #define RAIL_LOG_TUNING 0x40ul	/* NCCL_TUNING */
 
 struct rail_tuner {
-	double us_per_mib;	/* 0: inactive */
+	double us_per_mib;	/* 0: LL left alone */
 	size_t nranks;
 	uint64_t min_step;	/* 0: channels left to NCCL */
 };
 
 /* Why a context is inactive, or NULL when it is active. */
-static const char *tuner_idle_why(size_t nnodes, int64_t penalty)
+static const char *tuner_idle_why(size_t nnodes, int64_t penalty, int64_t min_step)
 {
 	const char *transport = rail_net_in_use();
 
-	if (penalty <= 0)
-		return "NCCL_RAIL_TCP_LL_PENALTY=0";
+	if (penalty <= 0 && min_step <= 0)
+		return "NCCL_RAIL_TCP_LL_PENALTY=0 and NCCL_RAIL_TCP_MIN_STEP=0";
 	if (nnodes < 2)
 		return "one node: no network step";
 	if (!transport)
@@ -61,24 +61,26 @@ int rail_tuner_open(size_t nranks, size_t nnodes, struct rail_tuner **out)
 {
 	struct rail_tuner *t = calloc(1, sizeof(*t));
 	int64_t penalty = rail_param_int(RAIL_P_TCP_LL_PENALTY);
+	int64_t min_step = rail_param_int(RAIL_P_TCP_MIN_STEP);
 	const char *why;
 
 	if (!t)
 		return -ENOMEM;
-	why = tuner_idle_why(nnodes, penalty);
+	why = tuner_idle_why(nnodes, penalty, min_step);
 	if (why) {
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_TUNING,
 			  "tuner: %zu ranks on %zu nodes: NCCL's choices left alone (%s)",
 			  nranks, nnodes, why);
 	} else {
-		t->us_per_mib = (double)penalty;
+		t->us_per_mib = penalty > 0 ? (double)penalty : 0;
 		t->nranks = nranks;
-		t->min_step = (uint64_t)rail_param_int(RAIL_P_TCP_MIN_STEP);
+		t->min_step = min_step > 0 ? (uint64_t)min_step : 0;
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_TUNING,
-			  "tuner: %zu ranks on %zu nodes over TCP: LL costs %.0f us "
-			  "more per MiB than NCCL's model (NCCL_RAIL_TCP_LL_PENALTY); ring "
-			  "steps of at least %llu bytes (NCCL_RAIL_TCP_MIN_STEP%s)", nranks, nnodes,
-			  t->us_per_mib, (unsigned long long)t->min_step,
+			  "tuner: %zu ranks on %zu nodes over TCP: LL costs %.0f us more per MiB "
+			  "than NCCL's model (NCCL_RAIL_TCP_LL_PENALTY%s); ring steps of at least "
+			  "%llu bytes (NCCL_RAIL_TCP_MIN_STEP%s)", nranks, nnodes, t->us_per_mib,
+			  t->us_per_mib > 0 ? "" : "=0: LL left alone",
+			  (unsigned long long)t->min_step,
 			  t->min_step ? "" : "=0: channels left to NCCL");
 	}
 	*out = t;
@@ -123,7 +125,7 @@ int rail_tuner_channels(const struct rail_tuner *t, int coll, size_t nbytes, con
 	uint64_t want;
 	int proto;
 
-	if (!t || t->us_per_mib <= 0 || !t->min_step || !table || t->nranks < 2)
+	if (!t || !t->min_step || !table || t->nranks < 2)
 		return 0;
 	if (coll != ncclFuncAllReduce && coll != ncclFuncAllGather &&
 	    coll != ncclFuncReduceScatter)

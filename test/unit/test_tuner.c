@@ -260,6 +260,12 @@ static void test_channels_keep_ring_steps_large(void **state)
 	ring_table(t);
 	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 2, 2, 512 << 10, t), 0);
 	net_down();
+	unsetenv("NCCL_RAIL_TCP_MIN_STEP");
+	net_up("0", 1);	/* LL left alone, channels still asked */
+	ring_table(t);
+	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 2, 2, 512 << 10, t), 1);
+	assert_float_equal(t[NCCL_ALGO_RING][NCCL_PROTO_LL], 100, 0);
+	net_down();
 	setenv("NCCL_RAIL_TCP_MIN_STEP", "1m", 1);
 	net_up(NULL, 1);
 	ring_table(t);
