@@ -79,7 +79,7 @@ FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
 FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so $(BUILD)/test/fakeverbs/libfakemlx5old.so
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 
-.PHONY: all plugin tools tests check test test-unit test-conformance test-abi test-sanitizers \
+.PHONY: all plugin tools tests check test test-instr test-unit test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-rxe-smoke test-rxe2 test-rxe2-watchdog test-tsan test-readme test-netns test-fresh \
 	test-packages install uninstall clean readme deb rpm version test-fakeverbs fuzz \
 	fuzz-targets fuzz-seeds
@@ -290,8 +290,14 @@ test-packages: deb
 check: all tests test-unit test-fakeverbs test-abi test-readme test-layering test-conformance \
 	test-netns
 
-test: check test-sanitizers test-tsan test-clang fuzz test-packages test-fresh test-rxe \
-	test-rxe2-watchdog
+test: check test-sanitizers test-tsan test-clang fuzz test-instr test-packages test-fresh \
+	test-rxe test-rxe2-watchdog
+
+# Instructions per small message on the verbs data path against
+# test/perf/instr-limits (callgrind on the fake provider; skipped, saying so,
+# without valgrind).
+test-instr: $(PINGPONG) $(FAKEVERBS)
+	test/perf/instr.sh --check
 
 readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info --update
