@@ -265,7 +265,10 @@ int tcp_dereg_mr(struct rail_comm *comm, void *mh);
 #define TCP_POOL_MAX 64
 /* The pool's bound: NCCL_RAIL_TCP_THREADS, or the rule of tcp_pool.c. */
 int tcp_pool_size(char *why, size_t why_len);
-/* Messages up to this size go on the control socket (NCCL_RAIL_TCP_INLINE, or tcp_pool.c's rule). */
+/*
+ * Messages up to the inline limit go on the control socket: NCCL_RAIL_TCP_INLINE, or
+ * tcp_pool.c's rule (the default, or more on a crowded host).
+ */
 #define TCP_INLINE_DEFAULT (16u << 10)
 #define TCP_INLINE_CROWDED (4u << 20)
 #define TCP_CROWDED_CPUS 4	/* fewer CPUs per local rank: a crowded host */

@@ -129,10 +129,11 @@ int tcp_pool_size(char *why, size_t why_len)
 /*
  * The inline limit: NCCL_RAIL_TCP_INLINE, or else 16 KiB, and 4 MiB on a
  * crowded host (several ranks a launcher says share it, with fewer than
- * TCP_CROWDED_CPUS CPUs each). There every rank's NCCL proxy thread and GPU-waiting thread
- * spin, and a hand-off to a helper thread waits for a CPU: with 8 ranks on
- * 16 CPUs, 1-8 MiB all-reduces ran 1.2-1.6x faster with NCCL's progress
- * thread moving the messages itself, while 4 ranks lost bandwidth that way.
+ * TCP_CROWDED_CPUS CPUs each). There every rank's NCCL proxy thread and
+ * GPU-waiting thread spin, and a hand-off to a helper thread waits for a
+ * CPU: with 8 ranks on 16 CPUs, 1-8 MiB all-reduces ran 1.2-1.6x faster with
+ * NCCL's progress thread moving the messages itself, while 4 ranks lost
+ * bandwidth that way.
  */
 uint32_t tcp_inline_max(char *why, size_t why_len)
 {

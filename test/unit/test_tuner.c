@@ -211,6 +211,28 @@ static void ring_table(float t[NALGO][NPROTO])
 }
 
 /*
+ * The channels asked for a Ring/Simple all-reduce of nbytes over nranks nodes,
+ * the net started with NCCL_RAIL_TCP_MIN_STEP and the LL penalty given (NULL:
+ * unset); t keeps the table the tuner left.
+ */
+static int ring_channels(const char *min_step, const char *penalty, size_t nranks, size_t nbytes,
+			 float t[NALGO][NPROTO])
+{
+	int nch;
+
+	if (min_step)
+		setenv("NCCL_RAIL_TCP_MIN_STEP", min_step, 1);
+	else
+		unsetenv("NCCL_RAIL_TCP_MIN_STEP");
+	net_up(penalty, 1);
+	ring_table(t);
+	nch = coll_v5_func(ncclFuncAllReduce, nranks, nranks, nbytes, t);
+	net_down();
+	unsetenv("NCCL_RAIL_TCP_MIN_STEP");
+	return nch;
+}
+
+/*
  * A ring step moves bytes / (channels x ranks): below NCCL_RAIL_TCP_MIN_STEP
  * (256 KiB) the tuner asks for 1 or 2 channels, and leaves larger
  * collectives, other algorithms and protocols, other collectives and the
@@ -255,23 +277,10 @@ static void test_channels_keep_ring_steps_large(void **state)
 	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 2, 1, 512 << 10, t), 0);
 	net_down();
 
-	setenv("NCCL_RAIL_TCP_MIN_STEP", "0", 1);
-	net_up(NULL, 1);
-	ring_table(t);
-	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 2, 2, 512 << 10, t), 0);
-	net_down();
-	unsetenv("NCCL_RAIL_TCP_MIN_STEP");
-	net_up("0", 1);	/* LL left alone, channels still asked */
-	ring_table(t);
-	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 2, 2, 512 << 10, t), 1);
-	assert_float_equal(t[NCCL_ALGO_RING][NCCL_PROTO_LL], 100, 0);
-	net_down();
-	setenv("NCCL_RAIL_TCP_MIN_STEP", "1m", 1);
-	net_up(NULL, 1);
-	ring_table(t);
-	assert_int_equal(coll_v5_func(ncclFuncAllReduce, 8, 8, 8 << 20, t), 1);
-	net_down();
-	unsetenv("NCCL_RAIL_TCP_MIN_STEP");
+	assert_int_equal(ring_channels("0", NULL, 2, 512 << 10, t), 0);
+	assert_int_equal(ring_channels(NULL, "0", 2, 512 << 10, t), 1);	/* LL left alone, */
+	assert_float_equal(t[NCCL_ALGO_RING][NCCL_PROTO_LL], 100, 0);	/* channels asked */
+	assert_int_equal(ring_channels("1m", NULL, 8, 8 << 20, t), 1);
 }
 
 /* v3, v4 and v6 give the same table as v5. */
