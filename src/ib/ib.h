@@ -244,7 +244,8 @@ void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 #ifndef RAIL_IB_EAGER_MAX
 #define RAIL_IB_EAGER_MAX 4096	/* largest eager payload */
 #endif
-#define RAIL_IB_EAGER_SLOT (RAIL_IB_EAGER_MAX + 64)	/* payload + trailer, 64-aligned */
+/* payload + trailer, 64-aligned, then the LL region (ib_wire.h) */
+#define RAIL_IB_EAGER_SLOT (RAIL_IB_EAGER_MAX + 64 + RAIL_IB_LL_BYTES)
 #define RAIL_IB_LOOP_DEPTH (2 * RAIL_MAX_REQUESTS + RAIL_IB_EAGER_SLOTS + 8)
 /* Order-safe ring: receive WRs on the eager QP beyond the slots, posted again in batches. */
 #define RAIL_IB_RING_RECV_BATCH 16
@@ -398,7 +399,8 @@ struct rail_ib_comm {
 	int eager_slots;		/* ring slots (0: no eager path) */
 	uint32_t eager_slot_bytes;
 	uint32_t eager_max;		/* largest eager payload */
-	int eager_safe;			/* ring messages are writes with immediate (order-safe) */
+	int eager_safe;			/* order-safe ring: writes with immediate, or LL images */
+	uint32_t eager_end;		/* where the images with a trailer end in a slot */
 	/* sender */
 	uint8_t *fifo;			/* CTS entries, then the credit word */
 	uint8_t *sizes;			/* sizes records, want staging, eager staging */
@@ -593,6 +595,11 @@ int rail_ib_ring_peek(struct rail_ib_comm *c);
 int rail_ib_ring_due(struct rail_ib_comm *c);
 /* Receiver: messages already in the ring for a receive just posted. */
 int rail_ib_ring_match_recv(struct rail_ib_comm *c, struct rail_ib_req *r);
+/*
+ * Order-safe ring: the next message, a small one for r, straight to r's
+ * buffer (1); 0: nothing in the next slot's LL words; 2: the general path.
+ */
+int rail_ib_ring_direct(struct rail_ib_comm *c, struct rail_ib_req *r);
 int rail_ib_on_loop(struct rail_ib_comm *c, uint32_t slot);
 /*
  * Receiver, once its QPs are ready: choose the ring's protocol (in-order

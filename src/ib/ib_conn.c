@@ -382,18 +382,25 @@ static void sender_eager(struct rail_ib_hs *hs, const struct rail_ib_msg *m)
 
 	if (!m->eager_slots)
 		return;
-	if (m->eager_slots > RAIL_IB_EAGER_SLOTS || m->eager_slot_bytes > RAIL_IB_EAGER_SLOT ||
-	    m->eager_slot_bytes <= RAIL_IB_EAGER_TRAILER) {
+	if (m->eager_slots > RAIL_IB_EAGER_SLOTS || m->eager_slot_bytes > RAIL_IB_EAGER_SLOT) {
 		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s: its eager ring (%d slots of %u "
 			  "bytes) is larger than this build's (%d of %d); small messages wait for "
 			  "a clear-to-send", hs->peer, m->eager_slots, m->eager_slot_bytes,
 			  RAIL_IB_EAGER_SLOTS, RAIL_IB_EAGER_SLOT);
 		return;
 	}
+	/* Room for a trailer and 64 bytes of payload before the LL region, in 64-byte units. */
+	if (m->eager_slot_bytes < RAIL_IB_LL_BYTES + 128 || m->eager_slot_bytes % 64) {
+		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s: its eager ring's slots of %u bytes "
+			  "are not a multiple of 64 of at least %d; small messages wait for a "
+			  "clear-to-send", hs->peer, m->eager_slot_bytes, RAIL_IB_LL_BYTES + 128);
+		return;
+	}
 	c->eager_slots = m->eager_slots;
 	c->eager_slot_bytes = m->eager_slot_bytes;
+	c->eager_end = m->eager_slot_bytes;	/* until the receiver's choice (credit_refresh) */
 	c->eager_max = RAIL_MIN((uint32_t)RAIL_IB_EAGER_MAX,
-				m->eager_slot_bytes - RAIL_IB_EAGER_TRAILER);
+				m->eager_slot_bytes - RAIL_IB_LL_BYTES - RAIL_IB_EAGER_TRAILER);
 	c->remote_ring_addr = m->eager_addr;
 	c->remote_want_addr = m->aux_addr;
 }
@@ -604,7 +611,8 @@ static int receiver_accept_msg(struct rail_ib_hs *hs)
 	if (rail_ib_eager_possible(c)) {
 		c->eager_slots = RAIL_IB_EAGER_SLOTS;
 		c->eager_slot_bytes = RAIL_IB_EAGER_SLOT;
-		c->eager_max = RAIL_IB_EAGER_SLOT - RAIL_IB_EAGER_TRAILER;
+		c->eager_end = RAIL_IB_EAGER_SLOT;	/* until the protocol's choice */
+		c->eager_max = RAIL_IB_EAGER_SLOT - RAIL_IB_LL_BYTES - RAIL_IB_EAGER_TRAILER;
 		m.eager_slots = c->eager_slots;
 		m.eager_slot_bytes = c->eager_slot_bytes;
 		m.eager_addr = (uintptr_t)(c->cmpl + RAIL_IB_RING_OFF);

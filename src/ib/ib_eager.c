@@ -19,14 +19,19 @@
  * without relaxed ordering.
  *
  * Receiver, order-safe protocol (everywhere else: adaptive routing,
- * out-of-order placement, relaxed PCIe ordering, non-x86 hosts): the same
- * write carries an immediate (RAIL_IB_IMM_RING, the seq's low bits), and the
- * slot is read only once its receive completion was polled, which RC
- * guarantees comes after the whole payload is placed. The receiver keeps
- * slots + 16 receive WRs posted on QP 0 (posting used ones again 16 at a
- * time): the sender has at most `slots` messages beyond the receiver's
- * consumed count, so a write never finds the receive queue empty. Answers
- * to CTSes on QP 0 take receive WRs from the same queue but bring their own.
+ * out-of-order placement, relaxed PCIe ordering, non-x86 hosts): a payload
+ * of at most RAIL_IB_LL_MAX bytes is written as an LL image (ib_wire.h) into
+ * the slot's last RAIL_IB_LL_BYTES, and taken once every word carries its
+ * seq's flag; the images with a trailer then end before that region
+ * (eager_end). A larger message's write carries an immediate
+ * (RAIL_IB_IMM_RING, the seq's low bits), and the slot is read only once its
+ * receive completion was polled, which RC guarantees comes after the whole
+ * payload, and after every earlier write of the QP (so LL messages whose
+ * seq an immediate skips are placed). The receiver keeps slots + 16 receive
+ * WRs posted on QP 0 (posting used ones again 16 at a time): the sender has
+ * at most `slots` messages beyond the receiver's consumed count, so a write
+ * never finds the receive queue empty. Answers to CTSes on QP 0 take
+ * receive WRs from the same queue but bring their own.
  *
  * Either way each message is matched by (tag, ord) to a buffer of a receive
  * in flight, or waits in its slot until that receive is posted; a consumed
@@ -84,7 +89,8 @@ int rail_ib_eager_fits(const struct rail_ib_comm *c, size_t size, const struct r
 
 static const char *order_name(int safe)
 {
-	return safe ? "order-safe (each message an RDMA write with immediate, taken from the CQ)"
+	return safe ? "order-safe (small messages LL words with a flag each, polled in memory; larger "
+		      "ones an RDMA write with immediate, taken from the CQ)"
 		    : "in-order (each message one RDMA write, its trailer polled in memory)";
 }
 
@@ -98,6 +104,7 @@ void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits)
 		return;	/* a refusal carries no credits (rail_ib_eager_refused) */
 	if (!c->ring_ready && c->eager_slots) {
 		c->eager_safe = (flags & RAIL_IB_CREDIT_SAFE) != 0;
+		c->eager_end = c->eager_slot_bytes - (c->eager_safe ? RAIL_IB_LL_BYTES : 0);
 		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s on %s: eager ring %s, as the "
 			  "receiver chose", c->peer, c->res[0].dev->name, order_name(c->eager_safe));
 	}
@@ -142,7 +149,7 @@ int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data
 	struct rail_ib_eager_hdr h;
 	uint64_t raddr;
 	uint8_t *img;
-	int err;
+	int err, ll;
 
 	if (rail_unlikely(!c->ring_ready || e - c->e_credit >= (uint32_t)c->eager_slots)) {
 		rail_ib_credit_refresh(c, c->e_credit);
@@ -155,25 +162,34 @@ int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data
 	}
 	if (!rail_ib_sq_room(c, EAGER_QP, 1, RAIL_IB_EARLY_DEPTH))
 		return c->error ? c->error : -EAGAIN;
-	len = (uint32_t)size + RAIL_IB_EAGER_TRAILER;
 	img = c->sizes + RAIL_IB_STAGE_OFF + (size_t)(e & mask) * c->eager_slot_bytes;
-	if (size)
-		memcpy(img, data, size);
 	h.size = (uint32_t)size;
 	h.tag = tag;
 	h.ord = ord;
 	h.seq = e + 1;
-	rail_ib_eager_encode(&h, img + size);
-	raddr = c->remote_ring_addr + (uint64_t)(e & mask) * c->eager_slot_bytes +
-		c->eager_slot_bytes - len;
+	/* Order-safe and small: LL words, at the end of the slot; else payload and trailer. */
+	ll = c->eager_safe && size <= RAIL_IB_LL_MAX;
+	if (ll) {
+		len = rail_ib_ll_encode(&h, data, img);
+		raddr = c->eager_slot_bytes - len;
+	} else {
+		len = (uint32_t)size + RAIL_IB_EAGER_TRAILER;
+		if (size)
+			memcpy(img, data, size);
+		rail_ib_eager_encode(&h, img + size);
+		raddr = c->eager_end - len;
+	}
+	raddr += c->remote_ring_addr + (uint64_t)(e & mask) * c->eager_slot_bytes;
 	rkey = c->remote_cmpl_rkey[q->remote_member];
 	if (rail_unlikely(r->base.prof != NULL))	/* the write's wr_id: the next retire count */
 		rail_prof_ib(r->base.prof, 0, q->member,
 			     rail_ib_wrid(RAIL_IB_WR_RETIRE, EAGER_QP, q->sq_posted + 1),
-			     c->eager_safe ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
+			     c->eager_safe && !ll ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE,
 			     q->qp->qp_num, size);
-	err = c->eager_safe ? eager_write_imm(c, img, len, raddr, rkey, h.seq)
-			    : rail_ib_ctl_write(c, EAGER_QP, img, len, raddr, rkey, "eager RDMA write");
+	err = c->eager_safe && !ll
+		      ? eager_write_imm(c, img, len, raddr, rkey, h.seq)
+		      : rail_ib_ctl_write(c, EAGER_QP, img, len, raddr, rkey,
+					  ll ? "eager RDMA write (LL)" : "eager RDMA write");
 	if (err)
 		return err;
 	c->e_sent++;
@@ -185,31 +201,51 @@ int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data
 	return 0;
 }
 
+/* The header of message e (size bytes), as staged at img. */
+static int stage_hdr(struct rail_ib_comm *c, const uint8_t *img, uint32_t e, uint32_t size,
+		     struct rail_ib_eager_hdr *h, char *why, size_t why_len)
+{
+	uint8_t payload[RAIL_IB_LL_MAX];
+
+	if (c->eager_safe && size <= RAIL_IB_LL_MAX)
+		return rail_ib_ll_decode(img + rail_ib_ll_bytes(size), e + 1, c->eager_max, h,
+					 payload + sizeof(payload), why, why_len);
+	return rail_ib_eager_decode(img + size, e + 1, c->eager_max, h, why, why_len);
+}
+
 /*
  * Whether the receiver refused one of our eager messages (larger than its
  * receive): then the comm fails here too, with both sizes in the WARN. One
  * load of the credit word: cheap enough for every isend and sender progress.
  */
+static int eager_refusal(struct rail_ib_comm *c, const char *call, uint32_t sizes, uint16_t e16);
+
 int rail_ib_eager_refused(struct rail_ib_comm *c, const char *call)
 {
-	uint32_t sizes, e, mask = (uint32_t)c->eager_slots - 1, size, room;
+	uint32_t sizes;
 	uint16_t e16, flags;
-	struct rail_ib_eager_hdr h;
-	const uint8_t *img;
-	char tag[48] = "";
 
 	if (!c->eager_slots)
 		return 0;
 	rail_ib_credit_decode(c->fifo + RAIL_IB_CREDIT_OFF, &sizes, &e16, &flags);
 	if (rail_likely(!(flags & RAIL_IB_CREDIT_REFUSED)))
 		return 0;
+	return eager_refusal(c, call, sizes, e16);
+}
+
+static int eager_refusal(struct rail_ib_comm *c, const char *call, uint32_t sizes, uint16_t e16)
+{
+	uint32_t e, mask = (uint32_t)c->eager_slots - 1, size, room;
+	struct rail_ib_eager_hdr h;
+	const uint8_t *img;
+	char tag[48] = "";
+
 	size = sizes >> 16;
 	room = sizes & 0xffff;
 	/* Message e is one of the last `slots` sent: its image is still staged. */
 	e = c->e_sent - (uint16_t)((uint16_t)c->e_sent - e16);
 	img = c->sizes + RAIL_IB_STAGE_OFF + (size_t)(e & mask) * c->eager_slot_bytes;
-	if (size <= c->eager_max &&
-	    rail_ib_eager_decode(img + size, e + 1, c->eager_max, &h, tag, sizeof(tag)) == 0 &&
+	if (size <= c->eager_max && stage_hdr(c, img, e, size, &h, tag, sizeof(tag)) == 0 &&
 	    h.size == size)
 		snprintf(tag, sizeof(tag), ", tag %d", h.tag);
 	else
@@ -370,8 +406,7 @@ static int ring_deliver(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *
 {
 	struct rail_ib_ring_ent *s = ring_ent(c, e);
 	uint32_t size = s->h.size;
-	const uint8_t *payload = ring_slot(c, e) + c->eager_slot_bytes - RAIL_IB_EAGER_TRAILER -
-				 size;
+	const uint8_t *payload = ring_slot(c, e) + c->eager_end - RAIL_IB_EAGER_TRAILER - size;
 
 	if (size > r->sizes[i]) {
 		RAIL_WARN("receive %llu buffer %d of %d from peer %s on %s: the peer's eager message "
@@ -424,6 +459,44 @@ static int ring_match_msg(struct rail_ib_comm *c, uint32_t e)
 	return 0;
 }
 
+/*
+ * The common case of a small message, order-safe ring: nothing waits in the
+ * ring and the next message is an LL image for r, a one-buffer receive in
+ * host memory. Its payload goes from the ring straight to r's buffer (a
+ * word not yet placed: r's buffer may hold part of it, and the next test
+ * writes it again). 1: r is complete; 0: no LL image has begun to show in
+ * the next slot; 2: anything else, left to rail_ib_ring_poll, which also
+ * names what is wrong.
+ */
+int rail_ib_ring_direct(struct rail_ib_comm *c, struct rail_ib_req *r)
+{
+	uint32_t e = c->e_seen;
+	const uint8_t *end = ring_slot(c, e) + c->eager_slot_bytes;
+	struct rail_ib_ring_ent *s = ring_ent(c, e);
+	struct rail_ib_eager_hdr h;
+	char why[8];
+
+	if (e != c->e_head || e != c->e_placed || r->base.n != 1 || (r->mhs[0] && r->mhs[0]->gpu))
+		return 2;
+	if (!rail_ib_ll_ready(end, e + 1))
+		return 0;
+	if (rail_ib_ll_head(end, e + 1, c->eager_max, &h, why, sizeof(why)) ||
+	    h.tag != r->tags[0] || h.ord != r->ords[0] || h.size > r->sizes[0] ||
+	    rail_ib_ll_payload(end, e + 1, h.size, r->bufs[0]))
+		return 2;
+	s->h = h;
+	s->state = RAIL_IB_RING_FREE;	/* consumed at once */
+	c->e_placed++;
+	c->e_seen++;
+	c->e_head++;
+	c->base.st.eager++;
+	rail_flight_add(&c->base.fl, 0, RAIL_FEV_EAGER, (uint16_t)e, h.size, h.tag, 0);
+	r->pending = 0;
+	r->sizes[0] = h.size;
+	rail_ib_recv_check_done(c, r);
+	return 1;
+}
+
 int rail_ib_ring_match_recv(struct rail_ib_comm *c, struct rail_ib_req *r)
 {
 	for (uint32_t e = c->e_head; e != c->e_seen && r->pending; e++) {
@@ -444,10 +517,11 @@ int rail_ib_ring_match_recv(struct rail_ib_comm *c, struct rail_ib_req *r)
 
 int rail_ib_ring_peek(struct rail_ib_comm *c)
 {
+	const uint8_t *slot_end = ring_slot(c, c->e_seen) + c->eager_slot_bytes;
+
 	if (c->eager_safe)
-		return c->e_placed != c->e_seen;
-	return rail_ib_eager_seq(ring_slot(c, c->e_seen) + c->eager_slot_bytes -
-				 RAIL_IB_EAGER_TRAILER) == c->e_seen + 1;
+		return c->e_placed != c->e_seen || rail_ib_ll_ready(slot_end, c->e_seen + 1);
+	return rail_ib_eager_seq(slot_end - RAIL_IB_EAGER_TRAILER) == c->e_seen + 1;
 }
 
 /*
@@ -463,8 +537,36 @@ int rail_ib_ring_due(struct rail_ib_comm *c)
 
 	if (!c->eager_slots || e - c->e_head >= (uint32_t)c->eager_slots)
 		return 1;
-	return rail_ib_eager_seq(ring_slot(c, e) + c->eager_slot_bytes - RAIL_IB_EAGER_TRAILER) ==
-	       e + 1;
+	return rail_ib_eager_seq(ring_slot(c, e) + c->eager_end - RAIL_IB_EAGER_TRAILER) == e + 1;
+}
+
+/*
+ * Order-safe ring: decode message e, an LL image or (its immediate came) a
+ * payload with trailer. -EAGAIN: not all there yet; -EBADMSG (why): the
+ * slot holds neither where a later message's immediate says e is placed.
+ */
+static int ring_take_safe(struct rail_ib_comm *c, uint32_t e, struct rail_ib_eager_hdr *h,
+			  char *why, size_t why_len)
+{
+	uint8_t *slot = ring_slot(c, e), *trailer = slot + c->eager_end - RAIL_IB_EAGER_TRAILER;
+	int err;
+
+	if (e != c->e_placed && rail_ib_eager_seq(trailer) == e + 1)
+		return rail_ib_eager_decode(trailer, e + 1, c->eager_max, h, why, why_len);
+	/* The payload goes where ring_deliver reads one that came with a trailer. */
+	err = rail_ib_ll_decode(slot + c->eager_slot_bytes, e + 1, c->eager_max, h, trailer, why,
+				why_len);
+	if (err == -EAGAIN && e != c->e_placed) {
+		snprintf(why, why_len, "eager message %u is placed (a later write with immediate "
+			 "came) but its slot holds neither its trailer (seq %u) nor its LL image",
+			 e, rail_ib_eager_seq(trailer));
+		return -EBADMSG;
+	}
+	if (err)
+		return err;
+	if (e == c->e_placed)
+		c->e_placed++;
+	return 0;
 }
 
 int rail_ib_ring_poll(struct rail_ib_comm *c)
@@ -473,20 +575,17 @@ int rail_ib_ring_poll(struct rail_ib_comm *c)
 
 	if (!c->eager_slots)
 		return 0;
-	while (c->e_seen - c->e_head < (uint32_t)c->eager_slots &&
-	       (!c->eager_safe || c->e_seen != c->e_placed)) {
+	while (c->e_seen - c->e_head < (uint32_t)c->eager_slots) {
 		uint32_t e = c->e_seen;
 		struct rail_ib_ring_ent *s = ring_ent(c, e);
-		const uint8_t *trailer = ring_slot(c, e) + c->eager_slot_bytes - RAIL_IB_EAGER_TRAILER;
-		int err = rail_ib_eager_decode(trailer, e + 1, c->eager_max, &s->h, why, sizeof(why));
+		int err = c->eager_safe
+				  ? ring_take_safe(c, e, &s->h, why, sizeof(why))
+				  : rail_ib_eager_decode(ring_slot(c, e) + c->eager_end -
+							 RAIL_IB_EAGER_TRAILER, e + 1, c->eager_max,
+							 &s->h, why, sizeof(why));
 
-		if (err == -EAGAIN && !c->eager_safe)
+		if (err == -EAGAIN)
 			break;
-		if (err == -EAGAIN) {
-			snprintf(why, sizeof(why), "eager message %u completed (write with immediate) "
-				 "but its slot holds seq %u", e, rail_ib_eager_seq(trailer));
-			err = -EBADMSG;
-		}
 		if (err) {
 			RAIL_WARN("connection from peer %s on %s: %s", c->peer, c->res[0].dev->name,
 				  why);
@@ -577,6 +676,7 @@ int rail_ib_eager_order_setup(struct rail_ib_comm *c, int peer_order)
 	} else {
 		c->eager_safe = !ring_in_order(c, why, sizeof(why));
 	}
+	c->eager_end = c->eager_slot_bytes - (c->eager_safe ? RAIL_IB_LL_BYTES : 0);
 	RAIL_INFO(RAIL_LOG_NET, "connection from peer %s on %s: eager ring %s: %s", c->peer,
 		  c->res[0].dev->name, order_name(c->eager_safe), why);
 	if (!c->eager_safe)
@@ -587,18 +687,19 @@ int rail_ib_eager_order_setup(struct rail_ib_comm *c, int peer_order)
 
 int rail_ib_ring_on_imm(struct rail_ib_comm *c, int qpi, int m, uint32_t seq_bits)
 {
+	/* Messages between the last placed one and this one were LL images (placed before it). */
+	uint32_t skip = (seq_bits - (c->e_placed + 1)) & RAIL_IB_IMM_RING_SEQ;
 	char what[160];
 
 	if (!c->eager_safe || qpi != EAGER_QP || !c->eager_slots)
 		return rail_ib_protocol_error(c, m, "an eager message with immediate where none "
 					      "was agreed");
-	if (seq_bits != ((c->e_placed + 1) & RAIL_IB_IMM_RING_SEQ) ||
-	    c->e_placed - c->e_head >= (uint32_t)c->eager_slots) {
+	if (c->e_placed + skip - c->e_head >= (uint32_t)c->eager_slots) {
 		snprintf(what, sizeof(what), "eager message with seq bits 0x%x where message %u "
 			 "(%u consumed) was due", seq_bits, c->e_placed, c->e_head);
 		return rail_ib_protocol_error(c, m, what);
 	}
-	c->e_placed++;
+	c->e_placed += skip + 1;
 	if (++c->ring_recvs_owed < RAIL_IB_RING_RECV_BATCH)
 		return 0;
 	c->ring_recvs_owed = 0;

@@ -394,18 +394,28 @@ int rail_ib_recv_progress(struct rail_ib_comm *c)
 
 int rail_ib_recv_fast(struct rail_ib_comm *c, struct rail_ib_req *r)
 {
-	int err;
+	int err, got = 2, idle;
 
 	if (r->base.type != RAIL_REQ_RECV || r->cts >= 0 || r->loops || c->cts_owed ||
 	    !c->eager_slots || c->error || (++c->fast_polls & 15) == 0)
 		return 0;
-	/* Order-safe ring: arrivals are receive completions, once the trailer shows. */
+	if (c->eager_safe)
+		got = rail_ib_ring_direct(c, r);
+	if (got == 1) {
+		err = rail_ib_credit_return(c, RAIL_IB_CREDIT_BUSY);
+		return err ? err : 1;
+	}
+	/* Order-safe ring: arrivals with immediate are receive completions, once the trailer shows. */
 	err = c->eager_safe && rail_ib_ring_due(c) ? rail_ib_poll(c) : 0;
 	if (err)
 		return err;
-	if (!rail_ib_ring_peek(c)) {
-		/* nothing new: the time to hand credits back */
-		err = c->e_head != c->e_returned ? rail_ib_credit_return(c, RAIL_IB_CREDIT_IDLE) : 0;
+	/* got == 0: the next slot had no LL image, so only a completion can have brought one */
+	idle = got == 0 ? c->e_placed == c->e_seen : !rail_ib_ring_peek(c);
+	if (idle) {
+		/* nothing new: the time to hand credits back (rail_ib_credit_return's idle rule) */
+		err = c->e_head - c->e_returned >= (uint32_t)c->eager_slots / 4 || c->credit_owed
+			      ? rail_ib_credit_return(c, RAIL_IB_CREDIT_IDLE)
+			      : 0;
 		return err ? err : 1;
 	}
 	err = rail_ib_ring_poll(c);

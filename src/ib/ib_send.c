@@ -26,10 +26,18 @@
  *     the whole message; no immediate, no receive WR.
  *   order-safe (everywhere else: adaptive routing, out-of-order placement,
  *     relaxed PCIe ordering, non-x86 hosts; rxe, which does not answer):
- *     the write carries an immediate (RAIL_IB_IMM_RING | seq), and the slot
- *     is read only after its receive completion, which RC delivers after
- *     the whole payload; the receiver keeps 64 + 16 receive WRs posted on
- *     QP 0 for it. test() of such a receive polls the CQ.
+ *     a payload of at most RAIL_IB_LL_MAX (244) bytes goes as an LL image
+ *     into the last 512 bytes of the slot: 8-byte words of 4 bytes of
+ *     content and 4 of flag (from seq), each placed whole by the NIC in
+ *     whatever order, so the message is there once every word's flag is
+ *     its own (as NCCL's LL protocol); no immediate, no receive WR, and
+ *     test() of a receive it fills copies it straight to the buffer. A
+ *     larger one carries an immediate (RAIL_IB_IMM_RING | seq), and the
+ *     slot is read only after its receive completion, which RC delivers
+ *     after the whole payload (and after every earlier write: LL images
+ *     skipped by the seq are placed); the receiver keeps 64 + 16 receive
+ *     WRs posted on QP 0 for it, and test() polls the CQ once the trailer
+ *     shows.
  * Either way it then finds the buffer (T, ord) among its receives in
  * flight (or keeps the message until that receive is posted), checks the
  * size against the posted one and copies it out (into GPU memory: an RDMA

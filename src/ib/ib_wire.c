@@ -1,4 +1,5 @@
 /* nccl-net-rail: the verbs transport's wire formats (layouts in ib_wire.h). */
+#include <endian.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -388,6 +389,110 @@ int rail_ib_eager_decode(const uint8_t *p, uint32_t expect_seq, uint32_t max_pay
 	}
 	*h = out;
 	return 0;
+}
+
+/*
+ * LL words: content in bytes 0-3, flag in 4-7, the word little-endian (so
+ * the content bytes are the payload's, in order); never 0 as a flag. Whole
+ * words through memcpy and le/htole: one move each on a little-endian host.
+ */
+static uint32_t ll_flag(uint32_t seq)
+{
+	return seq << 1 | 1u;
+}
+
+static void ll_put(uint8_t *p, uint32_t content_le, uint64_t flag_hi)
+{
+	uint64_t w = htole64(flag_hi | le32toh(content_le));
+
+	memcpy(p, &w, 8);
+}
+
+/* One word read whole (the NIC may be writing it): its flag, and its content at *content_le. */
+static uint32_t ll_get(const uint8_t *p, uint32_t *content_le)
+{
+	uint64_t w = le64toh(__atomic_load_n((const uint64_t *)(const void *)p, __ATOMIC_RELAXED));
+
+	*content_le = htole32((uint32_t)w);
+	return (uint32_t)(w >> 32);
+}
+
+uint32_t rail_ib_ll_encode(const struct rail_ib_eager_hdr *h, const void *payload, uint8_t *out)
+{
+	uint64_t hi = (uint64_t)ll_flag(h->seq) << 32;
+	uint32_t full = h->size / 4, rest = h->size % 4, v;
+	const uint8_t *src = payload;
+
+	for (uint32_t j = 0; j < full; j++, out += 8) {
+		memcpy(&v, src + 4 * j, 4);
+		ll_put(out, v, hi);
+	}
+	if (rest) {
+		v = 0;
+		memcpy(&v, src + 4 * full, rest);
+		ll_put(out, v, hi);
+		out += 8;
+	}
+	ll_put(out, htole32(h->ord), hi);
+	ll_put(out + 8, htole32((uint32_t)h->tag), hi);
+	ll_put(out + 16, htole32(h->size), hi);
+	return rail_ib_ll_bytes(h->size);
+}
+
+int rail_ib_ll_ready(const uint8_t *end, uint32_t seq)
+{
+	uint32_t v;
+
+	return ll_get(end - 8, &v) == ll_flag(seq);
+}
+
+int rail_ib_ll_head(const uint8_t *end, uint32_t seq, uint32_t max_payload,
+		    struct rail_ib_eager_hdr *h, char *why, size_t why_len)
+{
+	uint32_t want = ll_flag(seq), size, tag, ord;
+
+	if (ll_get(end - 8, &size) != want)
+		return -EAGAIN;
+	size = le32toh(size);
+	if (size > max_payload || size > RAIL_IB_LL_MAX) {
+		snprintf(why, why_len, "eager message %u corrupt: an LL image of %u bytes, where at "
+			 "most %u fit", seq - 1, size, RAIL_MIN(max_payload, (uint32_t)RAIL_IB_LL_MAX));
+		return -EBADMSG;
+	}
+	if (ll_get(end - 16, &tag) != want || ll_get(end - 24, &ord) != want)
+		return -EAGAIN;
+	h->size = size;
+	h->tag = (int32_t)le32toh(tag);
+	h->ord = le32toh(ord);
+	h->seq = seq;
+	return 0;
+}
+
+int rail_ib_ll_payload(const uint8_t *end, uint32_t seq, uint32_t size, uint8_t *dst)
+{
+	uint32_t want = ll_flag(seq), full = size / 4, rest = size % 4, v;
+	const uint8_t *p = end - rail_ib_ll_bytes(size);
+
+	/* Each word's content comes from the load that checked its flag. */
+	for (uint32_t j = 0; j < full; j++, p += 8) {
+		if (ll_get(p, &v) != want)
+			return -EAGAIN;
+		memcpy(dst + 4 * j, &v, 4);
+	}
+	if (rest) {
+		if (ll_get(p, &v) != want)
+			return -EAGAIN;
+		memcpy(dst + 4 * full, &v, rest);
+	}
+	return 0;
+}
+
+int rail_ib_ll_decode(const uint8_t *end, uint32_t seq, uint32_t max_payload,
+		      struct rail_ib_eager_hdr *h, uint8_t *payload_end, char *why, size_t why_len)
+{
+	int err = rail_ib_ll_head(end, seq, max_payload, h, why, why_len);
+
+	return err ? err : rail_ib_ll_payload(end, seq, h->size, payload_end - h->size);
 }
 
 void rail_ib_want_encode(const struct rail_ib_want *w, uint8_t *p)

@@ -56,7 +56,8 @@
 #include "transport.h"
 
 #define RAIL_IB_WIRE_MAGIC 0x57424952u /* "RIBW" */
-#define RAIL_IB_WIRE_VERSION 4	/* 3: order-safe eager ring, ECE; 4: eager refusal */
+/* 3: order-safe eager ring, ECE; 4: eager refusal; 5: LL words for small order-safe messages */
+#define RAIL_IB_WIRE_VERSION 5
 #define RAIL_IB_HDR_SIZE 16
 #define RAIL_IB_BODY_MAX 1024
 #define RAIL_IB_WIRE_MAX_QPS 128
@@ -214,6 +215,48 @@ uint32_t rail_ib_eager_seq(const uint8_t *p);
  */
 int rail_ib_eager_decode(const uint8_t *p, uint32_t expect_seq, uint32_t max_payload,
 			 struct rail_ib_eager_hdr *h, char *why, size_t why_len);
+
+/*
+ * LL image (order-safe ring, payloads of at most RAIL_IB_LL_MAX bytes): a
+ * message as 8-byte words, each 4 bytes of content and 4 bytes of flag
+ * (rail_ib_ll_flag of the message's seq), ascending: the payload's words,
+ * then ord, tag and size. The NIC writes an aligned 8-byte word whole
+ * however it orders the words of a write (NCCL's LL protocol rests on the
+ * same), so a message whose every flag is its own is all there: no
+ * completion to poll, under any placement. Images end at the end of the
+ * slot, in the last RAIL_IB_LL_BYTES, which no other image touches (those
+ * end before it): a stale word there is an LL word of an older seq.
+ */
+#define RAIL_IB_LL_BYTES 512
+#define RAIL_IB_LL_HDR_WORDS 3
+#define RAIL_IB_LL_MAX ((RAIL_IB_LL_BYTES / 8 - RAIL_IB_LL_HDR_WORDS) * 4)
+
+/* Bytes of the LL image of a payload of size bytes. */
+static inline uint32_t rail_ib_ll_bytes(uint32_t size)
+{
+	return 8 * (RAIL_IB_LL_HDR_WORDS + (size + 3) / 4);
+}
+
+/* Encode h (seq included) and the payload at out; returns the image's bytes. */
+uint32_t rail_ib_ll_encode(const struct rail_ib_eager_hdr *h, const void *payload, uint8_t *out);
+/* Whether the last word before end (the size word) carries seq's flag: one load. */
+int rail_ib_ll_ready(const uint8_t *end, uint32_t seq);
+/*
+ * The header words of the image that ends at end: -EAGAIN while one's flag
+ * is not seq's, -EBADMSG (why) for a size above max_payload.
+ */
+int rail_ib_ll_head(const uint8_t *end, uint32_t seq, uint32_t max_payload,
+		    struct rail_ib_eager_hdr *h, char *why, size_t why_len);
+/* Its payload of size bytes (from the header) to dst: -EAGAIN while a word is not placed. */
+int rail_ib_ll_payload(const uint8_t *end, uint32_t seq, uint32_t size, uint8_t *dst);
+/*
+ * Both: decode the image that ends at end into h and the payload, which ends at
+ * payload_end (room for RAIL_IB_LL_MAX bytes before it): -EAGAIN while a
+ * word's flag is not seq's (not all of it placed; the payload's bytes may
+ * be partly written), -EBADMSG (why) for a size above max_payload.
+ */
+int rail_ib_ll_decode(const uint8_t *end, uint32_t seq, uint32_t max_payload,
+		      struct rail_ib_eager_hdr *h, uint8_t *payload_end, char *why, size_t why_len);
 
 struct rail_ib_want {
 	int32_t tag;

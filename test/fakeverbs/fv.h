@@ -60,6 +60,7 @@ struct fv_dev {
 	int dmabuf;		/* 1: ibv_reg_dmabuf_mr works (fd -1 gives EBADF) */
 	int data_in_order;	/* ibv_query_qp_data_in_order's answer */
 	int reorder;		/* RDMA writes into this device's QPs land out of order */
+	int reorder_tail;	/* bytes of such a write placed first (0: FV_REORDER_TAIL) */
 	int ece;		/* 0: EOPNOTSUPP, else the vendor_id/options answered */
 	/* mlx5 Data Direct function, relative to /sys, as libmlx5 names it; "": none */
 	char data_direct[128];
@@ -158,12 +159,13 @@ struct fv_qp *fv_qp_by_num(uint32_t qpn);
 void fv_cq_push(struct fv_cq *cq, const struct ibv_wc *wc);
 /*
  * Out-of-order placement (reorder=yes): an RDMA WRITE longer than
- * FV_REORDER_TAIL bytes into such a device has its last FV_REORDER_TAIL
- * bytes placed when it is posted and the rest held back until the next
- * data-path call of the process (post_send, post_recv, poll_cq), a dereg_mr
- * or a destroy_qp: so a completion, always taken through poll_cq, comes
- * after the whole message, and a reader polling memory may see the end of a
- * message before its beginning. Under fv_lock.
+ * FV_REORDER_TAIL bytes (reorder_tail=N: N, a multiple of 8) into such a
+ * device has its last FV_REORDER_TAIL (N) bytes placed when it is posted
+ * and the rest held back until the next data-path call of the process
+ * (post_send, post_recv, poll_cq), a dereg_mr or a destroy_qp: so a
+ * completion, always taken through poll_cq, comes after the whole message,
+ * and a reader polling memory may see the end of a message before its
+ * beginning. Under fv_lock.
  */
 #define FV_REORDER_TAIL 64
 void fv_place_held(void);

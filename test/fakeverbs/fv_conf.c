@@ -123,6 +123,7 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 	else if (!strcmp(k, "dmabuf")) d->dmabuf = (int)n;
 	else if (!strcmp(k, "data_in_order")) d->data_in_order = (int)n;
 	else if (!strcmp(k, "reorder")) d->reorder = (int)n;
+	else if (!strcmp(k, "reorder_tail") && n > 0 && n % 8 == 0) d->reorder_tail = (int)n;
 	else if (!strcmp(k, "ece")) d->ece = (int)n;
 	else return EINVAL;
 	return 0;

@@ -86,18 +86,19 @@ void fv_place_held(void)
 }
 
 /*
- * Place the n bytes the SGEs of wr gather at p, reordered: the last
- * FV_REORDER_TAIL now, the rest held back. 0, or -1 if out of memory.
+ * Place the n bytes the SGEs of wr gather at p, reordered: the last tail
+ * now, the rest held back. 0, or -1 if out of memory.
  */
-static int place_reordered(const struct fv_qp *q, const struct ibv_send_wr *wr, char *p, long n)
+static int place_reordered(const struct fv_qp *q, const struct ibv_send_wr *wr, char *p, long n,
+			   size_t tail)
 {
-	size_t head = (size_t)n - FV_REORDER_TAIL;
+	size_t head = (size_t)n - tail;
 	struct held *h = malloc(sizeof(*h) + (size_t)n);
 
 	if (!h)
 		return -1;
 	gather(q, wr, h->data, 0);
-	memcpy(p + head, h->data + head, FV_REORDER_TAIL);
+	memcpy(p + head, h->data + head, tail);
 	h->dst = p;
 	h->len = head;
 	h->next = NULL;
@@ -153,12 +154,14 @@ static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr,
 		return IBV_WC_LOC_PROT_ERR;
 	*len = (uint32_t)n;
 	if (op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) {
+		size_t tail = d->dev->reorder_tail ? (size_t)d->dev->reorder_tail : FV_REORDER_TAIL;
+
 		rm = fv_mr_by_key(wr->wr.rdma.rkey, 1);
 		if (n && (!rm || !(rm->access & IBV_ACCESS_REMOTE_WRITE) ||
 			  !(p = mr_addr(rm, wr->wr.rdma.remote_addr, (uint64_t)n, &skip))))
 			return IBV_WC_REM_ACCESS_ERR;
-		if (n > FV_REORDER_TAIL && d->dev->reorder && !skip) {
-			if (place_reordered(q, wr, p, n))
+		if ((size_t)n > tail && d->dev->reorder && !skip) {
+			if (place_reordered(q, wr, p, n, tail))
 				return IBV_WC_LOC_LEN_ERR;
 		} else if (n) {
 			gather(q, wr, p, skip);

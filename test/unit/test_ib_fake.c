@@ -25,6 +25,7 @@
 #include "api.h"
 #include "handle.h"
 #include "param.h"
+#include "ib/ib_wire.h"
 #include "rail.h"
 #include "sysfs.h"
 
@@ -655,7 +656,8 @@ static void test_eager_order_query(void **state)
 						 "ibv_query_qp_data_in_order"), cases[i].safe);
 		assert_int_equal(unit_log_count2(RAIL_LOG_INFO, "eager ring in-order",
 						 "ibv_query_qp_data_in_order"), !cases[i].safe);
-		assert_true(eager_one(F, 100, (unsigned)i));
+		/* above RAIL_IB_LL_MAX: order-safe, a write with immediate */
+		assert_true(eager_one(F, 1000, (unsigned)i));
 		assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE_WITH_IMM",
 					   ring_imm(1, imm, sizeof(imm))), cases[i].safe);
 		/* the sender logged the receiver's choice at its first eager send */
@@ -707,6 +709,39 @@ static void test_eager_auto_on_reordering_device(void **state)
 	fake_stop(F);
 }
 
+/*
+ * The order-safe ring's small messages are LL images (ib_wire.h): one plain
+ * RDMA write of 8-byte words that each carry their message's flag, taken
+ * without a completion. On a device that places a write's last 8 bytes
+ * (the size word) first and the rest later, each arrives intact; larger
+ * messages, interleaved, still go as writes with immediate.
+ */
+static void test_eager_ll_on_reordering_device(void **state)
+{
+	static const size_t sizes[] = { 8, 4000, 0, 1, RAIL_IB_LL_MAX, RAIL_IB_LL_MAX + 1, 100 };
+	char conf[256], imm[32], len[32];
+	struct fake *F;
+
+	(void)state;
+	snprintf(conf, sizeof(conf), "device mlx5_0 data_in_order=0 reorder=yes reorder_tail=8\n%s",
+		 strchr(ooo_dev, '\n') + 1);
+	F = fake_start(conf);
+	fake_connect(F, 0, 0, -1);
+	for (unsigned k = 0; k < RAIL_ARRAY_SIZE(sizes); k++)
+		assert_true(eager_one(F, sizes[k], k));
+	assert_true(unit_log_has(RAIL_LOG_INFO, "eager ring order-safe"));
+	for (unsigned k = 0; k < RAIL_ARRAY_SIZE(sizes); k++) {
+		int ll = sizes[k] <= RAIL_IB_LL_MAX;
+
+		assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE_WITH_IMM",
+					   ring_imm(k + 1, imm, sizeof(imm))), !ll);
+		snprintf(len, sizeof(len), "len=%u ", rail_ib_ll_bytes((uint32_t)sizes[k]));
+		if (ll)	/* the image went whole-word out of order: its size word first */
+			assert_true(log_count(F, "reorder", len, "held=") >= 1);
+	}
+	fake_stop(F);
+}
+
 /* Either side's NCCL_RAIL_IB_EAGER_ORDER=safe wins over a device that promises order. */
 static void test_eager_safe_forced(void **state)
 {
@@ -719,9 +754,14 @@ static void test_eager_safe_forced(void **state)
 	fake_connect(F, 0, 0, -1);
 	assert_int_equal(log_count(F, "ibv_query_qp_data_in_order", NULL, NULL), 0);
 	assert_true(unit_log_has(RAIL_LOG_INFO, "NCCL_RAIL_IB_EAGER_ORDER=safe on the receiver"));
+	/* 8 bytes: an LL image (5 words, one plain write); 1000: a write with immediate */
 	assert_true(eager_one(F, 8, 3));
+	assert_true(eager_one(F, 1000, 4));
+	assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE ", "len=40 "), 1);
 	assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE_WITH_IMM",
-				   ring_imm(1, imm, sizeof(imm))), 1);
+				   ring_imm(1, imm, sizeof(imm))), 0);
+	assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE_WITH_IMM",
+				   ring_imm(2, imm, sizeof(imm))), 1);
 	fake_stop(F);
 }
 
@@ -747,6 +787,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_eager_order_query, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_inorder_on_reordering_device, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_auto_on_reordering_device, fake_teardown),
+		cmocka_unit_test_teardown(test_eager_ll_on_reordering_device, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_safe_forced, fake_teardown),
 	};
 

@@ -374,6 +374,87 @@ static void test_eager_fuzz(void **state)
 	}
 }
 
+/*
+ * LL images: any word not yet placed, or left from an older message, keeps
+ * the message from being taken (the order-safe protocol for small
+ * messages: words may land in any order); a whole image decodes to the
+ * exact bytes; a size above the limits is refused.
+ */
+static void test_ll(void **state)
+{
+	static const uint32_t sizes[] = { 0, 1, 3, 4, 5, 8, 63, 100, RAIL_IB_LL_MAX };
+	uint8_t img[RAIL_IB_LL_BYTES], old[RAIL_IB_LL_BYTES], slot[RAIL_IB_LL_BYTES + 8];
+	uint8_t payload[RAIL_IB_LL_MAX], out[RAIL_IB_LL_MAX];
+	struct rail_ib_eager_hdr h, got;
+	char why[200];
+
+	(void)state;
+	assert_true(rail_ib_ll_bytes(RAIL_IB_LL_MAX) <= RAIL_IB_LL_BYTES);
+	for (size_t k = 0; k < RAIL_ARRAY_SIZE(sizes); k++) {
+		uint32_t size = sizes[k], len, words;
+		uint8_t *end = slot + sizeof(slot);
+		/* the same slot's message `slots` earlier, as large as the LL region allows */
+		struct rail_ib_eager_hdr o = { .size = RAIL_IB_LL_MAX, .tag = 9, .ord = 2,
+					       .seq = 7 };
+
+		for (uint32_t i = 0; i < RAIL_IB_LL_MAX; i++)
+			payload[i] = (uint8_t)(0x5a ^ (i * 7 + k));
+		h.size = size;
+		h.tag = -3;
+		h.ord = 0xfffffffeu;
+		h.seq = 7 + 64;
+		len = rail_ib_ll_encode(&h, payload, img);
+		assert_int_equal(len, rail_ib_ll_bytes(size));
+		words = len / 8;
+		(void)rail_ib_ll_encode(&o, payload, old);
+		memset(slot, 0, sizeof(slot));
+		memcpy(slot + 8, old, sizeof(old));	/* ends at the slot end, like the new one */
+
+		assert_false(rail_ib_ll_ready(end, h.seq));
+		assert_int_equal(rail_ib_ll_decode(end, h.seq, 4096, &got, out + RAIL_IB_LL_MAX, why,
+						   sizeof(why)),
+				 -EAGAIN);
+		/* every word but one placed: never taken */
+		for (uint32_t miss = 0; miss < words; miss++) {
+			memcpy(slot + 8, old, sizeof(old));
+			for (uint32_t w = 0; w < words; w++)
+				if (w != miss)
+					memcpy(end - len + 8 * w, img + 8 * w, 8);
+			assert_int_equal(rail_ib_ll_decode(end, h.seq, 4096, &got, out + RAIL_IB_LL_MAX, why,
+							   sizeof(why)), -EAGAIN);
+			assert_int_equal(rail_ib_ll_ready(end, h.seq), miss != words - 1);
+		}
+		memcpy(end - len, img, len);
+		memset(out, 0xee, sizeof(out));
+		assert_int_equal(rail_ib_ll_decode(end, h.seq, 4096, &got, out + RAIL_IB_LL_MAX, why,
+						   sizeof(why)), 0);
+		assert_int_equal(got.size, size);
+		assert_int_equal(got.tag, -3);
+		assert_int_equal(got.ord, 0xfffffffeu);
+		assert_int_equal(got.seq, h.seq);
+		/* the payload ends where asked, and nothing before it is written */
+		assert_memory_equal(out + RAIL_IB_LL_MAX - size, payload, size);
+		if (size < RAIL_IB_LL_MAX)
+			assert_int_equal(out[RAIL_IB_LL_MAX - size - 1], 0xee);
+		/* a seq other than the image's is not it */
+		assert_int_equal(rail_ib_ll_decode(end, h.seq + 1, 4096, &got, out + RAIL_IB_LL_MAX, why,
+						   sizeof(why)), -EAGAIN);
+		if (size)	/* above the receiver's eager limit */
+			assert_int_equal(rail_ib_ll_decode(end, h.seq, size - 1, &got, out + RAIL_IB_LL_MAX, why,
+							   sizeof(why)), -EBADMSG);
+	}
+	/* A size word larger than any LL image: corrupt, named. */
+	h.size = RAIL_IB_LL_MAX + 4;
+	h.seq = 3;
+	(void)rail_ib_ll_encode(&(struct rail_ib_eager_hdr){ .size = 0, .seq = 3 }, payload, img);
+	memcpy(slot + sizeof(slot) - 24, img, 24);
+	slot[sizeof(slot) - 8] = (uint8_t)(RAIL_IB_LL_MAX + 4);
+	slot[sizeof(slot) - 7] = 0;
+	assert_int_equal(rail_ib_ll_decode(slot + sizeof(slot), 3, 4096, &got, out + RAIL_IB_LL_MAX, why,
+					   sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "LL image"));
+}
+
 static void test_want_credit(void **state)
 {
 	uint8_t w[RAIL_IB_WANT_SIZE], c[RAIL_IB_CREDIT_SIZE] __attribute__((aligned(8)));
@@ -410,6 +491,7 @@ int main(void)
 		cmocka_unit_test(test_cts_fuzz),	  cmocka_unit_test(test_imm),
 		cmocka_unit_test(test_sizes),		  cmocka_unit_test(test_eager_trailer),
 		cmocka_unit_test(test_eager_fuzz),	  cmocka_unit_test(test_want_credit),
+		cmocka_unit_test(test_ll),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
