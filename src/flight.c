@@ -42,30 +42,28 @@ uint64_t rail_flight_now(struct rail_flight *f)
 	return f->now;
 }
 
-void rail_flight_add(struct rail_flight *f, uint64_t ns, uint8_t type, uint16_t slot,
-		     uint64_t size, int32_t tag, int32_t arg)
+void rail_flight_refused(struct rail_flight *f, uint64_t ns, uint64_t size, int32_t tag)
 {
 	struct rail_fev *e;
 
 	if (!ns)
 		ns = rail_flight_now(f);
 	/* A refusal repeats while NCCL retries: count it in the last event instead. */
-	if (type == RAIL_FEV_REFUSED && f->head) {
+	if (f->head) {
 		e = &f->ev[(f->head - 1) & (RAIL_FLIGHT_N - 1)];
 		if (e->type == RAIL_FEV_REFUSED && e->tag == tag && e->size == size) {
 			e->arg++;
 			e->ns = ns;
 			return;
 		}
-		arg = 1;
 	}
 	e = &f->ev[f->head++ & (RAIL_FLIGHT_N - 1)];
 	e->ns = ns;
 	e->size = size;
 	e->tag = tag;
-	e->arg = arg;
-	e->slot = slot;
-	e->type = type;
+	e->arg = 1;
+	e->slot = 0;
+	e->type = RAIL_FEV_REFUSED;
 	e->n = 0;
 	e->note = NULL;
 }

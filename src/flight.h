@@ -73,9 +73,31 @@ static inline void rail_flight_call(struct rail_flight *f)
 	f->now = 0;
 }
 
-/* Add an event at time ns (0: the call's time, rail_flight_now). */
-void rail_flight_add(struct rail_flight *f, uint64_t ns, uint8_t type, uint16_t slot,
-		     uint64_t size, int32_t tag, int32_t arg);
+/* A refusal: counted in the last event when that was the same refusal (flight.c). */
+void rail_flight_refused(struct rail_flight *f, uint64_t ns, uint64_t size, int32_t tag);
+
+/* Add an event at time ns (0: the call's time, rail_flight_now). Inline: the data path's. */
+static inline void rail_flight_add(struct rail_flight *f, uint64_t ns, uint8_t type,
+				   uint16_t slot, uint64_t size, int32_t tag, int32_t arg)
+{
+	struct rail_fev *e;
+
+	if (type == RAIL_FEV_REFUSED) {
+		rail_flight_refused(f, ns, size, tag);
+		return;
+	}
+	if (!ns)
+		ns = f->now ? f->now : rail_flight_now(f);
+	e = &f->ev[f->head++ & (RAIL_FLIGHT_N - 1)];
+	e->ns = ns;
+	e->size = size;
+	e->tag = tag;
+	e->arg = arg;
+	e->slot = slot;
+	e->type = type;
+	e->n = 0;
+	e->note = NULL;
+}
 
 /* An event described by a static string (state changes, completion errors). */
 void rail_flight_note(struct rail_flight *f, uint8_t type, uint64_t size, int32_t arg,

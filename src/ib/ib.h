@@ -537,10 +537,12 @@ int rail_ib_sq_room(struct rail_ib_comm *c, int qpi, int nwr, uint32_t limit);
 int rail_ib_protocol_error(struct rail_ib_comm *c, int m, const char *what);
 /*
  * A small RDMA WRITE from scratch memory (CTS, credits, want, eager),
- * signaled every 16th (receiver) or always (sender), retiring SQ slots.
+ * signaled every 16th (its completion retires the SQ slots before it).
  */
 int rail_ib_ctl_write(struct rail_ib_comm *c, int qpi, const void *src, uint32_t len,
 		      uint64_t raddr, uint32_t rkey, const char *what);
+/* One signaled zero-byte RDMA write on QP qpi: its completion retires every WR before it. */
+int rail_ib_sq_mark(struct rail_ib_comm *c, int qpi);
 /*
  * Poll every member's CQ; completions of receive WRs and loopback copies go
  * to c->on_answer and c->on_loop.

@@ -799,7 +799,7 @@ static void accept_new(struct rail_ib_listen *l)
 	for (;;) {
 		union rail_sockaddr peer;
 		struct rail_ib_hs *hs;
-		int fd;
+		int fd = -1;
 
 		if (l->npending >= MAX_PENDING &&
 		    (!backlog_waiting(l->fd) || drop_oldest_stray(l)))
@@ -934,6 +934,10 @@ static void send_drain(struct rail_ib_comm *c)
 {
 	uint64_t deadline = rail_now_ns() + 1000000000ull;
 
+	/* The last writes may have gone unsignaled (rail_ib_ctl_write): one signaled write each. */
+	for (int i = 0; i < c->nqps && !c->error; i++)
+		if (c->qps[i].sq_posted != c->qps[i].sq_retired && rail_ib_sq_mark(c, i))
+			return;
 	while (!c->error) {
 		int left = 0;
 

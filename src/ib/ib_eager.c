@@ -116,7 +116,7 @@ void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits)
 	c->want_ack = ack;	/* one want at a time: the latest is the one */
 }
 
-/* Order-safe: the eager write carries its seq as an immediate (signaled, as every sender write). */
+/* Order-safe, larger than an LL image: the eager write carries its seq as an immediate. */
 static int eager_write_imm(struct rail_ib_comm *c, const void *src, uint32_t len, uint64_t raddr,
 			   uint32_t rkey, uint32_t seq)
 {

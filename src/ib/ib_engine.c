@@ -81,14 +81,33 @@ int rail_ib_ctl_write(struct rail_ib_comm *c, int qpi, const void *src, uint32_t
 	wr.wr.rdma.rkey = rkey;
 	q->sq_posted++;
 	/*
-	 * The sender signals every write: closing waits until its messages are
-	 * out (their CQEs), and must not have to post anything to find out.
+	 * Every 16th is signaled, and its completion retires the ones before
+	 * (RC completes a QP's WRs in order): a CQE costs the provider and,
+	 * on rxe, the kernel inside the post, on every small message's path.
+	 * A sender closing posts one signaled write more (rail_ib_sq_mark).
 	 */
-	if (c->base.kind == RAIL_COMM_SEND || q->sq_posted % CTL_SIGNAL_EVERY == 0) {
+	if (q->sq_posted % CTL_SIGNAL_EVERY == 0) {
 		wr.send_flags |= IBV_SEND_SIGNALED;
 		wr.wr_id = rail_ib_wrid(RAIL_IB_WR_RETIRE, (uint32_t)qpi, q->sq_posted);
 	}
 	return rail_ib_post_send(c, qpi, &wr, what);
+}
+
+int rail_ib_sq_mark(struct rail_ib_comm *c, int qpi)
+{
+	struct rail_ib_qp *q = &c->qps[qpi];
+	struct ibv_send_wr wr = {
+		.num_sge = 0,
+		.opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+	};
+
+	/* zero bytes: no memory is touched, but the address and key are the peer's own */
+	wr.wr.rdma.remote_addr = c->remote_cmpl_addr;
+	wr.wr.rdma.rkey = c->remote_cmpl_rkey[q->remote_member];
+	q->sq_posted++;
+	wr.wr_id = rail_ib_wrid(RAIL_IB_WR_RETIRE, (uint32_t)qpi, q->sq_posted);
+	return rail_ib_post_send(c, qpi, &wr, "zero-byte write that retires unsignaled ones");
 }
 
 int rail_ib_protocol_error(struct rail_ib_comm *c, int m, const char *what)

@@ -335,7 +335,7 @@ static int cts_answered(struct rail_ib_comm *c, struct rail_ib_cts_state *st, in
 int rail_ib_on_answer(struct rail_ib_comm *c, int qpi, int m, const struct ibv_wc *wc)
 {
 	struct rail_ib_cts_state *st;
-	uint64_t num, value;
+	uint64_t num, value = 0;
 	uint32_t imm;
 	int kind = -EBADMSG, idx;
 

@@ -358,6 +358,10 @@ static int batch_advance(struct rail_ib_comm *c)
 		int err;
 
 		if (b->nreqs == 0) {
+			/* the common case on every isend and test: no new CTS (its seq not there) */
+			if (rail_ib_cts_seq(c->fifo + (c->seq & SLOT_MASK) * RAIL_MAX_RECVS *
+					    RAIL_IB_CTS_SIZE) != (uint32_t)(c->seq + 1))
+				return 0;
 			err = batch_load(c);
 			if (err)
 				return err == -EAGAIN ? 0 : err;

@@ -479,7 +479,7 @@ static int accept_new(struct tcp_listen_comm *lc)
 {
 	for (;;) {
 		union rail_sockaddr peer;
-		int fd, err = rail_sock_accept(lc->fd, &fd, &peer);
+		int fd = -1, err = rail_sock_accept(lc->fd, &fd, &peer);
 
 		if (err == -EAGAIN)
 			return 0;

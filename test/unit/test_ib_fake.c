@@ -742,6 +742,41 @@ static void test_eager_ll_on_reordering_device(void **state)
 	fake_stop(F);
 }
 
+/*
+ * Small control and eager writes are signaled one in 16 (a completion costs
+ * the provider, and rxe's kernel inside the post, on every message); a
+ * sender closing with unsignaled writes outstanding posts one signaled
+ * zero-byte write, whose completion says they all reached the peer.
+ */
+static void test_send_close_retires_unsignaled(void **state)
+{
+	char line[LINE];
+	struct fake *F;
+	int signaled = 0, writes = 0;
+
+	(void)state;
+	F = fake_start(roce_dev);
+	fake_connect(F, 0, 0, -1);
+	for (unsigned k = 0; k < 19; k++)
+		assert_true(eager_one(F, 8, k));
+	for (int n = 0; log_find(F, n, line, "ibv_post_send", "opcode=RDMA_WRITE ", NULL); n++) {
+		if (strstr(line, "len=0 "))
+			continue;
+		writes++;
+		signaled += (kvnum(line, "send_flags") & IBV_SEND_SIGNALED) != 0;
+	}
+	/* the 19 eager writes, and the receiver's credit words, one in 16 of each QP's */
+	assert_true(writes >= 19);
+	assert_true(signaled >= 1 && signaled <= writes / 16 + 2);
+	assert_int_equal(log_count(F, "ibv_post_send", "opcode=RDMA_WRITE ", "len=0 "), 0);
+	assert_int_equal(rail_net_close_send(F->sc), ncclSuccess);
+	F->sc = NULL;
+	assert_true(log_find(F, 0, line, "ibv_post_send", "opcode=RDMA_WRITE ", "len=0 "));
+	assert_true(kvnum(line, "send_flags") & IBV_SEND_SIGNALED);
+	assert_false(unit_log_has(RAIL_LOG_INFO, "still unacknowledged"));
+	fake_stop(F);
+}
+
 /* Either side's NCCL_RAIL_IB_EAGER_ORDER=safe wins over a device that promises order. */
 static void test_eager_safe_forced(void **state)
 {
@@ -788,6 +823,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_eager_inorder_on_reordering_device, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_auto_on_reordering_device, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_ll_on_reordering_device, fake_teardown),
+		cmocka_unit_test_teardown(test_send_close_retires_unsignaled, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_safe_forced, fake_teardown),
 	};
 
