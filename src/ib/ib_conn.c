@@ -25,6 +25,7 @@
  * kernel resolves the peer's address inside ibv_modify_qp(RTR), which can
  * take a second, and connect/accept must not block NCCL's proxy thread.
  */
+#include <errno.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -924,15 +925,30 @@ int rail_ib_close_listen(struct rail_comm *comm)
 	return 0;
 }
 
+/* The peer closed its end of the handshake socket (or it failed): nobody waits for our writes. */
+static int peer_left(const struct rail_ib_comm *c)
+{
+	ssize_t n;
+	char b;
+
+	if (c->oob_fd < 0)
+		return 0;
+	n = recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
+}
+
 /*
  * Sends completed early (inline or eager) may still sit in the send queue:
  * let them reach the peer before the QPs go, or the receiver would wait
  * forever for a message the sender already reported done. Bounded, since a
- * dead peer never acknowledges.
+ * dead peer never acknowledges, and over as soon as the receiver has closed:
+ * its QP is gone, so the hardware retries our writes for seconds, and NCCL
+ * closes hundreds of comms at teardown.
  */
 static void send_drain(struct rail_ib_comm *c)
 {
 	uint64_t deadline = rail_now_ns() + 1000000000ull;
+	unsigned turns = 0;
 
 	/* The last writes may have gone unsignaled (rail_ib_ctl_write): one signaled write each. */
 	for (int i = 0; i < c->nqps && !c->error; i++)
@@ -944,6 +960,8 @@ static void send_drain(struct rail_ib_comm *c)
 		for (int i = 0; i < c->nqps && !left; i++)
 			left = c->qps[i].sq_posted != c->qps[i].sq_retired;
 		if (!left)
+			return;
+		if ((++turns & 63) == 0 && peer_left(c))
 			return;
 		if (rail_now_ns() > deadline) {
 			RAIL_INFO(RAIL_LOG_NET, "closing the connection to peer %s with inline sends "

@@ -62,6 +62,7 @@ struct fv_dev {
 	int reorder;		/* RDMA writes into this device's QPs land out of order */
 	int reorder_tail;	/* bytes of such a write placed first (0: FV_REORDER_TAIL) */
 	int ece;		/* 0: EOPNOTSUPP, else the vendor_id/options answered */
+	int retrying;		/* a WR to a QP that is gone never completes (still retrying) */
 	/* mlx5 Data Direct function, relative to /sys, as libmlx5 names it; "": none */
 	char data_direct[128];
 	int nports;

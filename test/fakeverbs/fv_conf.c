@@ -110,7 +110,8 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 		return u64(v, &d->sys_image_guid);
 	if (!strcmp(k, "node_guid"))
 		return u64(v, &d->node_guid);
-	err = !strcmp(k, "dmabuf") || !strcmp(k, "data_in_order") || !strcmp(k, "reorder")
+	err = !strcmp(k, "dmabuf") || !strcmp(k, "data_in_order") || !strcmp(k, "reorder") ||
+		      !strcmp(k, "retrying")
 		      ? lookup(yesno, v, &n)
 		      : num(v, &n);
 	if (err)
@@ -125,6 +126,7 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 	else if (!strcmp(k, "reorder")) d->reorder = (int)n;
 	else if (!strcmp(k, "reorder_tail") && n > 0 && n % 8 == 0) d->reorder_tail = (int)n;
 	else if (!strcmp(k, "ece")) d->ece = (int)n;
+	else if (!strcmp(k, "retrying")) d->retrying = (int)n;
 	else return EINVAL;
 	return 0;
 }

@@ -6,7 +6,8 @@
  * destination QP, and completions go to the CQs at once. Memory registered
  * through DMA-BUF has no host mapping here: its copies are skipped (the
  * request still completes). A destination QP in another process cannot be
- * reached: such requests complete with IBV_WC_RETRY_EXC_ERR. A device with
+ * reached: such requests complete with IBV_WC_RETRY_EXC_ERR (with retrying=yes,
+ * as with a QP that is gone, they never complete). A device with
  * reorder=yes places RDMA WRITEs out of order (fv.h: FV_REORDER_TAIL).
  */
 #include <errno.h>
@@ -240,6 +241,12 @@ int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 		}
 		if (q->state == IBV_QPS_RTS)
 			st = execute(q, wr, &len);
+		/* retrying=yes: real hardware retries for seconds before it gives up */
+		if (st == IBV_WC_RETRY_EXC_ERR && q->dev->retrying) {
+			fv_log("wc qpn=0x%x wr_id=0x%llx held: the destination is gone, retrying",
+			       qp->qp_num, (unsigned long long)wr->wr_id);
+			continue;
+		}
 		if (st != IBV_WC_SUCCESS) {
 			fv_log("wc qpn=0x%x wr_id=0x%llx status=%d", qp->qp_num,
 			       (unsigned long long)wr->wr_id, (int)st);

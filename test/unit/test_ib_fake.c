@@ -777,6 +777,37 @@ static void test_send_close_retires_unsignaled(void **state)
 	fake_stop(F);
 }
 
+/*
+ * A receiver that already closed needs nothing more: the sender's closing
+ * write then goes to a QP that is gone, which real hardware retries for
+ * seconds. NCCL closes hundreds of comms at teardown, so the sender must not
+ * wait out its 1 s bound on each: the peer's closed socket ends the wait.
+ */
+static void test_send_close_after_receiver(void **state)
+{
+	char conf[256];
+	struct fake *F;
+	uint64_t t0, ms;
+
+	(void)state;
+	snprintf(conf, sizeof(conf), "device mlx5_0 retrying=yes\n%s", strchr(roce_dev, '\n') + 1);
+	F = fake_start(conf);
+	fake_connect(F, 0, 0, -1);
+	for (unsigned k = 0; k < 3; k++)
+		assert_true(eager_one(F, 8, k));
+	assert_int_equal(rail_net_close_recv(F->rc), ncclSuccess);
+	F->rc = NULL;
+	t0 = rail_now_ns();
+	assert_int_equal(rail_net_close_send(F->sc), ncclSuccess);
+	F->sc = NULL;
+	ms = (rail_now_ns() - t0) / 1000000;
+	/* the mark was posted, and held by the device (the receiver's QP is gone) */
+	assert_true(log_count(F, "wc", "held", NULL) >= 1);
+	assert_false(unit_log_has(RAIL_LOG_INFO, "still unacknowledged"));
+	assert_true(ms < 500);
+	fake_stop(F);
+}
+
 /* Either side's NCCL_RAIL_IB_EAGER_ORDER=safe wins over a device that promises order. */
 static void test_eager_safe_forced(void **state)
 {
@@ -824,6 +855,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_eager_auto_on_reordering_device, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_ll_on_reordering_device, fake_teardown),
 		cmocka_unit_test_teardown(test_send_close_retires_unsignaled, fake_teardown),
+		cmocka_unit_test_teardown(test_send_close_after_receiver, fake_teardown),
 		cmocka_unit_test_teardown(test_eager_safe_forced, fake_teardown),
 	};
 
