@@ -87,6 +87,13 @@ int rail_ib_eager_fits(const struct rail_ib_comm *c, size_t size, const struct r
 	return c->eager_slots && size <= c->eager_max && (!mh || !mh->gpu);
 }
 
+/* Both sides' one choice: an order-safe ring keeps each slot's last LL_BYTES for LL images. */
+static void ring_set_order(struct rail_ib_comm *c, int safe)
+{
+	c->eager_safe = safe;
+	c->eager_end = c->eager_slot_bytes - (safe ? RAIL_IB_LL_BYTES : 0);
+}
+
 static const char *order_name(int safe)
 {
 	return safe ? "order-safe (small messages LL words with a flag each, polled in memory; larger "
@@ -103,8 +110,7 @@ void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits)
 	if (!(flags & RAIL_IB_CREDIT_READY) || (flags & RAIL_IB_CREDIT_REFUSED))
 		return;	/* a refusal carries no credits (rail_ib_eager_refused) */
 	if (!c->ring_ready && c->eager_slots) {
-		c->eager_safe = (flags & RAIL_IB_CREDIT_SAFE) != 0;
-		c->eager_end = c->eager_slot_bytes - (c->eager_safe ? RAIL_IB_LL_BYTES : 0);
+		ring_set_order(c, (flags & RAIL_IB_CREDIT_SAFE) != 0);
 		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s on %s: eager ring %s, as the "
 			  "receiver chose", c->peer, c->res[0].dev->name, order_name(c->eager_safe));
 	}
@@ -321,6 +327,12 @@ static uint8_t *ring_slot(struct rail_ib_comm *c, uint32_t e)
 	       (size_t)(e & ((uint32_t)c->eager_slots - 1)) * c->eager_slot_bytes;
 }
 
+/* Message e's trailer, where a write with immediate ends (before the LL region if order-safe). */
+static uint8_t *ring_trailer(struct rail_ib_comm *c, uint32_t e)
+{
+	return ring_slot(c, e) + c->eager_end - RAIL_IB_EAGER_TRAILER;
+}
+
 static struct rail_ib_ring_ent *ring_ent(struct rail_ib_comm *c, uint32_t e)
 {
 	return &c->ring[e & ((uint32_t)c->eager_slots - 1)];
@@ -406,7 +418,7 @@ static int ring_deliver(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *
 {
 	struct rail_ib_ring_ent *s = ring_ent(c, e);
 	uint32_t size = s->h.size;
-	const uint8_t *payload = ring_slot(c, e) + c->eager_end - RAIL_IB_EAGER_TRAILER - size;
+	const uint8_t *payload = ring_trailer(c, e) - size;
 
 	if (size > r->sizes[i]) {
 		RAIL_WARN("receive %llu buffer %d of %d from peer %s on %s: the peer's eager message "
@@ -537,7 +549,7 @@ int rail_ib_ring_due(struct rail_ib_comm *c)
 
 	if (!c->eager_slots || e - c->e_head >= (uint32_t)c->eager_slots)
 		return 1;
-	return rail_ib_eager_seq(ring_slot(c, e) + c->eager_end - RAIL_IB_EAGER_TRAILER) == e + 1;
+	return rail_ib_eager_seq(ring_trailer(c, e)) == e + 1;
 }
 
 /*
@@ -548,7 +560,7 @@ int rail_ib_ring_due(struct rail_ib_comm *c)
 static int ring_take_safe(struct rail_ib_comm *c, uint32_t e, struct rail_ib_eager_hdr *h,
 			  char *why, size_t why_len)
 {
-	uint8_t *slot = ring_slot(c, e), *trailer = slot + c->eager_end - RAIL_IB_EAGER_TRAILER;
+	uint8_t *slot = ring_slot(c, e), *trailer = ring_trailer(c, e);
 	int err;
 
 	if (e != c->e_placed && rail_ib_eager_seq(trailer) == e + 1)
@@ -580,9 +592,8 @@ int rail_ib_ring_poll(struct rail_ib_comm *c)
 		struct rail_ib_ring_ent *s = ring_ent(c, e);
 		int err = c->eager_safe
 				  ? ring_take_safe(c, e, &s->h, why, sizeof(why))
-				  : rail_ib_eager_decode(ring_slot(c, e) + c->eager_end -
-							 RAIL_IB_EAGER_TRAILER, e + 1, c->eager_max,
-							 &s->h, why, sizeof(why));
+				  : rail_ib_eager_decode(ring_trailer(c, e), e + 1,
+							 c->eager_max, &s->h, why, sizeof(why));
 
 		if (err == -EAGAIN)
 			break;
@@ -659,24 +670,24 @@ static int ring_in_order(struct rail_ib_comm *c, char *why, size_t len)
 
 int rail_ib_eager_order_setup(struct rail_ib_comm *c, int peer_order)
 {
-	int mine = (int)rail_param_int(RAIL_P_IB_EAGER_ORDER);
+	int mine = (int)rail_param_int(RAIL_P_IB_EAGER_ORDER), safe;
 	char why[300];
 
 	if (!c->eager_slots)
 		return 0;
 	if (mine == RAIL_IB_ORDER_SAFE || peer_order == RAIL_IB_ORDER_SAFE) {
-		c->eager_safe = 1;
+		safe = 1;
 		snprintf(why, sizeof(why), "NCCL_RAIL_IB_EAGER_ORDER=safe on the %s",
 			 mine == RAIL_IB_ORDER_SAFE ? "receiver" : "sender");
 	} else if (mine == RAIL_IB_ORDER_INORDER || peer_order == RAIL_IB_ORDER_INORDER) {
-		c->eager_safe = 0;
+		safe = 0;
 		snprintf(why, sizeof(why), "NCCL_RAIL_IB_EAGER_ORDER=inorder on the %s (only correct "
 			 "where the NIC places each write in order)",
 			 mine == RAIL_IB_ORDER_INORDER ? "receiver" : "sender");
 	} else {
-		c->eager_safe = !ring_in_order(c, why, sizeof(why));
+		safe = !ring_in_order(c, why, sizeof(why));
 	}
-	c->eager_end = c->eager_slot_bytes - (c->eager_safe ? RAIL_IB_LL_BYTES : 0);
+	ring_set_order(c, safe);
 	RAIL_INFO(RAIL_LOG_NET, "connection from peer %s on %s: eager ring %s: %s", c->peer,
 		  c->res[0].dev->name, order_name(c->eager_safe), why);
 	if (!c->eager_safe)
