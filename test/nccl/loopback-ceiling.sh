@@ -13,7 +13,13 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 make -s -j"$(nproc)" tools >/dev/null
 call=${CALL:-524288} secs=${SECONDS_EACH:-3} rounds=${ROUNDS:-3}
-echo "# $(nproc) CPUs; $call bytes per call, $secs s per run, median of $rounds"
+spin=${SPIN:-0} spinners=()
+for _ in $(seq "$spin"); do
+	bash -c 'while :; do :; done' &
+	spinners+=($!)
+done
+trap '[ ${#spinners[@]} -eq 0 ] || kill "${spinners[@]}" 2>/dev/null' EXIT
+echo "# $(nproc) CPUs, $spin busy; $call bytes per call, $secs s per run, median of $rounds"
 for p in "${@:-2 4 8 16}"; do
 	for p1 in $p; do
 		v=()
