@@ -130,6 +130,15 @@ struct rail_topo_choice {
 	int npicks;		/* 0: no usable NIC */
 	struct rail_topo_pick picks[RAIL_TOPO_MAX_PICKS];
 	char reason[RAIL_TOPO_REASON_LEN];
+	/*
+	 * Where this GPU's connections would go when its first choice fails
+	 * (topo_fallback.c has the rules): another card first, then the
+	 * nearest, then the least chosen; none when no other usable port of
+	 * the same link layer exists.
+	 */
+	int has_fallback;
+	struct rail_topo_pick fallback;
+	char fallback_reason[RAIL_TOPO_REASON_LEN];
 };
 
 struct rail_topo {
@@ -235,7 +244,8 @@ void rail_topo_log_gpu(const struct rail_topo *t, const char *bdf);
  *   {"sysfs_root", "numa_node_count", "gpus": [{"index", "bdf", "numa",
  *     "pci_vendor", "pci_device", "nvidia", "pci_path", "locality",
  *     "source", "reason", "nics": [{"name", "port", "relation", "netdev",
- *     "speed_mbps", "rail"}], "relations"}],
+ *     "speed_mbps", "rail"}], "fallback" (one such NIC object, or null),
+ *     "fallback_reason", "relations"}],
  *    "rdma_devices": [{..., "ports": [{..., "usable", "reason"}]}],
  *    "netdevs": [...], "gpu_nic_map": {"set", "used", "status"},
  *    "warnings": [...]}

@@ -484,7 +484,7 @@ static void advise(struct rail_topo *t)
 int rail_topo_choose(struct rail_topo *t)
 {
 	struct cand(*sets)[MAX_CAND];
-	int *nset, *same;
+	int *nset, *same, err;
 
 	mark_usable(t);
 	if (!t->ngpus)
@@ -503,8 +503,9 @@ int rail_topo_choose(struct rail_topo *t)
 	free(nset);
 	free(same);
 	apply_map(t);
+	err = rail_topo_fallbacks(t);
 	advise(t);
-	return 0;
+	return err;
 }
 
 const struct rail_topo_choice *rail_topo_choice_for_gpu(const struct rail_topo *t,

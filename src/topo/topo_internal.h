@@ -49,5 +49,7 @@ void rail_topo_add_warn(struct rail_topo *t, const char *fmt, ...)
 
 /* topo_choice.c: fill t->choice (and the advice) from t->rel. */
 int rail_topo_choose(struct rail_topo *t);
+/* topo_fallback.c: each choice's fallback port, once every GPU has its choice. */
+int rail_topo_fallbacks(struct rail_topo *t);
 
 #endif

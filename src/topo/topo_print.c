@@ -88,7 +88,14 @@ static void json_gpu(const struct rail_topo *t, FILE *out, int g)
 		fprintf(out, "%s", i ? ", " : "");
 		json_pick(t, out, &ch->picks[i]);
 	}
-	fprintf(out, "],\n     \"relations\": {");
+	fprintf(out, "],\n     \"fallback\": ");
+	if (ch->has_fallback)
+		json_pick(t, out, &ch->fallback);
+	else
+		fprintf(out, "null");
+	fprintf(out, ", \"fallback_reason\": ");
+	json_str(out, ch->fallback_reason);
+	fprintf(out, ",\n     \"relations\": {");
 	for (int n = 0; n < t->nnics; n++) {
 		fprintf(out, "%s", n ? ", " : "");
 		json_str(out, t->nics[n].name);
@@ -215,6 +222,16 @@ static void text_choices(const struct rail_topo *t, FILE *out)
 				rail_of(t, ch->picks[i].nic, port));
 		}
 		fprintf(out, "%s\n      -- %s\n", ch->npicks ? "" : " (none)", ch->reason);
+		if (ch->has_fallback) {
+			const struct rail_topo_nic *nic = &t->nics[ch->fallback.nic];
+			int port = nic->ports[ch->fallback.port_idx].port;
+
+			fprintf(out, "      fallback %s:%d [%s %d] -- %s\n", nic->name, port,
+				rail_topo_rel_name(ch->fallback.rel),
+				rail_of(t, ch->fallback.nic, port), ch->fallback_reason);
+		} else if (ch->npicks) {
+			fprintf(out, "      fallback %s\n", ch->fallback_reason);
+		}
 	}
 }
 
@@ -286,7 +303,7 @@ void rail_topo_print(const struct rail_topo *t, FILE *out, int json)
 static void log_gpu(const struct rail_topo *t, int g, const char *who)
 {
 	const struct rail_topo_choice *ch = &t->choice[g];
-	char nics[160] = "none";
+	char nics[160] = "none", fallback[96] = "none";
 	size_t off = 0;
 
 	for (int i = 0; i < ch->npicks && off < sizeof(nics) - 24; i++) {
@@ -297,9 +314,15 @@ static void log_gpu(const struct rail_topo *t, int g, const char *who)
 					nic->ports[ch->picks[i].port_idx].port,
 					rail_topo_rel_name(ch->picks[i].rel));
 	}
-	RAIL_INFO(RAIL_LOG_INIT, "topology: GPU %s%s NUMA %d -> %s, locality %s: %s",
+	if (ch->has_fallback) {
+		const struct rail_topo_nic *fb = &t->nics[ch->fallback.nic];
+
+		snprintf(fallback, sizeof(fallback), "%s:%d[%s]", fb->name,
+			 fb->ports[ch->fallback.port_idx].port, rail_topo_rel_name(ch->fallback.rel));
+	}
+	RAIL_INFO(RAIL_LOG_INIT, "topology: GPU %s%s NUMA %d -> %s, locality %s: %s; fallback %s",
 		  t->gpus[g].bdf, who, t->gpus[g].numa, nics,
-		  rail_topo_locality_name(ch->locality), ch->reason);
+		  rail_topo_locality_name(ch->locality), ch->reason, fallback);
 }
 
 void rail_topo_log(const struct rail_topo *t)

@@ -589,6 +589,96 @@ static void test_two_port_device(void **state)
 	remove_tree(dir);
 }
 
+/* ---- fallback ports (issue 14) ---------------------------------------------------- */
+
+static const struct rail_topo_port *fb_port(const struct rail_topo *t,
+					    const struct rail_topo_choice *ch)
+{
+	return &t->nics[ch->fallback.nic].ports[ch->fallback.port_idx];
+}
+
+/*
+ * On every fixture: a fallback is usable, not a first choice of its GPU, of
+ * the first choice's link layer, and no eligible port is nearer the GPU.
+ */
+static void test_fallback_rules(void **state)
+{
+	(void)state;
+	for (size_t f = 0; f < RAIL_ARRAY_SIZE(fixtures); f++) {
+		struct rail_topo *t = load(fixtures[f], NULL, NULL);
+
+		for (int g = 0; g < t->ngpus; g++) {
+			const struct rail_topo_choice *ch = &t->choice[g];
+			const char *ll;
+
+			assert_true(ch->fallback_reason[0]);
+			if (!ch->has_fallback)
+				continue;
+			ll = t->nics[ch->picks[0].nic].ports[ch->picks[0].port_idx].link_layer;
+			assert_true(fb_port(t, ch)->usable);
+			assert_string_equal(fb_port(t, ch)->link_layer, ll);
+			assert_int_equal(ch->fallback.rel, t->rel[g * t->nnics + ch->fallback.nic]);
+			for (int i = 0; i < ch->npicks; i++)
+				assert_false(ch->picks[i].nic == ch->fallback.nic &&
+					     ch->picks[i].port_idx == ch->fallback.port_idx);
+			for (int n = 0; n < t->nnics; n++)
+				for (int p = 0; p < t->nics[n].nports; p++)
+					if (t->nics[n].ports[p].usable &&
+					    !strcmp(t->nics[n].ports[p].link_layer, ll) &&
+					    t->rel[g * t->nnics + n] < ch->fallback.rel &&
+					    !(n == ch->picks[0].nic && p == ch->picks[0].port_idx))
+						fail_msg("%s GPU %d: fallback %s (%s) but %s is nearer",
+							 fixtures[f], g, t->nics[ch->fallback.nic].name,
+							 rail_topo_rel_name(ch->fallback.rel),
+							 t->nics[n].name);
+		}
+		rail_topo_free(t);
+	}
+}
+
+/*
+ * DGX H100: each GPU's PIX NIC is its own; the fallback is a NODE NIC on
+ * another card, and the four GPUs of a NUMA node do not share one.
+ * B200 with dual-port cards: the other port of the card, still PIX, wins
+ * over a NODE port on another card. One usable NIC: no fallback, said why.
+ */
+static void test_fallback_choice(void **state)
+{
+	struct rail_topo *t = load("dgx-h100", NULL, NULL);
+	const struct rail_topo_choice *c = choice(t, "0000:1b:00.0");
+	int used[64] = { 0 };
+
+	(void)state;
+	assert_true(c->has_fallback);
+	assert_string_equal(t->nics[c->fallback.nic].name, "mlx5_3");
+	assert_int_equal(c->fallback.rel, RAIL_TOPO_NODE);
+	assert_non_null(strstr(c->fallback_reason, "another card"));
+	for (int g = 0; g < 4; g++) {
+		assert_true(t->choice[g].has_fallback);
+		assert_true(t->choice[g].fallback.nic < 64);
+		if (used[t->choice[g].fallback.nic]++)
+			fail_msg("GPU %d: fallback %s already taken by a GPU before it", g,
+				 t->nics[t->choice[g].fallback.nic].name);
+	}
+	rail_topo_free(t);
+
+	t = load("b200-dualport", NULL, NULL);
+	c = choice(t, "0000:19:00.0");
+	assert_string_equal(pick_name(t, c, 0), "mlx5_0");
+	assert_true(c->has_fallback);
+	assert_string_equal(t->nics[c->fallback.nic].name, "mlx5_1");
+	assert_int_equal(c->fallback.rel, RAIL_TOPO_PIX);
+	assert_non_null(strstr(c->fallback_reason, "the other port of the first choice's card"));
+	rail_topo_free(t);
+
+	t = load("dgx-h100", NULL, "mlx5_0");
+	c = choice(t, "0000:1b:00.0");
+	assert_string_equal(pick_name(t, c, 0), "mlx5_0");
+	assert_false(c->has_fallback);
+	assert_non_null(strstr(c->fallback_reason, "none: no other usable InfiniBand port"));
+	rail_topo_free(t);
+}
+
 /* ---- the NCCL topology file ---------------------------------------------------- */
 
 static void test_nccl_xml(void **state)
@@ -638,6 +728,7 @@ static void test_log_lines(void **state)
 	rail_topo_log(t);
 	assert_int_equal(unit_log_count(RAIL_LOG_INFO, "topology: GPU"), 8);
 	unit_assert_logged2(RAIL_LOG_INFO, "GPU 0000:07:00.0 NUMA 3 -> mlx5_0:1[PXB]", "locality pcie");
+	unit_assert_logged2(RAIL_LOG_INFO, "GPU 0000:07:00.0 NUMA 3", "; fallback mlx5_1:1[PXB]");
 	rail_topo_free(t);
 }
 
@@ -660,6 +751,8 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_extra_gpus, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_several_rails_per_gpu, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_two_port_device, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fallback_rules, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_fallback_choice, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_nccl_xml, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_log_lines, setup, teardown),
 	};
