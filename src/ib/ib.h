@@ -551,6 +551,12 @@ int rail_ib_poll(struct rail_ib_comm *c);
 /* Every ~100 ms of waiting: -ECONNRESET (logged) once the peer closed its socket. */
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call);
 /*
+ * The handshake socket, peeked without blocking: 0 while the peer may be
+ * there (bytes, or nothing yet), -RAIL_ECLOSED once it closed its end,
+ * else -errno (ETIMEDOUT: keepalive found its host silent). Logs nothing.
+ */
+int rail_ib_oob_peek(const struct rail_ib_comm *c);
+/*
  * The describe_comm of the ops table: peer, member devices, and with
  * detail every QP's number, the peer's QP and the state (ibv_query_qp).
  */

@@ -25,7 +25,6 @@
  * kernel resolves the peer's address inside ibv_modify_qp(RTR), which can
  * take a second, and connect/accept must not block NCCL's proxy thread.
  */
-#include <errno.h>
 #include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -925,18 +924,6 @@ int rail_ib_close_listen(struct rail_comm *comm)
 	return 0;
 }
 
-/* The peer closed its end of the handshake socket (or it failed): nobody waits for our writes. */
-static int peer_left(const struct rail_ib_comm *c)
-{
-	ssize_t n;
-	char b;
-
-	if (c->oob_fd < 0)
-		return 0;
-	n = recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-	return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR);
-}
-
 /*
  * Sends completed early (inline or eager) may still sit in the send queue:
  * let them reach the peer before the QPs go, or the receiver would wait
@@ -961,7 +948,7 @@ static void send_drain(struct rail_ib_comm *c)
 			left = c->qps[i].sq_posted != c->qps[i].sq_retired;
 		if (!left)
 			return;
-		if ((++turns & 63) == 0 && peer_left(c))
+		if ((++turns & 63) == 0 && rail_ib_oob_peek(c))
 			return;
 		if (rail_now_ns() > deadline) {
 			RAIL_INFO(RAIL_LOG_NET, "closing the connection to peer %s with inline sends "

@@ -311,11 +311,23 @@ void rail_ib_describe_comm(struct rail_comm *base, int detail, char *buf, size_t
 #undef PUT
 }
 
+int rail_ib_oob_peek(const struct rail_ib_comm *c)
+{
+	ssize_t n;
+	char b;
+
+	if (c->oob_fd < 0)
+		return 0;
+	n = recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
+		return 0;
+	return n == 0 ? -RAIL_ECLOSED : -errno;
+}
+
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 {
 	uint64_t now;
-	ssize_t n;
-	char b;
+	int err;
 
 	if ((++c->idle & 255) != 0 || c->oob_fd < 0)
 		return 0;
@@ -323,10 +335,10 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 	if (now - c->oob_checked_ns < 100000000ull)
 		return 0;
 	c->oob_checked_ns = now;
-	n = recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
-	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
+	err = rail_ib_oob_peek(c);
+	if (!err)
 		return 0;
-	if (n < 0 && errno == ETIMEDOUT) {
+	if (err == -ETIMEDOUT) {
 		/* keepalive with NCCL_RAIL_PEER_TIMEOUT (ib_conn.c): the host went silent */
 		RAIL_WARN("%s on %s:%d qp 0x%x: peer %s stopped answering (its host sent nothing, "
 			  "not even a TCP keepalive reply, for NCCL_RAIL_PEER_TIMEOUT=%lld s): the "
@@ -339,11 +351,11 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 		return c->error;
 	}
 	/* End of file: the peer closed (its process exited), which "reset" would misreport. */
-	c->error = n == 0 ? -RAIL_ECLOSED : -ECONNRESET;
+	c->error = err == -RAIL_ECLOSED ? -RAIL_ECLOSED : -ECONNRESET;
 	RAIL_WARN("%s on %s:%d qp 0x%x: the connection to peer %s is gone (%s): the peer process "
 		  "exited or crashed while this side still waits", call, c->res[0].dev->hca->name,
 		  c->res[0].dev->port, c->qps[0].qp->qp_num, c->peer,
-		  n == 0 ? "it closed its socket" : RAIL_ERRSTR(-errno));
+		  err == -RAIL_ECLOSED ? "it closed its socket" : RAIL_ERRSTR(err));
 	watchdog_fired(c, call);
 	return c->error;
 }

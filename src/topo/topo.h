@@ -132,9 +132,9 @@ struct rail_topo_choice {
 	char reason[RAIL_TOPO_REASON_LEN];
 	/*
 	 * Where this GPU's connections would go when its first choice fails
-	 * (topo_fallback.c has the rules): another card first, then the
-	 * nearest, then the least chosen; none when no other usable port of
-	 * the same link layer exists.
+	 * (topo_fallback.c has the rules): the nearest, then another card
+	 * among equally near ones, then the least used; none when no other
+	 * usable port of the same link layer exists.
 	 */
 	int has_fallback;
 	struct rail_topo_pick fallback;

@@ -20,14 +20,13 @@ for _ in $(seq "$spin"); do
 done
 trap '[ ${#spinners[@]} -eq 0 ] || kill "${spinners[@]}" 2>/dev/null' EXIT
 echo "# $(nproc) CPUs, $spin busy; $call bytes per call, $secs s per run, median of $rounds"
-for p in "${@:-2 4 8 16}"; do
-	for p1 in $p; do
-		v=()
-		for r in $(seq "$rounds"); do
-			v+=("$(build/rail-rawtcp -P "$p1" -l "$call" -s "$secs" |
-				sed -E 's/.*: ([0-9.]+) GB\/s.*/\1/')")
-		done
-		echo "streams $p1: $(printf '%s\n' "${v[@]}" | sort -g |
-			awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}') GB/s (runs: ${v[*]})"
+[ $# -gt 0 ] || set -- 2 4 8 16
+for p in "$@"; do
+	v=()
+	for r in $(seq "$rounds"); do
+		v+=("$(build/rail-rawtcp -P "$p" -l "$call" -s "$secs" |
+			sed -E 's/.*: ([0-9.]+) GB\/s.*/\1/')")
 	done
+	echo "streams $p: $(printf '%s\n' "${v[@]}" | sort -g |
+		awk '{a[NR]=$1} END{print a[int((NR+1)/2)]}') GB/s (runs: ${v[*]})"
 done
