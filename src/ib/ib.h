@@ -37,6 +37,7 @@
  *   4.0  ib_eager    layer 4, send/receive: the eager ring, flow control
  *   4.1  ib_send     the send side: isend, CTS batches (the protocol: its top)
  *   4.1  ib_recv     the receive side: irecv, CTS writes, answers
+ *   4.2  ib_move     a comm's move to another path (failover, docs/FAILOVER.md)
  *   5.0  ib_conn     layer 5, connection setup: handshake, comms, close
  *   6.0  ib_ops      layer 6, the ops table (src/transport.c); init and fini
  *
@@ -224,7 +225,17 @@ struct rail_ib_mh {
 	struct rail_ib_mr_ent *ent[RAIL_MAX_VDEV_DEVS];
 	uint32_t lkey[RAIL_MAX_VDEV_DEVS];
 	uint32_t rkey[RAIL_MAX_VDEV_DEVS];
+	void *addr;		/* as registered, for a move (rail_ib_mh_rehome) */
+	size_t len;
+	int access;
+	int fd;			/* a dup of the DMA-BUF fd with failover, else -1 */
+	uint64_t offset;
 };
+/*
+ * A move: member m's registration on device d's HCA instead (a no-op when
+ * it is there already), the old one released. 0 or -errno (logged).
+ */
+int rail_ib_mh_rehome(struct rail_ib_mh *mh, int m, struct rail_ib_dev *d, const char *peer);
 /* Register [addr, addr+len) on every member HCA (fd < 0: not DMA-BUF). */
 int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size_t len,
 			int type, int fd, uint64_t offset, const char *peer,
@@ -270,6 +281,7 @@ void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 #define RAIL_IB_WR_RETIRE 1	/* retires send-queue slots: QP index, posted count */
 #define RAIL_IB_WR_RECV 2	/* a receive WR (answers to a CTS): QP index */
 #define RAIL_IB_WR_LOOP 3	/* a loopback copy of an eager message: ring slot */
+#define RAIL_IB_WR_MARK 4	/* a move's drain mark: QP index, 0 send / 1 receive queue */
 static inline uint64_t rail_ib_wrid(int kind, uint32_t a, uint32_t b)
 {
 	return (uint64_t)kind | ((uint64_t)a << 3) | ((uint64_t)b << 32);
@@ -317,6 +329,28 @@ struct rail_ib_qp {
 	uint32_t sq_retired;
 	uint64_t ans_next;	/* receiver: the CTS number of the next answer on this QP */
 };
+
+/*
+ * Sender with failover (ib_move.c): what was posted to answer CTS num, so
+ * that the pieces a failed path lost can be posted again. An early batch
+ * (completed at post) keeps its payloads here; the others' requests are
+ * still in flight.
+ */
+#define RAIL_IB_EARLY_COPY 128	/* with failover, an early batch's entries are this small */
+struct rail_ib_sent {
+	uint64_t num;
+	int nreqs;
+	int early;
+	struct rail_ib_req *lead;		/* NULL: early, or every entry went eagerly */
+	struct rail_ib_req *reqs[RAIL_MAX_RECVS];	/* NULL: went eagerly */
+	uint32_t sizes[RAIL_MAX_RECVS];
+	uint8_t copy[RAIL_MAX_RECVS][RAIL_IB_EARLY_COPY];
+};
+
+/* Move triggers, what the engine and the checks hand to c->on_move. */
+enum { RAIL_IB_TRIG_NONE, RAIL_IB_TRIG_PORT, RAIL_IB_TRIG_WC, RAIL_IB_TRIG_OOB };
+
+struct rail_ib_move;
 
 /* Per member device of a comm. */
 struct rail_ib_devres {
@@ -392,6 +426,28 @@ struct rail_ib_comm {
 	int (*on_answer)(struct rail_ib_comm *c, int qpi, int m, const struct ibv_wc *wc);
 	int (*on_loop)(struct rail_ib_comm *c, uint32_t slot);
 	int oob_fd;			/* the handshake socket, kept to notice a dead peer */
+	/*
+	 * Failover (ib_move.c, docs/FAILOVER.md). failover: NCCL_RAIL_FAILOVER
+	 * and a comm it covers. on_move (set by ib_conn.c): called by the checks
+	 * below layer 5 with a trigger; 0 the comm may go on, -EAGAIN a move is
+	 * under way (isend/irecv refuse, test waits), or an error. path_failed:
+	 * a completion said the path failed (the engine, RAIL_IB_TRIG_WC).
+	 * fencing: the old QPs drain; their flushed completions are expected.
+	 */
+	int failover;
+	int (*on_move)(struct rail_ib_comm *c, int trigger, const char *call);
+	struct rail_ib_move *mv;
+	uint32_t epoch;
+	int path_failed;
+	int fencing;
+	int marks_left;			/* drain marks not yet polled */
+	struct rail_ib_sent *sent;	/* sender with failover: RAIL_IB_SLOTS records */
+	uint64_t rp_next, rp_end;	/* sender: CTS numbers whose lost pieces go again */
+	uint64_t rp_ans[RAIL_IB_MAX_QPS];	/* the receiver's answers per QP at the move */
+	int batch_stale;		/* sender: the loaded CTS is re-written by the receiver */
+	int nreflush;			/* receiver: flushes the drain cut short */
+	struct rail_ib_req *reflush[RAIL_MAX_REQUESTS];
+	uint32_t e_img[RAIL_IB_EAGER_SLOTS];	/* sender: image length per slot (bit 31: LL) */
 	uint32_t idle;			/* calls that found nothing to do */
 	uint64_t oob_checked_ns;
 	uint64_t seq;			/* next receive (recv) or CTS to process (send) */
@@ -466,6 +522,7 @@ struct rail_ib_req {
 	int loops;			/* loopback copies in flight */
 	int64_t cts;			/* number of its unanswered CTS, or -1 */
 	int had_cts;
+	int flushed;			/* a completion of it was flushed by a move's drain */
 };
 
 /* Receiver: receive k if it is in flight, else NULL. */
@@ -525,6 +582,24 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call);
 int rail_ib_mr_reap(struct rail_ib_comm *c, const char *call);
 /* Close: forget the deregistered handles still owed a look. */
 void rail_ib_mr_dead_free(struct rail_ib_comm *c);
+/*
+ * A move (ib_move.c). Fence: every QP and flush QP to the error state and a
+ * drain mark on each queue (c->fencing, c->marks_left: the engine counts the
+ * marks down); returns how many marks the provider refused (then drain by
+ * time). Rebuild: member m on device d (its own or another): port and GID
+ * checked, control regions registered again, a new CQ and new QPs in INIT
+ * (QP indices keep their meaning); the old resources go to old, freed once
+ * drained by rail_ib_old_free.
+ */
+struct rail_ib_old {
+	int nres, nqps;
+	struct rail_ib_devres res[RAIL_MAX_VDEV_DEVS];
+	struct ibv_qp *qps[RAIL_IB_MAX_QPS];
+};
+int rail_ib_comm_fence(struct rail_ib_comm *c);
+int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d, int is_send,
+			   struct rail_ib_old *old);
+void rail_ib_old_free(struct rail_ib_old *old);
 /* Move every QP to the error state (the NIC stops using our memory); the comm fails. */
 void rail_ib_comm_quiesce(struct rail_ib_comm *c, const char *why);
 const char *rail_ib_qp_where(struct rail_ib_comm *c, int qpi, char *buf, size_t len);
@@ -577,6 +652,15 @@ int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **da
 int rail_ib_on_answer(struct rail_ib_comm *c, int qpi, int m, const struct ibv_wc *wc);
 /* CTSes for every receive in flight that lacks one (a want, or ordering). */
 int rail_ib_cts_upto(struct rail_ib_comm *c, uint64_t k);
+/*
+ * After a move (ib_move.c), the receiver. Prepare (before telling the peer
+ * its QPs are ready): the buffers of unanswered CTSes registered on the new
+ * device, a receive WR per answer still owed on each QP, the ring's.
+ * Write (once the peer's QPs are ready): every unanswered CTS again, in
+ * order, with the new rkeys; the credit word. Returns the CTSes written.
+ */
+int rail_ib_recv_replay_prepare(struct rail_ib_comm *c);
+int rail_ib_recv_replay_write(struct rail_ib_comm *c);
 /* Receiver progress besides the CQ: the ring, the want word, owed writes. */
 int rail_ib_recv_progress(struct rail_ib_comm *c);
 /*
@@ -619,6 +703,15 @@ int rail_ib_on_loop(struct rail_ib_comm *c, uint32_t slot);
 int rail_ib_eager_order_setup(struct rail_ib_comm *c, int peer_order);
 /* Receiver: an eager message written with immediate (low bits of its seq) completed. */
 int rail_ib_ring_on_imm(struct rail_ib_comm *c, int qpi, int m, uint32_t seq_bits);
+/*
+ * After a move (ib_move.c). Sender: write eager messages [from, e_sent)
+ * again from their staging slots, and an unanswered want; the number of
+ * messages or an error. Receiver: the order-safe ring's receive WRs on the
+ * new eager QP, and the loopback copies the drain flushed, posted again.
+ */
+#define RAIL_IB_IMG_LL 0x80000000u	/* e_img: the slot holds an LL image */
+int rail_ib_eager_replay(struct rail_ib_comm *c, uint32_t from);
+int rail_ib_ring_replay(struct rail_ib_comm *c);
 /* Receiver: return credits when due (FORCE: answer a want, or say "ready"). */
 enum { RAIL_IB_CREDIT_BUSY, RAIL_IB_CREDIT_IDLE, RAIL_IB_CREDIT_FORCE };
 int rail_ib_credit_return(struct rail_ib_comm *c, int mode);
@@ -628,10 +721,24 @@ int rail_ib_want_poll(struct rail_ib_comm *c);
 int rail_ib_flush_init(struct rail_ib_comm *c);
 void rail_ib_flush_fini(struct rail_ib_comm *c);
 int rail_ib_eager_possible(struct rail_ib_comm *c);
+/*
+ * A move: member m's self-connected QP on its new device (when the comm
+ * flushes); the flushes the drain cut short (c->reflush), posted again.
+ */
+int rail_ib_flush_member(struct rail_ib_comm *c, int m);
+int rail_ib_flush_replay(struct rail_ib_comm *c);
 /* Post wr on member m's self-connected QP; a failure is logged (what), set on c and returned. */
 int rail_ib_loop_post(struct rail_ib_comm *c, int m, struct ibv_send_wr *wr, const char *what);
 int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **data,
 		   const int *sizes, void **mhandles);
+
+/*
+ * ib_move.c. Arm: set c->on_move, and with NCCL_RAIL_FAILOVER=1 on a comm
+ * of one device per side (stage 1) turn failover on: the sender keeps its
+ * records. Free: at close, a move in progress and the records.
+ */
+void rail_ib_move_arm(struct rail_ib_comm *c);
+void rail_ib_move_free(struct rail_ib_comm *c);
 
 /* ib_conn.c */
 /* The ops table new comms carry (ib_ops.c, at init: the table is above this layer). */

@@ -8,7 +8,8 @@
  * refused with a named error (rail_ib_dev_port_up) until PORT_ACTIVE, which
  * re-enables them. It also counts the port's PORT_ERR events (port_downs):
  * every comm took the count when it was made and compares it in
- * rail_ib_comm_check, so the comms on the port fail at their next call
+ * rail_ib_comm_check, so the comms on the port fail (or, with failover,
+ * move: ib_move.c) at their next call
  * without this thread knowing them (no list, no lock; one load per call).
  *
  * GID_CHANGE: connections resolve their GID when made
@@ -27,6 +28,7 @@
 
 #include "ib/ib.h"
 #include "log.h"
+#include "param.h"
 #include "rail.h"
 
 /*
@@ -95,9 +97,12 @@ static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event 
 			atomic_fetch_add(&o->port_downs, 1);
 		}
 		RAIL_WARN("%s:%d: async event PORT_ERR (%s): the port went down; communicators "
-			  "using it fail at their next call, and new connections on it are refused "
+			  "using it %s at their next call, and new connections on it are refused "
 			  "until it is ACTIVE again. Check the link (ibstat, ip link, the switch "
-			  "port)", hca->name, d->port, rail_ibv_event_str(ev->event_type));
+			  "port)", hca->name, d->port, rail_ibv_event_str(ev->event_type),
+			  rail_param_int(RAIL_P_FAILOVER)
+				  ? "move to another port (NCCL_RAIL_FAILOVER=1; one device per side)"
+				  : "fail");
 		return;
 	}
 	for (o = d; o; o = port_dev_next(hca, d->port, &i))

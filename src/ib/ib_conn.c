@@ -110,6 +110,7 @@ void rail_ib_comm_free(struct rail_ib_comm *c)
 {
 	if (!c)
 		return;
+	rail_ib_move_free(c);
 	rail_ib_flush_fini(c);
 	rail_ib_comm_res_fini(c);
 	rail_ib_tags_free(&c->tags);
@@ -550,6 +551,7 @@ static void oob_keep(struct rail_ib_hs *hs)
 	rail_sock_set_liveness(hs->fd, liveness / 2, liveness);
 	hs->comm->oob_fd = hs->fd;
 	hs->fd = -1;
+	rail_ib_move_arm(hs->comm);	/* the socket also carries a move's messages */
 }
 
 int rail_ib_connect(int dev, const struct rail_conn_opts *opts, void *handle,
@@ -964,7 +966,8 @@ int rail_ib_close_send(struct rail_comm *comm)
 {
 	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
 
-	send_drain(c);
+	if (!c->mv)	/* closing during a move: its old QPs are in error already */
+		send_drain(c);
 	rail_ib_comm_free(c);
 	return 0;
 }

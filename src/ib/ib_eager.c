@@ -198,6 +198,7 @@ int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data
 					  ll ? "eager RDMA write (LL)" : "eager RDMA write");
 	if (err)
 		return err;
+	c->e_img[e & mask] = len | (ll ? RAIL_IB_IMG_LL : 0);	/* a move may write it again */
 	c->e_sent++;
 	c->base.st.eager++;
 	rail_flight_add(&c->base.fl, 0, RAIL_FEV_EAGER, (uint16_t)e, size, tag, 0);
@@ -796,4 +797,59 @@ int rail_ib_want_poll(struct rail_ib_comm *c)
 	c->cts_owed = 1;	/* CTSes for the receives in flight that have none */
 	c->credit_owed = 1;	/* credits, and the acknowledgement */
 	return 0;
+}
+
+/* ---- after a move (ib_move.c) ----------------------------------------------------- */
+
+int rail_ib_eager_replay(struct rail_ib_comm *c, uint32_t from)
+{
+	uint32_t mask = (uint32_t)c->eager_slots - 1;
+	const struct rail_ib_qp *q = &c->qps[EAGER_QP];
+	int n = 0, err = 0;
+
+	if (c->eager_slots && c->e_sent - from > (uint32_t)c->eager_slots)
+		return rail_ib_protocol_error(c, 0, "after a move the receiver has seen fewer eager "
+					      "messages than the ring holds");
+	for (uint32_t e = from; c->eager_slots && e != c->e_sent && !err; e++, n++) {
+		const uint8_t *img = c->sizes + RAIL_IB_STAGE_OFF + (size_t)(e & mask) *
+								      c->eager_slot_bytes;
+		uint32_t len = c->e_img[e & mask] & ~RAIL_IB_IMG_LL;
+		int ll = !!(c->e_img[e & mask] & RAIL_IB_IMG_LL);
+		uint64_t raddr = (ll ? c->eager_slot_bytes - len : c->eager_end - len) +
+				 c->remote_ring_addr + (uint64_t)(e & mask) * c->eager_slot_bytes;
+		uint32_t rkey = c->remote_cmpl_rkey[q->remote_member];
+
+		err = c->eager_safe && !ll
+			      ? eager_write_imm(c, img, len, raddr, rkey, e + 1)
+			      : rail_ib_ctl_write(c, EAGER_QP, img, len, raddr, rkey,
+						  "eager RDMA write, again after a move");
+	}
+	if (!err && c->want_seq != c->want_ack)	/* the last want, again: the receiver dedups */
+		err = rail_ib_ctl_write(c, EAGER_QP, c->sizes + RAIL_IB_WANT_STAGE_OFF,
+					RAIL_IB_WANT_SIZE, c->remote_want_addr,
+					c->remote_cmpl_rkey[q->remote_member], "want, again");
+	return err ? err : n;
+}
+
+int rail_ib_ring_replay(struct rail_ib_comm *c)
+{
+	int err = 0;
+
+	if (c->eager_slots && c->eager_safe) {
+		c->ring_recvs_owed = 0;
+		err = ring_recvs_post(c, (uint32_t)c->eager_slots + RAIL_IB_RING_RECV_BATCH);
+	}
+	for (int k = 0; !err && k < c->eager_slots; k++) {
+		struct rail_ib_ring_ent *s = &c->ring[k];
+		struct rail_ib_req *r = s->r;
+
+		if (s->state != RAIL_IB_RING_LOOP)
+			continue;	/* a copy that completed before the drain is done */
+		r->loops--;
+		err = rail_ib_mh_rehome(r->mhs[s->idx], 0, c->res[0].dev, c->peer);
+		if (!err)
+			err = ring_loop(c, (uint32_t)k, r, s->idx,
+					ring_trailer(c, (uint32_t)k) - s->h.size);
+	}
+	return err;
 }

@@ -165,6 +165,53 @@ static int wc_error(struct rail_ib_comm *c, int m, const struct ibv_wc *wc)
 	return c->error;
 }
 
+/*
+ * With failover, a completion that says the path failed (retry exceeded, or
+ * flushed because its QP went to error) is not the comm's error: the move
+ * (ib_move.c) drains the old QPs, learns from the peer what arrived, and
+ * posts again what the path lost. Such a request's completion is counted
+ * but the request is not complete (flushed): the move decides.
+ */
+static int path_error(enum ibv_wc_status s)
+{
+	return s == IBV_WC_RETRY_EXC_ERR || s == IBV_WC_WR_FLUSH_ERR;
+}
+
+static int fence_wc(struct rail_ib_comm *c, int m, const struct ibv_wc *wc)
+{
+	const struct rail_ib_dev *d = c->res[m].dev;
+	struct rail_ib_req *r;
+
+	if (!c->fencing && !c->path_failed) {
+		c->path_failed = RAIL_IB_TRIG_WC;
+		RAIL_WARN("completion error on %s:%d qp 0x%x, connection to peer %s: %s (status "
+			  "%d, vendor error 0x%x): the path failed; the connection moves to another "
+			  "(NCCL_RAIL_FAILOVER)", d->hca->name, d->port, wc->qp_num, c->peer,
+			  rail_ibv_wc_status_str(wc->status), wc->status, wc->vendor_err);
+		rail_flight_note(&c->base.fl, RAIL_FEV_WC_ERROR, wc->qp_num, (int)wc->status,
+				 rail_ibv_wc_status_str(wc->status));
+	}
+	switch (RAIL_IB_WRID_KIND(wc->wr_id)) {
+	case RAIL_IB_WR_MARK:
+		c->marks_left--;
+		return 0;
+	case RAIL_IB_WR_REQ:
+		r = (struct rail_ib_req *)(uintptr_t)wc->wr_id;
+		if (!r)
+			return 0;	/* an unsignaled write (wr_id 0): errors complete them too */
+		if (!r->events[m])
+			return rail_ib_protocol_error(c, m, "flushed completion for no request");
+		r->events[m]--;
+		if (r->base.type == RAIL_REQ_FLUSH && !r->flushed &&
+		    c->nreflush < RAIL_MAX_REQUESTS)
+			c->reflush[c->nreflush++] = r;
+		r->flushed = 1;
+		return 0;
+	default:
+		return 0;	/* RETIRE, RECV, LOOP: the move counts from state, not WRs */
+	}
+}
+
 static int events_left(const struct rail_ib_req *r, int ndevs)
 {
 	for (int m = 0; m < ndevs; m++)
@@ -179,8 +226,8 @@ static int on_req_cqe(struct rail_ib_comm *c, struct rail_ib_req *r, int m)
 	if (r->base.type == RAIL_REQ_RECV || !r->events[m])
 		return rail_ib_protocol_error(c, m, "completion for no request in flight");
 	r->events[m]--;
-	if (events_left(r, c->ndevs))
-		return 0;
+	if (events_left(r, c->ndevs) || rail_unlikely(r->flushed))
+		return 0;	/* flushed: a move completes it once it knows what arrived */
 	if (r->base.type == RAIL_REQ_SEND) {
 		for (int i = 0; i < r->nmembers; i++)
 			r->members[i]->done = 1;
@@ -209,7 +256,8 @@ static int handle_wc(struct rail_ib_comm *c, int m, const struct ibv_wc *wc)
 	uint32_t a = RAIL_IB_WRID_A(wc->wr_id);
 
 	if (rail_unlikely(wc->status != IBV_WC_SUCCESS))
-		return wc_error(c, m, wc);
+		return c->failover && (c->fencing || path_error(wc->status)) ? fence_wc(c, m, wc)
+									      : wc_error(c, m, wc);
 	c->res[m].cqes++;
 	switch (RAIL_IB_WRID_KIND(wc->wr_id)) {
 	case RAIL_IB_WR_RETIRE:
@@ -324,6 +372,14 @@ int rail_ib_oob_peek(const struct rail_ib_comm *c)
 	return n == 0 ? -RAIL_ECLOSED : -errno;
 }
 
+/* Bytes wait on the handshake socket: after the handshake, only a move's messages. */
+static int oob_has_bytes(const struct rail_ib_comm *c)
+{
+	char b;
+
+	return recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 {
 	uint64_t now;
@@ -336,6 +392,11 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 		return 0;
 	c->oob_checked_ns = now;
 	err = rail_ib_oob_peek(c);
+	if (!err && c->failover && !c->mv && oob_has_bytes(c)) {
+		/* the peer's path failed: it moves, and this side joins */
+		err = c->on_move(c, RAIL_IB_TRIG_OOB, call);
+		return err == -EAGAIN ? 0 : err;
+	}
 	if (!err)
 		return 0;
 	if (err == -ETIMEDOUT) {

@@ -124,6 +124,8 @@ void rail_ib_flush_fini(struct rail_ib_comm *c)
 	}
 }
 
+static int flush_post(struct rail_ib_comm *c, struct rail_ib_req *r);
+
 int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **data,
 		   const int *sizes, void **mhandles)
 {
@@ -145,8 +147,49 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 	if (last < 0)
 		return 1;
 	err = rail_ib_comm_check(c, "iflush");
+	if (err == -EAGAIN && c->mv && c->nreflush < RAIL_MAX_REQUESTS) {
+		/* the comm is moving: posted on the new device once the move is done */
+		r->bufs[0] = data[last];
+		r->mhs[0] = mh;
+		r->flushed = 1;
+		c->reflush[c->nreflush++] = r;
+		return 0;
+	}
 	if (err)
 		return err;
+	if (rail_unlikely(c->epoch) && (err = rail_ib_mh_rehome(mh, 0, c->res[0].dev, c->peer)))
+		return err;
+	r->bufs[0] = data[last];	/* a move posts it again (rail_ib_flush_replay) */
+	r->mhs[0] = mh;
+	return flush_post(c, r);
+}
+
+int rail_ib_flush_replay(struct rail_ib_comm *c)
+{
+	int err = 0;
+
+	for (int k = 0; k < c->nreflush && !err; k++) {
+		struct rail_ib_req *r = c->reflush[k];
+
+		r->flushed = 0;
+		err = rail_ib_mh_rehome(r->mhs[0], 0, c->res[0].dev, c->peer);
+		if (!err)
+			err = flush_post(c, r);
+	}
+	c->nreflush = 0;
+	return err;
+}
+
+int rail_ib_flush_member(struct rail_ib_comm *c, int m)
+{
+	return c->flush ? flush_member(c, m) : 0;
+}
+
+static int flush_post(struct rail_ib_comm *c, struct rail_ib_req *r)
+{
+	struct rail_ib_mh *mh = r->mhs[0];
+	int err;
+
 	for (int m = 0; m < c->ndevs; m++) {
 		struct rail_ib_devres *res = &c->res[m];
 		struct ibv_sge sge = { .addr = (uintptr_t)c->flush_buf, .length = 1,
@@ -155,7 +198,7 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 					  .opcode = IBV_WR_RDMA_READ,
 					  .send_flags = IBV_SEND_SIGNALED };
 
-		wr.wr.rdma.remote_addr = (uintptr_t)data[last];
+		wr.wr.rdma.remote_addr = (uintptr_t)r->bufs[0];
 		wr.wr.rdma.rkey = mh->rkey[m];
 		err = rail_ib_loop_post(c, m, &wr, "flush RDMA read");
 		if (err)

@@ -25,6 +25,7 @@
  * a WARN naming deregMr; then it frees the handles. No lock on the data
  * path: one atomic load per call.
  */
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -261,6 +262,15 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 	mh->gpu = (type & RAIL_PTR_CUDA) || fd >= 0;
 	if (type & RAIL_IB_MR_NEEDS_READ)
 		access |= IBV_ACCESS_REMOTE_READ;
+	/*
+	 * What a move needs to register it on another HCA (rail_ib_mh_rehome).
+	 * NCCL closes a DMA-BUF fd after regMrDmaBuf: with failover, keep a dup.
+	 */
+	mh->addr = addr;
+	mh->len = len;
+	mh->access = access;
+	mh->offset = offset;
+	mh->fd = fd >= 0 && rail_param_int(RAIL_P_FAILOVER) ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
 	for (int i = 0; i < n; i++) {
 		err = cache_get(devs[i], addr, len, access, fd, offset, peer, &mh->ent[i]);
 		if (err)
@@ -283,6 +293,33 @@ static void mr_release(struct rail_ib_mh *mh)
 	for (int i = 0; i < mh->ndevs; i++)
 		cache_put(mh->hca[i], mh->ent[i]);
 	mh->ndevs = 0;
+	if (mh->fd >= 0)
+		close(mh->fd);
+	mh->fd = -1;
+}
+
+int rail_ib_mh_rehome(struct rail_ib_mh *mh, int m, struct rail_ib_dev *d, const char *peer)
+{
+	struct rail_ib_mr_ent *ent;
+	int err;
+
+	if (m >= mh->ndevs || mh->hca[m] == d->hca)
+		return 0;
+	if (mh->gpu && mh->fd < 0 && !(mh->type & RAIL_PTR_CUDA)) {
+		RAIL_WARN("registering %p (%zu bytes) on %s:%d for the connection to peer %s after a "
+			  "move: its DMA-BUF fd was not kept (NCCL_RAIL_FAILOVER was 0 when it was "
+			  "registered)", mh->addr, mh->len, d->hca->name, d->port, peer);
+		return -EBADF;
+	}
+	err = cache_get(d, mh->addr, mh->len, mh->access, mh->fd, mh->offset, peer, &ent);
+	if (err)
+		return err;
+	cache_put(mh->hca[m], mh->ent[m]);
+	mh->hca[m] = d->hca;
+	mh->ent[m] = ent;
+	mh->lkey[m] = ent->mr->lkey;
+	mh->rkey[m] = ent->mr->rkey;
+	return 0;
 }
 
 void rail_ib_mr_deregister(struct rail_ib_mh *mh)

@@ -55,13 +55,15 @@ int rail_ib_test(struct rail_req *req, int *done, size_t *sizes)
 
 	if (!r->done && !r->error) {
 		/* A receive only the ring can complete: one load, mostly. */
-		err = c->base.kind == RAIL_COMM_RECV ? rail_ib_recv_fast(c, r) : 0;
+		err = c->base.kind == RAIL_COMM_RECV && !c->mv ? rail_ib_recv_fast(c, r) : 0;
 		if (err == 0) {
 			err = rail_ib_comm_check(c, "test");
 			if (!err)
 				err = rail_ib_poll(c);
 			if (!err && !r->done)
 				err = progress(c);
+			if (err == -EAGAIN)
+				err = 0;	/* the comm is moving to another path: not done yet */
 		} else if (err > 0) {
 			err = 0;
 		}

@@ -587,6 +587,8 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 
 	if (rail_unlikely(c->error))
 		return c->error;
+	if (rail_unlikely(c->mv || c->path_failed))
+		return c->on_move(c, c->path_failed, call);
 	if (rail_unlikely(atomic_load_explicit(&c->dead_mhs, memory_order_relaxed) != NULL)) {
 		int err = rail_ib_mr_reap(c, call);
 
@@ -610,6 +612,8 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 		}
 		if (rail_unlikely(atomic_load_explicit(&d->port_downs, memory_order_relaxed) !=
 				  c->res[m].port_gen)) {
+			if (c->failover)
+				return c->on_move(c, RAIL_IB_TRIG_PORT, call);
 			RAIL_WARN("%s on a connection to peer %s: port %s:%d went down (async event "
 				  "PORT_ERR) after the connection was made; the communicator fails. "
 				  "Check the link (ibstat, ip link, the switch port); new connections "
@@ -643,4 +647,105 @@ void rail_ib_comm_quiesce(struct rail_ib_comm *c, const char *why)
 			qp_to_error(c->res[m].flush_qp);
 	if (!c->error)
 		c->error = -ECANCELED;
+}
+
+/* ---- a move to another path (ib_move.c) ------------------------------------ */
+
+static void mark_post(struct rail_ib_comm *c, struct ibv_qp *qp, uint32_t a)
+{
+	struct ibv_send_wr swr = { .opcode = IBV_WR_RDMA_WRITE, .send_flags = IBV_SEND_SIGNALED };
+	struct ibv_recv_wr rwr = { .wr_id = rail_ib_wrid(RAIL_IB_WR_MARK, a, 1) };
+	struct ibv_send_wr *sbad = NULL;
+	struct ibv_recv_wr *rbad = NULL;
+
+	swr.wr_id = rail_ib_wrid(RAIL_IB_WR_MARK, a, 0);
+	if (rail_ibv.post_send(qp, &swr, &sbad) == 0)
+		c->marks_left++;
+	if (rail_ibv.post_recv(qp, &rwr, &rbad) == 0)
+		c->marks_left++;
+}
+
+int rail_ib_comm_fence(struct rail_ib_comm *c)
+{
+	int posted = 0;
+
+	c->fencing = 1;
+	c->marks_left = 0;
+	for (int i = 0; i < c->nqps; i++) {
+		qp_to_error(c->qps[i].qp);
+		mark_post(c, c->qps[i].qp, (uint32_t)i);
+		posted += 2;
+	}
+	for (int m = 0; m < c->ndevs; m++) {
+		if (!c->res[m].flush_qp)
+			continue;
+		qp_to_error(c->res[m].flush_qp);
+		mark_post(c, c->res[m].flush_qp, RAIL_IB_MAX_QPS);
+		posted += 2;
+	}
+	return posted - c->marks_left;	/* marks the provider refused: drain by time */
+}
+
+int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d, int is_send,
+			   struct rail_ib_old *old)
+{
+	struct rail_ib_devres *r = &c->res[m];
+	int qps_on = 0, err;
+
+	old->res[old->nres++] = *r;
+	memset(r, 0, sizeof(*r));
+	r->dev = d;
+	err = member_ready(c, m, "move");
+	if (err)
+		return err;
+	r->ctrl_mr = reg_ctrl(c, m, is_send ? c->fifo : c->cmpl,
+			      is_send ? RAIL_IB_SEND_CTRL_BYTES : RAIL_IB_RECV_CTRL_BYTES,
+			      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE,
+			      is_send ? "CTS FIFO" : "completion records and eager ring");
+	r->scratch_mr = r->ctrl_mr ? reg_ctrl(c, m, is_send ? c->sizes : c->cts_stage,
+					      is_send ? RAIL_IB_SEND_SCRATCH_BYTES
+						      : RAIL_IB_RECV_SCRATCH_BYTES,
+					      IBV_ACCESS_LOCAL_WRITE,
+					      is_send ? "sizes and eager staging" : "CTS staging")
+				   : NULL;
+	if (!r->scratch_mr)
+		return -(errno ? errno : EIO);
+	for (int i = 0; i < c->nqps; i++)
+		qps_on += c->qps[i].member == m;
+	err = cq_create(c, m, qps_on, is_send);
+	for (int i = 0; !err && i < c->nqps; i++) {
+		struct rail_ib_qp *q = &c->qps[i];
+
+		if (q->member != m)
+			continue;
+		old->qps[old->nqps++] = q->qp;
+		q->qp = rail_ib_qp_new(c, m, is_send ? SEND_DEPTH : CTS_DEPTH,
+				       is_send ? 1 : RECV_DEPTH, IBV_ACCESS_REMOTE_WRITE, &err);
+		q->sq_posted = q->sq_retired = 0;
+		q->max_inline = rail_param_int(RAIL_P_IB_USE_INLINE) ? (uint32_t)d->hca->max_inline
+								     : 0;
+	}
+	return err;
+}
+
+void rail_ib_old_free(struct rail_ib_old *old)
+{
+	for (int i = 0; i < old->nqps; i++)
+		if (old->qps[i])
+			destroy_qp(old->qps[i]);
+	for (int k = 0; k < old->nres; k++) {
+		struct rail_ib_devres *r = &old->res[k];
+
+		if (r->flush_qp)
+			destroy_qp(r->flush_qp);
+		if (r->flush_mr)
+			rail_ibv.dereg_mr(r->flush_mr);
+		if (r->cq)
+			rail_ibv.destroy_cq(r->cq);
+		if (r->ctrl_mr)
+			rail_ibv.dereg_mr(r->ctrl_mr);
+		if (r->scratch_mr)
+			rail_ibv.dereg_mr(r->scratch_mr);
+	}
+	old->nqps = old->nres = 0;
 }

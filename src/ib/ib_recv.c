@@ -235,6 +235,10 @@ int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **da
 	err = rail_ib_comm_check(c, "irecv");
 	if (!err)
 		err = recv_check_args(c, n, sizes, mhandles);
+	/* the comm moved: its buffers are registered on the new HCA */
+	for (int i = 0; !err && rail_unlikely(c->epoch) && mhandles && i < n; i++)
+		if (mhandles[i])
+			err = rail_ib_mh_rehome(mhandles[i], 0, c->res[0].dev, c->peer);
 	if (err)
 		return err;
 	if (c->recvs[k & SLOT_MASK]) {
@@ -422,4 +426,83 @@ int rail_ib_recv_fast(struct rail_ib_comm *c, struct rail_ib_req *r)
 	if (!err)
 		err = rail_ib_credit_return(c, RAIL_IB_CREDIT_BUSY);
 	return err ? err : 1;
+}
+
+/* ---- after a move (ib_move.c) ----------------------------------------------------- */
+
+/* Whether QP qpi still owes the answer to CTS st (its set has qpi, not answered on it). */
+static int cts_owes(const struct rail_ib_comm *c, const struct rail_ib_cts_state *st, int qpi)
+{
+	int first, count;
+
+	rail_ib_qp_set(c, st->num, &first, &count);
+	return qpi >= first && qpi < first + count && c->qps[qpi].ans_next <= st->num;
+}
+
+int rail_ib_recv_replay_prepare(struct rail_ib_comm *c)
+{
+	int err = 0;
+
+	for (int k = 0; k < RAIL_IB_SLOTS && !err; k++) {
+		struct rail_ib_cts_state *st = &c->cts[k];
+
+		if (!st->active)
+			continue;
+		st->left = 0;
+		for (int q = 0; q < c->nqps; q++)
+			st->left += cts_owes(c, st, q);
+		for (int i = 0; st->r && i < st->r->base.n && !err; i++)
+			if (st->r->mhs[i])
+				err = rail_ib_mh_rehome(st->r->mhs[i], 0, c->res[0].dev, c->peer);
+	}
+	for (int q = 0; q < c->nqps && !err; q++)
+		for (int k = 0; k < RAIL_IB_SLOTS && !err; k++)
+			if (c->cts[k].active && cts_owes(c, &c->cts[k], q))
+				err = post_recvs(c, q, 1);
+	return err ? err : rail_ib_ring_replay(c);
+}
+
+/* CTS st again, in its slot, with the rkeys of the new device. */
+static int cts_write_again(struct rail_ib_comm *c, const struct rail_ib_cts_state *st)
+{
+	uint64_t slot = st->num & SLOT_MASK;
+	uint8_t *entries = c->cts_stage + slot * RAIL_MAX_RECVS * RAIL_IB_CTS_SIZE;
+	int first, count;
+	char why[200];
+
+	rail_ib_qp_set(c, st->num, &first, &count);
+	for (int i = 0; i < st->n; i++) {
+		uint8_t *p = entries + (size_t)i * RAIL_IB_CTS_SIZE;
+		struct rail_ib_cts e;
+
+		if (rail_ib_cts_decode(p, (uint32_t)(st->num + 1), i, &e, why, sizeof(why)))
+			return rail_ib_protocol_error(c, 0, "a staged clear-to-send is corrupt");
+		if (st->r && i < st->r->base.n && st->r->mhs[i])
+			e.rkey[0] = st->r->mhs[i]->rkey[0];
+		e.credits = c->e_head;
+		rail_ib_cts_encode(&e, p);
+	}
+	return rail_ib_ctl_write(c, first, entries, (uint32_t)st->n * RAIL_IB_CTS_SIZE,
+				 c->remote_fifo_addr + slot * RAIL_MAX_RECVS * RAIL_IB_CTS_SIZE,
+				 c->remote_fifo_rkey[c->qps[first].remote_member],
+				 "clear-to-send, again after a move");
+}
+
+int rail_ib_recv_replay_write(struct rail_ib_comm *c)
+{
+	int n = 0, err = 0;
+
+	/* in CTS order: the sender takes them in order */
+	for (uint64_t num = c->cts_next > RAIL_IB_SLOTS ? c->cts_next - RAIL_IB_SLOTS : 0;
+	     num < c->cts_next && !err; num++) {
+		const struct rail_ib_cts_state *st = &c->cts[num & SLOT_MASK];
+
+		if (st->active && st->num == num) {
+			err = cts_write_again(c, st);
+			n++;
+		}
+	}
+	if (!err)
+		err = rail_ib_credit_return(c, RAIL_IB_CREDIT_FORCE);
+	return err ? err : n;
 }

@@ -204,10 +204,9 @@ static struct ibv_send_wr *wr_add(struct wr_list *l, uint64_t laddr, uint32_t le
 	return wr;
 }
 
-static void batch_data_wrs(struct rail_ib_comm *c, const struct rail_ib_qp *q, int j, int count,
-			   struct wr_list *l)
+static void batch_data_wrs(const struct rail_ib_batch *b, const struct rail_ib_qp *q, int j,
+			   int count, struct wr_list *l)
 {
-	struct rail_ib_batch *b = &c->batch;
 
 	for (int i = 0; i < b->nreqs; i++) {
 		struct rail_ib_req *r = b->reqs[i];
@@ -247,6 +246,8 @@ static int batch_is_early(struct rail_ib_comm *c, int first, int count)
 
 	for (int j = 0; j < count; j++)
 		inl = RAIL_MIN(inl, c->qps[first + j].max_inline);
+	if (c->sent)	/* failover: the payloads are kept for a move (rail_ib_sent) */
+		inl = RAIL_MIN(inl, (uint32_t)RAIL_IB_EARLY_COPY);
 	if (b->nreqs > 1 && (uint32_t)b->nreqs * 4 > inl)
 		return 0;
 	for (int i = 0; i < b->nreqs; i++) {
@@ -258,19 +259,18 @@ static int batch_is_early(struct rail_ib_comm *c, int first, int count)
 	return 1;
 }
 
-static int batch_post_qp(struct rail_ib_comm *c, int qpi, int j, int count,
-			 struct rail_ib_req *lead, int early)
+static int batch_post_qp(struct rail_ib_comm *c, const struct rail_ib_batch *b, uint64_t num,
+			 int qpi, int j, int count, struct rail_ib_req *lead, int early)
 {
-	struct rail_ib_batch *b = &c->batch;
 	struct rail_ib_qp *q = &c->qps[qpi];
-	uint64_t slot = c->seq & SLOT_MASK;
+	uint64_t slot = num & SLOT_MASK;
 	uint64_t cmpl = c->remote_cmpl_addr + slot * RAIL_MAX_RECVS * 4;
 	uint32_t cmpl_rkey = c->remote_cmpl_rkey[q->remote_member];
 	struct ibv_send_wr *last;
 	struct wr_list l;
 
 	l.n = 0;
-	batch_data_wrs(c, q, j, count, &l);
+	batch_data_wrs(b, q, j, count, &l);
 	if (b->nreqs > 1 && j == 0) {
 		uint8_t *sz = c->sizes + slot * RAIL_MAX_RECVS * 4;
 
@@ -308,6 +308,26 @@ static int early_room(struct rail_ib_comm *c, int first, int count, int nwr)
 	return 1;
 }
 
+/* Failover: what answers CTS c->seq, to post again what a failed path loses. */
+static void sent_record(struct rail_ib_comm *c, struct rail_ib_req *lead, int early)
+{
+	const struct rail_ib_batch *b = &c->batch;
+	struct rail_ib_sent *rec = &c->sent[c->seq & SLOT_MASK];
+
+	rec->num = c->seq;
+	rec->nreqs = b->nreqs;
+	rec->early = early;
+	rec->lead = early ? NULL : lead;
+	for (int i = 0; i < b->nreqs; i++) {
+		const struct rail_ib_req *r = b->reqs[i];
+
+		rec->reqs[i] = early ? NULL : b->reqs[i];
+		rec->sizes[i] = r ? (uint32_t)r->sizes[0] : RAIL_IB_SIZE_EAGER;
+		if (early && r && r->sizes[0])
+			memcpy(rec->copy[i], r->data, r->sizes[0]);
+	}
+}
+
 /*
  * Answer CTS c->seq: every entry has its send or went eagerly. 0, -EAGAIN
  * (an all-eager answer found no room; retried later) or an error.
@@ -342,11 +362,114 @@ static int batch_post(struct rail_ib_comm *c)
 			return c->error ? c->error : -EAGAIN;
 		early = 0;	/* no room: complete through the CQE instead */
 	}
+	if (c->sent)
+		sent_record(c, lead, early);
 	for (int j = 0; j < count && !err; j++)
-		err = batch_post_qp(c, first + j, j, count, lead, early);
+		err = batch_post_qp(c, b, c->seq, first + j, j, count, lead, early);
 	for (int i = 0; !err && early && lead && i < lead->nmembers; i++)
 		lead->members[i]->done = 1;
 	return err;
+}
+
+/* ---- after a move (ib_move.c): the pieces the old path lost, posted again -- */
+
+/* A record's batch, with the entries the receiver wrote again (new rkeys), on the QPs that lost it. */
+static int sent_post_again(struct rail_ib_comm *c, const struct rail_ib_sent *rec, uint64_t n,
+			   int first, int count)
+{
+	static struct rail_ib_mh host_mh;	/* early payloads go inline: no key is read */
+	const uint8_t *slot = c->fifo + (n & SLOT_MASK) * RAIL_MAX_RECVS * RAIL_IB_CTS_SIZE;
+	struct rail_ib_req fake[RAIL_MAX_RECVS], *lead = rec->lead;
+	struct rail_ib_batch b;
+	char why[200];
+	int err = 0;
+
+	b.nreqs = rec->nreqs;
+	for (int i = 0; i < rec->nreqs && !err; i++) {
+		err = rail_ib_cts_decode(slot + (size_t)i * RAIL_IB_CTS_SIZE, (uint32_t)(n + 1), i,
+					 &b.cts[i], why, sizeof(why));
+		b.reqs[i] = rec->reqs[i];
+		if (rec->early && rec->sizes[i] != RAIL_IB_SIZE_EAGER) {
+			memset(&fake[i], 0, sizeof(fake[i]));
+			fake[i].data = (void *)rec->copy[i];
+			fake[i].sizes[0] = rec->sizes[i];
+			fake[i].mh = &host_mh;
+			b.reqs[i] = &fake[i];
+			lead = lead ? lead : &fake[i];
+		} else if (b.reqs[i] && b.reqs[i]->mh) {
+			err = rail_ib_mh_rehome(b.reqs[i]->mh, 0, c->res[0].dev, c->peer);
+		}
+	}
+	if (err == -EBADMSG || err == -EAGAIN)
+		return rail_ib_protocol_error(c, 0, "a clear-to-send written again after a move "
+					      "does not match what was sent for it");
+	for (int j = 0; j < count && !err; j++)
+		if (c->rp_ans[first + j] <= n)
+			err = batch_post_qp(c, &b, n, first + j, j, count, lead, rec->early);
+	return err;
+}
+
+/* Sends whose completions the drain flushed and that owe nothing now: complete. */
+static void sent_finish(struct rail_ib_comm *c)
+{
+	for (int k = 0; k < RAIL_IB_SLOTS; k++) {
+		const struct rail_ib_sent *rec = &c->sent[k];
+		struct rail_ib_req *lead = rec->lead;
+		int left = 0;
+
+		if (!lead || !lead->flushed || rec->num >= c->rp_end ||
+		    rec->num + RAIL_IB_SLOTS < c->rp_end)
+			continue;
+		lead->flushed = 0;
+		for (int m = 0; m < c->ndevs; m++)
+			left |= lead->events[m];
+		for (int i = 0; !left && i < lead->nmembers; i++)
+			lead->members[i]->done = 1;
+	}
+}
+
+static int send_replay(struct rail_ib_comm *c)
+{
+	struct rail_ib_batch *b = &c->batch;
+	char why[200];
+
+	while (c->rp_next != c->rp_end) {
+		uint64_t n = c->rp_next;
+		const struct rail_ib_sent *rec = &c->sent[n & SLOT_MASK];
+		int first, count, lost = 0, err;
+
+		rail_ib_qp_set(c, n, &first, &count);
+		for (int j = 0; j < count; j++)
+			lost |= c->rp_ans[first + j] <= n;
+		if (rec->num == n && lost) {
+			if (rail_ib_cts_seq(c->fifo + (n & SLOT_MASK) * RAIL_MAX_RECVS *
+					    RAIL_IB_CTS_SIZE) != (uint32_t)(n + 1))
+				return 0;	/* the receiver has not written it again yet */
+			err = sent_post_again(c, rec, n, first, count);
+			if (err)
+				return err;
+		}
+		c->rp_next++;
+		if (c->rp_next == c->rp_end)
+			sent_finish(c);
+	}
+	if (!c->batch_stale)
+		return 0;
+	if (b->nreqs) {
+		const uint8_t *slot = c->fifo + (c->seq & SLOT_MASK) * RAIL_MAX_RECVS *
+						       RAIL_IB_CTS_SIZE;
+
+		if (rail_ib_cts_seq(slot) != (uint32_t)(c->seq + 1))
+			return 0;
+		for (int i = 0; i < b->nreqs; i++)
+			if (rail_ib_cts_decode(slot + (size_t)i * RAIL_IB_CTS_SIZE,
+					       (uint32_t)(c->seq + 1), i, &b->cts[i], why,
+					       sizeof(why)))
+				return rail_ib_protocol_error(c, 0, "the clear-to-send being matched, "
+							      "written again after a move, is corrupt");
+	}
+	c->batch_stale = 0;
+	return 0;
 }
 
 /* Take the CTSes that have arrived, answering those whose messages all went eagerly. */
@@ -354,6 +477,12 @@ static int batch_advance(struct rail_ib_comm *c)
 {
 	struct rail_ib_batch *b = &c->batch;
 
+	if (rail_unlikely(c->rp_next != c->rp_end || c->batch_stale)) {
+		int err = send_replay(c);
+
+		if (err || c->rp_next != c->rp_end || c->batch_stale)
+			return err;
+	}
 	for (;;) {
 		int err;
 
@@ -429,7 +558,8 @@ static int send_cts(struct rail_ib_comm *c, struct rail_ib_req *r, int i, size_t
 	struct rail_ib_batch *b = &c->batch;
 	int err = send_match(c, r, i, size, tag, mh);
 
-	if (err || b->matched < b->nreqs)
+	/* after a move, lost pieces go first, and the entry's keys must be the new ones */
+	if (err || b->matched < b->nreqs || c->batch_stale || c->rp_next != c->rp_end)
 		return err;
 	err = batch_post(c);
 	if (err) {
@@ -465,6 +595,8 @@ int rail_ib_isend(struct rail_comm *comm, struct rail_req *req, void *data, size
 			  c->peer, mhandle);
 		return -EINVAL;
 	}
+	if (rail_unlikely(c->epoch) && mh && (err = rail_ib_mh_rehome(mh, 0, c->res[0].dev, c->peer)))
+		return err;	/* the comm moved: its buffers are registered on the new HCA */
 	err = batch_advance(c);
 	if (err)
 		return err;

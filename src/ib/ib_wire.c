@@ -10,16 +10,69 @@
 #define DEV_SIZE 28
 #define FIXED_SIZE 52
 #define ECE_SIZE 12
+#define MOVE_FIXED 28	/* epoch, role, reason, nans, seq, e_seen, e_head */
+
+static int has_move(int type)
+{
+	return type == RAIL_IB_MSG_MOVE;
+}
+
+static size_t move_size(const struct rail_ib_msg *m)
+{
+	return has_move(m->type) ? MOVE_FIXED + (size_t)m->move.nans * 8 : 0;
+}
+
+static uint8_t *move_put(const struct rail_ib_move_state *s, uint8_t *p)
+{
+	rail_put_u32(p, s->epoch);
+	p[4] = s->role;
+	p[5] = s->reason;
+	rail_put_u16(p + 6, (uint16_t)s->nans);
+	rail_put_u64(p + 8, s->seq);
+	rail_put_u32(p + 16, s->e_seen);
+	rail_put_u32(p + 20, s->e_head);
+	rail_put_u32(p + 24, 0);
+	p += MOVE_FIXED;
+	for (int i = 0; i < s->nans; i++, p += 8)
+		rail_put_u64(p, s->ans[i]);
+	return p;
+}
+
+/* The move block at p, of left bytes: the rest of the body. */
+static int move_get(const uint8_t *p, size_t left, struct rail_ib_move_state *s, char *why,
+		    size_t why_len)
+{
+	if (left < MOVE_FIXED)
+		goto bad;
+	s->epoch = rail_get_u32(p);
+	s->role = p[4];
+	s->reason = p[5];
+	s->nans = rail_get_u16(p + 6);
+	s->seq = rail_get_u64(p + 8);
+	s->e_seen = rail_get_u32(p + 16);
+	s->e_head = rail_get_u32(p + 20);
+	if (s->role > 1 || s->nans > RAIL_IB_WIRE_MAX_QPS ||
+	    left != MOVE_FIXED + (size_t)s->nans * 8)
+		goto bad;
+	p += MOVE_FIXED;
+	for (int i = 0; i < s->nans; i++, p += 8)
+		s->ans[i] = rail_get_u64(p);
+	return 0;
+bad:
+	snprintf(why, why_len, "move message corrupt (%zu bytes of state)", left);
+	return -EBADMSG;
+}
 
 int rail_ib_msg_encode(const struct rail_ib_msg *m, uint8_t *buf, size_t len)
 {
 	size_t text_len = strnlen(m->text, RAIL_IB_REFUSE_TEXT);
 	size_t body = FIXED_SIZE + (size_t)m->ndevs * DEV_SIZE + (size_t)m->nqps * 4 + 1 + text_len +
-		      1 + (size_t)m->nece * ECE_SIZE;
+		      1 + (size_t)m->nece * ECE_SIZE + move_size(m);
 	uint8_t *p = buf + RAIL_IB_HDR_SIZE;
 
 	if (m->ndevs < 0 || m->ndevs > RAIL_MAX_VDEV_DEVS || m->nqps < 0 || m->eager_slots < 0 ||
 	    (m->nece && m->nece != m->ndevs) ||
+	    (has_move(m->type) && (m->move.nans < 0 || m->move.nans > RAIL_IB_WIRE_MAX_QPS)) ||
 	    m->eager_slots > RAIL_IB_EAGER_MAX_SLOTS ||
 	    m->nqps > RAIL_IB_WIRE_MAX_QPS || body > RAIL_IB_BODY_MAX ||
 	    len < RAIL_IB_HDR_SIZE + body)
@@ -62,6 +115,8 @@ int rail_ib_msg_encode(const struct rail_ib_msg *m, uint8_t *buf, size_t len)
 		rail_put_u32(p + 4, m->ece[i].options);
 		rail_put_u32(p + 8, m->ece[i].comp_mask);
 	}
+	if (has_move(m->type))
+		move_put(&m->move, p);
 	rail_put_u32(buf, RAIL_IB_WIRE_MAGIC);
 	rail_put_u16(buf + 4, RAIL_IB_WIRE_VERSION);
 	rail_put_u16(buf + 6, (uint16_t)m->type);
@@ -86,7 +141,7 @@ int rail_ib_msg_header(const uint8_t *hdr, int *type, char *why, size_t why_len)
 			 RAIL_IB_WIRE_VERSION);
 		return -EPROTONOSUPPORT;
 	}
-	if (t < RAIL_IB_MSG_HELLO || t > RAIL_IB_MSG_REFUSE || body < FIXED_SIZE + 2 ||
+	if (t < RAIL_IB_MSG_HELLO || t > RAIL_IB_MSG_MOVE_READY || body < FIXED_SIZE + 2 ||
 	    body > RAIL_IB_BODY_MAX) {
 		snprintf(why, why_len, "handshake header corrupt (type %u, length %u)", t, body);
 		return -EBADMSG;
@@ -193,12 +248,14 @@ int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, ch
 	text = p + need - 1;
 	out.nece = text[1 + text[0]];
 	if ((out.nece && out.nece != out.ndevs) ||
-	    need + text[0] + 1 + (size_t)out.nece * ECE_SIZE != (size_t)body) {
+	    need + text[0] + 1 + (size_t)out.nece * ECE_SIZE > (size_t)body ||
+	    (!has_move(out.type) &&
+	     need + text[0] + 1 + (size_t)out.nece * ECE_SIZE != (size_t)body)) {
 		snprintf(why, why_len, "handshake corrupt (%d ECE entries for %d devices, %d body "
 			 "bytes)", out.nece, out.ndevs, body);
 		return -EBADMSG;
 	}
-	if (out.type != RAIL_IB_MSG_REFUSE &&
+	if (out.type != RAIL_IB_MSG_REFUSE && out.type != RAIL_IB_MSG_MOVE_READY &&
 	    (out.ndevs < 1 || (out.type != RAIL_IB_MSG_HELLO && out.nqps < 1) ||
 	     (out.type == RAIL_IB_MSG_HELLO && out.qps_per_dev < 1))) {
 		snprintf(why, why_len, "handshake type %d with %d devices, %d QPs, %d QPs/device",
@@ -220,6 +277,12 @@ int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, ch
 		out.ece[i].vendor_id = rail_get_u32(p);
 		out.ece[i].options = rail_get_u32(p + 4);
 		out.ece[i].comp_mask = rail_get_u32(p + 8);
+	}
+	if (has_move(out.type)) {
+		err = move_get(p, (size_t)(buf + RAIL_IB_HDR_SIZE + body - p), &out.move, why,
+			       why_len);
+		if (err)
+			return err;
 	}
 	*m = out;
 	return 0;

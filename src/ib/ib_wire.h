@@ -56,10 +56,13 @@
 #include "transport.h"
 
 #define RAIL_IB_WIRE_MAGIC 0x57424952u /* "RIBW" */
-/* 3: order-safe eager ring, ECE; 4: eager refusal; 5: LL words for small order-safe messages */
-#define RAIL_IB_WIRE_VERSION 5
+/*
+ * 3: order-safe eager ring, ECE; 4: eager refusal; 5: LL words for small
+ * order-safe messages; 6: MOVE and MOVE_READY (a comm moves to another path)
+ */
+#define RAIL_IB_WIRE_VERSION 6
 #define RAIL_IB_HDR_SIZE 16
-#define RAIL_IB_BODY_MAX 1024
+#define RAIL_IB_BODY_MAX 2048
 #define RAIL_IB_WIRE_MAX_QPS 128
 #define RAIL_IB_CTS_SIZE 64
 #define RAIL_IB_REFUSE_TEXT 120
@@ -69,6 +72,13 @@ enum rail_ib_msg_type {
 	RAIL_IB_MSG_ACCEPT = 2,	/* receiver -> sender: devices, QPNs, completion records */
 	RAIL_IB_MSG_READY = 3,	/* sender -> receiver: QPNs, CTS FIFO */
 	RAIL_IB_MSG_REFUSE = 4,	/* receiver -> sender: why the connection is refused */
+	/*
+	 * After the handshake, on the same socket (ib_move.c): either side, when
+	 * the comm's path failed: its devices and new QPNs, and what it holds
+	 * (struct rail_ib_move_state); then, its new QPs ready, MOVE_READY.
+	 */
+	RAIL_IB_MSG_MOVE = 5,
+	RAIL_IB_MSG_MOVE_READY = 6,
 };
 
 enum rail_ib_refuse_code {
@@ -98,6 +108,30 @@ struct rail_ib_ece {
 	uint32_t comp_mask;
 };
 
+/*
+ * What a side of a moving comm holds once its old QPs are drained (MOVE).
+ * Receiver: the CTS number of the next answer per QP (ans[]), the next CTS
+ * number, eager messages seen (a prefix) and consumed. Sender: the next CTS
+ * it takes (seq), eager messages written.
+ */
+struct rail_ib_move_state {
+	uint32_t epoch;		/* the comm's moves, this one included */
+	uint8_t role;		/* 0 sender, 1 receiver */
+	uint8_t reason;		/* RAIL_IB_MOVE_* */
+	uint64_t seq;		/* sender: next CTS to take; receiver: next CTS to write */
+	uint32_t e_seen;	/* receiver: eager messages placed or seen; sender: written */
+	uint32_t e_head;	/* receiver: eager messages consumed */
+	int nans;		/* receiver: nqps; sender: 0 */
+	uint64_t ans[RAIL_IB_WIRE_MAX_QPS];
+};
+
+enum rail_ib_move_reason {
+	RAIL_IB_MOVE_PORT_ERR = 1,	/* the side's own port went down */
+	RAIL_IB_MOVE_WC_ERR = 2,	/* a completion error on the path */
+	RAIL_IB_MOVE_PEER = 3,		/* joins the peer's move */
+	RAIL_IB_MOVE_BACK = 4,		/* the original port is back */
+};
+
 struct rail_ib_msg {
 	int type;
 	uint64_t nonce;
@@ -117,6 +151,7 @@ struct rail_ib_msg {
 	char text[RAIL_IB_REFUSE_TEXT + 1];
 	int nece;		/* 0 or ndevs */
 	struct rail_ib_ece ece[RAIL_MAX_VDEV_DEVS];
+	struct rail_ib_move_state move;	/* MOVE only */
 };
 
 /* Encode into buf (RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX); returns the length or -EINVAL. */

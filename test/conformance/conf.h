@@ -188,6 +188,7 @@ int rail_conf_sizes(struct rail_conf *cx);
 int rail_conf_recv_larger(struct rail_conf *cx);
 int rail_conf_send_larger(struct rail_conf *cx);
 int rail_conf_iflush(struct rail_conf *cx);
+int rail_conf_failover_loop(struct rail_conf *cx);
 int rail_conf_inflight32(struct rail_conf *cx);
 int rail_conf_grouped_recv(struct rail_conf *cx);
 int rail_conf_many_comms(struct rail_conf *cx);

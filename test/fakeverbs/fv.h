@@ -158,6 +158,7 @@ struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t
 struct fv_mr *fv_mr_by_key(uint32_t key, int remote);
 struct fv_qp *fv_qp_by_num(uint32_t qpn);
 void fv_cq_push(struct fv_cq *cq, const struct ibv_wc *wc);
+void fv_recv_flushed(struct fv_qp *q, uint64_t wr_id);
 /*
  * Out-of-order placement (reorder=yes): an RDMA WRITE longer than
  * FV_REORDER_TAIL bytes (reorder_tail=N: N, a multiple of 8) into such a

@@ -267,6 +267,21 @@ int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 	return 0;
 }
 
+/* A receive WR of a QP in the error state completes with WR_FLUSH_ERR (fv_lock held). */
+void fv_recv_flushed(struct fv_qp *q, uint64_t wr_id)
+{
+	struct ibv_wc wc;
+
+	memset(&wc, 0, sizeof(wc));
+	wc.wr_id = wr_id;
+	wc.status = IBV_WC_WR_FLUSH_ERR;
+	wc.opcode = IBV_WC_RECV;
+	wc.qp_num = q->qp.qp_num;
+	fv_log("wc qpn=0x%x wr_id=0x%llx status=%d (receive flushed)", q->qp.qp_num,
+	       (unsigned long long)wr_id, (int)wc.status);
+	fv_cq_push((struct fv_cq *)(void *)q->qp.recv_cq, &wc);
+}
+
 int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
 {
 	struct fv_qp *q = (struct fv_qp *)(void *)qp;
@@ -282,6 +297,10 @@ int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr *
 			*bad = wr;
 			pthread_mutex_unlock(&fv_lock);
 			return ENOMEM;
+		}
+		if (q->state == IBV_QPS_ERR) {	/* completes at once, flushed */
+			fv_recv_flushed(q, wr->wr_id);
+			continue;
 		}
 		r = &q->rq[(q->rhead + q->rcount++) % q->rcap];
 		memset(r, 0, sizeof(*r));

@@ -132,6 +132,12 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 		q->dest_qpn = a->dest_qp_num;
 	if (to == IBV_QPS_RESET)
 		q->rcount = 0;
+	/* to the error state: the posted receives complete, flushed, in order */
+	while (to == IBV_QPS_ERR && q->rcount) {
+		fv_recv_flushed(q, q->rq[q->rhead].wr_id);
+		q->rhead = (q->rhead + 1) % q->rcap;
+		q->rcount--;
+	}
 	q->state = to;
 	qp->state = (enum ibv_qp_state)to;
 	pthread_mutex_unlock(&fv_lock);

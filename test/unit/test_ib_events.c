@@ -220,12 +220,19 @@ static void test_port_err_data_direct_both(void **state)
 	fvh_stop(F);
 }
 
+static int failover_teardown(void **state)
+{
+	unsetenv("NCCL_RAIL_FAILOVER");
+	return fvh_teardown(state);
+}
+
 static int dd_teardown(void **state)
 {
 	unsetenv("NCCL_IB_DATA_DIRECT");
 	return fvh_teardown(state);
 }
 
+/* NCCL_RAIL_FAILOVER=0: a comm on a port that went down fails (test_ib_move.c: with 1). */
 static void test_port_err_fails_running_comm(void **state)
 {
 	static char sbuf[8192], rbuf[8192];
@@ -237,6 +244,7 @@ static void test_port_err_fails_running_comm(void **state)
 	ncclResult_t r = ncclSuccess;
 
 	(void)state;
+	setenv("NCCL_RAIL_FAILOVER", "0", 1);
 	F = fvh_start(roce_two);
 	fvh_connect(F, 1, 0, -1);	/* the sender on mlx5_0 */
 	assert_int_equal(rail_net_reg_mr(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &smh), 0);
@@ -407,7 +415,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_gid_change_new_connection, fvh_teardown),
 		cmocka_unit_test_teardown(test_port_err_refuses_new_connections, fvh_teardown),
-		cmocka_unit_test_teardown(test_port_err_fails_running_comm, fvh_teardown),
+		cmocka_unit_test_teardown(test_port_err_fails_running_comm, failover_teardown),
 		cmocka_unit_test_teardown(test_port_err_data_direct_both, dd_teardown),
 		cmocka_unit_test_teardown(test_dereg_inflight_fails_next_call, fvh_teardown),
 		cmocka_unit_test_teardown(test_dereg_concurrent_with_test, fvh_teardown),

@@ -1,0 +1,486 @@
+/*
+ * nccl-net-rail: a verbs comm's move to another path (failover; layer 4.2
+ * of src/ib/, ib.h; the design: docs/FAILOVER.md).
+ *
+ * When a comm's path fails -- its port went down (PORT_ERR), or a
+ * completion says the path is gone (retry exceeded, flushed) -- the comm
+ * is not failed. It moves: both sides stop posting, drain their old QPs,
+ * build new QPs (on another NIC when their own port is down, else on the
+ * same one), and tell each other, over the handshake socket every comm
+ * keeps, where they are; then each posts again exactly what the old path
+ * lost. NCCL sees a delay: isend/irecv say "not now" and test() says "not
+ * done" while the move runs.
+ *
+ *   side A (its port failed)                side B (joins when it reads MOVE)
+ *   fence: QPs to error, drain marks
+ *   drain: poll until every mark came back
+ *   rebuild on the fallback device
+ *   MOVE {device, QPNs, state}  ------->    fence, drain, rebuild (same device)
+ *                               <-------    MOVE {device, QPNs, state}
+ *   RTR+RTS to the peer's QPNs; the receiver posts its receive WRs
+ *   MOVE_READY                  <------>    MOVE_READY
+ *   the receiver writes every unanswered CTS again (new rkeys) and its
+ *   credit word; the sender writes again the eager messages the receiver
+ *   did not see and, CTS by CTS as they arrive, the pieces whose answers
+ *   the receiver did not poll (rail_ib_send_*, rail_ib_recv_replay_*).
+ *
+ * Why nothing arrives twice: after the drain no old QP places anything;
+ * the receiver's ans_next per QP says exactly which answers it polled, and
+ * its eager counts which messages it saw; only the rest is written again,
+ * into the same buffers, which NCCL has not been given back (a receive
+ * completes only when its answers were polled). A write from the old path
+ * that landed partly is overwritten with the same bytes.
+ *
+ * Scope (stage 1 of docs/FAILOVER.md section 8): comms of one device on
+ * each side; triggers PORT_ERR on either side and completion errors;
+ * DEVICE_FATAL and QP events still fail the comm. The QP transitions run
+ * in the calling thread (RTR on RoCE resolves the peer's address in the
+ * kernel: a pause of the proxy thread during a move, not an error).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ib/ib.h"
+#include "log.h"
+#include "param.h"
+#include "rail.h"
+#include "sock.h"
+
+#define DRAIN_NS (5ull * 1000000000ull)
+#define QUIET_NS (200ull * 1000000ull)	/* drain by time: a mark the provider refused */
+
+enum mv_state { MV_DRAIN, MV_XCHG, MV_READY };
+
+struct rail_ib_move {
+	enum mv_state state;
+	int reason;			/* RAIL_IB_MOVE_* */
+	char why[160];
+	uint64_t start_ns, deadline_ns;
+	int refused_marks;
+	struct rail_ib_dev *from, *to;
+	struct rail_ib_old old;
+	struct rail_ib_msg peer;	/* its MOVE */
+	int have_move, have_ready;
+	uint8_t tx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
+	size_t tx_len, tx_off;
+	uint8_t rx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
+	size_t rx_off;
+	int rx_body;
+};
+
+static int is_send(const struct rail_ib_comm *c)
+{
+	return c->base.kind == RAIL_COMM_SEND;
+}
+
+/* ---- the fallback device ---------------------------------------------------- */
+
+static size_t common_prefix(const char *a, const char *b)
+{
+	size_t n = 0;
+
+	while (a[n] && a[n] == b[n])
+		n++;
+	return n;
+}
+
+/*
+ * The device a comm on d moves to: a usable port (ACTIVE as the async
+ * thread last saw it) of the same link layer, nearest to d on PCIe (the
+ * longest common prefix of their sysfs paths: the other port of the card,
+ * then a device under the same switch, the same root port...), then in
+ * table order. NULL when there is none.
+ */
+static struct rail_ib_dev *fallback_dev(const struct rail_ib_dev *d)
+{
+	struct rail_ib_dev *best = NULL;
+	size_t best_len = 0;
+
+	for (int i = 0; i < rail_ib_ndevs_phys(); i++) {
+		struct rail_ib_dev *o = rail_ib_dev_get(i);
+		size_t len;
+
+		if (!o || o == d || atomic_load(&o->port_err) || atomic_load(&o->hca->fatal) ||
+		    o->link_layer != d->link_layer)
+			continue;
+		len = common_prefix(o->pci_path, d->pci_path);
+		if (!best || len > best_len) {
+			best = o;
+			best_len = len;
+		}
+	}
+	return best;
+}
+
+static int own_port_down(const struct rail_ib_comm *c)
+{
+	const struct rail_ib_devres *r = &c->res[0];
+
+	return atomic_load(&r->dev->port_downs) != r->port_gen || atomic_load(&r->dev->port_err);
+}
+
+/* ---- messages on the handshake socket ----------------------------------------- */
+
+static int tx_put(struct rail_ib_comm *c, const struct rail_ib_msg *m)
+{
+	int n = rail_ib_msg_encode(m, c->mv->tx, sizeof(c->mv->tx));
+
+	if (n < 0)
+		return rail_ib_protocol_error(c, 0, "cannot encode a move message");
+	c->mv->tx_len = (size_t)n;
+	c->mv->tx_off = 0;
+	return 0;
+}
+
+/* 0 sent (or nothing to send), -EAGAIN, or an error. */
+static int tx_flush(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+
+	if (mv->tx_off == mv->tx_len)
+		return 0;
+	return rail_sock_send_nb(c->oob_fd, mv->tx, mv->tx_len, &mv->tx_off);
+}
+
+/* 0 with *m, -EAGAIN, or an error (logged). */
+static int rx_msg(struct rail_ib_comm *c, struct rail_ib_msg *m)
+{
+	struct rail_ib_move *mv = c->mv;
+	char why[200];
+	int err, type;
+
+	if (mv->rx_body < 0) {
+		err = rail_sock_recv_nb(c->oob_fd, mv->rx, RAIL_IB_HDR_SIZE, &mv->rx_off);
+		if (err)
+			return err;
+		mv->rx_body = rail_ib_msg_header(mv->rx, &type, why, sizeof(why));
+		if (mv->rx_body < 0)
+			goto bad;
+	}
+	err = rail_sock_recv_nb(c->oob_fd, mv->rx, RAIL_IB_HDR_SIZE + (size_t)mv->rx_body,
+				&mv->rx_off);
+	if (err)
+		return err;
+	err = rail_ib_msg_decode(mv->rx, mv->rx_off, m, why, sizeof(why));
+	mv->rx_off = 0;
+	mv->rx_body = -1;
+	if (!err)
+		return 0;
+bad:
+	RAIL_WARN("connection to peer %s: a move message on the handshake socket is bad: %s",
+		  c->peer, why);
+	return -EPROTO;
+}
+
+/* ---- the steps ---------------------------------------------------------------- */
+
+static const char *reason_text(int reason)
+{
+	switch (reason) {
+	case RAIL_IB_MOVE_PORT_ERR: return "PORT_ERR";
+	case RAIL_IB_MOVE_WC_ERR: return "completion error";
+	case RAIL_IB_MOVE_PEER: return "the peer's path failed";
+	default: return "move back";
+	}
+}
+
+static int move_start(struct rail_ib_comm *c, int trigger)
+{
+	struct rail_ib_dev *d = c->res[0].dev;
+	struct rail_ib_move *mv = calloc(1, sizeof(*mv));
+
+	if (!mv)
+		return -ENOMEM;
+	c->mv = mv;
+	mv->rx_body = -1;
+	mv->start_ns = rail_now_ns();
+	mv->deadline_ns = mv->start_ns + DRAIN_NS;
+	mv->from = d;
+	mv->reason = trigger == RAIL_IB_TRIG_PORT ? RAIL_IB_MOVE_PORT_ERR
+		     : trigger == RAIL_IB_TRIG_WC ? RAIL_IB_MOVE_WC_ERR : RAIL_IB_MOVE_PEER;
+	mv->to = own_port_down(c) ? fallback_dev(d) : d;
+	if (own_port_down(c))
+		snprintf(mv->why, sizeof(mv->why), "PORT_ERR on %s:%d", d->hca->name, d->port);
+	else
+		snprintf(mv->why, sizeof(mv->why), "%s", reason_text(mv->reason));
+	if (!mv->to) {
+		RAIL_WARN("connection to peer %s (%s comm) on %s:%d: %s, and no other usable port "
+			  "(ACTIVE, %s) is left to move to; the connection fails. Check the links "
+			  "(ibstat, ip link) and NCCL_IB_HCA", c->peer, is_send(c) ? "send" : "receive",
+			  d->hca->name, d->port, mv->why, rail_link_layer_str(d->link_layer));
+		return -ENETDOWN;
+	}
+	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
+			 "move started");
+	c->path_failed = 0;
+	mv->refused_marks = rail_ib_comm_fence(c);
+	mv->state = MV_DRAIN;
+	return 0;
+}
+
+/* The state a MOVE carries (struct rail_ib_move_state). */
+static void move_state(struct rail_ib_comm *c, struct rail_ib_move_state *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->epoch = c->epoch + 1;
+	s->role = is_send(c) ? 0 : 1;
+	s->reason = (uint8_t)c->mv->reason;
+	if (is_send(c)) {
+		s->seq = c->seq;
+		s->e_seen = c->e_sent;
+		return;
+	}
+	s->seq = c->cts_next;
+	/* order-safe: an immediate polled places every message before it (LL images) */
+	s->e_seen = c->eager_safe && rail_ib_before(c->e_seen, c->e_placed) ? c->e_placed
+									    : c->e_seen;
+	s->e_head = c->e_head;
+	s->nans = c->nqps;
+	for (int q = 0; q < c->nqps; q++)
+		s->ans[q] = c->qps[q].ans_next;
+}
+
+/* Drained: build the new path and say so (MOVE). 0, -EAGAIN, or an error. */
+static int step_drain(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+	struct rail_ib_msg m;
+	uint64_t now;
+	int err = rail_ib_poll(c);
+
+	if (err)
+		return err;
+	now = rail_now_ns();
+	if (c->marks_left > 0 || (mv->refused_marks && now - mv->start_ns < QUIET_NS)) {
+		if (now < mv->deadline_ns)
+			return -EAGAIN;
+		RAIL_WARN("connection to peer %s on %s:%d: the old QPs did not drain within %llu s "
+			  "(%d marks outstanding); the connection fails", c->peer,
+			  mv->from->hca->name, mv->from->port, DRAIN_NS / 1000000000ull,
+			  c->marks_left);
+		return -ETIMEDOUT;
+	}
+	c->fencing = 0;
+	if (is_send(c)) {
+		/* the receiver writes every unanswered CTS again: none of the old is to be read */
+		memset(c->fifo, 0, RAIL_IB_FIFO_BYTES);
+		c->batch_stale = c->batch.nreqs != 0;
+	}
+	err = rail_ib_member_rebuild(c, 0, mv->to, is_send(c), &mv->old);
+	if (!err && !is_send(c))
+		err = rail_ib_flush_member(c, 0);
+	if (err)
+		return err;
+	memset(&m, 0, sizeof(m));
+	m.type = RAIL_IB_MSG_MOVE;
+	m.ndevs = 1;
+	rail_ib_local_wire_dev(&c->res[0], c->res[0].ctrl_mr->rkey, &m.devs[0]);
+	m.nqps = c->nqps;
+	for (int i = 0; i < c->nqps; i++)
+		m.qpn[i] = c->qps[i].qp->qp_num;
+	rail_strlcpy(m.text, mv->why, sizeof(m.text));
+	move_state(c, &m.move);
+	/*
+	 * No deadline from here: the peer joins at its next call on the comm (an
+	 * idle comm waits, as it would without a move); a dead peer ends the
+	 * socket, and a silent host trips its keepalive (NCCL_RAIL_PEER_TIMEOUT).
+	 */
+	mv->state = MV_XCHG;
+	return tx_put(c, &m);
+}
+
+static int peer_move_check(struct rail_ib_comm *c, const struct rail_ib_msg *m)
+{
+	char what[200];
+
+	if (m->type == RAIL_IB_MSG_MOVE && m->move.epoch == c->epoch + 1 && m->ndevs == 1 &&
+	    m->nqps == c->nqps && m->move.role != (is_send(c) ? 0 : 1) &&
+	    (is_send(c) ? m->move.nans == c->nqps : m->move.nans == 0))
+		return 0;
+	snprintf(what, sizeof(what), "the peer's move message (type %d, move %u, %d devices, %d "
+		 "QPs) does not match this comm's move %u with %d QPs", m->type, m->move.epoch,
+		 m->ndevs, m->nqps, c->epoch + 1, c->nqps);
+	return rail_ib_protocol_error(c, 0, what);
+}
+
+/* Both MOVEs are out: connect the new QPs to the peer's, get ready, say so. */
+static int step_connect(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+	const struct rail_ib_msg *p = &mv->peer;
+	struct rail_ib_msg m;
+	int err = 0;
+
+	c->remote[0] = p->devs[0];
+	if (is_send(c))
+		c->remote_cmpl_rkey[0] = p->devs[0].ctrl_rkey;
+	else
+		c->remote_fifo_rkey[0] = p->devs[0].ctrl_rkey;
+	for (int i = 0; i < c->nqps && !err; i++) {
+		c->qps[i].remote_qpn = p->qpn[i];
+		err = rail_ib_qp_rtr_rts(c, c->qps[i].qp, c->res[0].dev, &c->remote[0], p->qpn[i],
+					 0);
+	}
+	if (!err && !is_send(c))
+		err = rail_ib_recv_replay_prepare(c);
+	if (err)
+		return err;
+	memset(&m, 0, sizeof(m));
+	m.type = RAIL_IB_MSG_MOVE_READY;
+	mv->state = MV_READY;
+	return tx_put(c, &m);
+}
+
+/* The peer's QPs are ready: write again what the old path lost; the move is over. */
+static int step_resume(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+	const struct rail_ib_move_state *ps = &mv->peer.move;
+	int again = 0, eager = 0, err;
+
+	if (is_send(c)) {
+		c->rp_end = c->seq;
+		c->rp_next = c->seq > RAIL_IB_SLOTS ? c->seq - RAIL_IB_SLOTS : 0;
+		memcpy(c->rp_ans, ps->ans, sizeof(ps->ans[0]) * (size_t)c->nqps);
+		for (uint64_t n = c->rp_next; n < c->rp_end; n++) {
+			int first, count;
+
+			rail_ib_qp_set(c, n, &first, &count);
+			for (int j = 0; j < count; j++)
+				again += c->sent[n & (RAIL_IB_SLOTS - 1)].num == n &&
+					 c->rp_ans[first + j] <= n;
+		}
+		eager = rail_ib_eager_replay(c, ps->e_seen);
+		err = eager < 0 ? eager : 0;
+	} else {
+		again = rail_ib_recv_replay_write(c);
+		err = again < 0 ? again : rail_ib_flush_replay(c);
+	}
+	if (err)
+		return err;
+	rail_ib_old_free(&mv->old);
+	c->epoch++;
+	RAIL_WARN("connection to peer %s (%s comm) moved from %s:%d to %s:%d: %s%s%s; the peer "
+		  "is on its port %u (GID index %u); %d %s and %d eager messages written again; "
+		  "%.1f ms (move %u)", c->peer, is_send(c) ? "send" : "receive",
+		  mv->from->hca->name, mv->from->port, mv->to->hca->name, mv->to->port, mv->why,
+		  mv->peer.text[0] ? "; the peer's side: " : "", mv->peer.text,
+		  mv->peer.devs[0].port, mv->peer.devs[0].gid_index, again,
+		  is_send(c) ? "lost pieces" : "clear-to-sends", eager > 0 ? eager : 0,
+		  (double)(rail_now_ns() - mv->start_ns) / 1e6, c->epoch);
+	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
+			 "move done");
+	free(mv);
+	c->mv = NULL;
+	return 0;
+}
+
+/* Run the move as far as it goes now: 0 done, -EAGAIN, or an error. */
+static int move_step(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+	int err = 0;
+
+	if (mv->state == MV_DRAIN) {
+		err = step_drain(c);
+		if (err)
+			return err;
+	}
+	err = tx_flush(c);
+	if (err)
+		return err;
+	while (mv->state == MV_XCHG && !mv->have_move) {
+		err = rx_msg(c, &mv->peer);
+		if (err)
+			return err;
+		err = peer_move_check(c, &mv->peer);
+		if (err)
+			return err;
+		mv->have_move = 1;
+	}
+	if (mv->state == MV_XCHG) {
+		err = step_connect(c);
+		if (!err)
+			err = tx_flush(c);
+		if (err)
+			return err;
+	}
+	if (!mv->have_ready) {
+		struct rail_ib_msg m;
+
+		err = rx_msg(c, &m);
+		if (err)
+			return err;
+		if (m.type != RAIL_IB_MSG_MOVE_READY)
+			return rail_ib_protocol_error(c, 0, "expected the peer's move-ready message");
+		mv->have_ready = 1;
+	}
+	return step_resume(c);
+}
+
+static int move_fail(struct rail_ib_comm *c, int err, const char *call)
+{
+	struct rail_ib_move *mv = c->mv;
+
+	if (err == -RAIL_ECLOSED || err == -ECONNRESET || err == -EPIPE)
+		RAIL_WARN("%s: connection to peer %s: the peer closed its socket during a move (its "
+			  "process exited or failed); the connection fails", call, c->peer);
+	else if (err == -ETIMEDOUT && mv && mv->state != MV_DRAIN)
+		RAIL_WARN("%s: connection to peer %s: its host stopped answering during a move "
+			  "(%s; NCCL_RAIL_PEER_TIMEOUT=%lld s); the connection fails", call, c->peer,
+			  mv->why, (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
+	else if (err != -ENETDOWN && err != -EPROTO)
+		RAIL_WARN("%s: connection to peer %s: the move to another path failed: %s; the "
+			  "connection fails", call, c->peer, RAIL_ERRSTR(err));
+	if (!c->error)
+		c->error = err;
+	c->fencing = 0;
+	if (mv) {
+		rail_ib_old_free(&mv->old);
+		free(mv);
+		c->mv = NULL;
+	}
+	return c->error;
+}
+
+static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
+{
+	int err = 0;
+
+	if (!c->mv)
+		err = move_start(c, trigger);
+	if (!err)
+		err = move_step(c);
+	if (err && err != -EAGAIN)
+		return move_fail(c, err, call);
+	return err;
+}
+
+void rail_ib_move_arm(struct rail_ib_comm *c)
+{
+	c->on_move = on_move;
+	if (!rail_param_int(RAIL_P_FAILOVER) || c->ndevs != 1 || c->remote_ndevs != 1 ||
+	    c->oob_fd < 0)
+		return;
+	if (is_send(c)) {
+		c->sent = calloc(RAIL_IB_SLOTS, sizeof(*c->sent));
+		if (!c->sent)
+			return;	/* no records: no failover for this comm */
+		for (int k = 0; k < RAIL_IB_SLOTS; k++)
+			c->sent[k].num = UINT64_MAX;
+	}
+	c->failover = 1;
+}
+
+void rail_ib_move_free(struct rail_ib_comm *c)
+{
+	if (c->mv) {
+		rail_ib_old_free(&c->mv->old);
+		free(c->mv);
+		c->mv = NULL;
+	}
+	free(c->sent);
+	c->sent = NULL;
+}

@@ -1,0 +1,234 @@
+/*
+ * nccl-net-rail unit tests: failover of verbs comms (src/ib/ib_move.c,
+ * docs/FAILOVER.md) on the fake provider. A transfer loop of mixed sizes
+ * (eager, clear-to-send, larger than a send queue's inline size) with every
+ * byte checked; a port goes down in the middle. With NCCL_RAIL_FAILOVER=1
+ * (the default) no request may fail, every message must arrive intact and
+ * both sides must log the move naming both devices. The same with
+ * NCCL_RAIL_FAILOVER=0 fails by name (test_ib_events.c); with no other port
+ * left, the comm fails naming that.
+ */
+#include "unit.h"
+
+#include <infiniband/verbs.h>
+
+#include "fv_harness.h"
+
+static const char roce_two[] = "device mlx5_0\n"
+			       "port 1 link=eth speed=ndr width=4x\n"
+			       "gid 0 fe80::1 type=v1\n"
+			       "gid 1 ::ffff:10.1.0.1 type=v2\n"
+			       "device mlx5_1\n"
+			       "port 1 link=eth speed=ndr width=4x\n"
+			       "gid 0 fe80::2 type=v1\n"
+			       "gid 1 ::ffff:10.2.0.1 type=v2\n";
+
+static const char roce_one[] = "device mlx5_0\n"
+			       "port 1 link=eth speed=ndr width=4x\n"
+			       "gid 0 fe80::1 type=v1\n"
+			       "gid 1 ::ffff:10.1.0.1 type=v2\n";
+
+#define BUF (256 * 1024)
+#define WIN 4		/* messages in flight per side, as NCCL's pipeline keeps them */
+static unsigned char sbuf[WIN][BUF], rbuf[WIN][BUF];
+
+static void port_state(struct fvh *F, const char *dev, int state, int level, const char *what)
+{
+	int mark = fvh_log_mark();
+
+	assert_int_equal(F->port_state(dev, 1, state), 1);
+	if (!fvh_wait_log_from(mark, level, dev, what, 5000)) {
+		fvh_log_dump();
+		fail_msg("the plugin did not report %s:1 %s", dev, what);
+	}
+}
+
+static void fill(unsigned char *p, size_t n, int seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (unsigned char)(seed * 131 + i * 7 + (i >> 9));
+}
+
+static size_t msg_size(int i)
+{
+	static const size_t sizes[] = { 8, 3000, 65536, 100, 200000, 8, 20000, 4096, 4097 };
+
+	return sizes[i % (int)(sizeof(sizes) / sizeof(sizes[0]))];
+}
+
+struct loop {
+	struct fvh *F;
+	void *smh, *rmh;
+	int fault_at;		/* message at whose posting the port goes down (-1: none) */
+	const char *fault_dev;
+	int failed;		/* a call failed: its ncclResult_t */
+	void *sreq[WIN], *rreq[WIN];
+	int sent, recvd, sdone, rdone;	/* messages posted / completed per side */
+};
+
+/* The receive of message i completed with got bytes: check every byte. */
+static void check_recv(int i, int got)
+{
+	unsigned char want[BUF];
+	size_t n = msg_size(i);
+
+	if (got != (int)n)
+		fail_msg("message %d: %d bytes reported, %zu sent", i, got, n);
+	fill(want, n, i);
+	if (memcmp(rbuf[i % WIN], want, n) != 0)
+		fail_msg("message %d (%zu bytes): the bytes differ", i, n);
+}
+
+/* One turn of a proxy thread: post what the windows allow, test what is in flight. */
+static int turn(struct loop *L, int count)
+{
+	ncclResult_t r = ncclSuccess;
+
+	if (L->recvd < count && L->recvd - L->rdone < WIN && !L->rreq[L->recvd % WIN]) {
+		int k = L->recvd % WIN, tags[1] = { 7 };
+		void *data[1] = { rbuf[k] }, *mhs[1] = { L->rmh };
+		size_t sizes[1] = { BUF };
+
+		memset(rbuf[k], 0xee, BUF);
+		r = rail_net_irecv(L->F->rc, 1, data, sizes, tags, mhs, &L->rreq[k]);
+		L->recvd += L->rreq[k] != NULL;
+	}
+	if (!r && L->sent == L->fault_at && L->fault_dev) {
+		port_state(L->F, L->fault_dev, IBV_PORT_DOWN, NCCL_LOG_WARN, "went down");
+		L->fault_dev = NULL;
+	}
+	if (!r && L->sent < count && L->sent - L->sdone < WIN && !L->sreq[L->sent % WIN]) {
+		int k = L->sent % WIN;
+
+		fill(sbuf[k], msg_size(L->sent), L->sent);
+		r = rail_net_isend(L->F->sc, sbuf[k], msg_size(L->sent), 7, L->smh, &L->sreq[k]);
+		L->sent += L->sreq[k] != NULL;
+	}
+	if (!r && L->sdone < L->sent) {
+		int k = L->sdone % WIN, done = 0;
+
+		r = rail_net_test(L->sreq[k], &done, NULL);
+		if (!r && done) {
+			L->sreq[k] = NULL;
+			L->sdone++;
+		}
+	}
+	if (!r && L->rdone < L->recvd) {
+		int k = L->rdone % WIN, done = 0, got[1] = { -1 };
+
+		r = rail_net_test(L->rreq[k], &done, got);
+		if (!r && done) {
+			check_recv(L->rdone, got[0]);
+			L->rreq[k] = NULL;
+			L->rdone++;
+		}
+	}
+	return L->failed = r;
+}
+
+static int run_loop(struct loop *L, int count)
+{
+	uint64_t deadline = rail_now_ns() + 60000000000ull;
+
+	assert_int_equal(rail_net_reg_mr(L->F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &L->smh), 0);
+	assert_int_equal(rail_net_reg_mr(L->F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST, &L->rmh), 0);
+	while (L->sdone < count || L->rdone < count) {
+		if (turn(L, count))
+			return L->failed;
+		if (rail_now_ns() > deadline)
+			fail_msg("%d of %d messages received, %d sends done after 60 s", L->rdone,
+				 count, L->sdone);
+	}
+	return 0;
+}
+
+static void loop_end(struct loop *L)
+{
+	assert_int_equal(rail_net_dereg_mr(L->F->sc, L->smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(L->F->rc, L->rmh), ncclSuccess);
+	fvh_stop(L->F);
+}
+
+static void assert_moved(int from, const char *kind, const char *devs)
+{
+	if (!fvh_log_count_from(from, NCCL_LOG_WARN, kind, devs)) {
+		fvh_log_dump();
+		fail_msg("no WARN \"%s ... %s\"", kind, devs);
+	}
+}
+
+/* The sender's port (mlx5_0) goes down: the send comm moves to mlx5_1, the receiver joins. */
+static void test_move_sender_port(void **state)
+{
+	struct loop L = { .fault_at = 20, .fault_dev = "mlx5_0" };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
+	mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_1:1", "PORT_ERR on mlx5_0:1");
+	assert_moved(mark, "(receive comm) moved from mlx5_1:1 to mlx5_1:1", "PORT_ERR on mlx5_0:1");
+	loop_end(&L);
+}
+
+/* The receiver's port (mlx5_0) goes down: the receive comm moves to mlx5_1. */
+static void test_move_receiver_port(void **state)
+{
+	struct loop L = { .fault_at = 31, .fault_dev = "mlx5_0" };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 0, 1, -1);	/* receiver on mlx5_0, sender on mlx5_1 */
+	mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_moved(mark, "(receive comm) moved from mlx5_0:1 to mlx5_1:1", "PORT_ERR");
+	assert_moved(mark, "(send comm) moved from mlx5_1:1 to mlx5_1:1", "PORT_ERR on mlx5_0:1");
+	loop_end(&L);
+}
+
+/* No other port: the comm fails, and the WARN says there was nowhere to go. */
+static void test_move_nowhere(void **state)
+{
+	struct loop L = { .fault_at = 5, .fault_dev = "mlx5_0" };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_one);
+	fvh_connect(L.F, 0, 0, -1);
+	mark = fvh_log_mark();
+	assert_int_not_equal(run_loop(&L, 20), 0);
+	if (!fvh_log_count_from(mark, NCCL_LOG_WARN, "no other usable port", "mlx5_0:1")) {
+		fvh_log_dump();
+		fail_msg("no WARN saying no port was left");
+	}
+	loop_end(&L);
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_teardown(test_move_sender_port, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_receiver_port, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_nowhere, fvh_teardown),
+	};
+
+	if (!fvh_find_lib()) {
+		if (getenv("RAIL_FAKEVERBS_LIB")) {
+			printf("test_ib_move: RAIL_FAKEVERBS_LIB=%s cannot be read\n", fvh_lib);
+			return 1;
+		}
+		printf("test_ib_move: all %zu tests skipped: %s not built (make tests)\n",
+		       sizeof(tests) / sizeof(tests[0]), fvh_lib);
+		return 0;
+	}
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
