@@ -113,6 +113,7 @@ bench_pair() {
         timeout 120 "$bench" --client "10.77.95.1:$port" --timeout 30 -b 8 -e 8 -L -n 20000 \
         | awk '/^ +8 /{ printf "lat8B_us %s ", $3 }'
     wait "$p"; port=$((port + 1))
+    [ -n "${LAT_ONLY:-}" ] && { echo; return; }
     for sz in 64K 64M; do
         ip netns exec "$nsa" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=faa0,faa1" "$@" \
             timeout 120 "$bench" --server "10.77.95.1:$port" --timeout 30 >/dev/null 2>&1 &
