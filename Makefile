@@ -238,6 +238,7 @@ test-conformance: $(PLUGIN) $(CONFORMANCE)
 test-netns: all
 	test/netns/run.sh $(BUILD)
 	test/netns/rail-check.sh $(BUILD)
+	test/netns/failover.sh $(BUILD)
 
 # The unit tests and the conformance suite under AddressSanitizer (leaks
 # included) and UndefinedBehaviorSanitizer, in their own build tree.

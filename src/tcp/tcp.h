@@ -46,7 +46,8 @@
 #define TCP_HELLO_MAGIC 0x50435452u /* "RTCP" */
 #define TCP_REPLY_MAGIC 0x41435452u /* "RTCA" */
 #define TCP_FRAME_MAGIC 0x46u
-#define TCP_WIRE_VERSION 1
+#define TCP_WIRE_VERSION 2	/* 2: rescue addresses after the hello and the reply */
+#define TCP_WIRE_VERSION_STR "2"
 #define TCP_HELLO_SIZE 40
 #define TCP_REPLY_SIZE 8
 #define TCP_FRAME_SIZE 24
@@ -76,6 +77,52 @@ int tcp_hello_decode(const uint8_t in[TCP_HELLO_SIZE], struct tcp_hello *h, char
 void tcp_reply_encode(int status, uint8_t out[TCP_REPLY_SIZE]);
 /* Returns the listener's status (0 accepted, >0 an errno why not), or -EPROTO. */
 int tcp_reply_decode(const uint8_t in[TCP_REPLY_SIZE]);
+/*
+ * Version 2: the hello of socket 0 and an accepting reply are followed by
+ * the sender's rescue addresses (one listener per interface and process,
+ * tcp_rescue.c), at most TCP_RESCUE_MAX; count 0 when failover is off or
+ * the process has a single interface.
+ */
+#define TCP_RESCUE_MAX 4
+#define TCP_RESCUE_SIZE 88
+struct tcp_rescue {
+	int count;
+	union rail_sockaddr addr[TCP_RESCUE_MAX];
+};
+void tcp_rescue_encode(const struct tcp_rescue *r, uint8_t out[TCP_RESCUE_SIZE]);
+int tcp_rescue_decode(const uint8_t in[TCP_RESCUE_SIZE], struct tcp_rescue *r);
+
+/*
+ * On a rescue listener: the hello of a socket of a moved connection (kind
+ * MOVE, index 0 the control socket), or a receiver asking its sender to
+ * move (kind KICK, one socket, closed after it).
+ */
+#define TCP_MOVE_MAGIC 0x4d435452u /* "RTCM" */
+#define TCP_MOVE_HELLO_SIZE 40
+enum { TCP_MOVE_SOCKET = 1, TCP_MOVE_KICK = 2 };
+struct tcp_move_hello {
+	int kind;
+	uint16_t index;
+	uint16_t nsocks;
+	uint32_t gen;		/* the move's number, per comm */
+	uint64_t nonce;		/* the listen comm's */
+	uint64_t conn_id;
+};
+void tcp_move_hello_encode(const struct tcp_move_hello *h, uint8_t out[TCP_MOVE_HELLO_SIZE]);
+int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move_hello *h);
+
+/*
+ * The receiver's answer on the new control socket: for each stream
+ * (control first, then the data sockets) the byte offset the sender must
+ * resume at (all it consumed, plus what the old socket's kernel buffer
+ * still holds, which it reads first).
+ */
+#define TCP_STATE_MAGIC 0x53435452u /* "RTCS" */
+#define TCP_STATE_SIZE(nsocks) (16 + 8 * ((size_t)(nsocks) + 1))
+int tcp_state_encode(uint32_t gen, int nsocks, const uint64_t *pos, uint8_t *out);
+/* Fills pos[0..nsocks]; -EPROTO when malformed or of another move. */
+int tcp_state_decode(const uint8_t *in, uint32_t gen, int nsocks, uint64_t *pos);
+
 void tcp_frame_encode(const struct tcp_frame *f, uint8_t out[TCP_FRAME_SIZE]);
 int tcp_frame_decode(const uint8_t in[TCP_FRAME_SIZE], struct tcp_frame *f);
 
@@ -129,6 +176,7 @@ struct tcp_task {
 	int fd;
 	struct tcp_req *req;
 	void *ev;		/* its profiler event, stopped by whoever moves it (prof.h), or NULL */
+	uint64_t start;		/* the stream offset of its first byte */
 };
 
 /*
@@ -145,7 +193,10 @@ struct tcp_stream {
 	struct tcp_task *ring;
 	uint32_t mask;
 	_Atomic uint32_t head;		/* written by the progress thread */
-	_Atomic uint32_t tail;		/* written by the owner */
+	_Atomic uint32_t tail;		/* written by the owner: moved (send: written) */
+	/* send with ack completion: chunks before it are acknowledged by the peer's kernel */
+	_Atomic uint32_t ack_tail;
+	uint64_t pushed;		/* progress thread: stream bytes queued */
 	_Atomic int ready;		/* set up: the owner may use it */
 	_Atomic int kicked;		/* on the owner's inbox */
 	_Atomic int detached;		/* the owner forgot it: it can be freed */
@@ -154,6 +205,9 @@ struct tcp_stream {
 	struct tcp_stream *inbox_next;
 	/* owner only */
 	size_t off;			/* bytes of the head chunk moved */
+	uint64_t moved;			/* stream bytes moved (send: written, recv: read) */
+	int old_fd;			/* recv after a move: the old socket, read first */
+	uint64_t old_left;		/* bytes still to read there */
 	int active;
 	struct tcp_stream *act_next, *act_prev;
 };
@@ -171,6 +225,7 @@ struct tcp_req {
 	uint8_t frame[TCP_FRAME_SIZE];
 	size_t sent;
 	int ctrl_done;			/* nothing left for the control socket */
+	uint64_t ctl_end;		/* send, failover: control stream offset after its bytes */
 	uint64_t first_seq;		/* receive: the message of its first matched entry */
 	_Atomic size_t moved;		/* receive: bytes arrived for its entries */
 	_Atomic int pending;		/* chunks still with helper threads */
@@ -216,6 +271,36 @@ struct tcp_comm {
 	_Atomic int warned;	/* the failure's WARN went out (before error was set) */
 	_Atomic int closing;
 	char peer[RAIL_ADDR_STRLEN];
+	/* ---- failover (tcp_move.c) ---- */
+	int fo;				/* this comm can move to another interface */
+	int ack;			/* sends complete when the peer's kernel acknowledged them */
+	int cur_dev;			/* the local interface it runs on now */
+	union rail_sockaddr peer_addr;	/* the peer's address now (control socket) */
+	struct tcp_rescue peer_rescue;	/* the peer's rescue listeners */
+	uint64_t conn_id, nonce;
+	uint32_t link_gen;		/* tcp_link_gen() when last looked at */
+	_Atomic int path_err;		/* a socket error that means "path", not "peer" */
+	_Atomic int moving;		/* send: streams paused while a move is under way */
+	_Atomic uint32_t peer_kick;	/* send: the receiver asked for move number n */
+	int moves;			/* completed moves */
+	uint64_t recover_t0;		/* send: the last move's fault, until a message completes */
+	struct tcp_move *mv;		/* the move under way */
+	/* send: the control stream's copy, kept until the peer's kernel acknowledged it */
+	uint8_t *ring;
+	size_t ring_size;
+	uint64_t ring_acked, ring_sent, ring_staged;
+	struct tcp_req *ring_next;	/* first request of the FIFO not yet copied in */
+	/* receive: control stream bytes read, and the old control socket after a move */
+	uint64_t ctl_rx;
+	int ctl_old_fd;
+	uint64_t ctl_old_left;
+	/* receive: sockets of a move delivered by the rescue thread (under rescue_lock) */
+	pthread_mutex_t rescue_lock;
+	uint32_t rescue_gen;
+	int rescue_n;
+	int rescue_fds[TCP_MAX_SOCKS + 1];
+	_Atomic int rescue_ready;
+	struct tcp_comm *reg_next;	/* the registry of comms that can move */
 	/* live memory registrations (ids handed out as mhandles), any thread */
 	pthread_mutex_t mr_lock;
 	uintptr_t *mrs;
@@ -238,7 +323,8 @@ int tcp_close_listen(struct rail_comm *listen_comm);
  * exactly once. Every failure is logged here; never -EAGAIN.
  */
 int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello *layout,
-		    const union rail_sockaddr *peer, struct tcp_comm **out);
+		    const union rail_sockaddr *peer, const struct tcp_rescue *rescue,
+		    struct tcp_comm **out);
 int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
 	      int tag, void *mhandle);
 int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **data,
@@ -301,6 +387,54 @@ void tcp_pool_help(struct tcp_comm *c);
 int tcp_pool_threads(void);
 /* Stop and join every pool thread (no comm may be attached). */
 void tcp_pool_stop(void);
+
+/*
+ * tcp_pool.c, for a move (the caller holds every stream's busy flag, taken
+ * with tcp_pool_pause and given back with tcp_pool_resume, which kicks).
+ */
+void tcp_pool_pause(struct tcp_comm *c);
+void tcp_pool_resume(struct tcp_comm *c);
+/* Send: go on at stream offset pos on fd (chunks before it complete); bytes re-sent, or -EPROTO. */
+int64_t tcp_pool_resume_send(struct tcp_comm *c, int i, uint64_t pos, int fd);
+/* Receive: bytes consumed on stream i, plus what its socket holds (FIONREAD); -errno. */
+int64_t tcp_pool_recv_pos(struct tcp_comm *c, int i, uint64_t *inq);
+/* Receive: read inq more bytes from the old socket, then fd. */
+void tcp_pool_switch_recv(struct tcp_comm *c, int i, uint64_t inq, int fd);
+/* Send with ack completion: complete the chunks the peer's kernel acknowledged. */
+void tcp_pool_ack(struct tcp_comm *c);
+
+/* ---- failover: tcp_rescue.c (listeners, link watch, registry) and tcp_move.c ---- */
+/* Start the rescue listeners and the link watch (failover on, two interfaces or more). */
+void tcp_rescue_start(void);
+void tcp_rescue_stop(void);
+/* This process's rescue addresses (count 0 when none run). */
+void tcp_rescue_mine(struct tcp_rescue *r);
+void tcp_rescue_register(struct tcp_comm *c);
+void tcp_rescue_unregister(struct tcp_comm *c);
+/* Bumped at every change of an interface's state; whether dev is down now. */
+uint32_t tcp_link_gen(void);
+int tcp_link_down(int dev);
+/* The interface (device index) holding local address a, or -1. */
+int tcp_dev_of_addr(const union rail_sockaddr *a);
+int tcp_ndevs_now(void);
+
+/* A socket error that means the path failed (not the peer process): a move may heal it. */
+int tcp_path_error(int err);
+/* Record a path failure of a comm that can move (1), or 0: the caller fails as today. */
+int tcp_path_failed(struct tcp_comm *c, int err);
+/* Called by isend/irecv/test when a move may be due or under way; 0 or the comm's error. */
+int tcp_move_send(struct tcp_comm *c);
+int tcp_move_recv(struct tcp_comm *c);
+void tcp_move_free(struct tcp_comm *c);
+/* The first message completed after a move: log the time since the fault (INFO). */
+void tcp_move_first_done(struct tcp_comm *c);
+static inline int tcp_move_due(struct tcp_comm *c)
+{
+	return c->fo && (c->mv || atomic_load_explicit(&c->path_err, memory_order_relaxed) ||
+			 atomic_load_explicit(&c->rescue_ready, memory_order_relaxed) ||
+			 atomic_load_explicit(&c->peer_kick, memory_order_relaxed) >
+				 (uint32_t)c->moves || tcp_link_gen() != c->link_gen);
+}
 
 /* tcp_fault.c: NCCL_RAIL_TCP_FAULT, read at init. */
 void tcp_fault_arm(void);

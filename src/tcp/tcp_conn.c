@@ -27,8 +27,8 @@
 struct tcp_pending {
 	int fd;
 	union rail_sockaddr peer;
-	uint8_t buf[TCP_HELLO_SIZE];
-	size_t off;
+	uint8_t buf[TCP_HELLO_SIZE + TCP_RESCUE_SIZE];
+	size_t off, want;	/* want: the hello, then for socket 0 the rescue addresses too */
 	uint64_t t0;
 };
 
@@ -36,6 +36,7 @@ struct tcp_pending {
 struct tcp_group {
 	uint64_t conn_id;
 	struct tcp_hello layout;
+	struct tcp_rescue rescue;	/* the connector's */
 	union rail_sockaddr peer;
 	int nfds;
 	int fds[TCP_MAX_SOCKS + 1];
@@ -65,8 +66,9 @@ struct tcp_stage {
 	int fds[TCP_MAX_SOCKS + 1];
 	uint8_t state[TCP_MAX_SOCKS + 1]; /* 0 connecting, 1 sending hello, 2 sent */
 	size_t off[TCP_MAX_SOCKS + 1];
-	uint8_t hello[TCP_MAX_SOCKS + 1][TCP_HELLO_SIZE];
-	uint8_t reply[TCP_REPLY_SIZE];
+	uint8_t hello[TCP_MAX_SOCKS + 1][TCP_HELLO_SIZE + TCP_RESCUE_SIZE];
+	uint8_t reply[TCP_REPLY_SIZE + TCP_RESCUE_SIZE];
+	struct tcp_rescue peer_rescue;
 	size_t reply_off;
 	int warned;
 	uint64_t t0;
@@ -96,6 +98,7 @@ int tcp_listen(int dev, void *handle, struct rail_comm **out)
 	if (!lc)
 		return -ENOMEM;
 	tcp_pool_reserve();
+	tcp_rescue_start();
 	rail_sockaddr_set_port(&addr, 0);
 	err = rail_sock_listen(&addr, 16384, &lc->fd, &lc->addr);
 	if (err) {
@@ -151,6 +154,7 @@ static int tcp_release_differs(const struct rail_handle *h)
 
 static int stage_create(int dev, void *handle, struct tcp_stage **out)
 {
+	struct tcp_rescue mine;
 	struct tcp_stage *s;
 	char why[256];
 	int err;
@@ -183,6 +187,9 @@ static int stage_create(int dev, void *handle, struct tcp_stage **out)
 		hh.index = (uint16_t)i;
 		tcp_hello_encode(&hh, s->hello[i]);
 	}
+	/* Socket 0 carries this process's rescue addresses after its hello (version 2). */
+	tcp_rescue_mine(&mine);
+	tcp_rescue_encode(&mine, s->hello[0] + TCP_HELLO_SIZE);
 	err = rail_handle_set_stage(handle, s);
 	if (err) {
 		RAIL_WARN("connect on %s to %s: recording the connection in progress failed: %s; "
@@ -219,7 +226,8 @@ static int stage_step(struct tcp_stage *s, int i)
 		s->state[i] = 1;
 	}
 	if (s->state[i] == 1) {
-		err = rail_sock_send_nb(s->fds[i], s->hello[i], TCP_HELLO_SIZE, &s->off[i]);
+		err = rail_sock_send_nb(s->fds[i], s->hello[i],
+					TCP_HELLO_SIZE + (i ? 0 : TCP_RESCUE_SIZE), &s->off[i]);
 		if (err)
 			return err;
 		s->state[i] = 2;
@@ -232,6 +240,10 @@ static int stage_reply(struct tcp_stage *s)
 	int err = rail_sock_recv_nb(s->fds[0], s->reply, TCP_REPLY_SIZE, &s->reply_off);
 	int status;
 
+	/* An accepting reply is followed by the listener's rescue addresses. */
+	if (!err && tcp_reply_decode(s->reply) == 0)
+		err = rail_sock_recv_nb(s->fds[0], s->reply, TCP_REPLY_SIZE + TCP_RESCUE_SIZE,
+					&s->reply_off);
 	if (err == -EAGAIN)
 		return err;
 	s->warned = 1;
@@ -242,12 +254,15 @@ static int stage_reply(struct tcp_stage *s)
 		return -ECONNRESET;
 	}
 	status = tcp_reply_decode(s->reply);
-	if (status == 0) {
+	if (status == 0 && tcp_rescue_decode(s->reply + TCP_REPLY_SIZE, &s->peer_rescue) == 0) {
 		s->warned = 0;
 		return 0;
 	}
 	RAIL_WARN("connect to %s: the listener refused the connection: %s%s%s%s%s",
-		  RAIL_ADDRSTR(&s->h.addr), status < 0 ? "malformed reply"
+		  RAIL_ADDRSTR(&s->h.addr), status <= 0 ? "malformed reply"
+		  : status == EPROTONOSUPPORT ? "it speaks another TCP wire version (this node "
+						"speaks version " TCP_WIRE_VERSION_STR "): use "
+						"the same nccl-net-rail build on every node"
 		  : status == EPERM ? "the handle's nonce does not match its listen comm (a stale "
 				      "handle from a closed listen?)"
 				    : RAIL_ERRSTR(-status),
@@ -261,7 +276,7 @@ static int stage_reply(struct tcp_stage *s)
 static int stage_finish(struct tcp_stage *s, struct rail_comm **out)
 {
 	struct tcp_comm *c;
-	int err = tcp_comm_create(s->dev, 1, s->fds, &s->layout, &s->h.addr, &c);
+	int err = tcp_comm_create(s->dev, 1, s->fds, &s->layout, &s->h.addr, &s->peer_rescue, &c);
 
 	for (int i = 0; i < s->nfds; i++)
 		s->fds[i] = -1; /* the comm's now, closed by it if it failed */
@@ -284,6 +299,7 @@ int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle, struct
 		s = NULL;
 	if (!s) {
 		tcp_pool_reserve();
+		tcp_rescue_start();
 		err = stage_create(dev, handle, &s);
 		if (err)
 			return err;
@@ -349,6 +365,7 @@ static int grow(void **arr, int *cap, int need, size_t elem)
 
 static int group_add(struct tcp_listen_comm *lc, struct tcp_pending *p, const struct tcp_hello *h)
 {
+	struct tcp_rescue rescue;
 	struct tcp_group *g = NULL;
 	int err;
 
@@ -373,9 +390,15 @@ static int group_add(struct tcp_listen_comm *lc, struct tcp_pending *p, const st
 		refuse(p, EBADMSG, "inconsistent hello within one connection");
 		return 0;
 	}
+	if (h->index == 0 && tcp_rescue_decode(p->buf + TCP_HELLO_SIZE, &rescue)) {
+		refuse(p, EBADMSG, "corrupt rescue addresses after the hello");
+		return 0;
+	}
 	g->fds[h->index] = p->fd;
-	if (h->index == 0)
+	if (h->index == 0) {
 		g->peer = p->peer;
+		g->rescue = rescue;
+	}
 	g->nfds++;
 	p->fd = -1;
 	return 0;
@@ -390,7 +413,7 @@ static int progress_pending(struct tcp_listen_comm *lc)
 		struct tcp_pending *p = &lc->pend[i];
 		struct tcp_hello h;
 		char why[200];
-		int r = rail_sock_recv_nb(p->fd, p->buf, TCP_HELLO_SIZE, &p->off);
+		int r = rail_sock_recv_nb(p->fd, p->buf, p->want ? p->want : TCP_HELLO_SIZE, &p->off);
 
 		if (r == -EAGAIN) {
 			if (tcp_timed_out(p->t0))
@@ -403,6 +426,11 @@ static int progress_pending(struct tcp_listen_comm *lc)
 			continue;
 		}
 		r = tcp_hello_decode(p->buf, &h, why, sizeof(why));
+		if (!r && h.index == 0 && p->off < TCP_HELLO_SIZE + TCP_RESCUE_SIZE) {
+			p->want = TCP_HELLO_SIZE + TCP_RESCUE_SIZE;	/* and the rescue block */
+			i--;
+			continue;
+		}
 		if (r)
 			refuse(p, -r, why);
 		else if (h.nonce != lc->nonce)
@@ -529,7 +557,8 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 {
 	for (int i = 0; i < lc->ngroups; i++) {
 		struct tcp_group *g = &lc->groups[i];
-		uint8_t reply[TCP_REPLY_SIZE];
+		uint8_t reply[TCP_REPLY_SIZE + TCP_RESCUE_SIZE];
+		struct tcp_rescue mine;
 		struct tcp_comm *c;
 		size_t off = 0;
 		int err;
@@ -545,6 +574,8 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 			continue;
 		}
 		tcp_reply_encode(0, reply);
+		tcp_rescue_mine(&mine);
+		tcp_rescue_encode(&mine, reply + TCP_REPLY_SIZE);
 		err = rail_sock_send_nb(g->fds[0], reply, sizeof(reply), &off);
 		if (err) {
 			RAIL_WARN("accept: sending the reply to %s failed: %s",
@@ -553,7 +584,7 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 			return err;
 		}
 		/* The fds are the comm's from here on, also when it fails (it closed them). */
-		err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &c);
+		err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &g->rescue, &c);
 		lc->groups[i] = lc->groups[--lc->ngroups];
 		if (err)
 			return err;

@@ -9,7 +9,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/ioctl.h>
 #include <sys/uio.h>
+#include <linux/sockios.h>
 #include <unistd.h>
 
 #include "log.h"
@@ -58,11 +60,24 @@ static uint32_t next_pow2(uint32_t v)
 
 static void comm_free(struct tcp_comm *c)
 {
+	if (c->fo)
+		tcp_rescue_unregister(c);
+	tcp_move_free(c);
 	if (c->ctrl_fd >= 0)
 		close(c->ctrl_fd);
-	for (int i = 0; i < c->nsocks; i++)
+	if (c->ctl_old_fd >= 0)
+		close(c->ctl_old_fd);
+	for (int i = 0; i < c->nsocks; i++) {
 		if (c->fds[i] >= 0)
 			close(c->fds[i]);
+		if (c->streams[i].old_fd >= 0)
+			close(c->streams[i].old_fd);
+	}
+	for (int i = 0; i <= TCP_MAX_SOCKS; i++)
+		if (c->rescue_fds[i] >= 0)
+			close(c->rescue_fds[i]);
+	free(c->ring);
+	pthread_mutex_destroy(&c->rescue_lock);
 	pthread_mutex_destroy(&c->mr_lock);
 	free(c->mrs);
 	rail_comm_fini(&c->base);
@@ -77,8 +92,50 @@ static void fds_close(const int *fds, int n)
 			close(fds[i]);
 }
 
+/*
+ * Failover for this comm: on (NCCL_RAIL_FAILOVER), rescue listeners on both
+ * sides (so each has two interfaces or more). Then sends keep their bytes
+ * until the peer's kernel acknowledged them: the control stream in a copy
+ * (the ring), the chunks of large messages in NCCL's buffer (the request
+ * completes at the acknowledgement).
+ */
+static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
+			  const union rail_sockaddr *peer, const struct tcp_rescue *rescue)
+{
+	struct tcp_rescue mine;
+
+	c->ctl_old_fd = -1;
+	for (int i = 0; i <= TCP_MAX_SOCKS; i++)
+		c->rescue_fds[i] = -1;
+	for (int i = 0; i < TCP_MAX_SOCKS; i++)
+		c->streams[i].old_fd = -1;
+	pthread_mutex_init(&c->rescue_lock, NULL);
+	c->cur_dev = c->base.dev;
+	c->peer_addr = *peer;
+	c->conn_id = layout->conn_id;
+	c->nonce = layout->nonce;
+	tcp_rescue_mine(&mine);
+	if (!rail_param_int(RAIL_P_FAILOVER) || mine.count < 2 || !rescue || rescue->count < 2)
+		return 0;
+	c->peer_rescue = *rescue;
+	if (c->is_send) {
+		c->ring_size = 1;
+		while (c->ring_size < RAIL_MAX((size_t)256 << 10, 2 * (c->inline_max + TCP_FRAME_SIZE)))
+			c->ring_size <<= 1;
+		c->ring = malloc(c->ring_size);
+		if (!c->ring)
+			return -ENOMEM;
+		c->ack = 1;
+	}
+	c->fo = 1;
+	c->link_gen = tcp_link_gen();
+	tcp_rescue_register(c);
+	return 0;
+}
+
 int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello *layout,
-		    const union rail_sockaddr *peer, struct tcp_comm **out)
+		    const union rail_sockaddr *peer, const struct tcp_rescue *rescue,
+		    struct tcp_comm **out)
 {
 	long sndbuf = (long)rail_param_int(RAIL_P_SOCKET_SNDBUF);
 	long rcvbuf = (long)rail_param_int(RAIL_P_SOCKET_RCVBUF);
@@ -101,6 +158,15 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	c->nsocks = layout->nsocks;
 	c->nthreads = layout->nthreads;
 	c->inline_max = layout->inline_max;
+	for (int i = 0; i < c->nsocks; i++)
+		c->fds[i] = fds[i + 1];
+	err = failover_setup(c, layout, peer, rescue);
+	if (err) {
+		RAIL_WARN("setting up the %s comm to %s on %s failed: %s", is_send ? "send"
+			  : "receive", RAIL_ADDRSTR(peer), tcp_dev_get(dev)->name, RAIL_ERRSTR(err));
+		comm_free(c);
+		return err;
+	}
 	c->min_chunk = layout->min_chunk;
 	c->help = (int)rail_param_int(RAIL_P_TCP_HELP);
 	rail_sockaddr_str(peer, c->peer, sizeof(c->peer));
@@ -108,7 +174,6 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	liveness = (int)rail_param_int(RAIL_P_PEER_TIMEOUT);
 	rail_sock_set_liveness(c->ctrl_fd, liveness / 2, liveness);
 	for (int i = 0; i < c->nsocks; i++) {
-		c->fds[i] = fds[i + 1];
 		rail_sock_set_nonblocking(c->fds[i], 1);
 		rail_sock_set_bufs(c->fds[i], sndbuf, rcvbuf);
 		rail_sock_set_liveness(c->fds[i], liveness / 2, liveness);
@@ -133,6 +198,8 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 
 static void fifo_push(struct tcp_comm *c, struct tcp_req *r)
 {
+	if (c->ring && !c->ring_next)
+		c->ring_next = r;
 	r->next = NULL;
 	if (c->fifo_tail)
 		c->fifo_tail->next = r;
@@ -240,9 +307,94 @@ static int poll_refusal(struct tcp_comm *c)
 			     (unsigned long long)f.seq, (unsigned long long)f.size, f.tag, f.want_tag);
 }
 
+/* The control stream's bytes the peer's kernel acknowledged leave the ring. */
+static void ring_ack(struct tcp_comm *c)
+{
+	int outq = 0;
+
+	if (ioctl(c->ctrl_fd, SIOCOUTQ, &outq) == 0 && outq >= 0 &&
+	    (uint64_t)outq <= c->ring_sent - c->ring_acked)
+		c->ring_acked = c->ring_sent - (uint64_t)outq;
+}
+
+static void ring_put(struct tcp_comm *c, const void *p, size_t len)
+{
+	size_t at = (size_t)(c->ring_staged & (c->ring_size - 1));
+	size_t first = RAIL_MIN(len, c->ring_size - at);
+
+	memcpy(c->ring + at, p, first);
+	memcpy(c->ring, (const char *)p + first, len - first);
+	c->ring_staged += len;
+}
+
+/* Write [ring_sent, ring_staged) of the ring to the control socket. */
+static int ring_flush(struct tcp_comm *c)
+{
+	while (c->ring_sent < c->ring_staged) {
+		size_t at = (size_t)(c->ring_sent & (c->ring_size - 1));
+		size_t left = (size_t)(c->ring_staged - c->ring_sent);
+		struct iovec iov[2] = { { c->ring + at, RAIL_MIN(left, c->ring_size - at) },
+					{ c->ring, 0 } };
+		struct msghdr msg = { .msg_iov = iov, .msg_iovlen = 1 };
+		ssize_t n;
+
+		if (iov[0].iov_len < left) {
+			iov[1].iov_len = left - iov[0].iov_len;
+			msg.msg_iovlen = 2;
+		}
+		n = sendmsg(c->ctrl_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -errno;
+		}
+		c->ring_sent += (uint64_t)n;
+	}
+	return 0;
+}
+
+/*
+ * progress_send with failover: each request's frame and inline bytes are
+ * copied into the ring (when they fit), the ring goes to the socket, and a
+ * request is done with the control socket once its bytes are in the kernel,
+ * as without the ring; the ring keeps them until the peer's kernel has them.
+ */
+static int progress_send_ring(struct tcp_comm *c)
+{
+	struct tcp_req *r;
+	int err = 0;
+
+	while ((r = c->ring_next)) {
+		size_t inl = r->size[0] <= c->inline_max ? r->size[0] : 0;
+		uint64_t need = TCP_FRAME_SIZE + inl;
+
+		if (c->ring_staged + need - c->ring_acked > c->ring_size)
+			ring_ack(c);
+		if (c->ring_staged + need - c->ring_acked > c->ring_size)
+			break;
+		ring_put(c, r->frame, TCP_FRAME_SIZE);
+		ring_put(c, r->data[0], inl);
+		r->ctl_end = c->ring_staged;
+		c->ring_next = r->next;
+	}
+	if (!atomic_load_explicit(&c->moving, memory_order_relaxed))
+		err = ring_flush(c);
+	while ((r = c->fifo_head) && r != c->ring_next && r->ctl_end <= c->ring_sent) {
+		r->ctrl_done = 1;
+		fifo_pop(c);
+	}
+	if (!err || err == -EAGAIN || tcp_path_failed(c, err))
+		return 0;
+	return tcp_comm_fail(c, err, "sending on the control socket failed: %s; the peer "
+			     "process probably died", RAIL_ERRSTR(err));
+}
+
 static int progress_send(struct tcp_comm *c)
 {
 	struct tcp_req *r;
+
+	if (c->ring)
+		return progress_send_ring(c);
 
 	while ((r = c->fifo_head)) {
 		size_t inl = r->size[0] <= c->inline_max ? r->size[0] : 0;
@@ -273,6 +425,8 @@ int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, siz
 	/* A refusal of an earlier message (which may have completed here) fails this one. */
 	if (rail_unlikely((c->seq & 15) == 0))
 		poll_refusal(c);
+	if (rail_unlikely(tcp_move_due(c)))
+		tcp_move_send(c);
 	err = atomic_load(&c->error);
 	if (err)
 		return err;
@@ -298,6 +452,34 @@ static void entry_done(struct tcp_comm *c, struct tcp_req *r)
 	}
 }
 
+/*
+ * Receive side: read [*off, len) of the control stream: after a move, first
+ * the bytes the old socket still held, then the new socket.
+ */
+static int ctl_recv(struct tcp_comm *c, void *buf, size_t len, size_t *off)
+{
+	size_t before = *off;
+	int err;
+
+	if (rail_unlikely(c->ctl_old_left > 0)) {
+		size_t lim = (size_t)RAIL_MIN((uint64_t)len, *off + c->ctl_old_left);
+
+		err = rail_sock_recv_nb(c->ctl_old_fd, buf, lim, off);
+		c->ctl_old_left -= *off - before;
+		c->ctl_rx += *off - before;
+		if (!c->ctl_old_left) {
+			close(c->ctl_old_fd);
+			c->ctl_old_fd = -1;
+		}
+		if (err || *off == len)
+			return err;
+		before = *off;
+	}
+	err = rail_sock_recv_nb(c->ctrl_fd, buf, len, off);
+	c->ctl_rx += *off - before;
+	return err;
+}
+
 /* Read the next frame header; 1 when one is available. */
 static int read_frame(struct tcp_comm *c)
 {
@@ -307,9 +489,9 @@ static int read_frame(struct tcp_comm *c)
 
 	if (c->rx_have_frame)
 		return 1;
-	err = rail_sock_recv_nb(c->ctrl_fd, c->rx_frame, TCP_FRAME_SIZE, &c->rx_frame_off);
+	err = ctl_recv(c, c->rx_frame, TCP_FRAME_SIZE, &c->rx_frame_off);
 	atomic_fetch_add_explicit(&c->rx_moved, c->rx_frame_off - before, memory_order_relaxed);
-	if (err == -EAGAIN)
+	if (err == -EAGAIN || (err && tcp_path_failed(c, err)))
 		return 0;
 	if (err)
 		return tcp_comm_fail(c, err, "the control socket failed while waiting for message "
@@ -383,13 +565,13 @@ static int progress_recv(struct tcp_comm *c)
 		if (c->rx_req) {
 			size_t before = c->rx_off;
 
-			err = rail_sock_recv_nb(c->ctrl_fd, (char *)r->data[c->rx_entry],
-						r->got[c->rx_entry], &c->rx_off);
+			err = ctl_recv(c, (char *)r->data[c->rx_entry], r->got[c->rx_entry],
+				       &c->rx_off);
 			atomic_fetch_add_explicit(&c->rx_moved, c->rx_off - before,
 						  memory_order_relaxed);
 			atomic_fetch_add_explicit(&r->moved, c->rx_off - before,
 						  memory_order_relaxed);
-			if (err == -EAGAIN)
+			if (err == -EAGAIN || (err && tcp_path_failed(c, err)))
 				return 0;
 			if (err)
 				return tcp_comm_fail(c, err, "the control socket failed while "
@@ -437,6 +619,8 @@ int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **d
 	int err = atomic_load(&c->error);
 
 	(void)mhandles;
+	if (!err && rail_unlikely(tcp_move_due(c)))
+		err = tcp_move_recv(c);
 	if (err)
 		return err;
 	for (int i = 0; i < n; i++) {
@@ -500,6 +684,12 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 	struct tcp_comm *c = (struct tcp_comm *)req->comm;
 	int err = 0;
 
+	if (rail_unlikely(tcp_move_due(c))) {
+		if (c->is_send)
+			tcp_move_send(c);
+		else
+			tcp_move_recv(c);
+	}
 	/* Requests match in posting order, so only the oldest one needs to
 	 * poll the control socket (saving a syscall per test); a later one
 	 * still polls now and then in case the caller tests out of order. */
@@ -513,11 +703,16 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 		for (int i = 0; i < r->base.n; i++)
 			sizes[i] = r->got[i];
 		*done = 1;
+		if (rail_unlikely(c->recover_t0))
+			tcp_move_first_done(c);
 		return 0;
 	}
 	/* Chunks still queued: move some here rather than wait for a helper. */
 	if (c->help && atomic_load_explicit(&r->pending, memory_order_relaxed))
 		tcp_pool_help(c);
+	/* Chunks written, waiting for the peer's kernel to acknowledge them. */
+	if (c->ack && r->ctrl_done && atomic_load_explicit(&r->pending, memory_order_relaxed))
+		tcp_pool_ack(c);
 	/* A large send waiting on its helpers: has the receiver refused it? */
 	if (c->is_send && (++c->polls & 7) == 0)
 		poll_refusal(c);

@@ -88,8 +88,14 @@ static int tcp_init(char *why, size_t why_len)
 	return n;
 }
 
+int tcp_ndevs_now(void)
+{
+	return tcp_ndevs;
+}
+
 static void tcp_fini(void)
 {
+	tcp_rescue_stop();
 	tcp_pool_stop();
 	tcp_ndevs = 0;
 }

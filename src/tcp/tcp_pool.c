@@ -21,7 +21,9 @@
 #include <string.h>
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
+#include <linux/sockios.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -196,9 +198,10 @@ void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct t
 
 	/* The ring is sized for the request pool, so this wait never happens
 	 * in practice; it keeps a bug from overwriting queued chunks. */
-	while (head - atomic_load_explicit(&s->tail, memory_order_acquire) > s->mask)
+	while (head - atomic_load_explicit(&s->ack_tail, memory_order_acquire) > s->mask)
 		cpu_relax();
-	s->ring[head & s->mask] = (struct tcp_task){ buf, len, s->fd, req, ev };
+	s->ring[head & s->mask] = (struct tcp_task){ buf, len, s->fd, req, ev, s->pushed };
+	s->pushed += len;
 	atomic_store_explicit(&s->head, head + 1, memory_order_release);
 	kick(s);
 }
@@ -238,14 +241,22 @@ static int move_some(struct tcp_stream *s, const struct tcp_task *t, size_t *bud
 	struct tcp_comm *c = s->comm;
 
 	while (s->off < t->len) {
+		/* After a move the receiver first reads what the old socket still holds. */
+		int old = !c->is_send && rail_unlikely(s->old_left > 0);
 		ssize_t n = c->is_send
-			? send(t->fd, (char *)t->buf + s->off, t->len - s->off,
+			? send(s->fd, (char *)t->buf + s->off, t->len - s->off,
 			       MSG_NOSIGNAL | MSG_DONTWAIT)
-			: recv(t->fd, (char *)t->buf + s->off,
-			       RAIL_MIN(t->len - s->off, TCP_RECV_STEP), MSG_DONTWAIT);
+			: recv(old ? s->old_fd : s->fd, (char *)t->buf + s->off,
+			       RAIL_MIN(RAIL_MIN(t->len - s->off, TCP_RECV_STEP),
+					old ? s->old_left : SIZE_MAX), MSG_DONTWAIT);
 
 		if (n > 0) {
 			s->off += (size_t)n;
+			s->moved += (uint64_t)n;
+			if (old && !(s->old_left -= (uint64_t)n)) {
+				close(s->old_fd);
+				s->old_fd = -1;
+			}
 			if (!c->is_send) {
 				atomic_fetch_add_explicit(&t->req->moved, (size_t)n,
 							  memory_order_relaxed);
@@ -269,24 +280,59 @@ static int move_some(struct tcp_stream *s, const struct tcp_task *t, size_t *bud
 	return 0;
 }
 
+/* A chunk is done: its request may complete (the profiler event ends first). */
+static void task_done(struct tcp_task *t)
+{
+	/* Before the request can complete: NCCL ends the parent step after that. */
+	if (rail_unlikely(t->ev != NULL))
+		rail_prof_stop(t->ev);
+	atomic_fetch_sub_explicit(&t->req->pending, 1, memory_order_release);
+}
+
+/* Send with ack completion (s->busy held): complete the chunks the peer's kernel has. */
+static void ack_advance(struct tcp_stream *s)
+{
+	uint32_t k = atomic_load_explicit(&s->ack_tail, memory_order_relaxed);
+	uint32_t tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
+	uint64_t acked;
+	int outq = 0;
+
+	if (k == tail || ioctl(s->fd, SIOCOUTQ, &outq) || outq < 0)
+		return;
+	acked = s->moved - RAIL_MIN((uint64_t)outq, s->moved);
+	while (k != tail && s->ring[k & s->mask].start + s->ring[k & s->mask].len <= acked)
+		task_done(&s->ring[k++ & s->mask]);
+	atomic_store_explicit(&s->ack_tail, k, memory_order_release);
+}
+
 /* Serve one socket (s->busy held): 1 while it has chunks it can move now, 0 when empty or not ready. */
 static int serve(struct tcp_stream *s, size_t budget)
 {
 	struct tcp_comm *c = s->comm;
 
+	if (rail_unlikely(atomic_load_explicit(&c->moving, memory_order_relaxed)))
+		return 0;
 	for (;;) {
 		uint32_t tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
 		struct tcp_task *t;
 		int err;
 
-		if (atomic_load_explicit(&s->head, memory_order_acquire) == tail)
+		if (atomic_load_explicit(&s->head, memory_order_acquire) == tail) {
+			if (c->ack)
+				ack_advance(s);
 			return 0;
+		}
 		t = &s->ring[tail & s->mask];
 		err = atomic_load(&c->error) ? -ECANCELED : move_some(s, t, &budget);
-		if (err == -EAGAIN)
+		if (err == -EAGAIN) {
+			if (c->ack)
+				ack_advance(s);
 			return 0;
+		}
 		if (err == -EINPROGRESS)
 			return 1;
+		if (err && tcp_path_failed(c, err))
+			return 0; /* the comm moves: the chunk stays where it is */
 		if (err) {
 			/* Logged before the request shows the failure (tcp_comm_fail). */
 			tcp_comm_fail(c, err, "%s bytes %zu..%zu of a %zu-byte chunk on data socket "
@@ -296,11 +342,16 @@ static int serve(struct tcp_stream *s, size_t budget)
 			atomic_store(&t->req->failed, 1);
 		}
 		s->off = 0;
-		/* Before the request can complete: NCCL ends the parent step after that. */
-		if (rail_unlikely(t->ev != NULL))
-			rail_prof_stop(t->ev);
-		atomic_fetch_sub_explicit(&t->req->pending, 1, memory_order_release);
+		if (c->ack) {
+			/* Written: it completes once acknowledged (ack_advance), or at close. */
+			atomic_store_explicit(&s->tail, tail + 1, memory_order_release);
+			if (!budget)
+				return 1;
+			continue;
+		}
+		task_done(t);
 		atomic_store_explicit(&s->tail, tail + 1, memory_order_release);
+		atomic_store_explicit(&s->ack_tail, tail + 1, memory_order_release);
 		if (!budget)
 			return 1;
 	}
@@ -349,7 +400,7 @@ static void forget(struct tcp_pool_thread *t, struct tcp_stream *s)
 	/* The progress thread may be in tcp_pool_help: wait for it; busy stays set. */
 	while (atomic_exchange(&s->busy, 1))
 		cpu_relax();
-	tail = atomic_load_explicit(&s->tail, memory_order_relaxed);
+	tail = atomic_load_explicit(&s->ack_tail, memory_order_relaxed);
 	deactivate(t, s);
 	epoll_ctl(t->epfd, EPOLL_CTL_DEL, s->fd, NULL);
 	while (atomic_load_explicit(&s->head, memory_order_acquire) != tail) {
@@ -357,7 +408,9 @@ static void forget(struct tcp_pool_thread *t, struct tcp_stream *s)
 
 		atomic_store(&k->req->failed, 1);
 		atomic_fetch_sub_explicit(&k->req->pending, 1, memory_order_release);
-		atomic_store_explicit(&s->tail, ++tail, memory_order_release);
+		++tail;
+		atomic_store_explicit(&s->ack_tail, tail, memory_order_release);
+		atomic_store_explicit(&s->tail, tail, memory_order_release);
 	}
 	/* The last touch: the closer frees the stream once it sees this. */
 	atomic_store_explicit(&s->detached, 1, memory_order_release);
@@ -711,4 +764,100 @@ void tcp_pool_stop(void)
 	pool_spare = NULL;
 	atomic_store(&pool_running, 0);
 	pthread_mutex_unlock(&pool_lock);
+}
+
+/* ---- failover (tcp_move.c): the streams of a comm that moves ---- */
+
+void tcp_pool_pause(struct tcp_comm *c)
+{
+	for (int i = 0; i < c->nattached; i++)
+		while (atomic_exchange(&c->streams[i].busy, 1))
+			cpu_relax();
+}
+
+void tcp_pool_resume(struct tcp_comm *c)
+{
+	for (int i = 0; i < c->nattached; i++) {
+		atomic_store(&c->streams[i].busy, 0);
+		kick(&c->streams[i]);
+	}
+}
+
+static void swap_fd(struct tcp_stream *s, int fd)
+{
+	struct epoll_event ev = { .events = (s->comm->is_send ? EPOLLOUT : EPOLLIN) | EPOLLET,
+				  .data.ptr = s };
+
+	epoll_ctl(s->owner->epfd, EPOLL_CTL_DEL, s->fd, NULL);
+	s->fd = fd;
+	s->comm->fds[s->index] = fd;
+	if (epoll_ctl(s->owner->epfd, EPOLL_CTL_ADD, fd, &ev))
+		RAIL_WARN("failover: watching the new data socket %d failed: %s", s->index + 1,
+			  RAIL_ERRSTR(-errno));
+}
+
+int64_t tcp_pool_resume_send(struct tcp_comm *c, int i, uint64_t pos, int fd)
+{
+	struct tcp_stream *s = &c->streams[i];
+	uint32_t k = atomic_load_explicit(&s->ack_tail, memory_order_relaxed);
+	uint32_t head = atomic_load_explicit(&s->head, memory_order_acquire);
+	uint64_t base = k != head ? s->ring[k & s->mask].start : s->pushed;
+	int64_t resent = (int64_t)(s->moved - pos);
+	int old;
+
+	/* The receiver has at least what was acknowledged, at most what was written. */
+	if (pos < base || pos > s->moved)
+		return -EPROTO;
+	while (k != head && s->ring[k & s->mask].start + s->ring[k & s->mask].len <= pos)
+		task_done(&s->ring[k++ & s->mask]);
+	atomic_store_explicit(&s->ack_tail, k, memory_order_release);
+	atomic_store_explicit(&s->tail, k, memory_order_release);
+	s->off = k != head ? (size_t)(pos - s->ring[k & s->mask].start) : 0;
+	s->moved = pos;
+	old = s->fd;
+	swap_fd(s, fd);
+	close(old);
+	return resent;
+}
+
+int64_t tcp_pool_recv_pos(struct tcp_comm *c, int i, uint64_t *inq)
+{
+	struct tcp_stream *s = &c->streams[i];
+	int n = 0;
+
+	if (s->old_left)
+		return -EBUSY; /* the leftovers of the last move are still being read */
+	if (ioctl(s->fd, FIONREAD, &n) || n < 0)
+		return -errno;
+	*inq = (uint64_t)n;
+	return (int64_t)(s->moved + (uint64_t)n);
+}
+
+void tcp_pool_switch_recv(struct tcp_comm *c, int i, uint64_t inq, int fd)
+{
+	struct tcp_stream *s = &c->streams[i];
+	int old = s->fd;
+
+	swap_fd(s, fd);
+	if (inq) {
+		s->old_fd = old;
+		s->old_left = inq;
+	} else {
+		close(old);
+	}
+}
+
+void tcp_pool_ack(struct tcp_comm *c)
+{
+	for (int i = 0; i < c->nattached; i++) {
+		struct tcp_stream *s = &c->streams[i];
+
+		if (atomic_load_explicit(&s->ack_tail, memory_order_relaxed) ==
+		    atomic_load_explicit(&s->tail, memory_order_acquire))
+			continue;
+		if (atomic_exchange(&s->busy, 1))
+			continue;
+		ack_advance(s);
+		atomic_store(&s->busy, 0);
+	}
 }

@@ -154,3 +154,114 @@ void tcp_plan_message(size_t size, uint64_t seq, int nsocks, size_t min_chunk,
 	plan->nchunks = size ? (int)RAIL_DIV_UP(size, chunk) : 0;
 	plan->first = (int)(seq % (uint64_t)nsocks);
 }
+
+/* rescue: count u16 | 0 u16 | 4 x (family u16 | port u16 | addr 16) | fnv u32 */
+void tcp_rescue_encode(const struct tcp_rescue *r, uint8_t out[TCP_RESCUE_SIZE])
+{
+	memset(out, 0, TCP_RESCUE_SIZE);
+	rail_put_u16(out, (uint16_t)r->count);
+	for (int i = 0; i < r->count && i < TCP_RESCUE_MAX; i++) {
+		uint8_t *e = out + 4 + 20 * i;
+		const union rail_sockaddr *a = &r->addr[i];
+
+		if (a->sa.sa_family == AF_INET6) {
+			rail_put_u16(e, 6);
+			memcpy(e + 4, &a->sin6.sin6_addr, 16);
+		} else {
+			rail_put_u16(e, 4);
+			memcpy(e + 4, &a->sin.sin_addr, 4);
+		}
+		rail_put_u16(e + 2, (uint16_t)rail_sockaddr_port(a));
+	}
+	rail_put_u32(out + 84, rail_fnv1a(out, 84));
+}
+
+int tcp_rescue_decode(const uint8_t in[TCP_RESCUE_SIZE], struct tcp_rescue *r)
+{
+	struct tcp_rescue v;
+
+	memset(&v, 0, sizeof(v));
+	v.count = rail_get_u16(in);
+	if (rail_get_u32(in + 84) != rail_fnv1a(in, 84) || rail_get_u16(in + 2) ||
+	    v.count > TCP_RESCUE_MAX)
+		return -EPROTO;
+	for (int i = 0; i < v.count; i++) {
+		const uint8_t *e = in + 4 + 20 * i;
+		union rail_sockaddr *a = &v.addr[i];
+		uint16_t fam = rail_get_u16(e);
+
+		if (fam == 6) {
+			a->sin6.sin6_family = AF_INET6;
+			memcpy(&a->sin6.sin6_addr, e + 4, 16);
+		} else if (fam == 4) {
+			a->sin.sin_family = AF_INET;
+			memcpy(&a->sin.sin_addr, e + 4, 4);
+		} else {
+			return -EPROTO;
+		}
+		if (!rail_get_u16(e + 2))
+			return -EPROTO;
+		rail_sockaddr_set_port(a, rail_get_u16(e + 2));
+	}
+	*r = v;
+	return 0;
+}
+
+/* move hello: magic u32 | version u16 | kind u16 | index u16 | nsocks u16 | gen u32 |
+ *             nonce u64 | conn_id u64 | 0 u32 | fnv u32 */
+void tcp_move_hello_encode(const struct tcp_move_hello *h, uint8_t out[TCP_MOVE_HELLO_SIZE])
+{
+	memset(out, 0, TCP_MOVE_HELLO_SIZE);
+	rail_put_u32(out, TCP_MOVE_MAGIC);
+	rail_put_u16(out + 4, TCP_WIRE_VERSION);
+	rail_put_u16(out + 6, (uint16_t)h->kind);
+	rail_put_u16(out + 8, h->index);
+	rail_put_u16(out + 10, h->nsocks);
+	rail_put_u32(out + 12, h->gen);
+	rail_put_u64(out + 16, h->nonce);
+	rail_put_u64(out + 24, h->conn_id);
+	rail_put_u32(out + 36, rail_fnv1a(out, 36));
+}
+
+int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move_hello *h)
+{
+	struct tcp_move_hello v;
+
+	if (rail_get_u32(in) != TCP_MOVE_MAGIC || rail_get_u16(in + 4) != TCP_WIRE_VERSION ||
+	    rail_get_u32(in + 36) != rail_fnv1a(in, 36) || rail_get_u32(in + 32))
+		return -EPROTO;
+	v.kind = rail_get_u16(in + 6);
+	v.index = rail_get_u16(in + 8);
+	v.nsocks = rail_get_u16(in + 10);
+	v.gen = rail_get_u32(in + 12);
+	v.nonce = rail_get_u64(in + 16);
+	v.conn_id = rail_get_u64(in + 24);
+	if ((v.kind != TCP_MOVE_SOCKET && v.kind != TCP_MOVE_KICK) || v.nsocks < 1 ||
+	    v.nsocks > TCP_MAX_SOCKS || v.index > v.nsocks)
+		return -EPROTO;
+	*h = v;
+	return 0;
+}
+
+/* state: magic u32 | gen u32 | nsocks u32 | fnv u32 (of the positions) | pos u64 x nsocks+1 */
+int tcp_state_encode(uint32_t gen, int nsocks, const uint64_t *pos, uint8_t *out)
+{
+	for (int i = 0; i <= nsocks; i++)
+		rail_put_u64(out + 16 + 8 * i, pos[i]);
+	rail_put_u32(out, TCP_STATE_MAGIC);
+	rail_put_u32(out + 4, gen);
+	rail_put_u32(out + 8, (uint32_t)nsocks);
+	rail_put_u32(out + 12, rail_fnv1a(out + 16, 8 * ((size_t)nsocks + 1)));
+	return (int)TCP_STATE_SIZE(nsocks);
+}
+
+int tcp_state_decode(const uint8_t *in, uint32_t gen, int nsocks, uint64_t *pos)
+{
+	if (rail_get_u32(in) != TCP_STATE_MAGIC || rail_get_u32(in + 4) != gen ||
+	    rail_get_u32(in + 8) != (uint32_t)nsocks ||
+	    rail_get_u32(in + 12) != rail_fnv1a(in + 16, 8 * ((size_t)nsocks + 1)))
+		return -EPROTO;
+	for (int i = 0; i <= nsocks; i++)
+		pos[i] = rail_get_u64(in + 16 + 8 * i);
+	return 0;
+}

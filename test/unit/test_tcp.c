@@ -103,6 +103,47 @@ static void test_frame_and_reply(void **state)
 	assert_int_equal(tcp_reply_decode(rep), -EPROTO);
 }
 
+/* Failover wire (version 2): rescue addresses, move hellos, the receiver's state. */
+static void test_failover_wire(void **state)
+{
+	struct tcp_rescue r = { .count = 2 }, g;
+	struct tcp_move_hello h = { .kind = TCP_MOVE_SOCKET, .index = 4, .nsocks = 4, .gen = 3,
+				    .nonce = 77, .conn_id = 1ull << 50 }, hg;
+	uint8_t buf[TCP_RESCUE_SIZE], mh[TCP_MOVE_HELLO_SIZE], st[TCP_STATE_SIZE(4)];
+	uint64_t pos[5] = { 10, 1ull << 33, 0, 4096, 7 }, got[5];
+
+	(void)state;
+	assert_int_equal(rail_sockaddr_parse("10.1.2.3:4000", &r.addr[0]), 0);
+	assert_int_equal(rail_sockaddr_parse("[fe80::1]:5000", &r.addr[1]), 0);
+	tcp_rescue_encode(&r, buf);
+	assert_int_equal(tcp_rescue_decode(buf, &g), 0);
+	assert_int_equal(g.count, 2);
+	assert_string_equal(RAIL_ADDRSTR(&g.addr[0]), "10.1.2.3:4000");
+	assert_int_equal(rail_sockaddr_port(&g.addr[1]), 5000);
+	for (size_t i = 0; i < sizeof(buf); i++) {
+		buf[i] ^= 0x10;
+		assert_int_equal(tcp_rescue_decode(buf, &g), -EPROTO);
+		buf[i] ^= 0x10;
+	}
+	tcp_move_hello_encode(&h, mh);
+	assert_int_equal(tcp_move_hello_decode(mh, &hg), 0);
+	assert_true(hg.kind == h.kind && hg.index == 4 && hg.gen == 3 && hg.nonce == 77 &&
+		    hg.conn_id == h.conn_id);
+	mh[8] = 9; /* index beyond nsocks, checksum now wrong too */
+	assert_int_equal(tcp_move_hello_decode(mh, &hg), -EPROTO);
+	/* A version-1 hello on a rescue listener is not a move hello. */
+	struct tcp_hello v1 = { .nonce = 1, .conn_id = 2, .nsocks = 1, .nthreads = 1,
+				.min_chunk = 4096 };
+	tcp_hello_encode(&v1, mh);
+	assert_int_equal(tcp_move_hello_decode(mh, &hg), -EPROTO);
+	assert_int_equal(tcp_state_encode(3, 4, pos, st), (int)TCP_STATE_SIZE(4));
+	assert_int_equal(tcp_state_decode(st, 3, 4, got), 0);
+	assert_memory_equal(got, pos, sizeof(pos));
+	assert_int_equal(tcp_state_decode(st, 2, 4, got), -EPROTO);	/* another move */
+	st[20] ^= 1;
+	assert_int_equal(tcp_state_decode(st, 3, 4, got), -EPROTO);
+}
+
 /* The receiver's refusal: round trip, and every malformed variant refused. */
 static void test_refusal(void **state)
 {
@@ -529,6 +570,7 @@ int main(void)
 		cmocka_unit_test(test_hello_rejects),
 		cmocka_unit_test(test_frame_and_reply),
 		cmocka_unit_test(test_refusal),
+		cmocka_unit_test(test_failover_wire),
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_wrong_nonce_refused),
 		cmocka_unit_test(test_refusal_names_release),

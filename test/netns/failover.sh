@@ -1,0 +1,179 @@
+#!/bin/bash
+# TCP failover across interfaces (issue 14, docs/FAILOVER.md section 6):
+# two network namespaces joined by three veth pairs, one for rail-bench's
+# rendezvous and two data interfaces, both named in NCCL_SOCKET_IFNAME.
+#
+#   test/netns/failover.sh BUILD_DIR        (make test-netns)
+#
+# As root: namespaces rfA-<pid> / rfB-<pid>; rendezvous 10.77.95.1 <-> .2,
+# data 0 10.77.96.1 <-> .2 (faa0/fab0), data 1 10.77.97.1 <-> .2 (faa1/fab1).
+# rail-bench --server in A sends, --client in B receives, every byte checked
+# (--verify: a window of 8 messages whose send buffers are refilled as soon
+# as each send completes). Checks:
+#   1. the active data interface taken down in A mid-transfer, up 3 s later:
+#      both exit 0, every byte right, and each side logs one move line naming
+#      both interfaces; the time from the fault to the move is printed;
+#   2. the same with NCCL_RAIL_FAILOVER=0: the transfer fails (named error),
+#      no move line (today's behaviour);
+#   3. a single data interface configured: a healthy run moves nothing and
+#      starts no rescue listener; the same fault fails it as today;
+#   4. the sender killed mid-transfer with failover on: the receiver fails
+#      at once (end of file means the peer exited), no move.
+# Everything is removed on every exit. Not root, or no `ip netns`: SKIP.
+set -uo pipefail
+
+build=${1:-build}
+bench=$build/rail-bench
+nsa=rfA-$$ nsb=rfB-$$
+out=$(mktemp -d /tmp/rail-failover.XXXXXX)
+port=18991
+fails=0
+
+skip() { echo "SKIP: failover netns: $*"; exit 0; }
+[ -x "$bench" ] || { echo "failover netns: $bench missing: run make" >&2; exit 1; }
+[ "$(id -u)" = 0 ] || skip "needs root to create network namespaces (run as root)"
+command -v ip >/dev/null || skip "no ip(8) (package iproute2)"
+
+cleanup() {
+    [ -n "${KEEP:-}" ] && cp -r "$out" "$KEEP"
+    [ -n "${spid:-}" ] && kill "$spid" 2>/dev/null
+    ip netns del "$nsa" 2>/dev/null
+    ip netns del "$nsb" 2>/dev/null
+    rm -rf "$out"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+ip netns add "$nsa" 2>"$out/err" || skip "ip netns add failed: $(cat "$out/err")"
+ip netns add "$nsb" || { echo "failover netns: ip netns add $nsb failed"; exit 1; }
+veth() {
+    ip link add "$1" netns "$nsa" type veth peer name "$2" netns "$nsb" &&
+        ip -n "$nsa" addr add "$3.1/24" dev "$1" && ip -n "$nsb" addr add "$3.2/24" dev "$2" &&
+        ip -n "$nsa" link set "$1" up && ip -n "$nsb" link set "$2" up
+}
+carrier() { ip -n "$1" link show "$2" | grep -q LOWER_UP; }
+wait_carrier() {
+    for _ in $(seq 50); do
+        carrier "$nsa" faa0 && carrier "$nsa" faa1 && carrier "$nsb" fab0 &&
+            carrier "$nsb" fab1 && return 0
+        sleep 0.1
+    done
+    echo "failover netns: the veth pairs have no carrier after 5 s"; return 1
+}
+ip -n "$nsa" link set lo up && ip -n "$nsb" link set lo up &&
+    veth faac fabc 10.77.95 && veth faa0 fab0 10.77.96 && veth faa1 fab1 10.77.97 &&
+    wait_carrier || { echo "failover netns: cannot set up the namespaces"; exit 1; }
+
+check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); return 1; }
+absent() { check [ "$(cat "${@:2}" | grep -c "$1")" = 0 ]; }
+show() { sed "s/^/  $1| /" "$out/$1"; }
+now() { date +%s.%N; }
+
+# run NAME IFS_A IFS_B TOTAL FAULT: A sends TOTAL to B, every byte checked. FAULT:
+#   none | down (A's active interface down 1 s into the data, up DOWN_S later) | kill
+run() {
+    local name=$1 ifa=$2 ifb=$3 total=$4 fault=$5 t0 active
+    ip netns exec "$nsa" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=$ifa" \
+        NCCL_DEBUG=INFO ${ENV_AB:-} timeout -k 5 120 "$bench" --server "10.77.95.1:$port" \
+        --timeout 30 --total "$total" --msg 4M --verify >"$out/$name.a" 2>&1 &
+    spid=$!
+    ip netns exec "$nsb" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=$ifb" \
+        NCCL_DEBUG=INFO ${ENV_AB:-} timeout -k 5 120 "$bench" --client "10.77.95.1:$port" \
+        --timeout 30 --total "$total" --msg 4M --verify >"$out/$name.b" 2>&1 &
+    cpid=$!
+    port=$((port + 1))
+    if [ "$fault" != none ]; then
+        for _ in $(seq 100); do grep -q "^# server (this side" "$out/$name.a" && break; sleep 0.1; done
+        active=$(sed -n 's/^# server (this side.*device 0 = \([a-z0-9]*\):.*/\1/p' "$out/$name.a")
+        sleep "${FAULT_AFTER:-1}"
+        fault_t=$(now)
+        if [ "$fault" = kill ]; then
+            kill -9 $(pgrep -P "$spid") "$spid"  # rail-bench (the child of timeout), then timeout
+        else
+            echo "failover netns: $name: $active down in A at $fault_t"
+            ip -n "$nsa" link set "$active" down
+            (sleep "${DOWN_S:-3}"; ip -n "$nsa" link set "$active" up) &
+        fi
+    fi
+    wait "$cpid"; crc=$?
+    wait "$spid"; src=$?
+    spid=
+    wait
+    wait_carrier
+    echo "failover netns: $name: sender exit $src, receiver exit $crc"
+}
+
+# FAILOVER_COST=ROUNDS: only measure the no-failure cost, failover on against off
+# (rail-bench latency at 8 B, bandwidth at 64 KiB and 64 MiB, both interfaces named).
+bench_pair() {
+    ip netns exec "$nsa" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=faa0,faa1" "$@" \
+        timeout 120 "$bench" --server "10.77.95.1:$port" --timeout 30 >/dev/null 2>&1 &
+    local p=$!
+    ip netns exec "$nsb" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=fab0,fab1" "$@" \
+        timeout 120 "$bench" --client "10.77.95.1:$port" --timeout 30 -b 8 -e 8 -L -n 20000 \
+        | awk '/^ +8 /{ printf "lat8B_us %s ", $3 }'
+    wait "$p"; port=$((port + 1))
+    [ -n "${LAT_ONLY:-}" ] && { echo; return; }
+    for sz in 64K 64M; do
+        ip netns exec "$nsa" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=faa0,faa1" "$@" \
+            timeout 120 "$bench" --server "10.77.95.1:$port" --timeout 30 >/dev/null 2>&1 &
+        p=$!
+        ip netns exec "$nsb" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=fab0,fab1" "$@" \
+            timeout 120 "$bench" --client "10.77.95.1:$port" --timeout 30 -b $sz -e $sz -B \
+            | awk -v s=$sz '/^ +[0-9]/{ printf "bw%s_GBs %s ", s, $4 }'
+        wait "$p"; port=$((port + 1))
+    done
+    echo
+}
+if [ -n "${FAILOVER_COST:-}" ]; then
+    for r in $(seq "$FAILOVER_COST"); do
+        echo "round $r failover=1: $(bench_pair NCCL_RAIL_FAILOVER=1)"
+        echo "round $r failover=0: $(bench_pair NCCL_RAIL_FAILOVER=0)"
+    done
+    exit 0
+fi
+
+# 1. The move: every byte right, both sides name both interfaces.
+run move "faa0,faa1" "fab0,fab1" 12G down
+check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show move.a; show move.b; }
+check grep -q "^rail-bench: verified: every byte right" "$out/move.b"
+check grep -q "^rail-bench: verified: every byte right" "$out/move.a"
+check grep -Eq "WARN .*send comm to peer 10\.77\.96\.2:[0-9]+ moved from faa0 10\.77\.96\.1:[0-9]+ to faa1 10\.77\.97\.1:[0-9]+ \(peer now 10\.77\.97\.2:[0-9]+\): .*ms; re-sent" \
+    "$out/move.a" || grep -a "moved\|WARN" "$out/move.a"
+check grep -Eq "WARN .*receive comm from peer 10\.77\.96\.1:[0-9]+ moved from fab0 10\.77\.96\.2:[0-9]+ to fab1 10\.77\.97\.2:[0-9]+ " \
+    "$out/move.b" || grep -a "moved\|WARN" "$out/move.b"
+check [ "$(grep -c "moved from" "$out/move.a")" = 1 ]
+grep -h "moved from\|first message" "$out/move.a" "$out/move.b" | sed 's/^/  /'
+done_t=$(sed -n 's/.*first message completed on the new path .*(at \([0-9.]*\)).*/\1/p' "$out/move.a" | head -1)
+check [ -n "$done_t" ] &&
+    echo "failover netns: move: fault to first completion on the new path:" \
+        "$(awk -v a="$fault_t" -v b="$done_t" 'BEGIN { printf "%.1f", (b - a) * 1000 }') ms"
+line=$(grep "^rail-bench: moved" "$out/move.b")
+echo "failover netns: move: ${line#rail-bench: }"
+
+# 2. NCCL_RAIL_FAILOVER=0: the same fault fails as today (after NCCL_RAIL_PEER_TIMEOUT).
+ENV_AB="NCCL_RAIL_FAILOVER=0 NCCL_RAIL_PEER_TIMEOUT=4" DOWN_S=12 run off "faa0,faa1" "fab0,fab1" 6G down
+check [ "$src" != 0 ] && check [ "$crc" != 0 ] || { show off.a; show off.b; }
+absent "moved from" "$out/off.a" "$out/off.b"
+check grep -q "WARN " "$out/off.a" || show off.a
+
+# 3. One data interface: nothing moves, no rescue listener; the fault fails as today.
+run single faa0 fab0 1G none
+check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show single.a; show single.b; }
+absent "rescue listeners\|moved from" "$out/single.a" "$out/single.b"
+ENV_AB="NCCL_RAIL_PEER_TIMEOUT=4" DOWN_S=12 run singledown faa0 fab0 6G down
+check [ "$src" != 0 ] && check [ "$crc" != 0 ] || { show singledown.a; show singledown.b; }
+absent "moved from" "$out/singledown.a" "$out/singledown.b"
+
+# 4. The sender dies: the receiver fails at once, no move.
+t0=$SECONDS
+FAULT_AFTER=0.3 run kill "faa0,faa1" "fab0,fab1" 40G kill
+check [ "$crc" != 0 ] || show kill.b
+absent "moved from" "$out/kill.b"
+check [ $((SECONDS - t0)) -lt 20 ]
+
+if [ "$fails" -ne 0 ]; then
+    echo "failover netns: $fails check(s) FAILED"
+    exit 1
+fi
+echo "failover netns: all checks passed"
