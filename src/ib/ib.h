@@ -142,6 +142,8 @@ struct rail_ib_dev {
 	atomic_int port_err;
 	/* PORT_ERR events seen: a comm made before the last one fails (rail_ib_comm_check) */
 	atomic_uint port_downs;
+	/* when the last PORT_ACTIVE came (rail_now_ns), 0 since a PORT_ERR: move-back's hold-down */
+	_Atomic uint64_t up_ns;
 };
 
 struct rail_ib_vdev {
@@ -348,7 +350,7 @@ struct rail_ib_sent {
 };
 
 /* Move triggers, what the engine and the checks hand to c->on_move. */
-enum { RAIL_IB_TRIG_NONE, RAIL_IB_TRIG_PORT, RAIL_IB_TRIG_WC, RAIL_IB_TRIG_OOB };
+enum { RAIL_IB_TRIG_NONE, RAIL_IB_TRIG_PORT, RAIL_IB_TRIG_WC, RAIL_IB_TRIG_OOB, RAIL_IB_TRIG_BACK };
 
 struct rail_ib_move;
 
@@ -436,6 +438,8 @@ struct rail_ib_comm {
 	 */
 	int failover;
 	int (*on_move)(struct rail_ib_comm *c, int trigger, const char *call);
+	struct rail_ib_dev *home;	/* the device the comm was made on: it moves back there */
+	uint32_t back_tick;		/* away from home: calls between looks at it */
 	struct rail_ib_move *mv;
 	uint32_t epoch;
 	int path_failed;

@@ -93,6 +93,7 @@ static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event 
 		 * at its next call; with the new one it sees the flag and is refused.
 		 */
 		for (o = d; o; o = port_dev_next(hca, d->port, &i)) {
+			atomic_store(&o->up_ns, 0);
 			atomic_store(&o->port_err, 1);
 			atomic_fetch_add(&o->port_downs, 1);
 		}
@@ -105,10 +106,19 @@ static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event 
 				  : "fail");
 		return;
 	}
-	for (o = d; o; o = port_dev_next(hca, d->port, &i))
+	for (o = d; o; o = port_dev_next(hca, d->port, &i)) {
 		atomic_store(&o->port_err, 0);
-	RAIL_INFO(RAIL_LOG_NET, "%s:%d: port ACTIVE again: new connections on it are accepted "
-		  "(communicators that failed with it stay failed)", hca->name, d->port);
+		atomic_store(&o->up_ns, rail_now_ns());	/* a flap starts the hold-down again */
+	}
+	if (rail_param_int(RAIL_P_FAILOVER))
+		RAIL_INFO(RAIL_LOG_NET, "%s:%d: port ACTIVE again: new connections on it are "
+			  "accepted; communicators that moved away move back once it has stayed up "
+			  "for NCCL_RAIL_FAILOVER_HOLDDOWN=%lld s", hca->name, d->port,
+			  (long long)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN));
+	else
+		RAIL_INFO(RAIL_LOG_NET, "%s:%d: port ACTIVE again: new connections on it are "
+			  "accepted (communicators that failed with it stay failed)", hca->name,
+			  d->port);
 }
 
 static void on_gid_change(struct rail_ib_dev *d)

@@ -165,6 +165,14 @@ static int wc_error(struct rail_ib_comm *c, int m, const struct ibv_wc *wc)
 	return c->error;
 }
 
+/* Bytes wait on the handshake socket: after the handshake, only a move's messages. */
+static int oob_has_bytes(const struct rail_ib_comm *c)
+{
+	char b;
+
+	return recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
 /*
  * With failover, a completion that says the path failed (retry exceeded, or
  * flushed because its QP went to error) is not the comm's error: the move
@@ -183,11 +191,16 @@ static int fence_wc(struct rail_ib_comm *c, int m, const struct ibv_wc *wc)
 	struct rail_ib_req *r;
 
 	if (!c->fencing && !c->path_failed) {
+		/* the peer's move message already here: its QPs went to error first */
+		int peer_moves = oob_has_bytes(c);
+
 		c->path_failed = RAIL_IB_TRIG_WC;
-		RAIL_WARN("completion error on %s:%d qp 0x%x, connection to peer %s: %s (status "
-			  "%d, vendor error 0x%x): the path failed; the connection moves to another "
-			  "(NCCL_RAIL_FAILOVER)", d->hca->name, d->port, wc->qp_num, c->peer,
-			  rail_ibv_wc_status_str(wc->status), wc->status, wc->vendor_err);
+		rail_log(peer_moves ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
+			 "completion error on %s:%d qp 0x%x, connection to peer %s: %s (status %d, "
+			 "vendor error 0x%x): %s (NCCL_RAIL_FAILOVER)", d->hca->name, d->port,
+			 wc->qp_num, c->peer, rail_ibv_wc_status_str(wc->status), wc->status,
+			 wc->vendor_err, peer_moves ? "the peer is moving the connection"
+						    : "the path failed; the connection moves to another");
 		rail_flight_note(&c->base.fl, RAIL_FEV_WC_ERROR, wc->qp_num, (int)wc->status,
 				 rail_ibv_wc_status_str(wc->status));
 	}
@@ -370,14 +383,6 @@ int rail_ib_oob_peek(const struct rail_ib_comm *c)
 	if (n > 0 || (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)))
 		return 0;
 	return n == 0 ? -RAIL_ECLOSED : -errno;
-}
-
-/* Bytes wait on the handshake socket: after the handshake, only a move's messages. */
-static int oob_has_bytes(const struct rail_ib_comm *c)
-{
-	char b;
-
-	return recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)

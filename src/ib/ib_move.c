@@ -121,6 +121,46 @@ static int own_port_down(const struct rail_ib_comm *c)
 	return atomic_load(&r->dev->port_downs) != r->port_gen || atomic_load(&r->dev->port_err);
 }
 
+static int dev_down(const struct rail_ib_dev *d)
+{
+	return atomic_load(&d->port_err) || atomic_load(&d->hca->fatal);
+}
+
+/* Seconds home has been up, or -1 while it is down (or the comm is at home). */
+static int64_t home_up_s(const struct rail_ib_comm *c)
+{
+	uint64_t up = atomic_load(&c->home->up_ns);
+
+	if (c->home == c->res[0].dev || dev_down(c->home) || !up)
+		return -1;
+	return (int64_t)((rail_now_ns() - up) / 1000000000ull);
+}
+
+static int home_ready(const struct rail_ib_comm *c)
+{
+	int64_t up = home_up_s(c);
+
+	return up >= 0 && up >= rail_param_int(RAIL_P_FAILOVER_HOLDDOWN);
+}
+
+/*
+ * Where this side goes: home once it has stayed up for the hold-down; else
+ * where it is while that works; else home if it is up at all; else the
+ * fallback of where it is.
+ */
+static struct rail_ib_dev *pick_target(const struct rail_ib_comm *c)
+{
+	struct rail_ib_dev *d = c->res[0].dev;
+
+	if (home_ready(c))
+		return c->home;
+	if (!own_port_down(c))
+		return d;
+	if (c->home != d && !dev_down(c->home))
+		return c->home;
+	return fallback_dev(d);
+}
+
 /* ---- messages on the handshake socket ----------------------------------------- */
 
 static int tx_put(struct rail_ib_comm *c, const struct rail_ib_msg *m)
@@ -181,7 +221,7 @@ static const char *reason_text(int reason)
 	switch (reason) {
 	case RAIL_IB_MOVE_PORT_ERR: return "PORT_ERR";
 	case RAIL_IB_MOVE_WC_ERR: return "completion error";
-	case RAIL_IB_MOVE_PEER: return "the peer's path failed";
+	case RAIL_IB_MOVE_PEER: return "joins the peer's move";
 	default: return "move back";
 	}
 }
@@ -199,10 +239,14 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 	mv->deadline_ns = mv->start_ns + DRAIN_NS;
 	mv->from = d;
 	mv->reason = trigger == RAIL_IB_TRIG_PORT ? RAIL_IB_MOVE_PORT_ERR
-		     : trigger == RAIL_IB_TRIG_WC ? RAIL_IB_MOVE_WC_ERR : RAIL_IB_MOVE_PEER;
-	mv->to = own_port_down(c) ? fallback_dev(d) : d;
+		     : trigger == RAIL_IB_TRIG_WC ? RAIL_IB_MOVE_WC_ERR
+		     : trigger == RAIL_IB_TRIG_BACK ? RAIL_IB_MOVE_BACK : RAIL_IB_MOVE_PEER;
+	mv->to = pick_target(c);
 	if (own_port_down(c))
 		snprintf(mv->why, sizeof(mv->why), "PORT_ERR on %s:%d", d->hca->name, d->port);
+	else if (mv->to == c->home && mv->to != d)
+		snprintf(mv->why, sizeof(mv->why), "%s:%d ACTIVE again for %lld s", c->home->hca->name,
+			 c->home->port, (long long)home_up_s(c));
 	else
 		snprintf(mv->why, sizeof(mv->why), "%s", reason_text(mv->reason));
 	if (!mv->to) {
@@ -338,7 +382,7 @@ static int step_resume(struct rail_ib_comm *c)
 {
 	struct rail_ib_move *mv = c->mv;
 	const struct rail_ib_move_state *ps = &mv->peer.move;
-	int again = 0, eager = 0, err;
+	int again = 0, eager = 0, back, err;
 
 	if (is_send(c)) {
 		c->rp_end = c->seq;
@@ -362,14 +406,16 @@ static int step_resume(struct rail_ib_comm *c)
 		return err;
 	rail_ib_old_free(&mv->old);
 	c->epoch++;
-	RAIL_WARN("connection to peer %s (%s comm) moved from %s:%d to %s:%d: %s%s%s; the peer "
-		  "is on its port %u (GID index %u); %d %s and %d eager messages written again; "
-		  "%.1f ms (move %u)", c->peer, is_send(c) ? "send" : "receive",
-		  mv->from->hca->name, mv->from->port, mv->to->hca->name, mv->to->port, mv->why,
-		  mv->peer.text[0] ? "; the peer's side: " : "", mv->peer.text,
-		  mv->peer.devs[0].port, mv->peer.devs[0].gid_index, again,
-		  is_send(c) ? "lost pieces" : "clear-to-sends", eager > 0 ? eager : 0,
-		  (double)(rail_now_ns() - mv->start_ns) / 1e6, c->epoch);
+	back = mv->reason == RAIL_IB_MOVE_BACK || ps->reason == RAIL_IB_MOVE_BACK;
+	rail_log(back ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
+		 "connection to peer %s (%s comm) moved%s from %s:%d to %s:%d: %s%s%s; the peer "
+		 "is on its port %u (GID index %u); %d %s and %d eager messages written again; "
+		 "%.1f ms (move %u)", c->peer, is_send(c) ? "send" : "receive",
+		 back ? " back" : "", mv->from->hca->name, mv->from->port, mv->to->hca->name,
+		 mv->to->port, mv->why, mv->peer.text[0] ? "; the peer's side: " : "",
+		 mv->peer.text, mv->peer.devs[0].port, mv->peer.devs[0].gid_index, again,
+		 is_send(c) ? "lost pieces" : "clear-to-sends", eager > 0 ? eager : 0,
+		 (double)(rail_now_ns() - mv->start_ns) / 1e6, c->epoch);
 	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
 			 "move done");
 	free(mv);
@@ -449,6 +495,8 @@ static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 {
 	int err = 0;
 
+	if (!c->mv && trigger == RAIL_IB_TRIG_BACK && !home_ready(c))
+		return 0;	/* home is down, or not up for the hold-down yet */
 	if (!c->mv)
 		err = move_start(c, trigger);
 	if (!err)
@@ -461,6 +509,7 @@ static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 void rail_ib_move_arm(struct rail_ib_comm *c)
 {
 	c->on_move = on_move;
+	c->home = c->res[0].dev;
 	if (!rail_param_int(RAIL_P_FAILOVER) || c->ndevs != 1 || c->remote_ndevs != 1 ||
 	    c->oob_fd < 0)
 		return;

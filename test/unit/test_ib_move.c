@@ -126,12 +126,17 @@ static int turn(struct loop *L, int count)
 	return L->failed = r;
 }
 
-static int run_loop(struct loop *L, int count)
+/* Messages up to count, both sides' requests all done (call again to go on). */
+static int run_to(struct loop *L, int count)
 {
 	uint64_t deadline = rail_now_ns() + 60000000000ull;
 
-	assert_int_equal(rail_net_reg_mr(L->F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &L->smh), 0);
-	assert_int_equal(rail_net_reg_mr(L->F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST, &L->rmh), 0);
+	if (!L->smh) {
+		assert_int_equal(rail_net_reg_mr(L->F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST,
+						 &L->smh), 0);
+		assert_int_equal(rail_net_reg_mr(L->F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST,
+						 &L->rmh), 0);
+	}
 	while (L->sdone < count || L->rdone < count) {
 		if (turn(L, count))
 			return L->failed;
@@ -140,6 +145,11 @@ static int run_loop(struct loop *L, int count)
 				 count, L->sdone);
 	}
 	return 0;
+}
+
+static int run_loop(struct loop *L, int count)
+{
+	return run_to(L, count);
 }
 
 static void loop_end(struct loop *L)
@@ -195,6 +205,48 @@ static void test_move_receiver_port(void **state)
 	loop_end(&L);
 }
 
+/*
+ * Move-back: mlx5_0 comes back; with NCCL_RAIL_FAILOVER_HOLDDOWN=1 the send
+ * comm does not return before it has stayed up 1 s, then returns (an INFO
+ * line on each side), and traffic goes on intact throughout.
+ */
+static void test_move_back_after_holddown(void **state)
+{
+	struct loop L = { .fault_at = 20, .fault_dev = "mlx5_0" };
+	int mark, up;
+
+	(void)state;
+	setenv("NCCL_RAIL_FAILOVER_HOLDDOWN", "1", 1);
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
+	mark = fvh_log_mark();
+	assert_int_equal(run_to(&L, 40), 0);
+	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_1:1", "PORT_ERR");
+	port_state(L.F, "mlx5_0", IBV_PORT_ACTIVE, NCCL_LOG_INFO, "ACTIVE again");
+	up = fvh_log_mark();
+	assert_int_equal(run_to(&L, 400), 0);	/* well within the second */
+	if (fvh_log_count_from(up, NCCL_LOG_INFO, "moved back", NULL)) {
+		fvh_log_dump();
+		fail_msg("moved back before the hold-down ended");
+	}
+	usleep(1100000);
+	assert_int_equal(run_to(&L, 1000), 0);
+	if (!fvh_log_count_from(up, NCCL_LOG_INFO, "(send comm) moved back from mlx5_1:1 to "
+				"mlx5_0:1", "mlx5_0:1 ACTIVE again for 1 s") ||
+	    !fvh_log_count_from(up, NCCL_LOG_INFO, "(receive comm) moved back from mlx5_1:1 to "
+				"mlx5_1:1", NULL)) {
+		fvh_log_dump();
+		fail_msg("no move-back INFO on both sides after the hold-down");
+	}
+	loop_end(&L);
+}
+
+static int holddown_teardown(void **state)
+{
+	unsetenv("NCCL_RAIL_FAILOVER_HOLDDOWN");
+	return fvh_teardown(state);
+}
+
 /* No other port: the comm fails, and the WARN says there was nowhere to go. */
 static void test_move_nowhere(void **state)
 {
@@ -218,6 +270,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_move_sender_port, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_receiver_port, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_back_after_holddown, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_nowhere, fvh_teardown),
 	};
 
