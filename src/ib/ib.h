@@ -440,6 +440,7 @@ struct rail_ib_comm {
 	int (*on_move)(struct rail_ib_comm *c, int trigger, const char *call);
 	struct rail_ib_dev *home;	/* the device the comm was made on: it moves back there */
 	uint32_t back_tick;		/* away from home: calls between looks at it */
+	uint64_t move_ns[4];		/* when the last moves started (ring by epoch) */
 	struct rail_ib_move *mv;
 	uint32_t epoch;
 	int path_failed;

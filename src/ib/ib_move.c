@@ -50,6 +50,7 @@
 
 #define DRAIN_NS (5ull * 1000000000ull)
 #define QUIET_NS (200ull * 1000000ull)	/* drain by time: a mark the provider refused */
+#define MOVES_NS (60ull * 1000000000ull)	/* at most 4 moves of a comm in this time */
 
 enum mv_state { MV_DRAIN, MV_XCHG, MV_READY };
 
@@ -249,6 +250,16 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 			 c->home->port, (long long)home_up_s(c));
 	else
 		snprintf(mv->why, sizeof(mv->why), "%s", reason_text(mv->reason));
+	/* a path that keeps failing (a flapping link, a fabric fault both ports survive) */
+	if (c->move_ns[c->epoch % 4] && mv->start_ns - c->move_ns[c->epoch % 4] < MOVES_NS) {
+		RAIL_WARN("connection to peer %s (%s comm) on %s:%d: %s, its 5th move within %llu s; "
+			  "the path keeps failing and the connection fails. Check the links and the "
+			  "switch ports (ibstat, ip link, the fabric's error counters)", c->peer,
+			  is_send(c) ? "send" : "receive", d->hca->name, d->port, mv->why,
+			  MOVES_NS / 1000000000ull);
+		return -ENETDOWN;
+	}
+	c->move_ns[c->epoch % 4] = mv->start_ns;
 	if (!mv->to) {
 		RAIL_WARN("connection to peer %s (%s comm) on %s:%d: %s, and no other usable port "
 			  "(ACTIVE, %s) is left to move to; the connection fails. Check the links "

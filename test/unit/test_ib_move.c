@@ -247,6 +247,38 @@ static int holddown_teardown(void **state)
 	return fvh_teardown(state);
 }
 
+/*
+ * A flapping port (hold-down 0: every flap moves away and back): the fifth
+ * move within a minute fails the comm, named, instead of moving forever.
+ */
+static void test_move_flapping_bounded(void **state)
+{
+	struct loop L = { .fault_at = -1 };
+	int mark, n = 0, err = 0;
+
+	(void)state;
+	setenv("NCCL_RAIL_FAILOVER_HOLDDOWN", "0", 1);
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
+	mark = fvh_log_mark();
+	for (int flap = 0; flap < 3 && !err; flap++) {
+		port_state(L.F, "mlx5_0", IBV_PORT_DOWN, NCCL_LOG_WARN, "went down");
+		err = run_to(&L, n += 300);
+		if (!err)
+			port_state(L.F, "mlx5_0", IBV_PORT_ACTIVE, NCCL_LOG_INFO, "ACTIVE again");
+		if (!err)
+			err = run_to(&L, n += 300);
+	}
+	assert_int_not_equal(err, 0);
+	assert_int_equal(fvh_log_count_from(mark, NCCL_LOG_INFO, "(send comm) moved back", NULL),
+			 2);
+	if (!fvh_log_count_from(mark, NCCL_LOG_WARN, "5th move within 60 s", "mlx5_0:1")) {
+		fvh_log_dump();
+		fail_msg("no WARN that the path keeps failing");
+	}
+	loop_end(&L);
+}
+
 /* No other port: the comm fails, and the WARN says there was nowhere to go. */
 static void test_move_nowhere(void **state)
 {
@@ -271,6 +303,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_sender_port, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_receiver_port, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_back_after_holddown, holddown_teardown),
+		cmocka_unit_test_teardown(test_move_flapping_bounded, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_nowhere, fvh_teardown),
 	};
 

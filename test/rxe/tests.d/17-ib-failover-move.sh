@@ -1,0 +1,102 @@
+#!/bin/bash
+# Failover of verbs comms on real rdma-core (issue 14, docs/FAILOVER.md
+# section 7 item 2), in the bridge topology (16-ib-failover.sh proves it):
+# rail-conformance's failover-loop between two processes -- role A (the
+# receiver) with NCCL_IB_HCA==rxe1,rxe3, role B (the sender) with
+# ==rxe0,rxe2, so each uses the first and falls back on the second -- mixed
+# sizes from 8 B to 2 MiB, every byte and guard checked, for
+# RAIL_CONF_FAILOVER_SECONDS; the handshake sockets on lo. Meanwhile
+# rxe_link_flap takes one device's outer link down and up again.
+#   sender:   rxe0 down 3 s: B moves rxe0 -> rxe2, A rebuilds on rxe1; after
+#             the hold-down (NCCL_RAIL_FAILOVER_HOLDDOWN=3) B moves back;
+#   receiver: rxe1 down 3 s: A moves rxe1 -> rxe3, then back;
+#   off:      NCCL_RAIL_FAILOVER=0, rxe0 down: the roles fail (the PORT_ERR
+#             WARN), as without failover.
+# Every case must PASS in both roles with no failed request (failover-loop
+# fails on any error). Prints the time to recover (the link going down to
+# the end of the slowest round, which holds the move) and the move lines.
+# Skips (77) in the default topology; make test-rxe runs it in the bridge
+# boot.
+# rxe-timeout: 420
+set -uo pipefail
+. "$RXE_HARNESS/lib.sh"
+
+if [ "${RXE_TOPO:-veth}" != bridge ]; then
+    echo "needs the bridge topology: test/rxe/run.sh --topo bridge --tests 17-ib-failover-move"
+    exit 77
+fi
+conf=build/rail-conformance
+plugin=build/libnccl-net-rail.so
+[ -x "$conf" ] || { echo "$conf missing: run make tests"; exit 1; }
+out=$RXE_TEST_OUT
+export NCCL_RAIL_TRANSPORT=ib NCCL_SOCKET_IFNAME="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET
+export RAIL_CONF_FAILOVER_SECONDS=${FAILOVER_SECONDS:-14} NCCL_RAIL_FAILOVER_HOLDDOWN=3
+fails=0
+check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); return 1; }
+port=18790
+
+# run NAME FAULT_DEV DOWN_S [ENV...]: both roles and the link flap; sets ra, rb (exit codes).
+run() {
+    local name=$1 dev=$2 down=$3 ev=$out/$1.events ready=$out/$1.ready apid bpid fpid
+    shift 3
+    port=$((port + 1))
+    rm -f "$ev" "$ready" "$out/$name.flap"
+    env "$@" NCCL_IB_HCA="=rxe1,rxe3" timeout -k 5 200 "$conf" --plugin "$plugin" --abi 12 \
+        --scenario failover-loop --timeout 150 -v --ctl-listen "127.0.0.1:$port" \
+        --event-file "$ev" >"$out/$name.a" 2>&1 &
+    apid=$!
+    rxe_wait_listen "$port" 30
+    env "$@" NCCL_IB_HCA="=rxe0,rxe2" timeout -k 5 200 "$conf" --plugin "$plugin" --abi 12 \
+        --scenario failover-loop --timeout 150 -v --ctl-connect "127.0.0.1:$port" \
+        >"$out/$name.b" 2>&1 &
+    bpid=$!
+    ( for _ in $(seq 1200); do grep -q READY "$ev" 2>/dev/null && break; sleep 0.1; done
+      echo READY >"$ready" ) &
+    rxe_link_flap "$dev" "$ready" "$down" "$out/$name.flap" 150 &
+    fpid=$!
+    wait "$apid"; ra=$?
+    wait "$bpid"; rb=$?
+    wait "$fpid" || echo "$name: the link flap did not complete (see below)"
+    echo "$name: role A exit $ra, role B exit $rb"
+    cat "$out/$name.flap" 2>/dev/null | sed "s/^/$name flap| /"
+    grep -h "^PASS\|^FAIL\|^SKIP\|slowest" "$out/$name.a" "$out/$name.b" | sed "s/^/$name| /"
+    grep -h "moved\|no other usable\|went down\|ACTIVE again\|completion error" \
+        "$out/$name.a" "$out/$name.b" | cut -c1-300 | sed "s/^/$name log| /"
+}
+
+# recovery NAME: from the link going down to the end of the slowest round.
+recovery() {
+    local down end
+    down=$(awk '$2 == "link-down" { print $1; exit }' "$out/$1.flap")
+    end=$(sed -n 's/.*DONE .*longest_end=\([0-9.]*\).*/\1/p' "$out/$1.events")
+    awk -v a="$down" -v b="$end" -v n="$1" 'BEGIN {
+        if (a == "" || b == "") print n ": time to recover: unknown";
+        else printf "%s: time to recover (link down to the end of the slowest round): %.2f s\n", n, b - a }'
+}
+
+has() { grep -q -- "$2" "$out/$1.a" "$out/$1.b"; }
+
+echo "== sender's port: rxe0 down 3 s"
+run sender rxe0 3
+check [ "$ra" = 0 ] && check [ "$rb" = 0 ]
+check has sender "(send comm) moved from rxe0:1 to rxe2:1"
+check has sender "(receive comm) moved from rxe1:1 to rxe1:1"
+check has sender "(send comm) moved back from rxe2:1 to rxe0:1"
+recovery sender
+
+echo "== receiver's port: rxe1 down 3 s"
+run receiver rxe1 3
+check [ "$ra" = 0 ] && check [ "$rb" = 0 ]
+check has receiver "(receive comm) moved from rxe1:1 to rxe3:1"
+check has receiver "(send comm) moved from rxe0:1 to rxe0:1"
+check has receiver "(receive comm) moved back from rxe3:1 to rxe1:1"
+recovery receiver
+
+echo "== NCCL_RAIL_FAILOVER=0: rxe0 down, the comm fails as before"
+RAIL_CONF_FAILOVER_SECONDS=8 run off rxe0 2 NCCL_RAIL_FAILOVER=0
+check [ "$ra" != 0 ] || check [ "$rb" != 0 ]
+check has off "went down (async event PORT_ERR)"
+! has off "moved from" || { echo "FAILED: a move with NCCL_RAIL_FAILOVER=0"; fails=$((fails + 1)); }
+
+[ "$fails" = 0 ] && echo "failover-move: all checks passed" || echo "failover-move: $fails check(s) failed"
+exit $((fails > 0))
