@@ -279,6 +279,56 @@ static void test_move_flapping_bounded(void **state)
 	loop_end(&L);
 }
 
+/*
+ * The side NCCL does not call: the receiver's port goes down and its move
+ * starts; the sender's last send (8 bytes into a clear-to-send: an early
+ * batch, complete at post) is lost on the way, and NCCL calls only the
+ * receiver from then on. The move thread must join the idle send comm to
+ * the move and write the piece again from its copy, or the receive never
+ * completes.
+ */
+static void test_move_idle_peer(void **state)
+{
+	struct loop L = { .fault_at = -1 };
+	void *rreq = NULL, *sreq = NULL, *data[1] = { rbuf[0] }, *mhs[1];
+	size_t sizes[1] = { BUF };
+	int tags[1] = { 7 }, done = 0, got[1] = { -1 }, mark;
+	uint64_t deadline;
+
+	(void)state;
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 0, 1, -1);	/* receiver on mlx5_0, sender on mlx5_1 */
+	assert_int_equal(run_to(&L, 10), 0);
+	mark = fvh_log_mark();
+	mhs[0] = L.rmh;
+	assert_int_equal(rail_net_irecv(L.F->rc, 1, data, sizes, tags, mhs, &rreq), 0);
+	assert_non_null(rreq);
+	port_state(L.F, "mlx5_0", IBV_PORT_DOWN, NCCL_LOG_WARN, "went down");
+	/* the receiver's next call starts its move: its QPs go to error first */
+	assert_int_equal(rail_net_test(rreq, &done, got), 0);
+	assert_false(done);
+	fill(sbuf[0], 8, 99);
+	assert_int_equal(rail_net_isend(L.F->sc, sbuf[0], 8, 7, L.smh, &sreq), 0);
+	assert_non_null(sreq);
+	assert_int_equal(rail_net_test(sreq, &done, NULL), 0);
+	/* a small send into a clear-to-send: all inline, complete at post (and lost) */
+	assert_true(done);
+	done = 0;
+	deadline = rail_now_ns() + 10000000000ull;
+	while (!done && rail_now_ns() < deadline)
+		assert_int_equal(rail_net_test(rreq, &done, got), 0);
+	if (!done) {
+		fvh_log_dump();
+		fail_msg("the receive did not complete: the idle sender never joined the move");
+	}
+	assert_int_equal(got[0], 8);
+	fill(sbuf[1], 8, 99);
+	assert_memory_equal(rbuf[0], sbuf[1], 8);
+	assert_moved(mark, "(receive comm) moved from mlx5_0:1 to mlx5_1:1", "PORT_ERR");
+	assert_moved(mark, "(send comm) moved from mlx5_1:1 to mlx5_1:1", "1 lost pieces");
+	loop_end(&L);
+}
+
 /* No other port: the comm fails, and the WARN says there was nowhere to go. */
 static void test_move_nowhere(void **state)
 {
@@ -304,6 +354,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_receiver_port, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_back_after_holddown, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_flapping_bounded, holddown_teardown),
+		cmocka_unit_test_teardown(test_move_idle_peer, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_nowhere, fvh_teardown),
 	};
 
