@@ -15,7 +15,8 @@
 #   veth$i 192.0.2.$((i+1))/24 <-> br0p$i, the br0p$i enslaved to br0,
 #   rxe$i on veth$i (i = 0..3); `ip link set br0p$i down` fails rxe$i only.
 # Same policy routing per source address (one table per device, a /32 route
-# to each other device), plus arp_ignore=1 / arp_announce=2 so that only the
+# to each other device; rxe itself only needs accept_local=1, as its lookups
+# are bound to the netdev: README.md), plus arp_ignore=1 / arp_announce=2 so that only the
 # owner of an address answers ARP for it (all four are local addresses: with
 # the default every veth would answer, and a packet for rxe1 could arrive on
 # veth2 and be handed to rxe2). See README.md "The bridge topology".

@@ -137,7 +137,7 @@ t_end=$EPOCHREALTIME
 check [ -f "$ready" ]
 check test "$src" != 0 -o "$crc" != 0
 check [ "$got" -lt $((2048 * MiB)) ]
-echo "in-flight transfer ended $(awk -v a="$(ev_time link-down)" -v b="$t_end" 'BEGIN { printf "%.1f", b - a }') s after the link went down"
+echo "in-flight transfer ended $(awk -v a="$(ev_time link-down)" -v b="$t_end" 'BEGIN { if (a == "") print "?"; else printf "%.1f", b - a }') s after the link went down"
 check [ -n "$(ev_time port-down)" ]
 for d in rxe1 rxe2 rxe3; do check port_is "$d" ACTIVE; done
 check port_is rxe0 DOWN
@@ -167,7 +167,7 @@ check rxe_pair pingpong-up "$pp" 60 \
 cat "$events"
 
 dn=$(ev_diff link-down port-down) up=$(ev_diff link-up port-active)
-back=$(awk -v a="$(ev_time link-up)" -v b="$t_ok" 'BEGIN { printf "%.1f", b - a }')
+back=$(awk -v a="$(ev_time link-up)" -v b="$t_ok" 'BEGIN { if (a == "") print "?"; else printf "%.1f", b - a }')
 echo "times: port DOWN ${dn} s after ip link set br0p0 down; ACTIVE ${up} s after ip link set br0p0 up; rxe0->rxe1 transfer done ${back} s after up"
 echo "times: $dn $up $back" >"$out/times"
 
