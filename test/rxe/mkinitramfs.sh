@@ -25,6 +25,9 @@ MODULES=(
     ?crc32_generic rdma_rxe ib_uverbs ib_umad ?rdma_ucm
     veth virtio_net
 )
+# Loaded by init only for the bridge topology (RXE_TOPO=bridge, guest.sh):
+# their closure minus what MODULES already brings, in /etc/modules.bridge.
+MODULES_BRIDGE=(bridge)
 
 die() { echo "mkinitramfs: $*" >&2; exit 1; }
 [ -f "$MODDIR/modules.dep" ] || die "$MODDIR/modules.dep missing (run setup.sh)"
@@ -67,6 +70,13 @@ for want in "${MODULES[@]}"; do
     fi
 done
 
+NBASE=${#ORDER[@]}
+for want in "${MODULES_BRIDGE[@]}"; do
+    [ -n "${DEP_PATH[$want]:-}" ] || [[ $builtin == *" $want "* ]] ||
+        die "module $want not found in $MODDIR and not built in"
+    [ -n "${DEP_PATH[$want]:-}" ] && visit "$want"
+done
+
 STAGE=$(mktemp -d "${OUT}.stage.XXXXXX")
 trap 'rm -rf "$STAGE"' EXIT
 mkdir -p "$STAGE"/{bin,dev,etc,proc,sys,tmp,run,host,job,newroot} "$STAGE/lib/modules/$KVER"
@@ -79,7 +89,11 @@ install -m 0755 "$HERE/init" "$STAGE/init"
 echo "$KVER" >"$STAGE/etc/rxe-kver"
 
 : >"$STAGE/etc/modules.load"
+: >"$STAGE/etc/modules.bridge"
+n=0
 for m in "${ORDER[@]}"; do
+    list=modules.load
+    [ $((n++)) -ge "$NBASE" ] && list=modules.bridge
     src=$MODDIR/${DEP_PATH[$m]}
     rel=${DEP_PATH[$m]%%.ko*}.ko
     dst=$STAGE/lib/modules/$KVER/$rel
@@ -91,7 +105,7 @@ for m in "${ORDER[@]}"; do
     *.ko.gz) gzip -dc "$src" >"$dst" ;;
     *) die "unknown module format: $src" ;;
     esac
-    echo "$rel" >>"$STAGE/etc/modules.load"
+    echo "$rel" >>"$STAGE/etc/$list"
 done
 for f in modules.builtin modules.builtin.modinfo modules.order; do
     [ -e "$MODDIR/$f" ] && cp "$MODDIR/$f" "$STAGE/lib/modules/$KVER/"
@@ -102,4 +116,4 @@ depmod -b "$STAGE" "$KVER"
 # Uncompressed: the kernel unpacks it faster than it inflates a gzip under TCG.
 (cd "$STAGE" && find . -mindepth 1 | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet) >"$OUT.tmp"
 mv "$OUT.tmp" "$OUT"
-echo "mkinitramfs: $OUT ($(du -h "$OUT" | cut -f1), modules: ${ORDER[*]})" >&2
+echo "mkinitramfs: $OUT ($(du -h "$OUT" | cut -f1), modules: ${ORDER[*]:0:NBASE}; bridge topology: ${ORDER[*]:NBASE})" >&2

@@ -12,6 +12,10 @@
 #     --smp N           guest vCPUs (default 2)
 #     --mem MB          guest memory (default 2048)
 #     --cpu MODEL       QEMU CPU model (default qemu64; use max for -march=native binaries)
+#     --topo T          guest topology (default veth, or RXE_TOPO): veth = rxe0/rxe1
+#                       on one veth pair; bridge = rxe0..rxe3 on four veth pairs
+#                       whose outer ends join br0 (one device can fail alone);
+#                       --env RXE_TOPO=T does the same
 #     --env NAME=VALUE  export NAME in the guest (repeatable); NCCL_* and
 #                       RXE_TEST* variables of the caller are forwarded as is
 #     --out DIR         job directory (default build/rxe-runs/<time>-<pid>);
@@ -39,6 +43,7 @@ MTU=${RXE_MTU:-9000}
 SMP=${RXE_SMP:-2}
 MEM=${RXE_MEM:-2048}
 CPU=${RXE_CPU:-qemu64}
+TOPO=${RXE_TOPO:-veth}
 JOB=
 ENVS=()
 
@@ -51,7 +56,7 @@ while [ $# -gt 0 ]; do
     case $opt in
     --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
     -h | --help) usage; exit 0 ;;
-    --payload | --cmd | --tests | --timeout | --mtu | --smp | --mem | --cpu | --env | --out)
+    --payload | --cmd | --tests | --timeout | --mtu | --smp | --mem | --cpu | --topo | --env | --out)
         [ $# -ge 2 ] || die "$opt needs a value"
         case $opt in
         --payload) PAYLOAD=$2 ;;
@@ -62,7 +67,8 @@ while [ $# -gt 0 ]; do
         --smp) SMP=$2 ;;
         --mem) MEM=$2 ;;
         --cpu) CPU=$2 ;;
-        --env) ENVS+=("$2") ;;
+        --topo) TOPO=$2 ;;
+        --env) ENVS+=("$2"); [[ $2 == RXE_TOPO=* ]] && TOPO=${2#RXE_TOPO=} ;;
         --out) JOB=$2 ;;
         esac
         shift 2
@@ -78,6 +84,7 @@ if [ -z "$CMD" ]; then
     [ -f "$PAYLOAD" ] || die "payload $PAYLOAD not found"
     PAYLOAD=$(realpath "$PAYLOAD")
 fi
+case $TOPO in veth | bridge) ;; *) die "--topo must be veth or bridge (got '$TOPO')" ;; esac
 for e in ${ENVS[@]+"${ENVS[@]}"}; do
     [[ $e =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env wants NAME=VALUE (got '$e')"
 done
@@ -138,6 +145,7 @@ done
     echo "RXE_JOB=$(q "$JOB")"
     echo "RXE_OUT=$(q "$JOB/out")"
     echo "RXE_MTU=$(q "$MTU")"
+    echo "RXE_TOPO=$(q "$TOPO")"
     echo "RXE_PAYLOAD=$(q "$PAYLOAD")"
     echo "RXE_CMD=$(q "$CMD")"
     echo "RXE_EXPOSE=$(q "$EXPOSE")"
@@ -198,7 +206,7 @@ qemu=(
     -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap
     -virtfs "local,path=$JOB,mount_tag=rxejob,security_model=none,multidevs=remap"
 )
-step "booting $RXE_KVER (smp $SMP, cpu $CPU, mtu $MTU, timeout ${TIMEOUT}s); job $JOB"
+step "booting $RXE_KVER (smp $SMP, cpu $CPU, mtu $MTU, topo $TOPO, timeout ${TIMEOUT}s); job $JOB"
 TBOOT=$SECONDS
 # timeout runs QEMU in its own process group; cleanup() kills that group.
 timeout -k 10 "$TIMEOUT" "${qemu[@]}" </dev/null &
