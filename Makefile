@@ -284,11 +284,12 @@ test-layering: $(CORE_LIB)
 
 # The verbs tests in a Soft-RoCE guest (test/rxe/), with the live verbs unit
 # test also built under the sanitizers; then a second boot with the bridge
-# topology (four rxe devices, one of which can fail alone) for the failover test.
+# topology (four rxe devices, one of which can fail alone) for the failover tests:
+# the harness (16) and comms moving between devices with every byte checked (17).
 test-rxe: all tests
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live
 	test/rxe/run.sh --timeout 2400
-	test/rxe/run.sh --topo bridge --tests 16-ib-failover --timeout 600
+	test/rxe/run.sh --topo bridge --tests "16-ib-failover 17-ib-failover-move" --timeout 1200
 
 # Two guests as two RDMA nodes (test/rxe2/): the conformance suite between
 # them, then the peer's guest killed on each side and a link taken down.

@@ -454,6 +454,7 @@ struct rail_ib_comm {
 	int path_failed;
 	int fencing;
 	int marks_left;			/* drain marks not yet polled */
+	int rq_marks_left;		/* ... of them, on receive queues */
 	struct rail_ib_sent *sent;	/* sender with failover: RAIL_IB_SLOTS records */
 	uint64_t rp_next, rp_end;	/* sender: CTS numbers whose lost pieces go again */
 	uint64_t rp_ans[RAIL_IB_MAX_QPS];	/* the receiver's answers per QP at the move */

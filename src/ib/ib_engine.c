@@ -207,6 +207,7 @@ static int fence_wc(struct rail_ib_comm *c, int m, const struct ibv_wc *wc)
 	switch (RAIL_IB_WRID_KIND(wc->wr_id)) {
 	case RAIL_IB_WR_MARK:
 		c->marks_left--;
+		c->rq_marks_left -= RAIL_IB_WRID_B(wc->wr_id) == 1;
 		return 0;
 	case RAIL_IB_WR_REQ:
 		r = (struct rail_ib_req *)(uintptr_t)wc->wr_id;

@@ -664,8 +664,10 @@ static void mark_post(struct rail_ib_comm *c, struct ibv_qp *qp, uint32_t a)
 	swr.wr_id = rail_ib_wrid(RAIL_IB_WR_MARK, a, 0);
 	if (rail_ibv.post_send(qp, &swr, &sbad) == 0)
 		c->marks_left++;
-	if (rail_ibv.post_recv(qp, &rwr, &rbad) == 0)
+	if (rail_ibv.post_recv(qp, &rwr, &rbad) == 0) {
 		c->marks_left++;
+		c->rq_marks_left++;
+	}
 }
 
 int rail_ib_comm_fence(struct rail_ib_comm *c)
@@ -673,7 +675,7 @@ int rail_ib_comm_fence(struct rail_ib_comm *c)
 	int posted = 0;
 
 	c->fencing = 1;
-	c->marks_left = 0;
+	c->marks_left = c->rq_marks_left = 0;
 	for (int i = 0; i < c->nqps; i++) {
 		qp_to_error(c->qps[i].qp);
 		mark_post(c, c->qps[i].qp, (uint32_t)i);
