@@ -1,6 +1,7 @@
 /* nccl-net-rail: the version-neutral API; errno -> ncclResult_t happens here. */
 #include <dlfcn.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -675,24 +676,59 @@ static void req_prof(struct rail_comm *c, struct rail_req *r, uint32_t slot, int
 	rail_prof_attach(r->prof, n, parents);
 }
 
+/*
+ * A comm a transport thread may also work on (rail_comm.guarded): the data
+ * call takes it for its duration; 0 when the thread has it now.
+ */
+static inline int comm_enter(struct rail_comm *c)
+{
+	if (rail_likely(!c->guarded))
+		return 1;
+	atomic_fetch_add_explicit(&c->calls, 1, memory_order_relaxed);
+	return !atomic_flag_test_and_set_explicit(&c->busy, memory_order_acquire);
+}
+
+static inline void comm_leave(struct rail_comm *c)
+{
+	if (c->guarded)
+		atomic_flag_clear_explicit(&c->busy, memory_order_release);
+}
+
 ncclResult_t rail_net_isend(void *send_comm, void *data, size_t size, int tag, void *mhandle,
 			    void **request)
 {
 	return rail_net_isend_ph(send_comm, data, size, tag, mhandle, NULL, request);
 }
 
+static ncclResult_t isend_body(struct rail_comm *c, void *data, size_t size, int tag, void *mh,
+			       void *phandle, void **request);
+
 ncclResult_t rail_net_isend_ph(void *send_comm, void *data, size_t size, int tag, void *mhandle,
 			       void *phandle, void **request)
 {
 	struct rail_comm *c = comm_of(send_comm, RAIL_COMM_SEND, "isend");
-	struct rail_req *r;
-	uintptr_t h;
-	uint32_t slot;
+	ncclResult_t res;
 	void *mh;
-	int err;
 
 	if (!c || !request || mr_of(mhandle, "isend", &mh))
 		return ncclInternalError;
+	if (!comm_enter(c)) {
+		*request = NULL;	/* the transport's thread has the comm: retry */
+		return ncclSuccess;
+	}
+	res = isend_body(c, data, size, tag, mh, phandle, request);
+	comm_leave(c);
+	return res;
+}
+
+static ncclResult_t isend_body(struct rail_comm *c, void *data, size_t size, int tag, void *mh,
+			       void *phandle, void **request)
+{
+	struct rail_req *r;
+	uintptr_t h;
+	uint32_t slot;
+	int err;
+
 	rail_flight_call(&c->fl);
 	r = req_get(c, RAIL_REQ_SEND, 1, "isend", &h, &slot);
 	if (!r)
@@ -725,15 +761,15 @@ ncclResult_t rail_net_irecv(void *recv_comm, int n, void **data, size_t *sizes,
 	return rail_net_irecv_ph(recv_comm, n, data, sizes, tags, mhandles, NULL, request);
 }
 
+static ncclResult_t irecv_body(struct rail_comm *c, int n, void **data, size_t *sizes, int *tags,
+			       void **mhandles, void **mhs, void **phandles, void **request);
+
 ncclResult_t rail_net_irecv_ph(void *recv_comm, int n, void **data, size_t *sizes, int *tags,
 			       void **mhandles, void **phandles, void **request)
 {
 	struct rail_comm *c = comm_of(recv_comm, RAIL_COMM_RECV, "irecv");
 	void *mhs[RAIL_MAX_RECVS];
-	struct rail_req *r;
-	uintptr_t h;
-	uint32_t slot;
-	int err;
+	ncclResult_t res;
 
 	if (!c || !request || !data || !sizes)
 		return ncclInternalError;
@@ -744,6 +780,23 @@ ncclResult_t rail_net_irecv_ph(void *recv_comm, int n, void **data, size_t *size
 	}
 	if (mhandles && mrs_of(n, mhandles, mhs, "irecv"))
 		return ncclInternalError;
+	if (!comm_enter(c)) {
+		*request = NULL;	/* the transport's thread has the comm: retry */
+		return ncclSuccess;
+	}
+	res = irecv_body(c, n, data, sizes, tags, mhandles, mhs, phandles, request);
+	comm_leave(c);
+	return res;
+}
+
+static ncclResult_t irecv_body(struct rail_comm *c, int n, void **data, size_t *sizes, int *tags,
+			       void **mhandles, void **mhs, void **phandles, void **request)
+{
+	struct rail_req *r;
+	uintptr_t h;
+	uint32_t slot;
+	int err;
+
 	rail_flight_call(&c->fl);
 	r = req_get(c, RAIL_REQ_RECV, n, "irecv", &h, &slot);
 	if (!r)
@@ -770,15 +823,15 @@ ncclResult_t rail_net_irecv_ph(void *recv_comm, int n, void **data, size_t *size
 	return ncclSuccess;
 }
 
+static ncclResult_t iflush_body(struct rail_comm *c, int n, void **data, int *sizes,
+				void **mhandles, void **mhs, void **request);
+
 ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
 			     void **mhandles, void **request)
 {
 	struct rail_comm *c = comm_of(recv_comm, RAIL_COMM_RECV, "iflush");
 	void *mhs[RAIL_MAX_RECVS];
-	struct rail_req *r;
-	uintptr_t h;
-	uint32_t slot;
-	int err;
+	ncclResult_t res;
 
 	if (!c || !request)
 		return ncclInternalError;
@@ -786,6 +839,22 @@ ncclResult_t rail_net_iflush(void *recv_comm, int n, void **data, int *sizes,
 		return ncclInternalError;
 	if (mhandles && mrs_of(n, mhandles, mhs, "iflush"))
 		return ncclInternalError;
+	/* a NULL request would mean "nothing to flush": wait for the transport's thread */
+	while (!comm_enter(c))
+		sched_yield();
+	res = iflush_body(c, n, data, sizes, mhandles, mhs, request);
+	comm_leave(c);
+	return res;
+}
+
+static ncclResult_t iflush_body(struct rail_comm *c, int n, void **data, int *sizes,
+				void **mhandles, void **mhs, void **request)
+{
+	struct rail_req *r;
+	uintptr_t h;
+	uint32_t slot;
+	int err;
+
 	rail_flight_call(&c->fl);
 	r = req_get(c, RAIL_REQ_FLUSH, n, "iflush", &h, &slot);
 	if (!r)
@@ -850,17 +919,11 @@ static inline void req_done(struct rail_req *r, const size_t *got)
 	rail_flight_add(&c->fl, now, RAIL_FEV_DONE, (uint16_t)r->slot, bytes, r->tag, lat_us);
 }
 
-ncclResult_t rail_net_test(void *request, int *done, int *sizes)
+static ncclResult_t test_body(struct rail_req *r, int *done, int *sizes)
 {
-	struct rail_req *r = req_of(request);
 	size_t got[RAIL_MAX_RECVS] = { 0 };
 	int d = 0, err;
 
-	if (rail_unlikely(!r || !done)) {
-		RAIL_WARN("test: %p is not a request in flight (tested again after it completed "
-			  "or failed, or its comm was closed)", request);
-		return ncclInternalError;
-	}
 	rail_flight_call(&r->comm->fl);
 	err = r->comm->ops->test(r, &d, got);
 	if (err) {
@@ -878,6 +941,27 @@ ncclResult_t rail_net_test(void *request, int *done, int *sizes)
 	req_done(r, got);
 	req_put(r);
 	return ncclSuccess;
+}
+
+ncclResult_t rail_net_test(void *request, int *done, int *sizes)
+{
+	struct rail_req *r = req_of(request);
+	struct rail_comm *c;
+	ncclResult_t res;
+
+	if (rail_unlikely(!r || !done)) {
+		RAIL_WARN("test: %p is not a request in flight (tested again after it completed "
+			  "or failed, or its comm was closed)", request);
+		return ncclInternalError;
+	}
+	c = r->comm;
+	if (!comm_enter(c)) {
+		*done = 0;	/* the transport's thread has the comm: not done yet */
+		return ncclSuccess;
+	}
+	res = test_body(r, done, sizes);	/* r may be back in the pool: c stays */
+	comm_leave(c);
+	return res;
 }
 
 /* The comm's counters, to the summary and the process total (NCCL_RAIL_STATS). */
@@ -899,6 +983,8 @@ static ncclResult_t close_comm(void *p, enum rail_comm_kind kind, const char *ca
 
 	if (!c)
 		return ncclInternalError;
+	while (kind != RAIL_COMM_LISTEN && !comm_enter(c))
+		sched_yield();	/* the transport's thread finishes its step; then it is ours */
 	rail_flight_call(&c->fl);
 	/* Registrations NCCL did not deregister go with the comm (their handles die too). */
 	while (rail_h_take_owned((uintptr_t)p, &mh)) {

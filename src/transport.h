@@ -9,6 +9,7 @@
 #define RAIL_TRANSPORT_H
 
 #include <stddef.h>
+#include <stdatomic.h>
 #include <stdint.h>
 
 #include "flight.h"
@@ -76,6 +77,18 @@ struct rail_comm {
 	uint32_t lat_tick;	/* requests posted: every RAIL_LAT_EVERY-th is timed */
 	/* api.c: profiler state per request slot, made at the first profiled post (prof.h). */
 	struct rail_prof_req *prof;
+	/*
+	 * A transport's own thread may work on the comm between NCCL's calls
+	 * (verbs failover's move thread, src/ib/ib_move.c). With guarded set
+	 * (by the transport, before the comm is returned), each data call
+	 * (isend, irecv, iflush, test) takes busy for its whole duration,
+	 * flight record and counters included, and finding it taken answers
+	 * "not now"; calls counts them, so the thread can see a comm NCCL
+	 * leaves alone.
+	 */
+	int guarded;
+	atomic_flag busy;
+	atomic_uint calls;
 };
 
 enum rail_req_type {

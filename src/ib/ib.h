@@ -441,13 +441,7 @@ struct rail_ib_comm {
 	struct rail_ib_dev *home;	/* the device the comm was made on: it moves back there */
 	uint32_t back_tick;		/* away from home: calls between looks at it */
 	uint64_t move_ns[4];		/* when the last moves started (ring by epoch) */
-	/*
-	 * With failover, NCCL's calls and the move thread (ib_move.c) take the
-	 * comm in turn: a call finding it taken answers "not now". calls counts
-	 * NCCL's calls, so that the thread sees a comm nobody calls.
-	 */
-	atomic_flag busy;
-	atomic_uint calls;
+	/* the move thread (ib_move.c): base.calls at its last look */
 	unsigned seen_calls;
 	struct rail_ib_move *mv;
 	uint32_t epoch;
@@ -755,21 +749,6 @@ void rail_ib_move_arm(struct rail_ib_comm *c);
 void rail_ib_move_free(struct rail_ib_comm *c);
 /* ib_ops' fini: the move thread stops. */
 void rail_ib_move_fini(void);
-
-/* NCCL's call on c begins (-EAGAIN: the move thread has it now) / ends. */
-static inline int rail_ib_enter(struct rail_ib_comm *c)
-{
-	if (rail_likely(!c->failover))
-		return 0;
-	atomic_fetch_add_explicit(&c->calls, 1, memory_order_relaxed);
-	return atomic_flag_test_and_set_explicit(&c->busy, memory_order_acquire) ? -EAGAIN : 0;
-}
-
-static inline void rail_ib_leave(struct rail_ib_comm *c)
-{
-	if (c->failover)
-		atomic_flag_clear_explicit(&c->busy, memory_order_release);
-}
 
 /* ib_conn.c */
 /* The ops table new comms carry (ib_ops.c, at init: the table is above this layer). */

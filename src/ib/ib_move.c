@@ -545,7 +545,8 @@ static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
  * looks every 20 ms at the comms with failover; one that NCCL has not
  * called since the last look and that has a move to make (its port went
  * down, a move in progress, the peer's MOVE waiting, lost pieces to write
- * again) is taken (rail_ib_enter's flag) and driven a step.
+ * again) is taken (rail_comm.busy: NCCL's data calls take it too, in
+ * api.c, with their flight record and counters) and driven a step.
  */
 #define SCAN_NS (20ull * 1000000ull)
 
@@ -568,13 +569,13 @@ static int wants_move(struct rail_ib_comm *c)
 
 static void drive(struct rail_ib_comm *c)
 {
-	unsigned calls = atomic_load_explicit(&c->calls, memory_order_relaxed);
+	unsigned calls = atomic_load_explicit(&c->base.calls, memory_order_relaxed);
 
 	if (calls != c->seen_calls) {
 		c->seen_calls = calls;	/* NCCL calls it: its calls drive the move */
 		return;
 	}
-	if (atomic_flag_test_and_set_explicit(&c->busy, memory_order_acquire))
+	if (atomic_flag_test_and_set_explicit(&c->base.busy, memory_order_acquire))
 		return;
 	if (!c->error && wants_move(c))
 		(void)c->on_move(c, c->path_failed ? RAIL_IB_TRIG_WC
@@ -583,7 +584,7 @@ static void drive(struct rail_ib_comm *c)
 				 "the move thread");
 	if (!c->mv && !c->error && is_send(c) && (c->rp_next != c->rp_end || c->batch_stale))
 		(void)rail_ib_send_progress(c);	/* lost pieces, CTS by CTS */
-	atomic_flag_clear_explicit(&c->busy, memory_order_release);
+	atomic_flag_clear_explicit(&c->base.busy, memory_order_release);
 }
 
 static void *move_thread(void *arg)
@@ -668,6 +669,7 @@ void rail_ib_move_arm(struct rail_ib_comm *c)
 			c->sent[k].num = UINT64_MAX;
 	}
 	c->failover = 1;
+	c->base.guarded = 1;	/* NCCL's calls and the move thread take turns (api.c) */
 	registry_add(c);
 }
 

@@ -9,8 +9,6 @@
  * share: the engine's CQ poll (ib_engine.c), then the progress of the side
  * the request is on (ib_send.c, ib_recv.c).
  */
-#include <sched.h>
-
 #include "ib/ib.h"
 #include "log.h"
 
@@ -85,63 +83,6 @@ int rail_ib_test(struct rail_req *req, int *done, size_t *sizes)
 	return 0;
 }
 
-/*
- * NCCL's data calls take the comm from the move thread (ib_move.c) for
- * their duration; when it has the comm they answer "not now".
- */
-static int ib_isend(struct rail_comm *comm, struct rail_req *req, void *data, size_t size,
-		    int tag, void *mhandle)
-{
-	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
-	int err = rail_ib_enter(c);
-
-	if (err)
-		return err;
-	err = rail_ib_isend(comm, req, data, size, tag, mhandle);
-	rail_ib_leave(c);
-	return err;
-}
-
-static int ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **data,
-		    const size_t *sizes, const int *tags, void **mhandles)
-{
-	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
-	int err = rail_ib_enter(c);
-
-	if (err)
-		return err;
-	err = rail_ib_irecv(comm, req, n, data, sizes, tags, mhandles);
-	rail_ib_leave(c);
-	return err;
-}
-
-static int ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **data,
-		     const int *sizes, void **mhandles)
-{
-	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
-	int err;
-
-	while (rail_ib_enter(c))	/* a NULL request would mean "nothing to flush" */
-		sched_yield();
-	err = rail_ib_iflush(comm, req, n, data, sizes, mhandles);
-	rail_ib_leave(c);
-	return err;
-}
-
-static int ib_test(struct rail_req *req, int *done, size_t *sizes)
-{
-	struct rail_ib_comm *c = (struct rail_ib_comm *)req->comm;
-	int err = rail_ib_enter(c);
-
-	if (err) {
-		*done = 0;
-		return 0;
-	}
-	err = rail_ib_test(req, done, sizes);
-	rail_ib_leave(c);
-	return err;
-}
-
 const struct rail_transport_ops rail_ib_ops = {
 	.name = "ib",
 	.req_size = sizeof(struct rail_ib_req),
@@ -156,10 +97,10 @@ const struct rail_transport_ops rail_ib_ops = {
 	.reg_mr = rail_ib_reg_mr,
 	.reg_mr_dmabuf = rail_ib_reg_mr_dmabuf,
 	.dereg_mr = rail_ib_dereg_mr,
-	.isend = ib_isend,
-	.irecv = ib_irecv,
-	.iflush = ib_iflush,
-	.test = ib_test,
+	.isend = rail_ib_isend,
+	.irecv = rail_ib_irecv,
+	.iflush = rail_ib_iflush,
+	.test = rail_ib_test,
 	.close_send = rail_ib_close_send,
 	.describe_comm = rail_ib_describe_comm,
 	.close_recv = rail_ib_close_recv,
