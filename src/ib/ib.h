@@ -741,11 +741,11 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 		   const int *sizes, void **mhandles);
 
 /*
- * ib_move.c. Arm: set c->on_move, and with NCCL_RAIL_FAILOVER=1 on a comm
- * of one device per side (stage 1) turn failover on: the sender keeps its
- * records. Free: at close, a move in progress and the records.
+ * ib_move.c. Arm: set c->on_move, and with NCCL_RAIL_FAILOVER=1 on both
+ * sides (peer_failover: the peer's handshake said so) on a comm of one
+ * device per side (stage 1) turn failover on: the sender keeps its records. Free: at close, a move in progress and the records.
  */
-void rail_ib_move_arm(struct rail_ib_comm *c);
+void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover);
 void rail_ib_move_free(struct rail_ib_comm *c);
 /* ib_ops' fini: the move thread stops. */
 void rail_ib_move_fini(void);

@@ -77,6 +77,7 @@ struct rail_ib_hs {
 	uint64_t nonce;
 	uint64_t start_ns;
 	int hello_ok;		/* accept: a hello with this listener's nonce arrived */
+	int peer_failover;	/* the peer's hello or accept said it runs with failover */
 	struct rail_conn_opts opts;
 	struct rail_ib_comm *comm;
 	char peer[RAIL_ADDR_STRLEN];
@@ -345,6 +346,7 @@ static int sender_hello(struct rail_ib_hs *hs)
 	c->tc = tc >= 0 ? tc : hs->opts.traffic_class >= 0 ? hs->opts.traffic_class : 0;
 	c->sl = sl >= 0 ? sl : hs->opts.traffic_class >= 0 ? hs->opts.traffic_class : 0;
 	m.type = RAIL_IB_MSG_HELLO;
+	m.flags = rail_param_int(RAIL_P_FAILOVER) ? RAIL_IB_FLAG_FAILOVER : 0;
 	m.nonce = hs->nonce;
 	m.qps_per_dev = (int)rail_param_int(RAIL_P_IB_QPS_PER_CONNECTION);
 	m.tc = c->tc;
@@ -415,6 +417,7 @@ static int sender_setup(struct rail_ib_hs *hs)
 	int err;
 
 	remote_devs(c, m);
+	hs->peer_failover = !!(m->flags & RAIL_IB_FLAG_FAILOVER);
 	c->remote_cmpl_addr = m->ctrl_addr;
 	for (int i = 0; i < m->ndevs; i++)
 		c->remote_cmpl_rkey[i] = m->devs[i].ctrl_rkey;
@@ -551,7 +554,7 @@ static void oob_keep(struct rail_ib_hs *hs)
 	rail_sock_set_liveness(hs->fd, liveness / 2, liveness);
 	hs->comm->oob_fd = hs->fd;
 	hs->fd = -1;
-	rail_ib_move_arm(hs->comm);	/* the socket also carries a move's messages */
+	rail_ib_move_arm(hs->comm, hs->peer_failover);	/* the socket also carries moves */
 }
 
 int rail_ib_connect(int dev, const struct rail_conn_opts *opts, void *handle,
@@ -603,6 +606,7 @@ static int receiver_accept_msg(struct rail_ib_hs *hs)
 
 	memset(&m, 0, sizeof(m));
 	m.type = RAIL_IB_MSG_ACCEPT;
+	m.flags = rail_param_int(RAIL_P_FAILOVER) ? RAIL_IB_FLAG_FAILOVER : 0;
 	m.nqps = c->nqps;
 	for (int i = 0; i < c->nqps; i++)
 		m.qpn[i] = c->qps[i].qp->qp_num;
@@ -675,6 +679,7 @@ static int receiver_on_hello(struct rail_ib_hs *hs, uint64_t nonce, const struct
 		return refuse(hs, RAIL_IB_REFUSE_NONCE, why);
 	}
 	hs->hello_ok = 1;
+	hs->peer_failover = !!(m->flags & RAIL_IB_FLAG_FAILOVER);
 	hs->comm = c = comm_new(hs->vdev, 0, hs->peer, &err);
 	if (!c)
 		return err;

@@ -654,13 +654,19 @@ void rail_ib_move_fini(void)
 	pthread_mutex_unlock(&mt.lock);
 }
 
-void rail_ib_move_arm(struct rail_ib_comm *c)
+void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover)
 {
 	c->on_move = on_move;
 	c->home = c->res[0].dev;
 	if (!rail_param_int(RAIL_P_FAILOVER) || c->ndevs != 1 || c->remote_ndevs != 1 ||
 	    c->oob_fd < 0)
 		return;
+	if (!peer_failover) {
+		RAIL_INFO(RAIL_LOG_NET, "connection %s peer %s: no failover (the peer runs with "
+			  "NCCL_RAIL_FAILOVER=0): a port failing fails it", is_send(c) ? "to" : "from",
+			  c->peer);
+		return;
+	}
 	if (is_send(c)) {
 		c->sent = calloc(RAIL_IB_SLOTS, sizeof(*c->sent));
 		if (!c->sent)

@@ -87,6 +87,8 @@ enum rail_ib_refuse_code {
 	RAIL_IB_REFUSE_RESOURCES = 3,
 };
 
+/* HELLO and ACCEPT flags bit 0: the side runs with failover (NCCL_RAIL_FAILOVER=1). */
+#define RAIL_IB_FLAG_FAILOVER 1
 /* READY flags bits 0-1: the sender's NCCL_RAIL_IB_EAGER_ORDER, in the variable's order. */
 enum { RAIL_IB_ORDER_AUTO = 0, RAIL_IB_ORDER_INORDER = 1, RAIL_IB_ORDER_SAFE = 2 };
 #define RAIL_IB_READY_ORDER_MASK 3
