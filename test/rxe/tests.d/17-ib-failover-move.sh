@@ -64,14 +64,23 @@ run() {
         "$out/$name.a" "$out/$name.b" | cut -c1-300 | sed "s/^/$name log| /"
 }
 
-# recovery NAME: from the link going down to the end of the slowest round.
+# recovery NAME: from the link going down to the end of the first slow round
+# after it (failover-loop's SLOW lines: rounds over 3x the median), and the
+# move back: the first slow round that started after the link came up.
 recovery() {
-    local down end
-    down=$(awk '$2 == "link-down" { print $1; exit }' "$out/$1.flap")
-    end=$(sed -n 's/.*DONE .*longest_end=\([0-9.]*\).*/\1/p' "$out/$1.events")
-    awk -v a="$down" -v b="$end" -v n="$1" 'BEGIN {
-        if (a == "" || b == "") print n ": time to recover: unknown";
-        else printf "%s: time to recover (link down to the end of the slowest round): %.2f s\n", n, b - a }'
+    awk -v n="$1" '
+        FNR == NR && $2 == "link-down" && !down { down = $1 }
+        FNR == NR && $2 == "link-up" && !up { up = $1 }
+        FNR != NR && $3 == "SLOW" {
+            for (i = 4; i <= NF; i++) { split($i, kv, "="); v[kv[1]] = kv[2] }
+            if (!rec && v["end"] > down) { rec = v["end"] - down; recms = v["ms"] }
+            if (!back && v["start"] >= up) { back = v["ms"] }
+        }
+        FNR != NR && $3 == "DONE" { for (i = 4; i <= NF; i++) { split($i, kv, "="); d[kv[1]] = kv[2] } }
+        END {
+            if (!rec) { print n ": time to recover: unknown (no slow round after the link went down)"; exit }
+            printf "%s: time to recover (link down to the end of the first slow round): %.2f s (that round %.0f ms, median round %s ms); move-back round %s ms\n", n, rec, recms, d["median_ms"], back ? back : "?"
+        }' "$out/$1.flap" "$out/$1.events"
 }
 
 has() { grep -q -- "$2" "$out/$1.a" "$out/$1.b"; }
