@@ -275,7 +275,11 @@ struct tcp_comm {
 	int fo;				/* this comm can move to another interface */
 	int ack;			/* sends complete when the peer's kernel acknowledged them */
 	int cur_dev;			/* the local interface it runs on now */
+	int home_dev;			/* the one it was made on: it moves back there */
 	union rail_sockaddr peer_addr;	/* the peer's address now (control socket) */
+	union rail_sockaddr peer_home;	/* ... when the comm was made */
+	uint32_t back_tick;		/* send, away from home: calls between looks */
+	uint64_t back_retry_ns;		/* send: a move back failed; not before this */
 	struct tcp_rescue peer_rescue;	/* the peer's rescue listeners */
 	uint64_t conn_id, nonce;
 	uint32_t link_gen;		/* tcp_link_gen() when last looked at */
@@ -413,6 +417,8 @@ void tcp_rescue_register(struct tcp_comm *c);
 void tcp_rescue_unregister(struct tcp_comm *c);
 /* Bumped at every change of an interface's state; whether dev is down now. */
 uint32_t tcp_link_gen(void);
+/* When dev last started running again after the link watch saw it down (0: never). */
+uint64_t tcp_link_up_ns(int dev);
 int tcp_link_down(int dev);
 /* The interface (device index) holding local address a, or -1. */
 int tcp_dev_of_addr(const union rail_sockaddr *a);
@@ -433,7 +439,8 @@ static inline int tcp_move_due(struct tcp_comm *c)
 	return c->fo && (c->mv || atomic_load_explicit(&c->path_err, memory_order_relaxed) ||
 			 atomic_load_explicit(&c->rescue_ready, memory_order_relaxed) ||
 			 atomic_load_explicit(&c->peer_kick, memory_order_relaxed) >
-				 (uint32_t)c->moves || tcp_link_gen() != c->link_gen);
+				 (uint32_t)c->moves || tcp_link_gen() != c->link_gen ||
+			 (c->is_send && c->cur_dev != c->home_dev && (++c->back_tick & 255) == 0));
 }
 
 /* tcp_fault.c: NCCL_RAIL_TCP_FAULT, read at init. */

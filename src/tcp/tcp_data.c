@@ -110,8 +110,8 @@ static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
 	for (int i = 0; i < TCP_MAX_SOCKS; i++)
 		c->streams[i].old_fd = -1;
 	pthread_mutex_init(&c->rescue_lock, NULL);
-	c->cur_dev = c->base.dev;
-	c->peer_addr = *peer;
+	c->cur_dev = c->home_dev = c->base.dev;
+	c->peer_addr = c->peer_home = *peer;
 	c->conn_id = layout->conn_id;
 	c->nonce = layout->nonce;
 	tcp_rescue_mine(&mine);

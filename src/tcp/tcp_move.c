@@ -34,6 +34,7 @@
 
 struct tcp_move {
 	uint64_t t0;			/* the fault was seen */
+	int back;			/* send: back to the interfaces the comm was made on */
 	uint32_t gen;
 	int kicked;			/* receive: the sender was asked */
 	char reason[200];
@@ -85,7 +86,27 @@ static const char *dev_name(int dev)
 	return d ? d->name : "?";
 }
 
-/* Why this comm should move now, or 0. */
+/*
+ * Send side, away from home: home has been running again (the link watch
+ * saw it come back) for NCCL_RAIL_FAILOVER_HOLDDOWN seconds, so a flapping
+ * link is not used; after a failed move back, not before back_retry_ns.
+ */
+static int move_back_due(struct tcp_comm *c, char *why, size_t len)
+{
+	uint64_t up, now, hold = (uint64_t)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN) * 1000000000ull;
+
+	if (!c->is_send || c->cur_dev == c->home_dev || tcp_link_down(c->home_dev))
+		return 0;
+	up = tcp_link_up_ns(c->home_dev);
+	now = rail_now_ns();
+	if (!up || now - up < hold || now < c->back_retry_ns)
+		return 0;
+	snprintf(why, len, "%s running again for %llu s", dev_name(c->home_dev),
+		 (unsigned long long)((now - up) / 1000000000ull));
+	return 1;
+}
+
+/* Why this comm should move now: 1, 2 (a move back), or 0. */
 static int move_reason(struct tcp_comm *c, char *why, size_t len)
 {
 	uint32_t gen = tcp_link_gen();
@@ -107,7 +128,7 @@ static int move_reason(struct tcp_comm *c, char *why, size_t len)
 		snprintf(why, len, "the receiver asked (its path failed)");
 		return 1;
 	}
-	return 0;
+	return move_back_due(c, why, len) ? 2 : 0;
 }
 
 static struct tcp_move *move_new(struct tcp_comm *c, const char *why)
@@ -162,7 +183,7 @@ static int dial_peer(struct tcp_comm *c, struct tcp_move *mv, char *tried, size_
 		const union rail_sockaddr *to = &c->peer_rescue.addr[a];
 		int n = c->is_send ? c->nsocks + 1 : 1, i;
 
-		if (same_ip(to, &c->peer_addr))
+		if (same_ip(to, &c->peer_addr) || (mv->back && !same_ip(to, &c->peer_home)))
 			continue;
 		for (i = 0; i < n; i++) {
 			err = dial(c, to, c->is_send ? TCP_MOVE_SOCKET : TCP_MOVE_KICK, i, mv->gen);
@@ -274,10 +295,12 @@ static int send_install(struct tcp_comm *c, struct tcp_move *mv, const uint64_t 
 	new_path(c, to, sizeof(to));
 	c->moves++;
 	c->recover_t0 = mv->t0;
-	RAIL_WARN("send comm to peer %s moved from %s to %s (peer now %s): %s; %.1f ms; re-sent "
-		  "%llu bytes of the control stream and %llu bytes on %d data sockets",
-		  old_peer, from, to, c->peer, mv->reason, (double)(rail_now_ns() - mv->t0) / 1e6,
-		  (unsigned long long)ctl_resent, (unsigned long long)resent, c->nsocks);
+	rail_log(mv->back ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
+		 "send comm to peer %s moved%s from %s to %s (peer now %s): %s; %.1f ms; re-sent "
+		 "%llu bytes of the control stream and %llu bytes on %d data sockets", old_peer,
+		 mv->back ? " back" : "", from, to, c->peer, mv->reason,
+		 (double)(rail_now_ns() - mv->t0) / 1e6, (unsigned long long)ctl_resent,
+		 (unsigned long long)resent, c->nsocks);
 	return 0;
 }
 
@@ -291,13 +314,26 @@ int tcp_move_send(struct tcp_comm *c)
 	if (atomic_load(&c->error))
 		return atomic_load(&c->error);
 	if (!mv) {
-		if (!move_reason(c, why, sizeof(why)))
+		int reason = move_reason(c, why, sizeof(why));
+
+		if (!reason)
 			return 0;
 		mv = c->mv = move_new(c, why);
 		if (!mv)
 			return tcp_comm_fail(c, -ENOMEM, "moving to another interface: out of memory");
+		mv->back = reason == 2;
 		atomic_store(&c->moving, 1);
 		err = dial_peer(c, mv, tried, sizeof(tried));
+		if (err && mv->back) {
+			/* stay where it works; try again after another hold-down */
+			RAIL_INFO(RAIL_LOG_NET, "send comm to peer %s: moving back (%s) failed: %s; "
+				  "staying on %s", c->peer, why, tried, dev_name(c->cur_dev));
+			c->back_retry_ns = rail_now_ns() + (uint64_t)rail_param_int(
+				RAIL_P_FAILOVER_HOLDDOWN) * 1000000000ull;
+			atomic_store(&c->moving, 0);
+			tcp_move_free(c);
+			return 0;
+		}
 		if (err)
 			return tcp_comm_fail(c, err == -ECONNREFUSED ? -ECONNRESET : -ENETDOWN,
 					     "%s; no other interface reaches the peer (%s)%s", why,
@@ -348,7 +384,7 @@ static int recv_install(struct tcp_comm *c, int *fds, uint32_t gen, uint64_t t0,
 	char from[RAIL_ADDR_STRLEN + IF_NAMESIZE + 2], to[sizeof(from)], old_peer[sizeof(c->peer)];
 	uint64_t pos[TCP_MAX_SOCKS + 1], inq[TCP_MAX_SOCKS + 1], left = 0;
 	uint8_t state[TCP_STATE_SIZE(TCP_MAX_SOCKS)];
-	int n = 0, err = 0;
+	int n = 0, err = 0, back;
 	int64_t p;
 
 	tcp_pool_pause(c);
@@ -394,11 +430,13 @@ static int recv_install(struct tcp_comm *c, int *fds, uint32_t gen, uint64_t t0,
 	tcp_pool_resume(c);
 	new_path(c, to, sizeof(to));
 	c->moves = (int)gen;
-	RAIL_WARN("receive comm from peer %s moved from %s to %s (peer now %s): %s; %.1f ms; "
-		  "the sender resumes at control offset %llu, %llu bytes still read from the old "
-		  "sockets", old_peer, from, to, c->peer, reason,
-		  (double)(rail_now_ns() - t0) / 1e6, (unsigned long long)pos[0],
-		  (unsigned long long)(left + inq[0]));
+	back = c->cur_dev == c->home_dev;
+	rail_log(back ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
+		 "receive comm from peer %s moved%s from %s to %s (peer now %s): %s; %.1f ms; "
+		 "the sender resumes at control offset %llu, %llu bytes still read from the old "
+		 "sockets", old_peer, back ? " back" : "", from, to, c->peer, reason,
+		 (double)(rail_now_ns() - t0) / 1e6, (unsigned long long)pos[0],
+		 (unsigned long long)(left + inq[0]));
 	return 0;
 }
 

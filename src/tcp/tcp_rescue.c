@@ -44,12 +44,18 @@ static int rs_nl = -1;
 static int rs_wake[2] = { -1, -1 };
 static unsigned rs_ifindex[TCP_MAX_DEVS];
 static _Atomic int rs_down[TCP_MAX_DEVS];
+static _Atomic uint64_t rs_up_ns[TCP_MAX_DEVS];	/* running again since (move-back) */
 static _Atomic uint32_t rs_gen;
 static struct tcp_comm *rs_comms;	/* under rs_lock */
 
 uint32_t tcp_link_gen(void)
 {
 	return atomic_load_explicit(&rs_gen, memory_order_relaxed);
+}
+
+uint64_t tcp_link_up_ns(int dev)
+{
+	return dev >= 0 && dev < TCP_MAX_DEVS ? atomic_load(&rs_up_ns[dev]) : 0;
 }
 
 int tcp_link_down(int dev)
@@ -176,6 +182,7 @@ static void link_state(unsigned ifindex, unsigned flags, int gone)
 	for (int i = 0; i < tcp_ndevs_now() && i < TCP_MAX_DEVS; i++) {
 		if (rs_ifindex[i] != ifindex || atomic_load(&rs_down[i]) == !running)
 			continue;
+		atomic_store(&rs_up_ns[i], running ? rail_now_ns() : 0);	/* a flap restarts it */
 		atomic_store(&rs_down[i], !running);
 		atomic_fetch_add(&rs_gen, 1);
 		RAIL_INFO(RAIL_LOG_NET, "link watch: %s is %s", tcp_dev_get(i)->name,

@@ -151,6 +151,20 @@ check [ -n "$done_t" ] &&
 line=$(grep "^rail-bench: moved" "$out/move.b")
 echo "failover netns: move: ${line#rail-bench: }"
 
+# 1b. Move-back: hold-down 1 s; faa0 down 1 s into the data and up 2 s later: the comm
+# moves to faa1, then back to faa0 once faa0 has run 1 s (an INFO line on each side: no
+# WARN level word in rail-bench's output);
+# every byte right; the move back is not the first move.
+ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=1" DOWN_S=2 run back "faa0,faa1" "fab0,fab1" 24G down
+check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show back.a; show back.b; }
+check grep -q "^rail-bench: verified: every byte right" "$out/back.b"
+check grep -Eq "^NET/Rail : send comm to peer 10\.77\.97\.2:[0-9]+ moved back from faa1 10\.77\.97\.1:[0-9]+ to faa0 10\.77\.96\.1:[0-9]+ .*: faa0 running again for [0-9]+ s" \
+    "$out/back.a" || grep -a "moved\|WARN" "$out/back.a"
+check grep -Eq "^NET/Rail : receive comm from peer 10\.77\.97\.1:[0-9]+ moved back from fab1 [0-9.:]+ to fab0 " \
+    "$out/back.b" || grep -a "moved\|WARN" "$out/back.b"
+check [ "$(grep -c "moved from" "$out/back.a")" = 1 ]
+grep -h "moved back\|moved from" "$out/back.a" "$out/back.b" | sed 's/^/  /'
+
 # 2. NCCL_RAIL_FAILOVER=0: the same fault fails as today (after NCCL_RAIL_PEER_TIMEOUT).
 ENV_AB="NCCL_RAIL_FAILOVER=0 NCCL_RAIL_PEER_TIMEOUT=4" DOWN_S=12 run off "faa0,faa1" "fab0,fab1" 6G down
 check [ "$src" != 0 ] && check [ "$crc" != 0 ] || { show off.a; show off.b; }
