@@ -63,6 +63,8 @@ struct fv_dev {
 	int reorder_tail;	/* bytes of such a write placed first (0: FV_REORDER_TAIL) */
 	int ece;		/* 0: EOPNOTSUPP, else the vendor_id/options answered */
 	int retrying;		/* a WR to a QP that is gone never completes (still retrying) */
+	int retry_ms;		/* a held send WR fails after this long; -1: not given (200) */
+	int hold;		/* fv_test_hold: every send WR of this device's QPs is held */
 	/* mlx5 Data Direct function, relative to /sys, as libmlx5 names it; "": none */
 	char data_direct[128];
 	int nports;
@@ -137,6 +139,7 @@ struct fv_qp {
 	uint32_t ece_options;
 	int rcap, rhead, rcount;
 	struct fv_recv *rq;
+	struct fv_swr *sq, **sq_tail;	/* held send WRs, in posting order (fv_hold.c) */
 	struct fv_qp *next;
 };
 
@@ -157,8 +160,9 @@ struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t
 			 uint64_t iova, int access, int fd, uint64_t offset, const char *extra);
 struct fv_mr *fv_mr_by_key(uint32_t key, int remote);
 struct fv_qp *fv_qp_by_num(uint32_t qpn);
+/* Under fv_lock: the first of every QP (then ->next). */
+struct fv_qp *fv_qp_list(void);
 void fv_cq_push(struct fv_cq *cq, const struct ibv_wc *wc);
-void fv_recv_flushed(struct fv_qp *q, uint64_t wr_id);
 /*
  * Out-of-order placement (reorder=yes): an RDMA WRITE longer than
  * FV_REORDER_TAIL bytes (reorder_tail=N: N, a multiple of 8) into such a
@@ -172,6 +176,46 @@ void fv_recv_flushed(struct fv_qp *q, uint64_t wr_id);
 #define FV_REORDER_TAIL 64
 void fv_place_held(void);
 
+/*
+ * Held send WRs (fv_hold.c). A send WR that cannot go now is held in its
+ * QP's queue, in order: the QP's port or its destination QP's port is not
+ * ACTIVE, the device is held (fv_test_hold), the destination QP is in ERR
+ * and the device has retry_ms in the description, or earlier WRs are held.
+ * At each entry into the provider (fv_progress) a QP in RTS carries its
+ * held WRs out in order once nothing stops them, or the head fails with
+ * IBV_WC_RETRY_EXC_ERR after retry_ms (never on a retrying or held device)
+ * and the QP goes to ERR. A QP going to ERR flushes (fv_qp_error).
+ */
+#define FV_RETRY_MS 200
+struct fv_swr {
+	struct ibv_send_wr wr;	/* sg_list points to sge; inline data is copied after it */
+	uint64_t since_ns;	/* held since (CLOCK_MONOTONIC); its retry timer */
+	struct fv_swr *next;
+	struct ibv_sge sge[];
+};
+/* Why a send WR posted on q now is held, or NULL: it is carried out. */
+const char *fv_hold_why(const struct fv_qp *q);
+/* Hold a copy of wr at the tail of q's queue (logged as hold); 0 or ENOMEM. */
+int fv_hold_push(struct fv_qp *q, const struct ibv_send_wr *wr, const char *why);
+/* Every entry into the provider: fv_place_held, then the held WRs' release or timeout. */
+void fv_progress(void);
+/* q goes to ERR: its held send WRs and posted receives complete with WR_FLUSH_ERR, in order. */
+void fv_qp_error(struct fv_qp *q);
+/* One WR_FLUSH_ERR completion of q's send (recv 0) or receive queue, logged as flush. */
+void fv_flush_one(struct fv_qp *q, int recv, uint64_t wr_id, enum ibv_wc_opcode op);
+/* Drop q's held send WRs without completions (RESET, destroy). */
+void fv_hold_drop(struct fv_qp *q);
+/* Held WRs of the device's QPs; with restart, their retry timers restart now. */
+int fv_hold_count(const struct fv_dev *d, int restart);
+uint64_t fv_now_ns(void);
+
+/* fv_data.c: carry out one send WR of a QP in RTS and complete it (errors: fv_qp_error). */
+void fv_send_run(struct fv_qp *q, const struct ibv_send_wr *wr);
+enum ibv_wc_opcode fv_wc_op(enum ibv_wr_opcode op);
+/* Complete a send WR (a failed one is logged as wc; a successful unsignaled one gets none). */
+void fv_send_complete(struct fv_qp *q, uint64_t wr_id, enum ibv_wr_opcode op, int signaled,
+		      enum ibv_wc_status st, uint32_t len);
+
 int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
 int fv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
@@ -180,6 +224,7 @@ int fv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc);
 int fv_test_event(const char *dev, int port, int event_type);
 int fv_test_set_gid(const char *dev, int port, int index, const char *addr, int type);
 int fv_test_port_state(const char *dev, int port, int state);
+int fv_test_hold(const char *dev, int on);
 /* fv_conf.c: rewrite one GID's sysfs files (gone: the kernel's all-zero entry, no type). */
 void fv_sysfs_gid(const struct fv_dev *dev, int port, int index);
 

@@ -127,6 +127,7 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 	else if (!strcmp(k, "reorder_tail") && n > 0 && n % 8 == 0) d->reorder_tail = (int)n;
 	else if (!strcmp(k, "ece")) d->ece = (int)n;
 	else if (!strcmp(k, "retrying")) d->retrying = (int)n;
+	else if (!strcmp(k, "retry_ms") && n >= 0 && n <= 3600000) d->retry_ms = (int)n;
 	else return EINVAL;
 	return 0;
 }
@@ -218,6 +219,7 @@ static void dev_defaults(struct fv_dev *d, const char *name, int idx)
 	d->max_inline = 256;
 	d->dmabuf = 1;
 	d->data_in_order = 1;
+	d->retry_ms = -1;	/* FV_RETRY_MS; a destination in ERR fails at once */
 }
 
 static void port_defaults(struct fv_port *pt, int lid)

@@ -4,7 +4,9 @@
  * event on every open context of a device, change a GID table entry (the
  * table ibv_query_gid and the RTR check read, and its sysfs files), and
  * take a port down or up (ibv_query_port's state, with PORT_ERR or
- * PORT_ACTIVE, as the kernel does). A GID change raises no event by
+ * PORT_ACTIVE, as the kernel does; the data path holds the send WRs of
+ * QPs on a port that is not ACTIVE, fv_hold.c), and hold every send WR of a
+ * device (fv_test_hold: data in flight). A GID change raises no event by
  * itself: the test says when the kernel's GID_CHANGE arrives.
  */
 #include <arpa/inet.h>
@@ -116,6 +118,31 @@ int fv_test_port_state(const char *dev, int port, int state)
 	p->state = state;
 	n = queue_event(d, port, state == IBV_PORT_ACTIVE ? IBV_EVENT_PORT_ACTIVE
 							 : IBV_EVENT_PORT_ERR);
+	pthread_mutex_unlock(&fv_lock);
+	return n;
+}
+
+/*
+ * While on, every send WR posted on dev's QPs is held (fv_hold.c), never
+ * timed out; off: they are carried out in order at the next entry into the
+ * provider (ports permitting), their retry timers restarted. The number of
+ * WRs held on the device's QPs now, or -ENODEV.
+ */
+int fv_test_hold(const char *dev, int on)
+{
+	int n = -ENODEV;
+
+	pthread_mutex_lock(&fv_lock);
+	for (int i = 0; i < fv_conf.ndevs; i++) {
+		struct fv_dev *d = &fv_conf.devs[i];
+
+		if (strcmp(d->ibdev.name, dev))
+			continue;
+		d->hold = on != 0;
+		n = fv_hold_count(d, !on);
+		fv_log("test_hold dev=%s on=%d held=%d", dev, d->hold, n);
+		break;
+	}
 	pthread_mutex_unlock(&fv_lock);
 	return n;
 }

@@ -9,6 +9,15 @@
  * reached: such requests complete with IBV_WC_RETRY_EXC_ERR (with retrying=yes,
  * as with a QP that is gone, they never complete). A device with
  * reorder=yes places RDMA WRITEs out of order (fv.h: FV_REORDER_TAIL).
+ *
+ * A send WR that cannot go now (a port not ACTIVE, fv_test_hold, earlier
+ * WRs held) is held instead and carried out or failed later (fv_hold.c).
+ * A destination QP in ERR drops packets: the WR completes with
+ * IBV_WC_RETRY_EXC_ERR at once, as it always did, unless the sender's
+ * device has retry_ms in its description: then it is held like one whose
+ * port is down and fails after retry_ms. An error completion moves the QP
+ * to ERR and flushes it (fv_qp_error); a WR posted on a QP in ERR, send or
+ * receive, completes with IBV_WC_WR_FLUSH_ERR at once.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -197,7 +206,7 @@ static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr,
 	return IBV_WC_SUCCESS;
 }
 
-static enum ibv_wc_opcode wc_op(enum ibv_wr_opcode op)
+enum ibv_wc_opcode fv_wc_op(enum ibv_wr_opcode op)
 {
 	switch (op) {
 	case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
@@ -221,16 +230,50 @@ static void log_wr(const struct fv_qp *q, const struct ibv_send_wr *wr)
 		       ? wr->imm_data : 0);
 }
 
+void fv_send_complete(struct fv_qp *q, uint64_t wr_id, enum ibv_wr_opcode op, int signaled,
+		      enum ibv_wc_status st, uint32_t len)
+{
+	struct ibv_wc wc;
+
+	if (st != IBV_WC_SUCCESS)
+		fv_log("wc qpn=0x%x wr_id=0x%llx status=%d", q->qp.qp_num,
+		       (unsigned long long)wr_id, (int)st);
+	else if (!signaled && !q->sq_sig_all)
+		return;
+	memset(&wc, 0, sizeof(wc));
+	wc.wr_id = wr_id;
+	wc.status = st;
+	wc.opcode = fv_wc_op(op);
+	wc.qp_num = q->qp.qp_num;
+	wc.byte_len = len;
+	fv_cq_push((struct fv_cq *)(void *)q->qp.send_cq, &wc);
+}
+
+void fv_send_run(struct fv_qp *q, const struct ibv_send_wr *wr)
+{
+	uint32_t len = 0;
+	enum ibv_wc_status st = execute(q, wr, &len);
+
+	/* retrying=yes: real hardware retries for seconds before it gives up */
+	if (st == IBV_WC_RETRY_EXC_ERR && q->dev->retrying) {
+		fv_log("wc qpn=0x%x wr_id=0x%llx held: the destination is gone, retrying",
+		       q->qp.qp_num, (unsigned long long)wr->wr_id);
+		return;
+	}
+	fv_send_complete(q, wr->wr_id, wr->opcode, (wr->send_flags & IBV_SEND_SIGNALED) != 0, st,
+			 len);
+	if (st != IBV_WC_SUCCESS)
+		fv_qp_error(q);	/* after its own completion: then the flushes */
+}
+
 int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
 {
 	struct fv_qp *q = (struct fv_qp *)(void *)qp;
 
 	pthread_mutex_lock(&fv_lock);
-	fv_place_held();
+	fv_progress();
 	for (; wr; wr = wr->next) {
-		enum ibv_wc_status st = IBV_WC_WR_FLUSH_ERR;
-		struct ibv_wc wc;
-		uint32_t len = 0;
+		const char *why;
 
 		log_wr(q, wr);
 		if (q->state != IBV_QPS_RTS && q->state != IBV_QPS_ERR) {
@@ -239,47 +282,25 @@ int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 			pthread_mutex_unlock(&fv_lock);
 			return EINVAL;
 		}
-		if (q->state == IBV_QPS_RTS)
-			st = execute(q, wr, &len);
-		/* retrying=yes: real hardware retries for seconds before it gives up */
-		if (st == IBV_WC_RETRY_EXC_ERR && q->dev->retrying) {
-			fv_log("wc qpn=0x%x wr_id=0x%llx held: the destination is gone, retrying",
-			       qp->qp_num, (unsigned long long)wr->wr_id);
+		if (q->state == IBV_QPS_ERR) {
+			fv_send_complete(q, wr->wr_id, wr->opcode, 1, IBV_WC_WR_FLUSH_ERR, 0);
 			continue;
 		}
-		if (st != IBV_WC_SUCCESS) {
-			fv_log("wc qpn=0x%x wr_id=0x%llx status=%d", qp->qp_num,
-			       (unsigned long long)wr->wr_id, (int)st);
-			q->state = IBV_QPS_ERR;
-			qp->state = IBV_QPS_ERR;
-		}
-		if (st == IBV_WC_SUCCESS && !(wr->send_flags & IBV_SEND_SIGNALED) && !q->sq_sig_all)
+		why = fv_hold_why(q);
+		if (!why) {
+			fv_send_run(q, wr);
 			continue;
-		memset(&wc, 0, sizeof(wc));
-		wc.wr_id = wr->wr_id;
-		wc.status = st;
-		wc.opcode = wc_op(wr->opcode);
-		wc.qp_num = qp->qp_num;
-		wc.byte_len = len;
-		fv_cq_push((struct fv_cq *)(void *)qp->send_cq, &wc);
+		}
+		if (fv_hold_push(q, wr, why)) {
+			fv_log("ibv_post_send qpn=0x%x ret=ENOMEM why=\"no memory to hold the WR\"",
+			       qp->qp_num);
+			*bad = wr;
+			pthread_mutex_unlock(&fv_lock);
+			return ENOMEM;
+		}
 	}
 	pthread_mutex_unlock(&fv_lock);
 	return 0;
-}
-
-/* A receive WR of a QP in the error state completes with WR_FLUSH_ERR (fv_lock held). */
-void fv_recv_flushed(struct fv_qp *q, uint64_t wr_id)
-{
-	struct ibv_wc wc;
-
-	memset(&wc, 0, sizeof(wc));
-	wc.wr_id = wr_id;
-	wc.status = IBV_WC_WR_FLUSH_ERR;
-	wc.opcode = IBV_WC_RECV;
-	wc.qp_num = q->qp.qp_num;
-	fv_log("wc qpn=0x%x wr_id=0x%llx status=%d (receive flushed)", q->qp.qp_num,
-	       (unsigned long long)wr_id, (int)wc.status);
-	fv_cq_push((struct fv_cq *)(void *)q->qp.recv_cq, &wc);
 }
 
 int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
@@ -287,20 +308,20 @@ int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr *
 	struct fv_qp *q = (struct fv_qp *)(void *)qp;
 
 	pthread_mutex_lock(&fv_lock);
-	fv_place_held();
+	fv_progress();
 	for (; wr; wr = wr->next) {
 		struct fv_recv *r;
 
 		fv_log("ibv_post_recv dev=%s qpn=0x%x wr_id=0x%llx num_sge=%d", q->dev->ibdev.name,
 		       qp->qp_num, (unsigned long long)wr->wr_id, wr->num_sge);
+		if (q->state == IBV_QPS_ERR) {	/* as hardware: flushed at once */
+			fv_flush_one(q, 1, wr->wr_id, IBV_WC_RECV);
+			continue;
+		}
 		if (q->rcount == q->rcap - 1 || q->state == IBV_QPS_RESET) {
 			*bad = wr;
 			pthread_mutex_unlock(&fv_lock);
 			return ENOMEM;
-		}
-		if (q->state == IBV_QPS_ERR) {	/* completes at once, flushed */
-			fv_recv_flushed(q, wr->wr_id);
-			continue;
 		}
 		r = &q->rq[(q->rhead + q->rcount++) % q->rcap];
 		memset(r, 0, sizeof(*r));
@@ -322,7 +343,7 @@ int fv_poll_cq(struct ibv_cq *cq, int n, struct ibv_wc *wc)
 	int got = 0;
 
 	pthread_mutex_lock(&fv_lock);
-	fv_place_held();	/* a completion comes after the whole message */
+	fv_progress();	/* a completion comes after the whole message; held WRs go or fail */
 	while (got < n && c->count) {
 		wc[got++] = c->wcs[c->head];
 		c->head = (c->head + 1) % c->cap;

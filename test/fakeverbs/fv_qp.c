@@ -2,7 +2,9 @@
  * fakeverbs: QP state changes, recorded attribute by attribute and checked
  * the way a ConnectX port would refuse them (RoCE without a GRH, an IB port
  * flagged GRH_REQUIRED without one, a source GID the table lacks, an MTU
- * above the port's); ECE and the data-in-order query.
+ * above the port's); ECE and the data-in-order query. A QP moved to ERR
+ * flushes its held sends and posted receives (fv_hold.c); one moved to
+ * RESET drops them.
  */
 #include <errno.h>
 #include <stdarg.h>
@@ -109,6 +111,7 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 	struct sbuf b = { .n = 0 };
 
 	pthread_mutex_lock(&fv_lock);
+	fv_progress();
 	add(&b, "ibv_modify_qp dev=%s qpn=0x%x state=%s mask=0x%x", q->dev->ibdev.name,
 	    qp->qp_num, to >= 0 && to <= IBV_QPS_ERR ? state_names[to] : "?", mask);
 	describe(&b, a, mask);
@@ -130,14 +133,12 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 		q->access = (int)a->qp_access_flags;
 	if (mask & IBV_QP_DEST_QPN)
 		q->dest_qpn = a->dest_qp_num;
-	if (to == IBV_QPS_RESET)
+	if (to == IBV_QPS_RESET) {
 		q->rcount = 0;
-	/* to the error state: the posted receives complete, flushed, in order */
-	while (to == IBV_QPS_ERR && q->rcount) {
-		fv_recv_flushed(q, q->rq[q->rhead].wr_id);
-		q->rhead = (q->rhead + 1) % q->rcap;
-		q->rcount--;
+		fv_hold_drop(q);
 	}
+	if (to == IBV_QPS_ERR)
+		fv_qp_error(q);	/* flushes what is held and posted (fv_hold.c) */
 	q->state = to;
 	qp->state = (enum ibv_qp_state)to;
 	pthread_mutex_unlock(&fv_lock);
@@ -150,6 +151,7 @@ int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask, struct ibv_
 	struct fv_qp *q = (struct fv_qp *)(void *)qp;
 
 	pthread_mutex_lock(&fv_lock);
+	fv_progress();
 	memset(a, 0, sizeof(*a));
 	if (ia)
 		memset(ia, 0, sizeof(*ia));

@@ -434,7 +434,7 @@ struct ibv_mr *ibv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
 int ibv_dereg_mr(struct ibv_mr *mr)
 {
 	pthread_mutex_lock(&fv_lock);
-	fv_place_held();	/* before the memory may go */
+	fv_progress();	/* before the memory may go */
 	for (struct fv_mr **p = &mrs; *p; p = &(*p)->next) {
 		if (&(*p)->mr == mr) {
 			struct fv_mr *m = *p;
@@ -533,6 +533,7 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 		return NULL;
 	}
 	q->dev = d;
+	q->sq_tail = &q->sq;
 	q->rcap = (int)a->cap.max_recv_wr + 1;
 	q->sq_sig_all = a->sq_sig_all;
 	q->max_inline = a->cap.max_inline_data;
@@ -562,7 +563,8 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 	struct fv_qp *q = (struct fv_qp *)(void *)qp;
 
 	pthread_mutex_lock(&fv_lock);
-	fv_place_held();
+	fv_progress();
+	fv_hold_drop(q);
 	for (struct fv_qp **p = &qps; *p; p = &(*p)->next) {
 		if (*p == q) {
 			*p = q->next;
@@ -574,6 +576,12 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 	free(q->rq);
 	free(q);
 	return 0;
+}
+
+/* Under fv_lock. */
+struct fv_qp *fv_qp_list(void)
+{
+	return qps;
 }
 
 /* Under fv_lock. */
