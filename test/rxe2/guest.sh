@@ -84,10 +84,10 @@ fi
 # before virtio-net's carrier came up got "lo" (its peer then connected to
 # 127.0.0.1).
 for n in $oob ${nic1:+$nic $nic1}; do
-    while [ $SECONDS -lt $deadline ] && [ "$(cat /sys/class/net/$n/operstate 2>/dev/null)" != up ]; do
+    while [ $SECONDS -lt $deadline ] && [ "$(cat /sys/class/net/"$n"/operstate 2>/dev/null)" != up ]; do
         sleep 0.1
     done
-    [ "$(cat /sys/class/net/$n/operstate 2>/dev/null)" = up ] || fail "$n not running (operstate $(cat /sys/class/net/$n/operstate))"
+    [ "$(cat /sys/class/net/"$n"/operstate 2>/dev/null)" = up ] || fail "$n not running (operstate $(cat /sys/class/net/"$n"/operstate))"
 done
 
 export RXE_GUEST=1 RXE_REPO RXE_OUT RXE_MTU RXE2_NAME RXE2_IP RXE2_PEER_IP RXE2_OOB_IF=$oob

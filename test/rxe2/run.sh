@@ -18,6 +18,9 @@
 #     --fault-after SEC delay after READY (default 1)
 #     --fault-down SEC  link faults: plug the cable back in (set_link on)
 #                       SEC seconds after the fault (default: never)
+#     --watch REGEX     with --fault: also time the lines of each guest's
+#                       command output ($RXE_OUT/cmd.log) that match REGEX
+#                       (grep -E) and appear after the fault, as "log: <line>"
 #     --nics N          1 (default): one NIC per guest carries the
 #                       out-of-band traffic and rxe0. 3: NIC 0 (eth of
 #                       192.0.2.N) carries only the out-of-band traffic,
@@ -59,7 +62,7 @@ CACHE=${RXE_CACHE:-$REPO/build/rxe-cache}
 RUNS=${RXE2_RUNS:-$REPO/build/rxe2-runs}
 LOCK=/tmp/rxe.lock
 
-CMD_A= CMD_B= FAULT= FAULT_AFTER=1 FAULT_DOWN= NICS=1 RXE_NET=shared TIMEOUT=600 MTU=9000 SMP=1 MEM=1024 CPU=qemu64 JOB=
+CMD_A= CMD_B= FAULT= FAULT_AFTER=1 FAULT_DOWN= WATCH= NICS=1 RXE_NET=shared TIMEOUT=600 MTU=9000 SMP=1 MEM=1024 CPU=qemu64 JOB=
 ENVS=()
 
 say() { printf 'rxe2: %s\n' "$*" >&2; }
@@ -71,7 +74,7 @@ while [ $# -gt 0 ]; do
     case $opt in
     --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
     -h | --help) usage; exit 0 ;;
-    --cmd-a | --cmd-b | --fault | --fault-after | --fault-down | --nics | --rxe-net | --timeout | --mtu | \
+    --cmd-a | --cmd-b | --fault | --fault-after | --fault-down | --watch | --nics | --rxe-net | --timeout | --mtu | \
         --smp | --mem | --cpu | --env | --out)
         [ $# -ge 2 ] || die "$opt needs a value"
         case $opt in
@@ -80,6 +83,7 @@ while [ $# -gt 0 ]; do
         --fault) FAULT=$2 ;;
         --fault-after) FAULT_AFTER=$2 ;;
         --fault-down) FAULT_DOWN=$2 ;;
+        --watch) WATCH=$2 ;;
         --nics) NICS=$2 ;;
         --rxe-net) RXE_NET=$2 ;;
         --timeout) TIMEOUT=$2 ;;
@@ -276,7 +280,7 @@ start_guest B 52:54:00:12:34:02 A
 running() { kill -0 "${QPID[$1]}" 2>/dev/null; }
 now_us() { echo "${EPOCHREALTIME/./}"; }
 secs() { printf '%d.%d' $(($1 / 1000000)) $(($1 % 1000000 / 100000)); } # us -> 1 decimal
-declare -A SEEN=([A]=0 [B]=0) READY_AT=()
+declare -A SEEN=([A]=0 [B]=0) LSEEN=([A]=0 [B]=0) READY_AT=()
 t_fault= t_ready= t_up=
 epoch() { printf '%d.%06d' $(($1 / 1000000)) $(($1 % 1000000)); }
 fault_guest() { local n=${FAULT#*-}; n=${n%:*}; echo "${n^^}"; }
@@ -325,6 +329,23 @@ scan_events() {
                 echo "$n before $line" >>"$JOB/fault.txt"
             fi
         done <"$f"
+    done
+    [ -n "$WATCH" ] && scan_logs
+}
+# The lines of the commands' output that match --watch, timed after the fault.
+scan_logs() {
+    local n f line dt
+    for n in A B; do
+        f=$JOB/$n/out/cmd.log
+        [ -s "$f" ] || continue
+        while IFS= read -r line; do
+            LSEEN[$n]=$((LSEEN[$n] + 1))
+            [ -n "$t_fault" ] && [[ $line =~ $WATCH ]] || continue
+            dt=$(($(now_us) - t_fault))
+            dt=$(printf '%d.%02d' $((dt / 1000000)) $((dt % 1000000 / 10000)))
+            say "guest $n +${dt}s after $FAULT: log: ${line:0:200}"
+            echo "$n +$dt log: $line" >>"$JOB/fault.txt"
+        done < <(tail -n "+$((LSEEN[$n] + 1))" "$f")
     done
 }
 while running A || running B; do
