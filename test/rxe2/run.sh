@@ -255,7 +255,9 @@ rxe_nics() { # NAME PEER N (N: 1 for A, 2 for B)
 }
 start_guest() { # NAME MAC PEER
     local n=$1 d=$JOB/$1 more=()
-    [ "$NICS" = 3 ] && read -r -a more <<<"$(rxe_nics "$1" "$3" "${2: -1}" | tr '\n' ' ')"
+    if [ "$NICS" = 3 ]; then
+        read -r -a more <<<"$(rxe_nics "$1" "$3" "${2: -1}" | tr '\n' ' ')"
+    fi
     # timeout runs QEMU as its child; QEMU's own PID is in qemu.pid.
     timeout -k 10 "$TIMEOUT" qemu-system-x86_64 -name "rxe2-$n" \
         -accel tcg,thread=multi -smp "$SMP" -m "$MEM" -cpu "$CPU" \
@@ -270,7 +272,7 @@ start_guest() { # NAME MAC PEER
     QPID[$n]=$!
 }
 nicw=
-[ "$NICS" = 3 ] && nicw=", 3 NICs each (rxe NICs: $RXE_NET)"
+if [ "$NICS" = 3 ]; then nicw=", 3 NICs each (rxe NICs: $RXE_NET)"; fi
 step "booting two guests ($RXE_KVER, smp $SMP, mem $MEM, mtu $MTU, timeout ${TIMEOUT}s$nicw); job $JOB"
 TBOOT=$SECONDS
 start_guest A 52:54:00:12:34:01 B
@@ -330,7 +332,7 @@ scan_events() {
             fi
         done <"$f"
     done
-    [ -n "$WATCH" ] && scan_logs
+    if [ -n "$WATCH" ]; then scan_logs; fi
 }
 # The lines of the commands' output that match --watch, timed after the fault.
 scan_logs() {
@@ -404,7 +406,10 @@ for n in A B; do
         [ -n "$g" ] || continue
         best=$(awk -v h="$h" -v g="$g" -v b="$best" 'BEGIN { d = h - g; if (b == "" || d < b) b = d; printf "%.6f", b }')
     done
-    [ -n "$best" ] && echo "$n $best" >>"$JOB/clock.txt" && say "guest $n: host clock minus guest clock $best s"
+    if [ -n "$best" ]; then
+        echo "$n $best" >>"$JOB/clock.txt"
+        say "guest $n: host clock minus guest clock $best s"
+    fi
 done
 say "exit $rc; guests $((SECONDS - TBOOT))s, total $((SECONDS - T0))s; job $JOB"
 exit "$rc"

@@ -16,9 +16,10 @@
 #                on its rxe0, and both move back after the hold-down
 #   fo-link-a    the same with A's (the receiver's) rxe0 NIC
 #   fo-rails-b   fo-link-b with each pair of same-index NICs on its own network
-#                (two rails): shows what the plugin does when the joining side's
-#                own device cannot reach the peer's fallback (passes when both
-#                roles PASS, as fo-link-b)
+#                (two rails, run.sh --rxe-net rails): the joining side rebuilds
+#                on its own device, which cannot reach the peer's fallback on
+#                the other rail. Passes as fo-link-b would; today it fails (a
+#                KNOWN GAP, counted as a failure unless RXE2_STRICT=0)
 # Each failover case passes only if both roles PASS failover-loop (every byte
 # checked, no failed request) and the move lines appear; it prints the time to
 # recover, from the fault to the end of the slowest round, on the host's clock.
@@ -156,6 +157,11 @@ case_failover() {
     record "$name: $(fo_recovery "$out") [run $((SECONDS - t0)) s]"
     if [ "$ok" = 1 ]; then
         record "$name: PASS (link of $f's rxe0 NIC down ${FO_DOWN} s, hold-down ${FO_HOLD} s)"
+    elif [[ $name == *rails* ]]; then
+        record "$name: KNOWN GAP: with two rails the joining side ($o) rebuilds on its own rxe0," \
+            "which cannot reach $f's rxe1 (RTR's address resolution times out); see $out"
+        gaps=$((gaps + 1))
+        [ "$STRICT" = 1 ] && fails=$((fails + 1))
     else
         record "$name: FAIL (see $out)"
         fails=$((fails + 1))
