@@ -20,7 +20,7 @@
 #                       SEC seconds after the fault (default: never)
 #     --watch REGEX     with --fault: also time the lines of each guest's
 #                       command output ($RXE_OUT/cmd.log) that match REGEX
-#                       (grep -E) and appear after the fault, as "log: <line>"
+#                       (bash =~, extended) and appear after the fault, as "log: <line>"
 #     --nics N          1 (default): one NIC per guest carries the
 #                       out-of-band traffic and rxe0. 3: NIC 0 (eth of
 #                       192.0.2.N) carries only the out-of-band traffic,
