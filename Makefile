@@ -104,7 +104,7 @@ FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so $(BUILD)/test/fakeverbs/li
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 
 .PHONY: all plugin tools tests check test test-instr test-unit test-conformance test-abi test-sanitizers \
-	test-clang test-rxe test-rxe-smoke test-rxe2 test-rxe2-watchdog test-tsan test-readme test-netns test-fresh \
+	test-clang test-rxe test-rxe-smoke test-rxe2 test-rxe2-watchdog test-rxe2-failover test-tsan test-readme test-netns test-fresh \
 	test-packages install uninstall clean readme deb rpm version test-fakeverbs fuzz \
 	fuzz-targets fuzz-seeds
 all: plugin tools
@@ -295,6 +295,13 @@ test-rxe: all tests
 # them, then the peer's guest killed on each side and a link taken down.
 test-rxe2: all tests
 	test/rxe2/tests.sh
+
+# Verbs failover between the two guests, three NICs each (out-of-band, rxe0,
+# rxe1): the link of B's, then A's, rxe0 NIC pulled for 3 s mid-transfer; the
+# comm must move to rxe1 and back with every byte checked. About 1.5 minutes;
+# not in make test (test/rxe2/tests.sh fo-link-b fo-link-a).
+test-rxe2-failover: all tests
+	test/rxe2/tests.sh fo-link-b fo-link-a
 
 # The verbs watchdog between two guests, in make test (about 50 s): the
 # sender's guest is killed mid-transfer and the receiver must fail within

@@ -12,8 +12,23 @@
 #                       kill-a | kill-b  SIGKILL that guest's QEMU (the node dies)
 #                       link-a | link-b  QEMU monitor "set_link n0 off" on that
 #                                        guest's NIC (the cable is pulled)
+#                       link-a:N | link-b:N  the same on NIC N (0, 1, 2 with
+#                                        --nics 3: 1 carries rxe0, 2 rxe1)
 #                       and time every later line of the events files
 #     --fault-after SEC delay after READY (default 1)
+#     --fault-down SEC  link faults: plug the cable back in (set_link on)
+#                       SEC seconds after the fault (default: never)
+#     --watch REGEX     with --fault: also time the lines of each guest's
+#                       command output ($RXE_OUT/cmd.log) that match REGEX
+#                       (bash =~, extended) and appear after the fault, as "log: <line>"
+#     --nics N          1 (default): one NIC per guest carries the
+#                       out-of-band traffic and rxe0. 3: NIC 0 (eth of
+#                       192.0.2.N) carries only the out-of-band traffic,
+#                       NIC 1 rxe0 (192.0.3.N), NIC 2 rxe1 (192.0.3.1N)
+#     --rxe-net NET     with --nics 3: shared (default): the four rxe NICs on
+#                       one segment (a QEMU hub in each guest, the two hubs
+#                       joined), every device reaches every other; rails: NIC 1
+#                       of A only to NIC 1 of B, NIC 2 only to NIC 2
 #     --timeout SEC     wall-clock limit for each guest (default 600)
 #     --mtu N           NIC MTU (default 9000; rxe active_mtu 4096)
 #     --smp N           vCPUs per guest (default 1: two guests on 2 host cores)
@@ -25,12 +40,19 @@
 #
 # In the guests: RXE2_NAME (A or B), RXE2_IP, RXE2_PEER_IP, RXE_OUT (this
 # guest's writable output directory, <job>/A/out or <job>/B/out), RXE_DEV0
-# (rxe0), RXE_NETDEV0, RXE_GID_INDEX0, RXE_MTU, RXE_REPO (also the cwd).
+# (rxe0), RXE_NETDEV0, RXE_GID_INDEX0, RXE_MTU, RXE_REPO (also the cwd);
+# with --nics 3 also RXE_DEV1 (rxe1), RXE_NETDEV1, RXE_IP1, RXE_GID_INDEX1,
+# RXE2_PEER_IP0/1 (the peer's rxe0/rxe1 addresses) and RXE2_OOB_IF (the
+# netdev of NIC 0: NCCL_SOCKET_IFNAME="=$RXE2_OOB_IF").
 #
 # Exit status: the first non-zero of the guests' commands (a guest killed by
 # --fault does not count); 124 if a guest hit --timeout; 125 if a guest gave
 # no status (boot failure, setup failure). Fault timings go to stdout and to
-# <job>/fault.txt, one line per event: "<guest> +<seconds after the fault> <line>".
+# <job>/fault.txt, one line per event: "<guest> +<seconds after the fault> <line>";
+# its first line "fault F at <host epoch s>" (and "link-up F at <epoch>"). Each
+# guest's clock against the host's: <job>/clock.txt, "<guest> <host - guest s>",
+# from files the guest wrote its $EPOCHREALTIME into over 9p and their host
+# mtimes (the least of 5 samples; it errs late by one 9p write, about 1-5 ms).
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -40,7 +62,7 @@ CACHE=${RXE_CACHE:-$REPO/build/rxe-cache}
 RUNS=${RXE2_RUNS:-$REPO/build/rxe2-runs}
 LOCK=/tmp/rxe.lock
 
-CMD_A= CMD_B= FAULT= FAULT_AFTER=1 TIMEOUT=600 MTU=9000 SMP=1 MEM=1024 CPU=qemu64 JOB=
+CMD_A= CMD_B= FAULT= FAULT_AFTER=1 FAULT_DOWN= WATCH= NICS=1 RXE_NET=shared TIMEOUT=600 MTU=9000 SMP=1 MEM=1024 CPU=qemu64 JOB=
 ENVS=()
 
 say() { printf 'rxe2: %s\n' "$*" >&2; }
@@ -52,13 +74,18 @@ while [ $# -gt 0 ]; do
     case $opt in
     --*=*) set -- "${opt%%=*}" "${opt#*=}" "${@:2}"; continue ;;
     -h | --help) usage; exit 0 ;;
-    --cmd-a | --cmd-b | --fault | --fault-after | --timeout | --mtu | --smp | --mem | --cpu | --env | --out)
+    --cmd-a | --cmd-b | --fault | --fault-after | --fault-down | --watch | --nics | --rxe-net | --timeout | --mtu | \
+        --smp | --mem | --cpu | --env | --out)
         [ $# -ge 2 ] || die "$opt needs a value"
         case $opt in
         --cmd-a) CMD_A=$2 ;;
         --cmd-b) CMD_B=$2 ;;
         --fault) FAULT=$2 ;;
         --fault-after) FAULT_AFTER=$2 ;;
+        --fault-down) FAULT_DOWN=$2 ;;
+        --watch) WATCH=$2 ;;
+        --nics) NICS=$2 ;;
+        --rxe-net) RXE_NET=$2 ;;
         --timeout) TIMEOUT=$2 ;;
         --mtu) MTU=$2 ;;
         --smp) SMP=$2 ;;
@@ -81,7 +108,23 @@ frac=${FAULT_AFTER#*.}
 [ "$frac" = "$FAULT_AFTER" ] && frac=
 frac=${frac}000000
 FAULT_AFTER_US=$((${FAULT_AFTER%%.*} * 1000000 + 10#${frac:0:6}))
-case $FAULT in '' | kill-a | kill-b | link-a | link-b) ;; *) die "--fault: kill-a|kill-b|link-a|link-b" ;; esac
+case $NICS in 1 | 3) ;; *) die "--nics: 1 or 3" ;; esac
+case $RXE_NET in shared | rails) ;; *) die "--rxe-net: shared or rails" ;; esac
+FAULT_NIC=0
+case $FAULT in
+'' | kill-a | kill-b | link-a | link-b) ;;
+link-a:[0-9] | link-b:[0-9])
+    FAULT_NIC=${FAULT#*:}
+    [ "$FAULT_NIC" -lt "$NICS" ] || die "--fault $FAULT: no NIC $FAULT_NIC with --nics $NICS"
+    ;;
+*) die "--fault: kill-a|kill-b|link-a[:N]|link-b[:N]" ;;
+esac
+FAULT_DOWN_US=
+if [ -n "$FAULT_DOWN" ]; then
+    [[ $FAULT_DOWN =~ ^[0-9]+$ ]] || die "--fault-down wants whole seconds"
+    [[ $FAULT == link-* ]] || die "--fault-down goes with a link fault"
+    FAULT_DOWN_US=$((FAULT_DOWN * 1000000))
+fi
 for e in ${ENVS[@]+"${ENVS[@]}"}; do
     [[ $e =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env wants NAME=VALUE (got '$e')"
 done
@@ -124,10 +167,10 @@ mkdir -p "$JOB"
 JOB=$(cd "$JOB" && pwd -P)
 [[ $JOB =~ [[:space:]] || $REPO =~ [[:space:]] ]] && die "paths with spaces are not supported"
 [ ${#JOB} -lt 90 ] || die "job path too long for a unix socket: $JOB"
-rm -rf "$JOB/A" "$JOB/B" "$JOB/A.sock" "$JOB/B.sock" "$JOB/fault.txt"
+rm -rf "$JOB/A" "$JOB/B" "$JOB"/[AB]*.sock "$JOB/fault.txt" "$JOB/clock.txt"
 
 q() { local s=${1//\'/\'\\\'\'}; printf "'%s'" "$s"; }
-write_config() { # NAME IP PEER MAC CMD
+write_config() { # NAME IP PEER MAC CMD N (N: 1 for A, 2 for B)
     local d=$JOB/$1
     mkdir -p "$d/out"
     mkfifo "$d/mon.in" "$d/mon.out"
@@ -140,6 +183,9 @@ write_config() { # NAME IP PEER MAC CMD
         echo "RXE_EXPOSE=$(q "$REPO")"
         echo "RXE_GUEST_SCRIPT=$(q "$HERE/guest.sh")"
         echo "RXE2_NAME=$1 RXE2_IP=$2 RXE2_PEER_IP=$3 RXE2_MAC=$4"
+        echo "RXE2_NICS=$NICS RXE2_MAC1=52:54:00:12:35:0$6 RXE2_MAC2=52:54:00:12:36:0$6"
+        echo "RXE2_IP1=192.0.3.$6 RXE2_IP2=192.0.3.1$6"
+        echo "RXE2_PEER_IP1=192.0.3.$((3 - $6)) RXE2_PEER_IP2=192.0.3.1$((3 - $6))"
     } >"$d/config"
     {
         while IFS= read -r name; do
@@ -150,8 +196,8 @@ write_config() { # NAME IP PEER MAC CMD
         done
     } >"$d/env"
 }
-write_config A 192.0.2.1 192.0.2.2 52:54:00:12:34:01 "$CMD_A"
-write_config B 192.0.2.2 192.0.2.1 52:54:00:12:34:02 "$CMD_B"
+write_config A 192.0.2.1 192.0.2.2 52:54:00:12:34:01 "$CMD_A" 1
+write_config B 192.0.2.2 192.0.2.1 52:54:00:12:34:02 "$CMD_B" 2
 
 # ---- one VM run at a time on this machine (this pair counts as one) ---------
 exec 9>"$LOCK"
@@ -190,8 +236,28 @@ KERNEL=$RXE_VMLINUZ
 # host time, so guest timeouts and timings stay true, at ~1 us per
 # clock_gettime. RXE2_KERNEL_ARGS replaces it, RXE_APPEND adds more.
 APPEND="console=ttyS0 quiet loglevel=4 panic=-1 mitigations=off ${RXE2_KERNEL_ARGS-clocksource=hpet} ${RXE_APPEND:-}"
+# --nics 3: NIC 1 (rxe0) and NIC 2 (rxe1) of this guest, as QEMU options.
+rxe_nics() { # NAME PEER N (N: 1 for A, 2 for B)
+    local dg="local.type=unix,local.path=$JOB/$1.%s.sock,remote.type=unix,remote.path=$JOB/$2.%s.sock"
+    if [ "$RXE_NET" = shared ]; then
+        # One hub per guest; each hub joined to the other guest's by a dgram
+        # pair: the four NICs share one segment, as on one switch.
+        # shellcheck disable=SC2059
+        echo "-netdev dgram,id=hubnet,$(printf "$dg" hub hub)"
+        echo "-netdev hubport,id=hubup,hubid=1,netdev=hubnet"
+        echo "-netdev hubport,id=n1,hubid=1 -netdev hubport,id=n2,hubid=1"
+    else
+        # shellcheck disable=SC2059
+        echo "-netdev dgram,id=n1,$(printf "$dg" 1 1) -netdev dgram,id=n2,$(printf "$dg" 2 2)"
+    fi
+    echo "-device virtio-net-pci,netdev=n1,mac=52:54:00:12:35:0$3"
+    echo "-device virtio-net-pci,netdev=n2,mac=52:54:00:12:36:0$3"
+}
 start_guest() { # NAME MAC PEER
-    local n=$1 d=$JOB/$1
+    local n=$1 d=$JOB/$1 more=()
+    if [ "$NICS" = 3 ]; then
+        read -r -a more <<<"$(rxe_nics "$1" "$3" "${2: -1}" | tr '\n' ' ')"
+    fi
     # timeout runs QEMU as its child; QEMU's own PID is in qemu.pid.
     timeout -k 10 "$TIMEOUT" qemu-system-x86_64 -name "rxe2-$n" \
         -accel tcg,thread=multi -smp "$SMP" -m "$MEM" -cpu "$CPU" \
@@ -202,10 +268,12 @@ start_guest() { # NAME MAC PEER
         -virtfs local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap \
         -virtfs "local,path=$d,mount_tag=rxejob,security_model=none,multidevs=remap" \
         -netdev "dgram,id=n0,local.type=unix,local.path=$JOB/$1.sock,remote.type=unix,remote.path=$JOB/$3.sock" \
-        -device "virtio-net-pci,netdev=n0,mac=$2" </dev/null >"$d/qemu.log" 2>&1 &
+        -device "virtio-net-pci,netdev=n0,mac=$2" ${more[@]+"${more[@]}"} </dev/null >"$d/qemu.log" 2>&1 &
     QPID[$n]=$!
 }
-step "booting two guests ($RXE_KVER, smp $SMP, mem $MEM, mtu $MTU, timeout ${TIMEOUT}s); job $JOB"
+nicw=
+if [ "$NICS" = 3 ]; then nicw=", 3 NICs each (rxe NICs: $RXE_NET)"; fi
+step "booting two guests ($RXE_KVER, smp $SMP, mem $MEM, mtu $MTU, timeout ${TIMEOUT}s$nicw); job $JOB"
 TBOOT=$SECONDS
 start_guest A 52:54:00:12:34:01 B
 start_guest B 52:54:00:12:34:02 A
@@ -214,19 +282,30 @@ start_guest B 52:54:00:12:34:02 A
 running() { kill -0 "${QPID[$1]}" 2>/dev/null; }
 now_us() { echo "${EPOCHREALTIME/./}"; }
 secs() { printf '%d.%d' $(($1 / 1000000)) $(($1 % 1000000 / 100000)); } # us -> 1 decimal
-declare -A SEEN=([A]=0 [B]=0) READY_AT=()
-t_fault= t_ready=
+declare -A SEEN=([A]=0 [B]=0) LSEEN=([A]=0 [B]=0) READY_AT=()
+t_fault= t_ready= t_up=
+epoch() { printf '%d.%06d' $(($1 / 1000000)) $(($1 % 1000000)); }
+fault_guest() { local n=${FAULT#*-}; n=${n%:*}; echo "${n^^}"; }
 fault_do() {
-    local n=${FAULT#*-} what=${FAULT%-*}
-    n=${n^^}
+    local n what=${FAULT%%-*} t
+    n=$(fault_guest)
+    t=$(now_us)
     if [ "$what" = kill ]; then
         kill -KILL "$(cat "$JOB/$n/qemu.pid")"
     else
-        echo "set_link n0 off" >"$JOB/$n/mon.in"
+        echo "set_link n$FAULT_NIC off" >"$JOB/$n/mon.in"
     fi
     t_fault=$(now_us)
     say "fault $FAULT done $(secs $((t_fault - t_ready))) s after READY"
-    echo "fault $FAULT" >>"$JOB/fault.txt"
+    echo "fault $FAULT at $(epoch "$t")" >>"$JOB/fault.txt"
+}
+link_up() {
+    local t
+    t=$(now_us)
+    echo "set_link n$FAULT_NIC on" >"$JOB/$(fault_guest)/mon.in"
+    t_up=$(now_us)
+    say "link of $FAULT back up $(secs $((t_up - t_fault))) s after the fault"
+    echo "link-up $FAULT at $(epoch "$t")" >>"$JOB/fault.txt"
 }
 scan_events() {
     local n f line i
@@ -238,7 +317,8 @@ scan_events() {
             i=$((i + 1))
             [ "$i" -gt "${SEEN[$n]}" ] || continue
             SEEN[$n]=$i
-            if [ -z "$t_ready" ] && [[ $line == *" READY "* ]]; then
+            # "READY <text>" (peer-dies) or a bare "READY" (failover-loop)
+            if [ -z "$t_ready" ] && [[ $line =~ \ READY( |$) ]]; then
                 t_ready=$(now_us)
                 say "guest $n: $line"
             elif [ -n "$t_fault" ]; then
@@ -252,6 +332,23 @@ scan_events() {
             fi
         done <"$f"
     done
+    if [ -n "$WATCH" ]; then scan_logs; fi
+}
+# The lines of the commands' output that match --watch, timed after the fault.
+scan_logs() {
+    local n f line dt
+    for n in A B; do
+        f=$JOB/$n/out/cmd.log
+        [ -s "$f" ] || continue
+        while IFS= read -r line; do
+            LSEEN[$n]=$((LSEEN[$n] + 1))
+            [ -n "$t_fault" ] && [[ $line =~ $WATCH ]] || continue
+            dt=$(($(now_us) - t_fault))
+            dt=$(printf '%d.%02d' $((dt / 1000000)) $((dt % 1000000 / 10000)))
+            say "guest $n +${dt}s after $FAULT: log: ${line:0:200}"
+            echo "$n +$dt log: $line" >>"$JOB/fault.txt"
+        done < <(tail -n "+$((LSEEN[$n] + 1))" "$f")
+    done
 }
 while running A || running B; do
     if [ -n "$FAULT" ]; then
@@ -259,6 +356,10 @@ while running A || running B; do
         if [ -n "$t_ready" ] && [ -z "$t_fault" ] &&
             [ $(($(now_us) - t_ready)) -ge "$FAULT_AFTER_US" ]; then
             fault_do
+        fi
+        if [ -n "$t_fault" ] && [ -z "$t_up" ] && [ -n "$FAULT_DOWN_US" ] &&
+            [ $(($(now_us) - t_fault)) -ge "$FAULT_DOWN_US" ] && running "$(fault_guest)"; then
+            link_up
         fi
     fi
     sleep 0.05
@@ -295,5 +396,20 @@ for n in A B; do
     [ "$rc" = 0 ] && rc=$r
 done
 [ -s "$JOB/fault.txt" ] && say "fault timings: $JOB/fault.txt" && sed 's/^/rxe2: | /' "$JOB/fault.txt" >&2
+# Each guest's clock against the host's (guest.sh wrote clock.1..5).
+for n in A B; do
+    best=
+    for i in 1 2 3 4 5; do
+        f=$JOB/$n/out/clock.$i
+        [ -s "$f" ] || continue
+        g=$(tr -dc '0-9.' <"$f") h=$(stat -c %.6Y "$f")
+        [ -n "$g" ] || continue
+        best=$(awk -v h="$h" -v g="$g" -v b="$best" 'BEGIN { d = h - g; if (b == "" || d < b) b = d; printf "%.6f", b }')
+    done
+    if [ -n "$best" ]; then
+        echo "$n $best" >>"$JOB/clock.txt"
+        say "guest $n: host clock minus guest clock $best s"
+    fi
+done
 say "exit $rc; guests $((SECONDS - TBOOT))s, total $((SECONDS - T0))s; job $JOB"
 exit "$rc"
