@@ -67,6 +67,7 @@ struct rail_ib_move {
 	struct rail_ib_old old;
 	struct rail_ib_msg peer;	/* its MOVE */
 	int have_move, have_ready;
+	int sock_err;			/* the error came from the handshake socket */
 	uint8_t tx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
 	size_t tx_len, tx_off;
 	uint8_t rx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
@@ -183,9 +184,13 @@ static int tx_flush(struct rail_ib_comm *c)
 {
 	struct rail_ib_move *mv = c->mv;
 
+	int err;
+
 	if (mv->tx_off == mv->tx_len)
 		return 0;
-	return rail_sock_send_nb(c->oob_fd, mv->tx, mv->tx_len, &mv->tx_off);
+	err = rail_sock_send_nb(c->oob_fd, mv->tx, mv->tx_len, &mv->tx_off);
+	mv->sock_err = err && err != -EAGAIN;
+	return err;
 }
 
 /* 0 with *m, -EAGAIN, or an error (logged). */
@@ -197,6 +202,7 @@ static int rx_msg(struct rail_ib_comm *c, struct rail_ib_msg *m)
 
 	if (mv->rx_body < 0) {
 		err = rail_sock_recv_nb(c->oob_fd, mv->rx, RAIL_IB_HDR_SIZE, &mv->rx_off);
+		mv->sock_err = err && err != -EAGAIN;
 		if (err)
 			return err;
 		mv->rx_body = rail_ib_msg_header(mv->rx, &type, why, sizeof(why));
@@ -205,6 +211,7 @@ static int rx_msg(struct rail_ib_comm *c, struct rail_ib_msg *m)
 	}
 	err = rail_sock_recv_nb(c->oob_fd, mv->rx, RAIL_IB_HDR_SIZE + (size_t)mv->rx_body,
 				&mv->rx_off);
+	mv->sock_err = err && err != -EAGAIN;
 	if (err)
 		return err;
 	err = rail_ib_msg_decode(mv->rx, mv->rx_off, m, why, sizeof(why));
@@ -499,16 +506,18 @@ static int move_fail(struct rail_ib_comm *c, int err, const char *call)
 {
 	struct rail_ib_move *mv = c->mv;
 
-	if (err == -RAIL_ECLOSED || err == -ECONNRESET || err == -EPIPE)
+	if (mv && mv->sock_err && (err == -RAIL_ECLOSED || err == -ECONNRESET || err == -EPIPE))
 		RAIL_WARN("%s: connection to peer %s: the peer closed its socket during a move (its "
 			  "process exited or failed); the connection fails", call, c->peer);
-	else if (err == -ETIMEDOUT && mv && mv->state != MV_DRAIN)
+	else if (err == -ETIMEDOUT && mv && mv->sock_err)
 		RAIL_WARN("%s: connection to peer %s: its host stopped answering during a move "
 			  "(%s; NCCL_RAIL_PEER_TIMEOUT=%lld s); the connection fails", call, c->peer,
 			  mv->why, (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
 	else if (err != -ENETDOWN && err != -EPROTO)
-		RAIL_WARN("%s: connection to peer %s: the move to another path failed: %s; the "
-			  "connection fails", call, c->peer, RAIL_ERRSTR(err));
+		RAIL_WARN("%s: connection to peer %s: the move to another path (%s%s%s) failed: "
+			  "%s; the connection fails (the WARN before names the call that failed)",
+			  call, c->peer, mv ? mv->why : "?", mv && mv->to ? ", to " : "",
+			  mv && mv->to ? mv->to->name : "", RAIL_ERRSTR(err));
 	if (!c->error)
 		c->error = err;
 	c->fencing = 0;
