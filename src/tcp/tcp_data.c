@@ -112,6 +112,7 @@ static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
 	pthread_mutex_init(&c->rescue_lock, NULL);
 	c->cur_dev = c->base.dev;
 	c->peer_addr = *peer;
+	c->home_peer = *peer;
 	c->conn_id = layout->conn_id;
 	c->nonce = layout->nonce;
 	tcp_rescue_mine(&mine);
@@ -312,6 +313,9 @@ static void ring_ack(struct tcp_comm *c)
 {
 	int outq = 0;
 
+	/* Moving: the receiver takes its positions; what it acknowledges later is re-sent. */
+	if (atomic_load_explicit(&c->moving, memory_order_relaxed))
+		return;
 	if (ioctl(c->ctrl_fd, SIOCOUTQ, &outq) == 0 && outq >= 0 &&
 	    (uint64_t)outq <= c->ring_sent - c->ring_acked)
 		c->ring_acked = c->ring_sent - (uint64_t)outq;

@@ -4,6 +4,7 @@
 # rendezvous and two data interfaces, both named in NCCL_SOCKET_IFNAME.
 #
 #   test/netns/failover.sh BUILD_DIR        (make test-netns)
+#   CASES="5 6" test/netns/failover.sh build  (only those cases)
 #
 # As root: namespaces rfA-<pid> / rfB-<pid>; rendezvous 10.77.95.1 <-> .2,
 # data 0 10.77.96.1 <-> .2 (faa0/fab0), data 1 10.77.97.1 <-> .2 (faa1/fab1).
@@ -18,7 +19,11 @@
 #   3. a single data interface configured: a healthy run moves nothing and
 #      starts no rescue listener; the same fault fails it as today;
 #   4. the sender killed mid-transfer with failover on: the receiver fails
-#      at once (end of file means the peer exited), no move.
+#      at once (end of file means the peer exited), no move;
+#   5. move back (NCCL_RAIL_FAILOVER_HOLDDOWN=2): the interface up again, the
+#      comm goes back to it after 2 s (a move-back line on both sides, faa0's
+#      byte counter grows again), every byte right; and a flapping link (up for
+#      1 s, down, up): no move back during the short run, one after the last.
 # Everything is removed on every exit. Not root, or no `ip netns`: SKIP.
 set -uo pipefail
 
@@ -68,6 +73,35 @@ check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); r
 absent() { check [ "$(cat "${@:2}" | grep -c "$1")" = 0 ]; }
 show() { sed "s/^/  $1| /" "$out/$1"; }
 now() { date +%s.%N; }
+want() { case " ${CASES:-1 2 3 4 5 6} " in *" $1 "*) return 0;; esac; return 1; }
+
+# txd IF S: the bytes IF in A transmitted over S seconds.
+txd() {
+    ip netns exec "$nsa" sh -c 'f=/sys/class/net/$1/statistics/tx_bytes; a=$(cat $f);
+        sleep $2; echo $(($(cat $f) - a))' sh "$1" "$2"
+}
+backs() { grep -c "moved back from" "$out/$1.a"; }
+# toggle NAME IF D1 D2 ...: IF (down now) in A goes up after D1 s, down after D2, ...
+# Before each change it notes the time and A's move-back lines so far in NAME.ev;
+# after the last (up) it notes IF's transmitted bytes over 0.5 s (IF runs, the comm
+# must still be away: the hold-down), then waits for the move back and notes them
+# again over 1 s (the traffic runs there again).
+toggle() {
+    local name=$1 ifc=$2 state=down d t0 tx
+    shift 2
+    for d in "$@"; do
+        sleep "$d"
+        [ $state = down ] && state=up || state=down
+        echo "$state $(now) backs $(backs "$name")" >>"$out/$name.ev"
+        ip -n "$nsa" link set "$ifc" $state
+    done
+    [ -n "${SEQ:-}" ] || return 0
+    sleep 0.2; tx=$(txd "$ifc" 0.5)
+    echo "held $(now) backs $(backs "$name") tx $tx" >>"$out/$name.ev"
+    for _ in $(seq 400); do [ "$(backs "$name")" = 0 ] || break; sleep 0.025; done
+    t0=$(now); tx=$(txd "$ifc" 1)
+    echo "back $t0 backs $(backs "$name") tx $tx" >>"$out/$name.ev"
+}
 
 # run NAME IFS_A IFS_B TOTAL FAULT: A sends TOTAL to B, every byte checked. FAULT:
 #   none | down (A's active interface down 1 s into the data, up DOWN_S later) | kill
@@ -92,7 +126,7 @@ run() {
         else
             echo "failover netns: $name: $active down in A at $fault_t"
             ip -n "$nsa" link set "$active" down
-            (sleep "${DOWN_S:-3}"; ip -n "$nsa" link set "$active" up) &
+            toggle "$name" "$active" ${SEQ:-${DOWN_S:-3}} &
         fi
     fi
     wait "$cpid"; crc=$?
@@ -134,6 +168,7 @@ if [ -n "${FAILOVER_COST:-}" ]; then
 fi
 
 # 1. The move: every byte right, both sides name both interfaces.
+if want 1; then
 run move "faa0,faa1" "fab0,fab1" 12G down
 check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show move.a; show move.b; }
 check grep -q "^rail-bench: verified: every byte right" "$out/move.b"
@@ -150,27 +185,71 @@ check [ -n "$done_t" ] &&
         "$(awk -v a="$fault_t" -v b="$done_t" 'BEGIN { printf "%.1f", (b - a) * 1000 }') ms"
 line=$(grep "^rail-bench: moved" "$out/move.b")
 echo "failover netns: move: ${line#rail-bench: }"
+fi
 
 # 2. NCCL_RAIL_FAILOVER=0: the same fault fails as today (after NCCL_RAIL_PEER_TIMEOUT).
+if want 2; then
 ENV_AB="NCCL_RAIL_FAILOVER=0 NCCL_RAIL_PEER_TIMEOUT=4" DOWN_S=12 run off "faa0,faa1" "fab0,fab1" 6G down
 check [ "$src" != 0 ] && check [ "$crc" != 0 ] || { show off.a; show off.b; }
 absent "moved from" "$out/off.a" "$out/off.b"
 check grep -q "WARN " "$out/off.a" || show off.a
+fi
 
 # 3. One data interface: nothing moves, no rescue listener; the fault fails as today.
+if want 3; then
 run single faa0 fab0 1G none
 check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show single.a; show single.b; }
 absent "rescue listeners\|moved from" "$out/single.a" "$out/single.b"
 ENV_AB="NCCL_RAIL_PEER_TIMEOUT=4" DOWN_S=12 run singledown faa0 fab0 6G down
 check [ "$src" != 0 ] && check [ "$crc" != 0 ] || { show singledown.a; show singledown.b; }
 absent "moved from" "$out/singledown.a" "$out/singledown.b"
+fi
 
 # 4. The sender dies: the receiver fails at once, no move.
+if want 4; then
 t0=$SECONDS
 FAULT_AFTER=0.3 run kill "faa0,faa1" "fab0,fab1" 40G kill
 check [ "$crc" != 0 ] || show kill.b
 absent "moved from" "$out/kill.b"
 check [ $((SECONDS - t0)) -lt 20 ]
+fi
+
+# 5. Move back (NCCL_RAIL_FAILOVER_HOLDDOWN=2): down 1 s in, up 3 s later; the comm
+# moves back once faa0 ran for 2 s, every byte right. FLAP: up for 1 s, down again
+# for 1.5 s, up: no move back during the short run, none in the first second of the
+# last one (the hold-down starts again), then one.
+# back_checks NAME: one move-back line on each side naming the first interfaces,
+# traffic on faa0 again after it and (nearly) none while held down.
+back_checks() {
+    local n=$1 up held back
+    check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show "$n.a"; show "$n.b"; }
+    check grep -q "^rail-bench: verified: every byte right" "$out/$n.b"
+    check grep -Eq "^NET/Rail : send comm to peer 10\.77\.97\.2:[0-9]+ moved back from faa1 10\.77\.97\.1:[0-9]+ to faa0 10\.77\.96\.1:[0-9]+ \(peer now 10\.77\.96\.2:[0-9]+\): faa0 up for [0-9]+ s; .*ms; re-sent" \
+        "$out/$n.a" || grep -a "moved\|WARN" "$out/$n.a"
+    check grep -Eq "^NET/Rail : receive comm from peer 10\.77\.97\.1:[0-9]+ moved back from fab1 10\.77\.97\.2:[0-9]+ to fab0 10\.77\.96\.2:[0-9]+ .*: the sender moved back" \
+        "$out/$n.b" || grep -a "moved\|WARN" "$out/$n.b"
+    check [ "$(grep -c "moved back from" "$out/$n.a")" = 1 ]
+    check [ "$(grep -c "moved back from" "$out/$n.b")" = 1 ]
+    grep -h "moved back from" "$out/$n.a" "$out/$n.b" | sed 's/^/  /'
+    sed 's/^/  ev| /' "$out/$n.ev"
+    up=$(awk '$1 == "up" { t = $2 } END { print t }' "$out/$n.ev")
+    held=$(awk '$1 == "held" { print $6 }' "$out/$n.ev")
+    back=$(awk '$1 == "back" { print $2, $4, $6 }' "$out/$n.ev")
+    check [ -n "$held" ] && check [ "$held" -lt 1000000 ]      # faa0 runs, the comm is held away
+    check [ "$(awk '$1 == "held" { print $4 }' "$out/$n.ev")" = 0 ]
+    set -- $back
+    check [ "${2:-0}" = 1 ] && check [ "${3:-0}" -gt 100000000 ]  # > 100 MB on faa0 in 1 s after it
+    echo "failover netns: $n: faa0 up to the move back seen: $(awk -v a="$up" -v b="${1:-0}" \
+        'BEGIN { printf "%.2f", b - a }') s (hold-down 2 s); faa0 sent $((${3:-0} >> 20)) MiB in the next second"
+}
+if want 5; then
+ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=2" SEQ=3 run back "faa0,faa1" "fab0,fab1" 16G down
+back_checks back
+ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=2" SEQ="2 1 1.5" run flap "faa0,faa1" "fab0,fab1" 16G down
+back_checks flap
+# No move back while faa0 ran for 1 s: still none when it went down again.
+check [ "$(awk '$1 == "down" { print $4 }' "$out/flap.ev")" = 0 ]
+fi
 
 if [ "$fails" -ne 0 ]; then
     echo "failover netns: $fails check(s) FAILED"
