@@ -348,6 +348,8 @@ int tcp_close(struct rail_comm *comm);
 int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 const char *tcp_comm_dev_name(const struct tcp_comm *c);
+/* Send side: write what the control stream holds (after a move rewound it); 0 or the error. */
+int tcp_ctl_flush(struct tcp_comm *c);
 
 /* tcp_init.c: memory registrations, tracked per comm so a second deregMr fails. */
 int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh);

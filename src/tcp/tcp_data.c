@@ -417,6 +417,11 @@ static int progress_send(struct tcp_comm *c)
 	return 0;
 }
 
+int tcp_ctl_flush(struct tcp_comm *c)
+{
+	return progress_send(c);
+}
+
 int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
 	      int tag, void *mhandle)
 {
@@ -699,6 +704,8 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 	 * still polls now and then in case the caller tests out of order. */
 	if (!r->ctrl_done && (r == c->fifo_head || r == c->rx_req || (++c->test_skips & 7) == 0))
 		err = c->is_send ? progress_send(c) : progress_recv(c);
+	else if (rail_unlikely(c->ring && c->ring_sent != c->ring_staged))
+		err = progress_send(c); /* after a move: control bytes of completed sends, again */
 	if (err)
 		return err;
 	if (r->ctrl_done && atomic_load_explicit(&r->pending, memory_order_acquire) == 0) {

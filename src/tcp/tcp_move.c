@@ -400,7 +400,8 @@ static int send_install(struct tcp_comm *c, struct tcp_move *mv, const uint64_t 
 		 mv->back ? "back " : "", from, to, c->peer, mv->reason,
 		 (double)(rail_now_ns() - mv->t0) / 1e6, (unsigned long long)ctl_resent,
 		 (unsigned long long)resent, c->nsocks);
-	return 0;
+	/* The control bytes of sends that completed already: NCCL may not call again for them. */
+	return tcp_ctl_flush(c);
 }
 
 static const char *busy_str(uint64_t why)

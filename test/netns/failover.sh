@@ -7,7 +7,8 @@
 #   CASES="5 6" test/netns/failover.sh build  (only those cases)
 #
 # As root: namespaces rfA-<pid> / rfB-<pid>; rendezvous 10.77.95.1 <-> .2,
-# data 0 10.77.96.1 <-> .2 (faa0/fab0), data 1 10.77.97.1 <-> .2 (faa1/fab1).
+# data 0 10.77.96.1 <-> .2 (faa0/fab0), data 1 10.77.97.1 <-> .2 (faa1/fab1), data 2
+# 10.77.98.1 <-> .2 (faa2/fab2) through a bridge in a third namespace rfC-<pid>.
 # rail-bench --server in A sends, --client in B receives, every byte checked
 # (--verify: a window of 8 messages whose send buffers are refilled as soon
 # as each send completes). Checks:
@@ -23,13 +24,15 @@
 #   5. move back (NCCL_RAIL_FAILOVER_HOLDDOWN=2): the interface up again, the
 #      comm goes back to it after 2 s (a move-back line on both sides, faa0's
 #      byte counter grows again), every byte right; and a flapping link (up for
-#      1 s, down, up): no move back during the short run, one after the last.
+#      1 s, down, up): no move back during the short run, one after the last;
+#   6. "please move": B's interface taken down behind a bridge (A keeps its
+#      carrier and sees nothing): B asks A to move, A moves, every byte right.
 # Everything is removed on every exit. Not root, or no `ip netns`: SKIP.
 set -uo pipefail
 
 build=${1:-build}
 bench=$build/rail-bench
-nsa=rfA-$$ nsb=rfB-$$
+nsa=rfA-$$ nsb=rfB-$$ nsc=rfC-$$
 out=$(mktemp -d /tmp/rail-failover.XXXXXX)
 port=18991
 fails=0
@@ -44,6 +47,7 @@ cleanup() {
     [ -n "${spid:-}" ] && kill "$spid" 2>/dev/null
     ip netns del "$nsa" 2>/dev/null
     ip netns del "$nsb" 2>/dev/null
+    ip netns del "$nsc" 2>/dev/null
     rm -rf "$out"
 }
 trap cleanup EXIT
@@ -60,14 +64,27 @@ carrier() { ip -n "$1" link show "$2" | grep -q LOWER_UP; }
 wait_carrier() {
     for _ in $(seq 50); do
         carrier "$nsa" faa0 && carrier "$nsa" faa1 && carrier "$nsb" fab0 &&
-            carrier "$nsb" fab1 && return 0
+            carrier "$nsb" fab1 && carrier "$nsa" faa2 && carrier "$nsb" fab2 && return 0
         sleep 0.1
     done
     echo "failover netns: the veth pairs have no carrier after 5 s"; return 1
 }
+# A third data path through a bridge in namespace C: faa2 (A) - br0 - fab2 (B). Taking fab2
+# down in B takes the carrier of its bridge port only; A's faa2 keeps running, so A sees nothing.
+# Made before faa1, so that faa2 comes first (device 0) in "faa2,faa1" (interfaces in kernel order).
+bridged() {
+    ip netns add "$nsc" && ip -n "$nsc" link add br0 type bridge &&
+        ip link add faa2 netns "$nsa" type veth peer name ca2 netns "$nsc" &&
+        ip link add fab2 netns "$nsb" type veth peer name cb2 netns "$nsc" &&
+        ip -n "$nsc" link set ca2 master br0 && ip -n "$nsc" link set cb2 master br0 &&
+        ip -n "$nsc" link set ca2 up && ip -n "$nsc" link set cb2 up &&
+        ip -n "$nsc" link set br0 up &&
+        ip -n "$nsa" addr add 10.77.98.1/24 dev faa2 && ip -n "$nsb" addr add 10.77.98.2/24 dev fab2 &&
+        ip -n "$nsa" link set faa2 up && ip -n "$nsb" link set fab2 up
+}
 ip -n "$nsa" link set lo up && ip -n "$nsb" link set lo up &&
-    veth faac fabc 10.77.95 && veth faa0 fab0 10.77.96 && veth faa1 fab1 10.77.97 &&
-    wait_carrier || { echo "failover netns: cannot set up the namespaces"; exit 1; }
+    veth faac fabc 10.77.95 && veth faa0 fab0 10.77.96 && bridged &&
+    veth faa1 fab1 10.77.97 && wait_carrier || { echo "failover netns: cannot set up the namespaces"; exit 1; }
 
 check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); return 1; }
 absent() { check [ "$(cat "${@:2}" | grep -c "$1")" = 0 ]; }
@@ -93,7 +110,7 @@ toggle() {
         sleep "$d"
         [ $state = down ] && state=up || state=down
         echo "$state $(now) backs $(backs "$name")" >>"$out/$name.ev"
-        ip -n "$nsa" link set "$ifc" $state
+        ip -n "${TOGGLE_NS:-$nsa}" link set "$ifc" $state
     done
     [ -n "${SEQ:-}" ] || return 0
     sleep 0.2; tx=$(txd "$ifc" 0.5)
@@ -104,7 +121,8 @@ toggle() {
 }
 
 # run NAME IFS_A IFS_B TOTAL FAULT: A sends TOTAL to B, every byte checked. FAULT:
-#   none | down (A's active interface down 1 s into the data, up DOWN_S later) | kill
+#   none | down (A's active interface down 1 s into the data, up DOWN_S later) | kill |
+#   downb (B's active interface down instead)
 run() {
     local name=$1 ifa=$2 ifb=$3 total=$4 fault=$5 t0 active
     ip netns exec "$nsa" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=$ifa" \
@@ -123,6 +141,11 @@ run() {
         fault_t=$(now)
         if [ "$fault" = kill ]; then
             kill -9 $(pgrep -P "$spid") "$spid"  # rail-bench (the child of timeout), then timeout
+        elif [ "$fault" = downb ]; then
+            active=$(sed -n 's/^# client (this side.*device 0 = \([a-z0-9]*\):.*/\1/p' "$out/$name.b")
+            echo "failover netns: $name: $active down in B at $fault_t"
+            ip -n "$nsb" link set "$active" down
+            TOGGLE_NS=$nsb toggle "$name" "$active" ${DOWN_S:-3} &
         else
             echo "failover netns: $name: $active down in A at $fault_t"
             ip -n "$nsa" link set "$active" down
@@ -249,6 +272,27 @@ ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=2" SEQ="2 1 1.5" run flap "faa0,faa1" "fab0,
 back_checks flap
 # No move back while faa0 ran for 1 s: still none when it went down again.
 check [ "$(awk '$1 == "down" { print $4 }' "$out/flap.ev")" = 0 ]
+fi
+
+# 6. Please move: B's interface fails, A's keeps running (the bridge): B's receive comm asks
+# A to move (a KICK on A's rescue listener on faa1), A moves; every byte right.
+if want 6; then
+run please "faa2,faa1" "fab2,fab1" 12G downb
+check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show please.a; show please.b; }
+check grep -q "^rail-bench: verified: every byte right" "$out/please.b"
+check grep -Eq "^NET/Rail : receive comm from peer 10\.77\.98\.1:[0-9]+: fab2 stopped running \(link watch\); asked the sender to move \(10\.77\.97\.1:[0-9]+\)" \
+    "$out/please.b" || grep -a "moved\|asked\|WARN" "$out/please.b"
+check grep -Eq "WARN .*send comm to peer 10\.77\.98\.2:[0-9]+ moved from faa2 10\.77\.98\.1:[0-9]+ to faa1 10\.77\.97\.1:[0-9]+ \(peer now 10\.77\.97\.2:[0-9]+\): the receiver asked \(its path failed\)" \
+    "$out/please.a" || grep -a "moved\|WARN" "$out/please.a"
+check grep -Eq "WARN .*receive comm from peer 10\.77\.98\.1:[0-9]+ moved from fab2 10\.77\.98\.2:[0-9]+ to fab1 10\.77\.97\.2:[0-9]+ " \
+    "$out/please.b" || grep -a "moved\|WARN" "$out/please.b"
+absent "link watch: faa2" "$out/please.a"       # A saw nothing: the KICK moved it
+check [ "$(grep -c "moved from" "$out/please.a")" = 1 ]
+grep -h "moved from\|asked the sender\|first message" "$out/please.a" "$out/please.b" | sed 's/^/  /'
+done_t=$(sed -n 's/.*first message completed on the new path .*(at \([0-9.]*\)).*/\1/p' "$out/please.a" | head -1)
+check [ -n "$done_t" ] &&
+    echo "failover netns: please: fault in B to A's first completion on the new path:" \
+        "$(awk -v a="$fault_t" -v b="$done_t" 'BEGIN { printf "%.1f", (b - a) * 1000 }') ms"
 fi
 
 if [ "$fails" -ne 0 ]; then
