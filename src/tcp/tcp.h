@@ -94,17 +94,19 @@ int tcp_rescue_decode(const uint8_t in[TCP_RESCUE_SIZE], struct tcp_rescue *r);
 
 /*
  * On a rescue listener: the hello of a socket of a moved connection (kind
- * MOVE, index 0 the control socket), or a receiver asking its sender to
- * move (kind KICK, one socket, closed after it).
+ * SOCKET, or BACK when it moves back to its first interface; index 0 the
+ * control socket), or a receiver asking its sender to move (kind KICK, one
+ * socket, closed after it).
  */
 #define TCP_MOVE_MAGIC 0x4d435452u /* "RTCM" */
 #define TCP_MOVE_HELLO_SIZE 40
-enum { TCP_MOVE_SOCKET = 1, TCP_MOVE_KICK = 2 };
+enum { TCP_MOVE_SOCKET = 1, TCP_MOVE_KICK = 2, TCP_MOVE_BACK = 3 };
 struct tcp_move_hello {
 	int kind;
 	uint16_t index;
 	uint16_t nsocks;
-	uint32_t gen;		/* the move's number, per comm */
+	uint32_t gen;		/* the attempt's number, per comm */
+	uint32_t up_s;		/* BACK: how long the sender's first interface has run */
 	uint64_t nonce;		/* the listen comm's */
 	uint64_t conn_id;
 };
@@ -118,9 +120,12 @@ int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move
  * still holds, which it reads first).
  */
 #define TCP_STATE_MAGIC 0x53435452u /* "RTCS" */
+/* Declined (the sender stays where it runs): pos[0] says why. */
+#define TCP_STATE_BUSY_MAGIC 0x42435452u /* "RTCB" */
+enum { TCP_BUSY_LEFTOVERS = 1, TCP_BUSY_DOWN = 2 };
 #define TCP_STATE_SIZE(nsocks) (16 + 8 * ((size_t)(nsocks) + 1))
-int tcp_state_encode(uint32_t gen, int nsocks, const uint64_t *pos, uint8_t *out);
-/* Fills pos[0..nsocks]; -EPROTO when malformed or of another move. */
+int tcp_state_encode(uint32_t gen, int busy, int nsocks, const uint64_t *pos, uint8_t *out);
+/* Fills pos[0..nsocks]; -EBUSY when declined, -EPROTO when malformed or of another move. */
 int tcp_state_decode(const uint8_t *in, uint32_t gen, int nsocks, uint64_t *pos);
 
 void tcp_frame_encode(const struct tcp_frame *f, uint8_t out[TCP_FRAME_SIZE]);
@@ -275,18 +280,18 @@ struct tcp_comm {
 	int fo;				/* this comm can move to another interface */
 	int ack;			/* sends complete when the peer's kernel acknowledged them */
 	int cur_dev;			/* the local interface it runs on now */
-	int home_dev;			/* the one it was made on: it moves back there */
 	union rail_sockaddr peer_addr;	/* the peer's address now (control socket) */
-	union rail_sockaddr peer_home;	/* ... when the comm was made */
-	uint32_t back_tick;		/* send, away from home: calls between looks */
-	uint64_t back_retry_ns;		/* send: a move back failed; not before this */
 	struct tcp_rescue peer_rescue;	/* the peer's rescue listeners */
 	uint64_t conn_id, nonce;
 	uint32_t link_gen;		/* tcp_link_gen() when last looked at */
 	_Atomic int path_err;		/* a socket error that means "path", not "peer" */
 	_Atomic int moving;		/* send: streams paused while a move is under way */
 	_Atomic uint32_t peer_kick;	/* send: the receiver asked for move number n */
-	int moves;			/* completed moves */
+	int moves;			/* the number of the last completed move (attempts count) */
+	uint32_t attempts;		/* send: the number of the last attempt */
+	union rail_sockaddr home_peer;	/* the peer's first address */
+	int away;			/* send: moved away from it; moves back after the hold-down */
+	uint64_t back_after;		/* send: no move back before this time */
 	uint64_t recover_t0;		/* send: the last move's fault, until a message completes */
 	struct tcp_move *mv;		/* the move under way */
 	/* send: the control stream's copy, kept until the peer's kernel acknowledged it */
@@ -301,6 +306,7 @@ struct tcp_comm {
 	/* receive: sockets of a move delivered by the rescue thread (under rescue_lock) */
 	pthread_mutex_t rescue_lock;
 	uint32_t rescue_gen;
+	struct tcp_move_hello rescue_hello;	/* of the sockets delivered */
 	int rescue_n;
 	int rescue_fds[TCP_MAX_SOCKS + 1];
 	_Atomic int rescue_ready;
@@ -342,6 +348,8 @@ int tcp_close(struct rail_comm *comm);
 int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
 	__attribute__((format(printf, 3, 4)));
 const char *tcp_comm_dev_name(const struct tcp_comm *c);
+/* Send side: write what the control stream holds (after a move rewound it); 0 or the error. */
+int tcp_ctl_flush(struct tcp_comm *c);
 
 /* tcp_init.c: memory registrations, tracked per comm so a second deregMr fails. */
 int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh);
@@ -417,9 +425,10 @@ void tcp_rescue_register(struct tcp_comm *c);
 void tcp_rescue_unregister(struct tcp_comm *c);
 /* Bumped at every change of an interface's state; whether dev is down now. */
 uint32_t tcp_link_gen(void);
-/* When dev last started running again after the link watch saw it down (0: never). */
-uint64_t tcp_link_up_ns(int dev);
 int tcp_link_down(int dev);
+/* When dev last started running (rail_now_ns()), or 0 while it is down. */
+uint64_t tcp_link_up_since(int dev);
+int tcp_same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b);
 /* The interface (device index) holding local address a, or -1. */
 int tcp_dev_of_addr(const union rail_sockaddr *a);
 int tcp_ndevs_now(void);
@@ -439,8 +448,7 @@ static inline int tcp_move_due(struct tcp_comm *c)
 	return c->fo && (c->mv || atomic_load_explicit(&c->path_err, memory_order_relaxed) ||
 			 atomic_load_explicit(&c->rescue_ready, memory_order_relaxed) ||
 			 atomic_load_explicit(&c->peer_kick, memory_order_relaxed) >
-				 (uint32_t)c->moves || tcp_link_gen() != c->link_gen ||
-			 (c->is_send && c->cur_dev != c->home_dev && (++c->back_tick & 255) == 0));
+				 (uint32_t)c->moves || c->away || tcp_link_gen() != c->link_gen);
 }
 
 /* tcp_fault.c: NCCL_RAIL_TCP_FAULT, read at init. */

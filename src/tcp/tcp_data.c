@@ -110,8 +110,9 @@ static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
 	for (int i = 0; i < TCP_MAX_SOCKS; i++)
 		c->streams[i].old_fd = -1;
 	pthread_mutex_init(&c->rescue_lock, NULL);
-	c->cur_dev = c->home_dev = c->base.dev;
-	c->peer_addr = c->peer_home = *peer;
+	c->cur_dev = c->base.dev;
+	c->peer_addr = *peer;
+	c->home_peer = *peer;
 	c->conn_id = layout->conn_id;
 	c->nonce = layout->nonce;
 	tcp_rescue_mine(&mine);
@@ -312,6 +313,9 @@ static void ring_ack(struct tcp_comm *c)
 {
 	int outq = 0;
 
+	/* Moving: the receiver takes its positions; what it acknowledges later is re-sent. */
+	if (atomic_load_explicit(&c->moving, memory_order_relaxed))
+		return;
 	if (ioctl(c->ctrl_fd, SIOCOUTQ, &outq) == 0 && outq >= 0 &&
 	    (uint64_t)outq <= c->ring_sent - c->ring_acked)
 		c->ring_acked = c->ring_sent - (uint64_t)outq;
@@ -411,6 +415,11 @@ static int progress_send(struct tcp_comm *c)
 		fifo_pop(c);
 	}
 	return 0;
+}
+
+int tcp_ctl_flush(struct tcp_comm *c)
+{
+	return progress_send(c);
 }
 
 int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
@@ -695,6 +704,8 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 	 * still polls now and then in case the caller tests out of order. */
 	if (!r->ctrl_done && (r == c->fifo_head || r == c->rx_req || (++c->test_skips & 7) == 0))
 		err = c->is_send ? progress_send(c) : progress_recv(c);
+	else if (rail_unlikely(c->ring && c->ring_sent != c->ring_staged))
+		err = progress_send(c); /* after a move: control bytes of completed sends, again */
 	if (err)
 		return err;
 	if (r->ctrl_done && atomic_load_explicit(&r->pending, memory_order_acquire) == 0) {

@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <poll.h>
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -31,14 +32,22 @@
 
 /* How long one candidate address may take to connect. */
 #define TCP_MOVE_CONNECT_NS (2ull * 1000000000ull)
+/* A move back that failed is tried again after the hold-down, but not sooner than this. */
+#define TCP_MOVE_RETRY_MIN_NS 1000000000ull
 
 struct tcp_move {
-	uint64_t t0;			/* the fault was seen */
-	int back;			/* send: back to the interfaces the comm was made on */
-	uint32_t gen;
-	int kicked;			/* receive: the sender was asked */
+	uint64_t t0;			/* the fault was seen (a move back: it was decided) */
+	uint32_t gen;			/* the attempt's number, set when its hellos go out */
+	int back;			/* send: back to the home interface, which runs again */
+	uint32_t up_s;			/* back: how long the home interface has been running */
+	int n;				/* sockets to dial: nsocks + 1 (send), 1 (a receiver's KICK) */
+	int dialed;			/* every socket connected and its hello sent */
+	int cand;			/* the next of the peer's rescue addresses to look at */
+	uint64_t deadline;		/* of the connects to the candidate being dialed */
 	char reason[200];
-	int fds[TCP_MAX_SOCKS + 1];	/* send: the new sockets */
+	char tried[512];		/* each candidate address tried and why it failed */
+	size_t tried_off;
+	int fds[TCP_MAX_SOCKS + 1];	/* the new sockets */
 	union rail_sockaddr to;
 	uint8_t state[TCP_STATE_SIZE(TCP_MAX_SOCKS)];
 	size_t off;
@@ -60,18 +69,25 @@ int tcp_path_failed(struct tcp_comm *c, int err)
 	return 1;
 }
 
+static void dial_close(struct tcp_move *mv)
+{
+	for (int i = 0; i <= TCP_MAX_SOCKS; i++) {
+		if (mv->fds[i] >= 0)
+			close(mv->fds[i]);
+		mv->fds[i] = -1;
+	}
+}
+
 void tcp_move_free(struct tcp_comm *c)
 {
 	if (!c->mv)
 		return;
-	for (int i = 0; i <= TCP_MAX_SOCKS; i++)
-		if (c->mv->fds[i] >= 0)
-			close(c->mv->fds[i]);
+	dial_close(c->mv);
 	free(c->mv);
 	c->mv = NULL;
 }
 
-static int same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b)
+int tcp_same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b)
 {
 	if (a->sa.sa_family != b->sa.sa_family)
 		return 0;
@@ -87,27 +103,24 @@ static const char *dev_name(int dev)
 }
 
 /*
- * Send side, away from home: home has been running again (the link watch
- * saw it come back) for NCCL_RAIL_FAILOVER_HOLDDOWN seconds, so a flapping
- * link is not used; after a failed move back, not before back_retry_ns.
+ * Send side, away from home: 1 when the home interface has run for the
+ * hold-down (NCCL_RAIL_FAILOVER_HOLDDOWN) and the last move or failed move
+ * back is that long ago. An interface that stops again restarts the count.
  */
-static int move_back_due(struct tcp_comm *c, char *why, size_t len)
+static int back_due(struct tcp_comm *c, char *why, size_t len, uint32_t *up_s)
 {
-	uint64_t up, now, hold = (uint64_t)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN) * 1000000000ull;
+	uint64_t hold = (uint64_t)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN) * 1000000000ull;
+	uint64_t now = rail_now_ns(), since = tcp_link_up_since(c->base.dev);
 
-	if (!c->is_send || c->cur_dev == c->home_dev || tcp_link_down(c->home_dev))
+	if (!since || now < c->back_after || now - since < hold)
 		return 0;
-	up = tcp_link_up_ns(c->home_dev);
-	now = rail_now_ns();
-	if (!up || now - up < hold || now < c->back_retry_ns)
-		return 0;
-	snprintf(why, len, "%s running again for %llu s", dev_name(c->home_dev),
-		 (unsigned long long)((now - up) / 1000000000ull));
+	*up_s = (uint32_t)((now - since) / 1000000000ull);
+	snprintf(why, len, "%s up for %u s", dev_name(c->base.dev), *up_s);
 	return 1;
 }
 
-/* Why this comm should move now: 1, 2 (a move back), or 0. */
-static int move_reason(struct tcp_comm *c, char *why, size_t len)
+/* Why this comm should move now (1, or 2 for a move back home), or 0. */
+static int move_reason(struct tcp_comm *c, char *why, size_t len, uint32_t *up_s)
 {
 	uint32_t gen = tcp_link_gen();
 	int err = atomic_load(&c->path_err);
@@ -128,10 +141,12 @@ static int move_reason(struct tcp_comm *c, char *why, size_t len)
 		snprintf(why, len, "the receiver asked (its path failed)");
 		return 1;
 	}
-	return move_back_due(c, why, len) ? 2 : 0;
+	if (c->away && back_due(c, why, len, up_s))
+		return 2;
+	return 0;
 }
 
-static struct tcp_move *move_new(struct tcp_comm *c, const char *why)
+static struct tcp_move *move_new(struct tcp_comm *c, const char *why, int back, uint32_t up_s)
 {
 	struct tcp_move *mv = calloc(1, sizeof(*mv));
 
@@ -140,77 +155,153 @@ static struct tcp_move *move_new(struct tcp_comm *c, const char *why)
 	for (int i = 0; i <= TCP_MAX_SOCKS; i++)
 		mv->fds[i] = -1;
 	mv->t0 = rail_now_ns();
-	mv->gen = (uint32_t)c->moves + 1;
+	mv->back = back;
+	mv->up_s = up_s;
+	mv->n = c->is_send ? c->nsocks + 1 : 1;
 	rail_strlcpy(mv->reason, why, sizeof(mv->reason));
 	return mv;
 }
 
-/* Connect to a and send one move hello (blocking, bounded); the socket, or -errno. */
-static int dial(struct tcp_comm *c, const union rail_sockaddr *a, int kind, int index,
-		uint32_t gen)
+static void dial_note(struct tcp_move *mv, int err)
 {
-	struct tcp_move_hello h = { .kind = kind, .index = (uint16_t)index,
-				    .nsocks = (uint16_t)c->nsocks, .gen = gen, .nonce = c->nonce,
-				    .conn_id = c->conn_id };
-	uint8_t buf[TCP_MOVE_HELLO_SIZE];
-	int fd, err = rail_sock_connect_by(a, rail_now_ns() + TCP_MOVE_CONNECT_NS, 0, &fd);
-
-	if (err)
-		return err;
-	tcp_move_hello_encode(&h, buf);
-	rail_sock_set_nonblocking(fd, 0);
-	err = rail_sock_send_all(fd, buf, sizeof(buf));
-	rail_sock_set_nonblocking(fd, 1);
-	if (err) {
-		close(fd);
-		return err;
-	}
-	return fd;
+	if (mv->tried_off < sizeof(mv->tried))
+		mv->tried_off += (size_t)snprintf(mv->tried + mv->tried_off,
+						  sizeof(mv->tried) - mv->tried_off, "%s%s: %s",
+						  mv->tried_off ? ", " : "", RAIL_ADDRSTR(&mv->to),
+						  RAIL_ERRSTR(err));
 }
 
 /*
- * Reach the peer's rescue listeners on another interface: all sockets of a
- * move (send), or a request to move (receive). 0, or -errno with the
- * addresses tried in tried.
+ * Start non-blocking connects of all sockets to the next candidate: the
+ * peer's home address for a move back, else any of its rescue addresses
+ * but the current one. 0, or -errno when none is left.
  */
-static int dial_peer(struct tcp_comm *c, struct tcp_move *mv, char *tried, size_t len)
+static int dial_next(struct tcp_comm *c, struct tcp_move *mv)
 {
-	size_t off = 0;
 	int err = -ENETDOWN;
 
-	tried[0] = '\0';
-	for (int a = 0; a < c->peer_rescue.count; a++) {
-		const union rail_sockaddr *to = &c->peer_rescue.addr[a];
-		int n = c->is_send ? c->nsocks + 1 : 1, i;
+	while (mv->cand < c->peer_rescue.count) {
+		const union rail_sockaddr *to = &c->peer_rescue.addr[mv->cand++];
 
-		if (same_ip(to, &c->peer_addr) || (mv->back && !same_ip(to, &c->peer_home)))
+		if (mv->back ? !tcp_same_ip(to, &c->home_peer) : tcp_same_ip(to, &c->peer_addr))
 			continue;
-		for (i = 0; i < n; i++) {
-			err = dial(c, to, c->is_send ? TCP_MOVE_SOCKET : TCP_MOVE_KICK, i, mv->gen);
-			if (err < 0)
-				break;
-			if (c->is_send)
-				mv->fds[i] = err;
-			else
-				close(err);
-			err = 0;
-		}
-		if (!err) {
-			mv->to = *to;
+		mv->to = *to;
+		mv->deadline = rail_now_ns() + TCP_MOVE_CONNECT_NS;
+		err = 0;
+		for (int i = 0; i < mv->n && !err; i++)
+			err = rail_sock_connect_start(to, &mv->fds[i]);
+		if (!err)
 			return 0;
-		}
-		for (i = 0; i <= TCP_MAX_SOCKS; i++)
-			if (mv->fds[i] >= 0)
-				close(mv->fds[i]);
-		for (i = 0; i <= TCP_MAX_SOCKS; i++)
-			mv->fds[i] = -1;
-		if (off < len)
-			off += (size_t)snprintf(tried + off, len - off, "%s%s: %s", off ? ", " : "",
-						RAIL_ADDRSTR(to), RAIL_ERRSTR(err));
+		dial_note(mv, err);
+		dial_close(mv);
 	}
-	if (!off)
-		snprintf(tried, len, "no rescue address of the peer on another interface");
+	if (!mv->tried_off)
+		snprintf(mv->tried, sizeof(mv->tried), "%s", mv->back ? "the peer has no rescue "
+			 "listener on its first address" : "no rescue address of the peer on "
+			 "another interface");
 	return err;
+}
+
+/* Whether the connects to the candidate finished: 0 all connected, -EAGAIN, -errno. */
+static int dial_done(struct tcp_move *mv)
+{
+	struct pollfd p[TCP_MAX_SOCKS + 1];
+	int pending = 0, err = 0;
+	socklen_t len = sizeof(err);
+
+	for (int i = 0; i < mv->n; i++)
+		p[i] = (struct pollfd){ .fd = mv->fds[i], .events = POLLOUT };
+	if (poll(p, (nfds_t)mv->n, 0) < 0)
+		return -errno;
+	for (int i = 0; i < mv->n; i++) {
+		if (!(p[i].revents & (POLLOUT | POLLERR | POLLHUP))) {
+			pending = 1;
+			continue;
+		}
+		if (getsockopt(mv->fds[i], SOL_SOCKET, SO_ERROR, &err, &len))
+			return -errno;
+		if (err)
+			return -err;
+	}
+	if (!pending)
+		return 0;
+	return rail_now_ns() < mv->deadline ? -EAGAIN : -ETIMEDOUT;
+}
+
+/* Connecting, never blocking: 0 when every socket is connected, -EAGAIN, or -errno (none left). */
+static int dial_poll(struct tcp_comm *c, struct tcp_move *mv)
+{
+	for (;;) {
+		int err = mv->fds[0] < 0 ? dial_next(c, mv) : 0;
+
+		if (err)
+			return err;
+		err = dial_done(mv);
+		if (!err || err == -EAGAIN)
+			return err;
+		dial_note(mv, err);
+		dial_close(mv);
+	}
+}
+
+/* Each new socket's hello: which move and which socket it is. */
+static int send_hellos(struct tcp_comm *c, struct tcp_move *mv)
+{
+	struct tcp_move_hello h = { .nsocks = (uint16_t)c->nsocks, .gen = mv->gen,
+				    .up_s = mv->up_s, .nonce = c->nonce, .conn_id = c->conn_id };
+	uint8_t buf[TCP_MOVE_HELLO_SIZE];
+
+	h.kind = !c->is_send ? TCP_MOVE_KICK : mv->back ? TCP_MOVE_BACK : TCP_MOVE_SOCKET;
+	for (int i = 0; i < mv->n; i++) {
+		ssize_t n;
+
+		h.index = (uint16_t)i;
+		tcp_move_hello_encode(&h, buf);
+		n = send(mv->fds[i], buf, sizeof(buf), MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n != (ssize_t)sizeof(buf))
+			return n < 0 ? -errno : -EIO; /* a new socket has room for 40 bytes */
+	}
+	return 0;
+}
+
+/*
+ * Send side: stop the streams (a flag the pool threads check, then one
+ * pass over every stream's busy flag, so no pool thread still completes a
+ * chunk from an acknowledgement): from here the receiver may take its
+ * positions, and what arrives there later is read from the new sockets.
+ */
+static void streams_stop(struct tcp_comm *c)
+{
+	atomic_store(&c->moving, 1);
+	tcp_pool_pause(c);
+	tcp_pool_resume(c);
+}
+
+/*
+ * Reach the peer's rescue listeners: all sockets of a move (send), or a
+ * request to move (receive). 0 once every hello went out, -EAGAIN while
+ * connecting, -errno with the addresses tried in mv->tried.
+ */
+static int dial_peer(struct tcp_comm *c, struct tcp_move *mv)
+{
+	while (!mv->dialed) {
+		int err = dial_poll(c, mv);
+
+		if (err)
+			return err;
+		if (c->is_send && !atomic_load(&c->moving))
+			streams_stop(c);
+		/* A number per attempt, so no socket of an earlier one is taken for this one. */
+		mv->gen = c->is_send ? ++c->attempts : (uint32_t)c->moves + 1;
+		err = send_hellos(c, mv);
+		if (!err) {
+			mv->dialed = 1;
+			break;
+		}
+		dial_note(mv, err);
+		dial_close(mv);
+	}
+	return 0;
 }
 
 static void new_socket_opts(int fd)
@@ -254,6 +345,13 @@ static void new_path(struct tcp_comm *c, char *local, size_t len)
 		c->peer_addr = peer;
 		rail_sockaddr_str(&peer, c->peer, sizeof(c->peer));
 	}
+	/* Away from the peer's first address: the sender moves back once home runs again. */
+	c->away = c->is_send && !tcp_same_ip(&c->peer_addr, &c->home_peer);
+}
+
+static uint64_t holddown_ns(void)
+{
+	return (uint64_t)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN) * 1000000000ull;
 }
 
 /* Send side: the receiver's state arrived; resume every stream there. */
@@ -293,60 +391,93 @@ static int send_install(struct tcp_comm *c, struct tcp_move *mv, const uint64_t 
 	atomic_store(&c->moving, 0);
 	tcp_pool_resume(c);
 	new_path(c, to, sizeof(to));
-	c->moves++;
+	c->moves = (int)mv->gen;
 	c->recover_t0 = mv->t0;
+	c->back_after = rail_now_ns() + holddown_ns();
 	rail_log(mv->back ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
-		 "send comm to peer %s moved%s from %s to %s (peer now %s): %s; %.1f ms; re-sent "
+		 "send comm to peer %s moved %sfrom %s to %s (peer now %s): %s; %.1f ms; re-sent "
 		 "%llu bytes of the control stream and %llu bytes on %d data sockets", old_peer,
-		 mv->back ? " back" : "", from, to, c->peer, mv->reason,
+		 mv->back ? "back " : "", from, to, c->peer, mv->reason,
 		 (double)(rail_now_ns() - mv->t0) / 1e6, (unsigned long long)ctl_resent,
 		 (unsigned long long)resent, c->nsocks);
+	/* The control bytes of sends that completed already: NCCL may not call again for them. */
+	return tcp_ctl_flush(c);
+}
+
+static const char *busy_str(uint64_t why)
+{
+	return why == TCP_BUSY_LEFTOVERS ? "it still reads what the old sockets of the last move "
+		"held" : why == TCP_BUSY_DOWN ? "its interface there is down" : "busy";
+}
+
+/*
+ * Send side: no candidate reached, or the receiver declined. A move away
+ * fails the comm, named; a move back leaves it where it runs and tries
+ * again after the hold-down (at least TCP_MOVE_RETRY_MIN_NS).
+ */
+static int send_gave_up(struct tcp_comm *c, struct tcp_move *mv, int err, uint64_t busy)
+{
+	uint64_t wait = RAIL_MAX(holddown_ns(), TCP_MOVE_RETRY_MIN_NS);
+
+	if (!mv->back && err == -EBUSY)
+		return tcp_comm_fail(c, -EBUSY, "%s; the receiver declined the move to %s: %s (a "
+				     "second move before the first one's leftovers were read)",
+				     mv->reason, RAIL_ADDRSTR(&mv->to), busy_str(busy));
+	if (!mv->back)
+		return tcp_comm_fail(c, err == -ECONNREFUSED ? -ECONNRESET : -ENETDOWN,
+				     "%s; no other interface reaches the peer (%s)%s", mv->reason,
+				     mv->tried, err == -ECONNREFUSED ? "; its process has probably "
+				     "exited" : "");
+	if (err == -EBUSY)
+		snprintf(mv->tried, sizeof(mv->tried), "the receiver declined: %s", busy_str(busy));
+	c->back_after = rail_now_ns() + wait;
+	RAIL_INFO(RAIL_LOG_NET, "send comm to peer %s: moving back to %s (%s) failed: %s; stays "
+		  "on %s, tries again in %llu s", c->peer, dev_name(c->base.dev), mv->reason,
+		  mv->tried, dev_name(c->cur_dev), (unsigned long long)(wait / 1000000000ull));
+	dial_close(mv);
+	if (atomic_load(&c->moving)) {
+		atomic_store(&c->moving, 0);
+		tcp_pool_pause(c);
+		tcp_pool_resume(c); /* the pool threads look at the streams again */
+	}
+	tcp_move_free(c);
 	return 0;
 }
 
 int tcp_move_send(struct tcp_comm *c)
 {
 	uint64_t pos[TCP_MAX_SOCKS + 1];
-	char why[200], tried[512];
 	struct tcp_move *mv = c->mv;
+	uint32_t up_s = 0;
+	char why[200];
 	int err;
 
 	if (atomic_load(&c->error))
 		return atomic_load(&c->error);
 	if (!mv) {
-		int reason = move_reason(c, why, sizeof(why));
-
-		if (!reason)
+		err = move_reason(c, why, sizeof(why), &up_s);
+		if (!err)
 			return 0;
-		mv = c->mv = move_new(c, why);
+		mv = c->mv = move_new(c, why, err == 2, up_s);
 		if (!mv)
 			return tcp_comm_fail(c, -ENOMEM, "moving to another interface: out of memory");
-		mv->back = reason == 2;
-		atomic_store(&c->moving, 1);
-		err = dial_peer(c, mv, tried, sizeof(tried));
-		if (err && mv->back) {
-			/* stay where it works; try again after another hold-down */
-			RAIL_INFO(RAIL_LOG_NET, "send comm to peer %s: moving back (%s) failed: %s; "
-				  "staying on %s", c->peer, why, tried, dev_name(c->cur_dev));
-			c->back_retry_ns = rail_now_ns() + (uint64_t)rail_param_int(
-				RAIL_P_FAILOVER_HOLDDOWN) * 1000000000ull;
-			atomic_store(&c->moving, 0);
-			tcp_move_free(c);
+	}
+	if (!mv->dialed) {
+		err = dial_peer(c, mv);
+		if (err == -EAGAIN)
 			return 0;
-		}
 		if (err)
-			return tcp_comm_fail(c, err == -ECONNREFUSED ? -ECONNRESET : -ENETDOWN,
-					     "%s; no other interface reaches the peer (%s)%s", why,
-					     tried, err == -ECONNREFUSED ? "; its process has probably "
-					     "exited" : "");
+			return send_gave_up(c, mv, err, 0);
 		for (int i = 0; i <= c->nsocks; i++)
 			new_socket_opts(mv->fds[i]);
 	}
 	err = rail_sock_recv_nb(mv->fds[0], mv->state, TCP_STATE_SIZE(c->nsocks), &mv->off);
 	if (err == -EAGAIN)
 		return 0;
-	if (!err && tcp_state_decode(mv->state, mv->gen, c->nsocks, pos))
-		err = -EPROTO;
+	if (!err)
+		err = tcp_state_decode(mv->state, mv->gen, c->nsocks, pos);
+	if (err == -EBUSY)
+		return send_gave_up(c, mv, err, pos[0]);
 	if (err)
 		return tcp_comm_fail(c, err == -EPROTO ? err : -ECONNRESET, "moving to another "
 				     "interface (%s): the receiver's answer on %s failed: %s",
@@ -357,7 +488,7 @@ int tcp_move_send(struct tcp_comm *c)
 }
 
 /* Receive side: take the sockets the rescue thread delivered; 0 when none are complete. */
-static int take_rescue(struct tcp_comm *c, int *fds, uint32_t *gen)
+static int take_rescue(struct tcp_comm *c, int *fds, struct tcp_move_hello *h)
 {
 	int got = 0;
 
@@ -369,7 +500,7 @@ static int take_rescue(struct tcp_comm *c, int *fds, uint32_t *gen)
 		for (int i = 0; i <= c->nsocks; i++)
 			c->rescue_fds[i] = -1;
 		c->rescue_n = 0;
-		*gen = c->rescue_gen;
+		*h = c->rescue_hello;
 		atomic_store(&c->rescue_ready, 0);
 		got = 1;
 	}
@@ -377,36 +508,68 @@ static int take_rescue(struct tcp_comm *c, int *fds, uint32_t *gen)
 	return got;
 }
 
-/* Receive side: answer the sender with every stream's offset, then switch sockets. */
-static int recv_install(struct tcp_comm *c, int *fds, uint32_t gen, uint64_t t0,
-			const char *reason)
+/*
+ * Receive side, with the streams paused: every stream's offset (consumed
+ * plus what its socket holds) in pos, what the sockets hold in inq; 0, a
+ * TCP_BUSY_* reason to decline (> 0), or -errno.
+ */
+static int recv_positions(struct tcp_comm *c, const struct tcp_move_hello *h, int fd,
+			  uint64_t *pos, uint64_t *inq)
 {
-	char from[RAIL_ADDR_STRLEN + IF_NAMESIZE + 2], to[sizeof(from)], old_peer[sizeof(c->peer)];
-	uint64_t pos[TCP_MAX_SOCKS + 1], inq[TCP_MAX_SOCKS + 1], left = 0;
-	uint8_t state[TCP_STATE_SIZE(TCP_MAX_SOCKS)];
-	int n = 0, err = 0, back;
+	union rail_sockaddr me;
+	socklen_t sl = sizeof(me);
+	int n = 0;
 	int64_t p;
 
-	tcp_pool_pause(c);
-	if (c->ctl_old_left || ioctl(c->ctrl_fd, FIONREAD, &n) || n < 0)
-		err = c->ctl_old_left ? -EBUSY : -errno;
+	if (c->ctl_old_left)
+		return TCP_BUSY_LEFTOVERS;
+	if (h->kind == TCP_MOVE_BACK && getsockname(fd, &me.sa, &sl) == 0 &&
+	    tcp_link_down(tcp_dev_of_addr(&me)))
+		return TCP_BUSY_DOWN;
+	if (ioctl(c->ctrl_fd, FIONREAD, &n) || n < 0)
+		return -errno;
 	inq[0] = (uint64_t)n;
 	pos[0] = c->ctl_rx + inq[0];
-	for (int i = 0; i < c->nsocks && !err; i++) {
+	for (int i = 0; i < c->nsocks; i++) {
 		p = tcp_pool_recv_pos(c, i, &inq[i + 1]);
-		err = p < 0 ? (int)p : 0;
+		if (p == -EBUSY)
+			return TCP_BUSY_LEFTOVERS;
+		if (p < 0)
+			return (int)p;
 		pos[i + 1] = (uint64_t)p;
 	}
-	if (!err) {
-		size_t len = (size_t)tcp_state_encode(gen, c->nsocks, pos, state);
+	return 0;
+}
 
+/* Receive side: answer the sender (positions, or why not), then switch sockets; 1: declined. */
+static int recv_install(struct tcp_comm *c, int *fds, const struct tcp_move_hello *h,
+			uint64_t t0, const char *reason)
+{
+	char from[RAIL_ADDR_STRLEN + IF_NAMESIZE + 2], to[sizeof(from)], old_peer[sizeof(c->peer)];
+	uint64_t pos[TCP_MAX_SOCKS + 1] = { 0 }, inq[TCP_MAX_SOCKS + 1] = { 0 }, left = 0;
+	uint8_t state[TCP_STATE_SIZE(TCP_MAX_SOCKS)];
+	int busy, err = 0, back = h->kind == TCP_MOVE_BACK;
+
+	tcp_pool_pause(c);
+	busy = recv_positions(c, h, fds[0], pos, inq);
+	if (busy >= 0) {
+		size_t len;
+
+		pos[0] = busy > 0 ? (uint64_t)busy : pos[0];
+		len = (size_t)tcp_state_encode(h->gen, busy > 0, c->nsocks, pos, state);
 		rail_sock_set_nonblocking(fds[0], 0);
 		err = rail_sock_send_all(fds[0], state, len);
 	}
-	if (err) {
+	if (busy || err) {
 		tcp_pool_resume(c);
 		for (int i = 0; i <= c->nsocks; i++)
 			close(fds[i]);
+		if (back && busy > 0) {
+			RAIL_INFO(RAIL_LOG_NET, "receive comm from peer %s: declined the sender's move "
+				  "back (%s): %s", c->peer, reason, busy_str((uint64_t)busy));
+			return 1;
+		}
+		err = busy > 0 ? -EBUSY : busy < 0 ? busy : err;
 		return tcp_comm_fail(c, err, "moving to another interface: answering the sender "
 				     "failed: %s%s", RAIL_ERRSTR(err), err == -EBUSY ? " (a second "
 				     "move before the first one's leftovers were read)" : "");
@@ -429,12 +592,11 @@ static int recv_install(struct tcp_comm *c, int *fds, uint32_t gen, uint64_t t0,
 	atomic_store(&c->path_err, 0);
 	tcp_pool_resume(c);
 	new_path(c, to, sizeof(to));
-	c->moves = (int)gen;
-	back = c->cur_dev == c->home_dev;
+	c->moves = (int)h->gen;
 	rail_log(back ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
-		 "receive comm from peer %s moved%s from %s to %s (peer now %s): %s; %.1f ms; "
+		 "receive comm from peer %s moved %sfrom %s to %s (peer now %s): %s; %.1f ms; "
 		 "the sender resumes at control offset %llu, %llu bytes still read from the old "
-		 "sockets", old_peer, back ? " back" : "", from, to, c->peer, reason,
+		 "sockets", old_peer, back ? "back " : "", from, to, c->peer, reason,
 		 (double)(rail_now_ns() - t0) / 1e6, (unsigned long long)pos[0],
 		 (unsigned long long)(left + inq[0]));
 	return 0;
@@ -443,34 +605,51 @@ static int recv_install(struct tcp_comm *c, int *fds, uint32_t gen, uint64_t t0,
 int tcp_move_recv(struct tcp_comm *c)
 {
 	int fds[TCP_MAX_SOCKS + 1], err;
-	char why[200], tried[512];
-	uint32_t gen;
+	struct tcp_move_hello h;
+	uint32_t up_s = 0;
+	char why[200];
 
 	if (atomic_load(&c->error))
 		return atomic_load(&c->error);
-	if (take_rescue(c, fds, &gen)) {
+	if (take_rescue(c, fds, &h)) {
 		uint64_t t0 = c->mv ? c->mv->t0 : rail_now_ns();
 
 		if (!c->mv)
-			move_reason(c, why, sizeof(why)); /* note the link change as seen */
-		snprintf(why, sizeof(why), "%s", c->mv ? c->mv->reason : "the sender moved");
-		err = recv_install(c, fds, gen, t0, why);
+			move_reason(c, why, sizeof(why), &up_s); /* note the link change as seen */
+		if (c->mv)
+			snprintf(why, sizeof(why), "%s", c->mv->reason);
+		else if (h.kind == TCP_MOVE_BACK)
+			snprintf(why, sizeof(why), "the sender moved back (its interface up for %u s)",
+				 h.up_s);
+		else
+			snprintf(why, sizeof(why), "the sender moved");
+		err = recv_install(c, fds, &h, t0, why);
+		if (err == 1)
+			return 0; /* a move back declined: a request of this side's stays */
 		tcp_move_free(c);
 		return err;
 	}
-	if (c->mv || !move_reason(c, why, sizeof(why)))
+	if (!c->mv) {
+		if (!move_reason(c, why, sizeof(why), &up_s))
+			return 0;
+		c->mv = move_new(c, why, 0, 0);
+		if (!c->mv)
+			return tcp_comm_fail(c, -ENOMEM, "moving to another interface: out of memory");
+	}
+	if (c->mv->dialed)
 		return 0;
-	c->mv = move_new(c, why);
-	if (!c->mv)
-		return tcp_comm_fail(c, -ENOMEM, "moving to another interface: out of memory");
 	/* Ask the sender to move; it dials this side's rescue listeners. */
-	err = dial_peer(c, c->mv, tried, sizeof(tried));
+	err = dial_peer(c, c->mv);
+	if (err == -EAGAIN)
+		return 0;
 	if (err)
 		return tcp_comm_fail(c, err == -ECONNREFUSED ? -ECONNRESET : -ENETDOWN,
-				     "%s; no other interface reaches the sender (%s)%s", why, tried,
-				     err == -ECONNREFUSED ? "; its process has probably exited" : "");
+				     "%s; no other interface reaches the sender (%s)%s", c->mv->reason,
+				     c->mv->tried, err == -ECONNREFUSED ? "; its process has probably "
+				     "exited" : "");
+	dial_close(c->mv);
 	RAIL_INFO(RAIL_LOG_NET, "receive comm from peer %s: %s; asked the sender to move (%s)",
-		  c->peer, why, RAIL_ADDRSTR(&c->mv->to));
+		  c->peer, c->mv->reason, RAIL_ADDRSTR(&c->mv->to));
 	return 0;
 }
 

@@ -849,6 +849,8 @@ void tcp_pool_switch_recv(struct tcp_comm *c, int i, uint64_t inq, int fd)
 
 void tcp_pool_ack(struct tcp_comm *c)
 {
+	if (atomic_load_explicit(&c->moving, memory_order_relaxed))
+		return; /* the receiver takes its positions: nothing completes from here */
 	for (int i = 0; i < c->nattached; i++) {
 		struct tcp_stream *s = &c->streams[i];
 

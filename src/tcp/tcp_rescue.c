@@ -44,7 +44,7 @@ static int rs_nl = -1;
 static int rs_wake[2] = { -1, -1 };
 static unsigned rs_ifindex[TCP_MAX_DEVS];
 static _Atomic int rs_down[TCP_MAX_DEVS];
-static _Atomic uint64_t rs_up_ns[TCP_MAX_DEVS];	/* running again since (move-back) */
+static _Atomic uint64_t rs_up_since[TCP_MAX_DEVS];	/* when it last started running */
 static _Atomic uint32_t rs_gen;
 static struct tcp_comm *rs_comms;	/* under rs_lock */
 
@@ -53,14 +53,16 @@ uint32_t tcp_link_gen(void)
 	return atomic_load_explicit(&rs_gen, memory_order_relaxed);
 }
 
-uint64_t tcp_link_up_ns(int dev)
-{
-	return dev >= 0 && dev < TCP_MAX_DEVS ? atomic_load(&rs_up_ns[dev]) : 0;
-}
-
 int tcp_link_down(int dev)
 {
 	return dev >= 0 && dev < TCP_MAX_DEVS && atomic_load(&rs_down[dev]);
+}
+
+uint64_t tcp_link_up_since(int dev)
+{
+	if (dev < 0 || dev >= TCP_MAX_DEVS || atomic_load(&rs_down[dev]))
+		return 0;
+	return atomic_load(&rs_up_since[dev]);
 }
 
 int tcp_dev_of_addr(const union rail_sockaddr *a)
@@ -119,6 +121,7 @@ static void deliver(struct tcp_comm *c, const struct tcp_move_hello *h, int fd)
 		for (int i = 0; i <= TCP_MAX_SOCKS; i++)
 			c->rescue_fds[i] = -1;
 		c->rescue_gen = h->gen;
+		c->rescue_hello = *h;
 		c->rescue_n = 0;
 		atomic_store(&c->rescue_ready, 0);
 	}
@@ -182,7 +185,8 @@ static void link_state(unsigned ifindex, unsigned flags, int gone)
 	for (int i = 0; i < tcp_ndevs_now() && i < TCP_MAX_DEVS; i++) {
 		if (rs_ifindex[i] != ifindex || atomic_load(&rs_down[i]) == !running)
 			continue;
-		atomic_store(&rs_up_ns[i], running ? rail_now_ns() : 0);	/* a flap restarts it */
+		if (running)
+			atomic_store(&rs_up_since[i], rail_now_ns());
 		atomic_store(&rs_down[i], !running);
 		atomic_fetch_add(&rs_gen, 1);
 		RAIL_INFO(RAIL_LOG_NET, "link watch: %s is %s", tcp_dev_get(i)->name,
@@ -266,6 +270,7 @@ static int rescue_open(void)
 	for (int i = 0; i < tcp_ndevs_now() && i < TCP_MAX_DEVS; i++) {
 		rs_ifindex[i] = if_nametoindex(tcp_dev_get(i)->name);
 		atomic_store(&rs_down[i], 0);
+		atomic_store(&rs_up_since[i], rail_now_ns());
 	}
 	for (int i = 0; i < n; i++) {
 		union rail_sockaddr a = tcp_dev_get(i)->addr;

@@ -208,7 +208,7 @@ int tcp_rescue_decode(const uint8_t in[TCP_RESCUE_SIZE], struct tcp_rescue *r)
 }
 
 /* move hello: magic u32 | version u16 | kind u16 | index u16 | nsocks u16 | gen u32 |
- *             nonce u64 | conn_id u64 | 0 u32 | fnv u32 */
+ *             nonce u64 | conn_id u64 | up_s u32 (BACK; else 0) | fnv u32 */
 void tcp_move_hello_encode(const struct tcp_move_hello *h, uint8_t out[TCP_MOVE_HELLO_SIZE])
 {
 	memset(out, 0, TCP_MOVE_HELLO_SIZE);
@@ -220,6 +220,7 @@ void tcp_move_hello_encode(const struct tcp_move_hello *h, uint8_t out[TCP_MOVE_
 	rail_put_u32(out + 12, h->gen);
 	rail_put_u64(out + 16, h->nonce);
 	rail_put_u64(out + 24, h->conn_id);
+	rail_put_u32(out + 32, h->kind == TCP_MOVE_BACK ? h->up_s : 0);
 	rail_put_u32(out + 36, rail_fnv1a(out, 36));
 }
 
@@ -228,7 +229,7 @@ int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move
 	struct tcp_move_hello v;
 
 	if (rail_get_u32(in) != TCP_MOVE_MAGIC || rail_get_u16(in + 4) != TCP_WIRE_VERSION ||
-	    rail_get_u32(in + 36) != rail_fnv1a(in, 36) || rail_get_u32(in + 32))
+	    rail_get_u32(in + 36) != rail_fnv1a(in, 36))
 		return -EPROTO;
 	v.kind = rail_get_u16(in + 6);
 	v.index = rail_get_u16(in + 8);
@@ -236,19 +237,22 @@ int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move
 	v.gen = rail_get_u32(in + 12);
 	v.nonce = rail_get_u64(in + 16);
 	v.conn_id = rail_get_u64(in + 24);
-	if ((v.kind != TCP_MOVE_SOCKET && v.kind != TCP_MOVE_KICK) || v.nsocks < 1 ||
+	v.up_s = rail_get_u32(in + 32);
+	if ((v.kind != TCP_MOVE_SOCKET && v.kind != TCP_MOVE_KICK && v.kind != TCP_MOVE_BACK) ||
+	    (v.kind != TCP_MOVE_BACK && v.up_s) || v.nsocks < 1 ||
 	    v.nsocks > TCP_MAX_SOCKS || v.index > v.nsocks)
 		return -EPROTO;
 	*h = v;
 	return 0;
 }
 
-/* state: magic u32 | gen u32 | nsocks u32 | fnv u32 (of the positions) | pos u64 x nsocks+1 */
-int tcp_state_encode(uint32_t gen, int nsocks, const uint64_t *pos, uint8_t *out)
+/* state: magic u32 (RTCS, or RTCB: declined, pos[0] says why) | gen u32 | nsocks u32 |
+ *        fnv u32 (of the positions) | pos u64 x nsocks+1 */
+int tcp_state_encode(uint32_t gen, int busy, int nsocks, const uint64_t *pos, uint8_t *out)
 {
 	for (int i = 0; i <= nsocks; i++)
 		rail_put_u64(out + 16 + 8 * i, pos[i]);
-	rail_put_u32(out, TCP_STATE_MAGIC);
+	rail_put_u32(out, busy ? TCP_STATE_BUSY_MAGIC : TCP_STATE_MAGIC);
 	rail_put_u32(out + 4, gen);
 	rail_put_u32(out + 8, (uint32_t)nsocks);
 	rail_put_u32(out + 12, rail_fnv1a(out + 16, 8 * ((size_t)nsocks + 1)));
@@ -257,11 +261,13 @@ int tcp_state_encode(uint32_t gen, int nsocks, const uint64_t *pos, uint8_t *out
 
 int tcp_state_decode(const uint8_t *in, uint32_t gen, int nsocks, uint64_t *pos)
 {
-	if (rail_get_u32(in) != TCP_STATE_MAGIC || rail_get_u32(in + 4) != gen ||
-	    rail_get_u32(in + 8) != (uint32_t)nsocks ||
+	uint32_t magic = rail_get_u32(in);
+
+	if ((magic != TCP_STATE_MAGIC && magic != TCP_STATE_BUSY_MAGIC) ||
+	    rail_get_u32(in + 4) != gen || rail_get_u32(in + 8) != (uint32_t)nsocks ||
 	    rail_get_u32(in + 12) != rail_fnv1a(in + 16, 8 * ((size_t)nsocks + 1)))
 		return -EPROTO;
 	for (int i = 0; i <= nsocks; i++)
 		pos[i] = rail_get_u64(in + 16 + 8 * i);
-	return 0;
+	return magic == TCP_STATE_BUSY_MAGIC ? -EBUSY : 0;
 }

@@ -4,9 +4,11 @@
 # rendezvous and two data interfaces, both named in NCCL_SOCKET_IFNAME.
 #
 #   test/netns/failover.sh BUILD_DIR        (make test-netns)
+#   CASES="5 6" test/netns/failover.sh build  (only those cases)
 #
 # As root: namespaces rfA-<pid> / rfB-<pid>; rendezvous 10.77.95.1 <-> .2,
-# data 0 10.77.96.1 <-> .2 (faa0/fab0), data 1 10.77.97.1 <-> .2 (faa1/fab1).
+# data 0 10.77.96.1 <-> .2 (faa0/fab0), data 1 10.77.97.1 <-> .2 (faa1/fab1), data 2
+# 10.77.98.1 <-> .2 (faa2/fab2) through a bridge in a third namespace rfC-<pid>.
 # rail-bench --server in A sends, --client in B receives, every byte checked
 # (--verify: a window of 8 messages whose send buffers are refilled as soon
 # as each send completes). Checks:
@@ -18,13 +20,19 @@
 #   3. a single data interface configured: a healthy run moves nothing and
 #      starts no rescue listener; the same fault fails it as today;
 #   4. the sender killed mid-transfer with failover on: the receiver fails
-#      at once (end of file means the peer exited), no move.
+#      at once (end of file means the peer exited), no move;
+#   5. move back (NCCL_RAIL_FAILOVER_HOLDDOWN=2): the interface up again, the
+#      comm goes back to it after 2 s (a move-back line on both sides, faa0's
+#      byte counter grows again), every byte right; and a flapping link (up for
+#      1 s, down, up): no move back during the short run, one after the last;
+#   6. "please move": B's interface taken down behind a bridge (A keeps its
+#      carrier and sees nothing): B asks A to move, A moves, every byte right.
 # Everything is removed on every exit. Not root, or no `ip netns`: SKIP.
 set -uo pipefail
 
 build=${1:-build}
 bench=$build/rail-bench
-nsa=rfA-$$ nsb=rfB-$$
+nsa=rfA-$$ nsb=rfB-$$ nsc=rfC-$$
 out=$(mktemp -d /tmp/rail-failover.XXXXXX)
 port=18991
 fails=0
@@ -39,6 +47,7 @@ cleanup() {
     [ -n "${spid:-}" ] && kill "$spid" 2>/dev/null
     ip netns del "$nsa" 2>/dev/null
     ip netns del "$nsb" 2>/dev/null
+    ip netns del "$nsc" 2>/dev/null
     rm -rf "$out"
 }
 trap cleanup EXIT
@@ -55,22 +64,65 @@ carrier() { ip -n "$1" link show "$2" | grep -q LOWER_UP; }
 wait_carrier() {
     for _ in $(seq 50); do
         carrier "$nsa" faa0 && carrier "$nsa" faa1 && carrier "$nsb" fab0 &&
-            carrier "$nsb" fab1 && return 0
+            carrier "$nsb" fab1 && carrier "$nsa" faa2 && carrier "$nsb" fab2 && return 0
         sleep 0.1
     done
     echo "failover netns: the veth pairs have no carrier after 5 s"; return 1
 }
+# A third data path through a bridge in namespace C: faa2 (A) - br0 - fab2 (B). Taking fab2
+# down in B takes the carrier of its bridge port only; A's faa2 keeps running, so A sees nothing.
+# Made before faa1, so that faa2 comes first (device 0) in "faa2,faa1" (interfaces in kernel order).
+bridged() {
+    ip netns add "$nsc" && ip -n "$nsc" link add br0 type bridge &&
+        ip link add faa2 netns "$nsa" type veth peer name ca2 netns "$nsc" &&
+        ip link add fab2 netns "$nsb" type veth peer name cb2 netns "$nsc" &&
+        ip -n "$nsc" link set ca2 master br0 && ip -n "$nsc" link set cb2 master br0 &&
+        ip -n "$nsc" link set ca2 up && ip -n "$nsc" link set cb2 up &&
+        ip -n "$nsc" link set br0 up &&
+        ip -n "$nsa" addr add 10.77.98.1/24 dev faa2 && ip -n "$nsb" addr add 10.77.98.2/24 dev fab2 &&
+        ip -n "$nsa" link set faa2 up && ip -n "$nsb" link set fab2 up
+}
 ip -n "$nsa" link set lo up && ip -n "$nsb" link set lo up &&
-    veth faac fabc 10.77.95 && veth faa0 fab0 10.77.96 && veth faa1 fab1 10.77.97 &&
-    wait_carrier || { echo "failover netns: cannot set up the namespaces"; exit 1; }
+    veth faac fabc 10.77.95 && veth faa0 fab0 10.77.96 && bridged &&
+    veth faa1 fab1 10.77.97 && wait_carrier || { echo "failover netns: cannot set up the namespaces"; exit 1; }
 
 check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); return 1; }
 absent() { check [ "$(cat "${@:2}" | grep -c "$1")" = 0 ]; }
 show() { sed "s/^/  $1| /" "$out/$1"; }
 now() { date +%s.%N; }
+want() { case " ${CASES:-1 2 3 4 5 6} " in *" $1 "*) return 0;; esac; return 1; }
+
+# txd IF S: the bytes IF in A transmitted over S seconds.
+txd() {
+    ip netns exec "$nsa" sh -c 'f=/sys/class/net/$1/statistics/tx_bytes; a=$(cat $f);
+        sleep $2; echo $(($(cat $f) - a))' sh "$1" "$2"
+}
+backs() { grep -c "moved back from" "$out/$1.a"; }
+# toggle NAME IF D1 D2 ...: IF (down now) in A goes up after D1 s, down after D2, ...
+# Before each change it notes the time and A's move-back lines so far in NAME.ev;
+# after the last (up) it notes IF's transmitted bytes over 0.5 s (IF runs, the comm
+# must still be away: the hold-down), then waits for the move back and notes them
+# again over 1 s (the traffic runs there again).
+toggle() {
+    local name=$1 ifc=$2 state=down d t0 tx
+    shift 2
+    for d in "$@"; do
+        sleep "$d"
+        [ $state = down ] && state=up || state=down
+        echo "$state $(now) backs $(backs "$name")" >>"$out/$name.ev"
+        ip -n "${TOGGLE_NS:-$nsa}" link set "$ifc" $state
+    done
+    [ -n "${SEQ:-}" ] || return 0
+    sleep 0.2; tx=$(txd "$ifc" 0.5)
+    echo "held $(now) backs $(backs "$name") tx $tx" >>"$out/$name.ev"
+    for _ in $(seq 400); do [ "$(backs "$name")" = 0 ] || break; sleep 0.025; done
+    t0=$(now); tx=$(txd "$ifc" 1)
+    echo "back $t0 backs $(backs "$name") tx $tx" >>"$out/$name.ev"
+}
 
 # run NAME IFS_A IFS_B TOTAL FAULT: A sends TOTAL to B, every byte checked. FAULT:
-#   none | down (A's active interface down 1 s into the data, up DOWN_S later) | kill
+#   none | down (A's active interface down 1 s into the data, up DOWN_S later) | kill |
+#   downb (B's active interface down instead)
 run() {
     local name=$1 ifa=$2 ifb=$3 total=$4 fault=$5 t0 active
     ip netns exec "$nsa" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=$ifa" \
@@ -89,10 +141,15 @@ run() {
         fault_t=$(now)
         if [ "$fault" = kill ]; then
             kill -9 $(pgrep -P "$spid") "$spid"  # rail-bench (the child of timeout), then timeout
+        elif [ "$fault" = downb ]; then
+            active=$(sed -n 's/^# client (this side.*device 0 = \([a-z0-9]*\):.*/\1/p' "$out/$name.b")
+            echo "failover netns: $name: $active down in B at $fault_t"
+            ip -n "$nsb" link set "$active" down
+            TOGGLE_NS=$nsb toggle "$name" "$active" ${DOWN_S:-3} &
         else
             echo "failover netns: $name: $active down in A at $fault_t"
             ip -n "$nsa" link set "$active" down
-            (sleep "${DOWN_S:-3}"; ip -n "$nsa" link set "$active" up) &
+            toggle "$name" "$active" ${SEQ:-${DOWN_S:-3}} &
         fi
     fi
     wait "$cpid"; crc=$?
@@ -134,6 +191,7 @@ if [ -n "${FAILOVER_COST:-}" ]; then
 fi
 
 # 1. The move: every byte right, both sides name both interfaces.
+if want 1; then
 run move "faa0,faa1" "fab0,fab1" 12G down
 check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show move.a; show move.b; }
 check grep -q "^rail-bench: verified: every byte right" "$out/move.b"
@@ -150,41 +208,92 @@ check [ -n "$done_t" ] &&
         "$(awk -v a="$fault_t" -v b="$done_t" 'BEGIN { printf "%.1f", (b - a) * 1000 }') ms"
 line=$(grep "^rail-bench: moved" "$out/move.b")
 echo "failover netns: move: ${line#rail-bench: }"
-
-# 1b. Move-back: hold-down 1 s; faa0 down 1 s into the data and up 2 s later: the comm
-# moves to faa1, then back to faa0 once faa0 has run 1 s (an INFO line on each side: no
-# WARN level word in rail-bench's output);
-# every byte right; the move back is not the first move.
-ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=1" DOWN_S=2 run back "faa0,faa1" "fab0,fab1" 24G down
-check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show back.a; show back.b; }
-check grep -q "^rail-bench: verified: every byte right" "$out/back.b"
-check grep -Eq "^NET/Rail : send comm to peer 10\.77\.97\.2:[0-9]+ moved back from faa1 10\.77\.97\.1:[0-9]+ to faa0 10\.77\.96\.1:[0-9]+ .*: faa0 running again for [0-9]+ s" \
-    "$out/back.a" || grep -a "moved\|WARN" "$out/back.a"
-check grep -Eq "^NET/Rail : receive comm from peer 10\.77\.97\.1:[0-9]+ moved back from fab1 [0-9.:]+ to fab0 " \
-    "$out/back.b" || grep -a "moved\|WARN" "$out/back.b"
-check [ "$(grep -c "moved from" "$out/back.a")" = 1 ]
-grep -h "moved back\|moved from" "$out/back.a" "$out/back.b" | sed 's/^/  /'
+fi
 
 # 2. NCCL_RAIL_FAILOVER=0: the same fault fails as today (after NCCL_RAIL_PEER_TIMEOUT).
+if want 2; then
 ENV_AB="NCCL_RAIL_FAILOVER=0 NCCL_RAIL_PEER_TIMEOUT=4" DOWN_S=12 run off "faa0,faa1" "fab0,fab1" 6G down
 check [ "$src" != 0 ] && check [ "$crc" != 0 ] || { show off.a; show off.b; }
 absent "moved from" "$out/off.a" "$out/off.b"
 check grep -q "WARN " "$out/off.a" || show off.a
+fi
 
 # 3. One data interface: nothing moves, no rescue listener; the fault fails as today.
+if want 3; then
 run single faa0 fab0 1G none
 check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show single.a; show single.b; }
 absent "rescue listeners\|moved from" "$out/single.a" "$out/single.b"
 ENV_AB="NCCL_RAIL_PEER_TIMEOUT=4" DOWN_S=12 run singledown faa0 fab0 6G down
 check [ "$src" != 0 ] && check [ "$crc" != 0 ] || { show singledown.a; show singledown.b; }
 absent "moved from" "$out/singledown.a" "$out/singledown.b"
+fi
 
 # 4. The sender dies: the receiver fails at once, no move.
+if want 4; then
 t0=$SECONDS
 FAULT_AFTER=0.3 run kill "faa0,faa1" "fab0,fab1" 40G kill
 check [ "$crc" != 0 ] || show kill.b
 absent "moved from" "$out/kill.b"
 check [ $((SECONDS - t0)) -lt 20 ]
+fi
+
+# 5. Move back (NCCL_RAIL_FAILOVER_HOLDDOWN=2): down 1 s in, up 3 s later; the comm
+# moves back once faa0 ran for 2 s, every byte right. FLAP: up for 1 s, down again
+# for 1.5 s, up: no move back during the short run, none in the first second of the
+# last one (the hold-down starts again), then one.
+# back_checks NAME: one move-back line on each side naming the first interfaces,
+# traffic on faa0 again after it and (nearly) none while held down.
+back_checks() {
+    local n=$1 up held back
+    check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show "$n.a"; show "$n.b"; }
+    check grep -q "^rail-bench: verified: every byte right" "$out/$n.b"
+    check grep -Eq "^NET/Rail : send comm to peer 10\.77\.97\.2:[0-9]+ moved back from faa1 10\.77\.97\.1:[0-9]+ to faa0 10\.77\.96\.1:[0-9]+ \(peer now 10\.77\.96\.2:[0-9]+\): faa0 up for [0-9]+ s; .*ms; re-sent" \
+        "$out/$n.a" || grep -a "moved\|WARN" "$out/$n.a"
+    check grep -Eq "^NET/Rail : receive comm from peer 10\.77\.97\.1:[0-9]+ moved back from fab1 10\.77\.97\.2:[0-9]+ to fab0 10\.77\.96\.2:[0-9]+ .*: the sender moved back" \
+        "$out/$n.b" || grep -a "moved\|WARN" "$out/$n.b"
+    check [ "$(grep -c "moved back from" "$out/$n.a")" = 1 ]
+    check [ "$(grep -c "moved back from" "$out/$n.b")" = 1 ]
+    grep -h "moved back from" "$out/$n.a" "$out/$n.b" | sed 's/^/  /'
+    sed 's/^/  ev| /' "$out/$n.ev"
+    up=$(awk '$1 == "up" { t = $2 } END { print t }' "$out/$n.ev")
+    held=$(awk '$1 == "held" { print $6 }' "$out/$n.ev")
+    back=$(awk '$1 == "back" { print $2, $4, $6 }' "$out/$n.ev")
+    check [ -n "$held" ] && check [ "$held" -lt 1000000 ]      # faa0 runs, the comm is held away
+    check [ "$(awk '$1 == "held" { print $4 }' "$out/$n.ev")" = 0 ]
+    set -- $back
+    check [ "${2:-0}" = 1 ] && check [ "${3:-0}" -gt 100000000 ]  # > 100 MB on faa0 in 1 s after it
+    echo "failover netns: $n: faa0 up to the move back seen: $(awk -v a="$up" -v b="${1:-0}" \
+        'BEGIN { printf "%.2f", b - a }') s (hold-down 2 s); faa0 sent $((${3:-0} >> 20)) MiB in the next second"
+}
+if want 5; then
+ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=2" SEQ=3 run back "faa0,faa1" "fab0,fab1" 16G down
+back_checks back
+ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=2" SEQ="2 1 1.5" run flap "faa0,faa1" "fab0,fab1" 16G down
+back_checks flap
+# No move back while faa0 ran for 1 s: still none when it went down again.
+check [ "$(awk '$1 == "down" { print $4 }' "$out/flap.ev")" = 0 ]
+fi
+
+# 6. Please move: B's interface fails, A's keeps running (the bridge): B's receive comm asks
+# A to move (a KICK on A's rescue listener on faa1), A moves; every byte right.
+if want 6; then
+run please "faa2,faa1" "fab2,fab1" 12G downb
+check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show please.a; show please.b; }
+check grep -q "^rail-bench: verified: every byte right" "$out/please.b"
+check grep -Eq "^NET/Rail : receive comm from peer 10\.77\.98\.1:[0-9]+: fab2 stopped running \(link watch\); asked the sender to move \(10\.77\.97\.1:[0-9]+\)" \
+    "$out/please.b" || grep -a "moved\|asked\|WARN" "$out/please.b"
+check grep -Eq "WARN .*send comm to peer 10\.77\.98\.2:[0-9]+ moved from faa2 10\.77\.98\.1:[0-9]+ to faa1 10\.77\.97\.1:[0-9]+ \(peer now 10\.77\.97\.2:[0-9]+\): the receiver asked \(its path failed\)" \
+    "$out/please.a" || grep -a "moved\|WARN" "$out/please.a"
+check grep -Eq "WARN .*receive comm from peer 10\.77\.98\.1:[0-9]+ moved from fab2 10\.77\.98\.2:[0-9]+ to fab1 10\.77\.97\.2:[0-9]+ " \
+    "$out/please.b" || grep -a "moved\|WARN" "$out/please.b"
+absent "link watch: faa2" "$out/please.a"       # A saw nothing: the KICK moved it
+check [ "$(grep -c "moved from" "$out/please.a")" = 1 ]
+grep -h "moved from\|asked the sender\|first message" "$out/please.a" "$out/please.b" | sed 's/^/  /'
+done_t=$(sed -n 's/.*first message completed on the new path .*(at \([0-9.]*\)).*/\1/p' "$out/please.a" | head -1)
+check [ -n "$done_t" ] &&
+    echo "failover netns: please: fault in B to A's first completion on the new path:" \
+        "$(awk -v a="$fault_t" -v b="$done_t" 'BEGIN { printf "%.1f", (b - a) * 1000 }') ms"
+fi
 
 if [ "$fails" -ne 0 ]; then
     echo "failover netns: $fails check(s) FAILED"

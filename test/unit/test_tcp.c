@@ -136,12 +136,28 @@ static void test_failover_wire(void **state)
 				.min_chunk = 4096 };
 	tcp_hello_encode(&v1, mh);
 	assert_int_equal(tcp_move_hello_decode(mh, &hg), -EPROTO);
-	assert_int_equal(tcp_state_encode(3, 4, pos, st), (int)TCP_STATE_SIZE(4));
+	/* A move back carries how long the sender's first interface has run; others carry 0. */
+	h.kind = TCP_MOVE_BACK;
+	h.up_s = 31;
+	tcp_move_hello_encode(&h, mh);
+	assert_int_equal(tcp_move_hello_decode(mh, &hg), 0);
+	assert_true(hg.kind == TCP_MOVE_BACK && hg.up_s == 31 && hg.index == 4);
+	h.kind = TCP_MOVE_SOCKET;
+	tcp_move_hello_encode(&h, mh);
+	assert_int_equal(tcp_move_hello_decode(mh, &hg), 0);
+	assert_int_equal(hg.up_s, 0);
+	assert_int_equal(tcp_state_encode(3, 0, 4, pos, st), (int)TCP_STATE_SIZE(4));
 	assert_int_equal(tcp_state_decode(st, 3, 4, got), 0);
 	assert_memory_equal(got, pos, sizeof(pos));
 	assert_int_equal(tcp_state_decode(st, 2, 4, got), -EPROTO);	/* another move */
 	st[20] ^= 1;
 	assert_int_equal(tcp_state_decode(st, 3, 4, got), -EPROTO);
+	/* Declined: the sender stays where it runs; pos[0] says why. */
+	pos[0] = TCP_BUSY_DOWN;
+	tcp_state_encode(5, 1, 4, pos, st);
+	assert_int_equal(tcp_state_decode(st, 5, 4, got), -EBUSY);
+	assert_int_equal(got[0], TCP_BUSY_DOWN);
+	assert_int_equal(tcp_state_decode(st, 4, 4, got), -EPROTO);
 }
 
 /* The receiver's refusal: round trip, and every malformed variant refused. */
