@@ -140,7 +140,9 @@ run() {
         sleep "${FAULT_AFTER:-1}"
         fault_t=$(now)
         if [ "$fault" = kill ]; then
-            kill -9 $(pgrep -P "$spid") "$spid"  # rail-bench (the child of timeout), then timeout
+            # rail-bench (the child of timeout), then timeout; /proc, not pgrep: a fresh
+            # minbase root (make test-fresh) has no procps
+            kill -9 $(cat /proc/"$spid"/task/*/children 2>/dev/null) "$spid"
         elif [ "$fault" = downb ]; then
             active=$(sed -n 's/^# client (this side.*device 0 = \([a-z0-9]*\):.*/\1/p' "$out/$name.b")
             echo "failover netns: $name: $active down in B at $fault_t"
