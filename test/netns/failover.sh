@@ -240,6 +240,8 @@ check [ $((SECONDS - t0)) -lt 20 ]
 fi
 
 # 5. Move back (NCCL_RAIL_FAILOVER_HOLDDOWN=2): down 1 s in, up 3 s later; the comm
+# (transfers long enough to outlast the last hold-down at 2.6 GB/s, the fresh root's rate:
+# with 16 GiB the flap case ended before its move back there)
 # moves back once faa0 ran for 2 s, every byte right. FLAP: up for 1 s, down again
 # for 1.5 s, up: no move back during the short run, none in the first second of the
 # last one (the hold-down starts again), then one.
@@ -268,9 +270,9 @@ back_checks() {
         'BEGIN { printf "%.2f", b - a }') s (hold-down 2 s); faa0 sent $((${3:-0} >> 20)) MiB in the next second"
 }
 if want 5; then
-ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=2" SEQ=3 run back "faa0,faa1" "fab0,fab1" 16G down
+ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=2" SEQ=3 run back "faa0,faa1" "fab0,fab1" 32G down
 back_checks back
-ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=2" SEQ="2 1 1.5" run flap "faa0,faa1" "fab0,fab1" 16G down
+ENV_AB="NCCL_RAIL_FAILOVER_HOLDDOWN=2" SEQ="2 1 1.5" run flap "faa0,faa1" "fab0,fab1" 48G down
 back_checks flap
 # No move back while faa0 ran for 1 s: still none when it went down again.
 check [ "$(awk '$1 == "down" { print $4 }' "$out/flap.ev")" = 0 ]
