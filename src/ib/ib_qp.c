@@ -153,6 +153,19 @@ static void qps_to_error(struct rail_ib_comm *c)
 			(void)rail_ibv.modify_qp(c->qps[i].qp, &a, IBV_QP_STATE);
 }
 
+/* A member's CQ and control-region registrations (its QPs go first). */
+static void devres_release(struct rail_ib_devres *r)
+{
+	if (r->cq)
+		rail_ibv.destroy_cq(r->cq);
+	if (r->ctrl_mr)
+		rail_ibv.dereg_mr(r->ctrl_mr);
+	if (r->scratch_mr)
+		rail_ibv.dereg_mr(r->scratch_mr);
+	r->cq = NULL;
+	r->ctrl_mr = r->scratch_mr = NULL;
+}
+
 void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 {
 	if (c->error)
@@ -163,18 +176,8 @@ void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 			destroy_qp(c->qps[i].qp);
 		c->qps[i].qp = NULL;
 	}
-	for (int m = 0; m < c->ndevs; m++) {
-		struct rail_ib_devres *r = &c->res[m];
-
-		if (r->cq)
-			rail_ibv.destroy_cq(r->cq);
-		if (r->ctrl_mr)
-			rail_ibv.dereg_mr(r->ctrl_mr);
-		if (r->scratch_mr)
-			rail_ibv.dereg_mr(r->scratch_mr);
-		r->cq = NULL;
-		r->ctrl_mr = r->scratch_mr = NULL;
-	}
+	for (int m = 0; m < c->ndevs; m++)
+		devres_release(&c->res[m]);
 	free(c->fifo);
 	free(c->sizes);
 	free(c->cmpl);
@@ -745,12 +748,7 @@ void rail_ib_old_free(struct rail_ib_old *old)
 			destroy_qp(r->flush_qp);
 		if (r->flush_mr)
 			rail_ibv.dereg_mr(r->flush_mr);
-		if (r->cq)
-			rail_ibv.destroy_cq(r->cq);
-		if (r->ctrl_mr)
-			rail_ibv.dereg_mr(r->ctrl_mr);
-		if (r->scratch_mr)
-			rail_ibv.dereg_mr(r->scratch_mr);
+		devres_release(r);
 	}
 	old->nqps = old->nres = 0;
 }
