@@ -350,7 +350,11 @@ struct rail_ib_sent {
 };
 
 /* Move triggers, what the engine and the checks hand to c->on_move. */
-enum { RAIL_IB_TRIG_NONE, RAIL_IB_TRIG_PORT, RAIL_IB_TRIG_WC, RAIL_IB_TRIG_OOB, RAIL_IB_TRIG_BACK };
+enum {
+	RAIL_IB_TRIG_NONE, RAIL_IB_TRIG_PORT, RAIL_IB_TRIG_WC, RAIL_IB_TRIG_OOB, RAIL_IB_TRIG_BACK,
+	RAIL_IB_TRIG_FATAL,	/* DEVICE_FATAL on the comm's device */
+	RAIL_IB_TRIG_QP,	/* QP_FATAL on one of its QPs (c->qp_event) */
+};
 
 struct rail_ib_move;
 
@@ -413,6 +417,7 @@ struct rail_ib_comm {
 	int tc, sl;
 	char peer[RAIL_ADDR_STRLEN];
 	atomic_int fatal;		/* async event on one of our QPs/CQs */
+	atomic_uint qp_event;		/* failover: QP_FATAL on QP number qp_event - 1 */
 	/*
 	 * Handles deregMr released (their MRs are gone) and the progress thread
 	 * has not yet checked against its requests: a stack pushed by deregMr
@@ -605,6 +610,15 @@ struct rail_ib_old {
 	struct ibv_qp *qps[RAIL_IB_MAX_QPS];
 };
 int rail_ib_comm_fence(struct rail_ib_comm *c);
+/*
+ * Fence after DEVICE_FATAL on member m's device: its QPs and CQ are not
+ * touched (a dead HCA completes nothing); every completion still expected
+ * of them is counted as flushed, as a drain would have (send batches and
+ * flushes of the requests in flight); returns how many.
+ */
+int rail_ib_comm_fence_dead(struct rail_ib_comm *c, int m);
+/* QP_FATAL seen (c->qp_event) on a current QP of c; one on a replaced QP is dropped. */
+int rail_ib_qp_event_current(struct rail_ib_comm *c);
 int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d, int is_send,
 			   struct rail_ib_old *old);
 void rail_ib_old_free(struct rail_ib_old *old);

@@ -2,7 +2,11 @@
  * nccl-net-rail: one async-event thread per HCA. Fatal events mark what
  * they hit: DEVICE_FATAL the HCA (every comm on it), CQ_ERR and the QP
  * errors the comm owning the CQ/QP (cq_context/qp_context). Later calls on
- * those comms return an error.
+ * those comms return an error -- except with failover (ib_move.c), where a
+ * comm on a device that reported DEVICE_FATAL, or whose QP reported
+ * QP_FATAL (the QP went to error on its own: a transport fault), moves to
+ * another device or to new QPs at its next call. QP_REQ_ERR and
+ * QP_ACCESS_ERR mean a bad request or key (a bug): they still fail it.
  *
  * PORT_ERR marks the port down: listen, connect and accept on it are
  * refused with a named error (rail_ib_dev_port_up) until PORT_ACTIVE, which
@@ -64,6 +68,14 @@ static void on_qp_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 	    ev->event_type != IBV_EVENT_QP_ACCESS_ERR) {
 		RAIL_INFO(RAIL_LOG_NET, "%s: async event %s on qp 0x%x", hca->name,
 			  rail_ibv_event_str(ev->event_type), qp->qp_num);
+		return;
+	}
+	if (c && c->failover && ev->event_type == IBV_EVENT_QP_FATAL) {
+		/* the QP went to error on its own: the path failed, not the plugin */
+		atomic_store(&c->qp_event, qp->qp_num + 1);
+		RAIL_WARN("%s: async event %s on qp 0x%x (connection to peer %s): the connection "
+			  "moves to new QPs (NCCL_RAIL_FAILOVER)", hca->name,
+			  rail_ibv_event_str(ev->event_type), qp->qp_num, c->peer);
 		return;
 	}
 	if (c)
@@ -165,9 +177,11 @@ static void handle_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 	switch (ev->event_type) {
 	case IBV_EVENT_DEVICE_FATAL:
 		atomic_store(&hca->fatal, 1);
-		RAIL_WARN("%s: async event %s: the device failed; every communicator on it fails "
-			  "from now on (check dmesg and the adapter firmware)", hca->name,
-			  rail_ibv_event_str(ev->event_type));
+		RAIL_WARN("%s: async event %s: the device failed; every communicator on it %s "
+			  "(check dmesg and the adapter firmware)", hca->name,
+			  rail_ibv_event_str(ev->event_type), rail_param_int(RAIL_P_FAILOVER)
+			  ? "moves to another device at its next call (NCCL_RAIL_FAILOVER=1)"
+			  : "fails from now on");
 		break;
 	case IBV_EVENT_CQ_ERR: {
 		struct rail_ib_comm *c = ev->element.cq->cq_context;

@@ -640,6 +640,56 @@ static int find_oob(char *why, size_t why_len)
 	return 0;
 }
 
+/* The handshake interface is d's own: its address is d's RoCE GID, or it is d's netdev. */
+static int oob_on_port(const struct rail_ib_dev *d)
+{
+	const union rail_sockaddr *a = &ib.oob.addr;
+	static const uint8_t v4mapped[12] = { [10] = 0xff, [11] = 0xff };
+	char path[320], name[64];
+
+	if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
+		if (a->sa.sa_family == AF_INET && !memcmp(d->gid.raw, v4mapped, 12) &&
+		    !memcmp(d->gid.raw + 12, &a->sin.sin_addr, 4))
+			return 1;
+		if (a->sa.sa_family == AF_INET6 && !memcmp(d->gid.raw, &a->sin6.sin6_addr, 16))
+			return 1;
+		snprintf(path, sizeof(path), "/sys/class/infiniband/%s/ports/%d/gid_attrs/ndevs/%d",
+			 d->hca->name, d->port, d->gid.index);
+		return rail_sysfs_read(path, name, sizeof(name)) > 0 && !strcmp(name, ib.oob.name);
+	}
+	/* IPoIB: the interface sits under the HCA's PCI function, dev_port = port - 1 */
+	snprintf(path, sizeof(path), "/sys/class/infiniband/%s/device/net/%s/dev_port",
+		 d->hca->name, ib.oob.name);
+	if (rail_sysfs_read(path, name, sizeof(name)) <= 0)
+		return 0;
+	return atoi(name) == d->port - 1;
+}
+
+/*
+ * Failover agrees on a move over the handshake sockets: on the interface of
+ * one of the ports, they fail with that port's link, when they are needed.
+ */
+static void oob_fate_check(void)
+{
+	if (!rail_param_int(RAIL_P_FAILOVER) || ib.ndev < 2)
+		return;
+	for (int i = 0; i < ib.ndev; i++) {
+		const struct rail_ib_dev *d = &ib.devs[i];
+
+		if (!oob_on_port(d))
+			continue;
+		RAIL_WARN("the handshake sockets (out-of-band, %s %s) run over the interface of "
+			  "%s:%d: if that port's link fails, its connections cannot agree on a move "
+			  "to another port (NCCL_RAIL_FAILOVER) and fail once the sockets' keepalive "
+			  "gives up (NCCL_RAIL_PEER_TIMEOUT=%lld s), as may the other connections of "
+			  "this process whose sockets route through it. Put them on an interface no "
+			  "RDMA port uses: NCCL_SOCKET_IFNAME=<management interface>",
+			  ib.oob.name, RAIL_ADDRSTR(&ib.oob.addr), d->hca->name, d->port,
+			  (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
+		return;
+	}
+}
+
 int rail_ib_devices_init(char *why, size_t why_len)
 {
 	struct ibv_device **list, **order;
@@ -679,6 +729,7 @@ int rail_ib_devices_init(char *why, size_t why_len)
 		return 0;
 	}
 	nccl_ports();
+	oob_fate_check();
 	for (int i = 0; i < ib.ndev; i++) {
 		ib.vdevs[i].ndevs = 1;
 		ib.vdevs[i].devs[0] = i;

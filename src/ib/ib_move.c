@@ -32,8 +32,13 @@
  * that landed partly is overwritten with the same bytes.
  *
  * Scope (stage 1 of docs/FAILOVER.md section 8): comms of one device on
- * each side; triggers PORT_ERR on either side and completion errors;
- * DEVICE_FATAL and QP events still fail the comm. The QP transitions run
+ * each side; triggers PORT_ERR on either side, completion errors (retry
+ * exceeded: the HCA's own transport watchdog; flushed), QP_FATAL, and
+ * DEVICE_FATAL. A dead device completes nothing: its side does not drain
+ * but writes off every completion its queues owed (rail_ib_comm_fence_dead),
+ * which the replay covers as it covers flushed ones, since what is written
+ * again is decided by the receiver's record, not by the sender's completions.
+ * QP_REQ_ERR and QP_ACCESS_ERR (a bug) still fail the comm. The QP transitions run
  * in the calling thread (RTR on RoCE resolves the peer's address in the
  * kernel: a pause of the proxy thread during a move, not an error).
  */
@@ -63,6 +68,8 @@ struct rail_ib_move {
 	char why[160];
 	uint64_t start_ns, deadline_ns;
 	int refused_marks;
+	int dead;			/* DEVICE_FATAL: the old path is not drained, written off */
+	int written_off;		/* completions it owed, counted as flushed */
 	struct rail_ib_dev *from, *to;
 	struct rail_ib_old old;
 	struct rail_ib_msg peer;	/* its MOVE */
@@ -119,11 +126,13 @@ static struct rail_ib_dev *fallback_dev(const struct rail_ib_dev *d)
 	return best;
 }
 
+/* The comm's port went down since it was made there, or its device failed. */
 static int own_port_down(const struct rail_ib_comm *c)
 {
 	const struct rail_ib_devres *r = &c->res[0];
 
-	return atomic_load(&r->dev->port_downs) != r->port_gen || atomic_load(&r->dev->port_err);
+	return atomic_load(&r->dev->port_downs) != r->port_gen || atomic_load(&r->dev->port_err) ||
+	       atomic_load(&r->dev->hca->fatal);
 }
 
 static int dev_down(const struct rail_ib_dev *d)
@@ -233,6 +242,8 @@ static const char *reason_text(int reason)
 	case RAIL_IB_MOVE_PORT_ERR: return "PORT_ERR";
 	case RAIL_IB_MOVE_WC_ERR: return "completion error";
 	case RAIL_IB_MOVE_PEER: return "joins the peer's move";
+	case RAIL_IB_MOVE_FATAL: return "DEVICE_FATAL";
+	case RAIL_IB_MOVE_QP: return "QP_FATAL";
 	default: return "move back";
 	}
 }
@@ -251,10 +262,18 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 	mv->from = d;
 	mv->reason = trigger == RAIL_IB_TRIG_PORT ? RAIL_IB_MOVE_PORT_ERR
 		     : trigger == RAIL_IB_TRIG_WC ? RAIL_IB_MOVE_WC_ERR
+		     : trigger == RAIL_IB_TRIG_FATAL ? RAIL_IB_MOVE_FATAL
+		     : trigger == RAIL_IB_TRIG_QP ? RAIL_IB_MOVE_QP
 		     : trigger == RAIL_IB_TRIG_BACK ? RAIL_IB_MOVE_BACK : RAIL_IB_MOVE_PEER;
 	mv->to = pick_target(c);
-	if (own_port_down(c))
+	mv->dead = atomic_load(&d->hca->fatal);
+	if (mv->dead)
+		snprintf(mv->why, sizeof(mv->why), "DEVICE_FATAL on %s", d->hca->name);
+	else if (own_port_down(c))
 		snprintf(mv->why, sizeof(mv->why), "PORT_ERR on %s:%d", d->hca->name, d->port);
+	else if (trigger == RAIL_IB_TRIG_QP)
+		snprintf(mv->why, sizeof(mv->why), "QP_FATAL on %s:%d qp 0x%x", d->hca->name,
+			 d->port, atomic_load(&c->qp_event) - 1);
 	else if (mv->to == c->home && mv->to != d)
 		snprintf(mv->why, sizeof(mv->why), "%s:%d ACTIVE again for %lld s", c->home->hca->name,
 			 c->home->port, (long long)home_up_s(c));
@@ -280,7 +299,11 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
 			 "move started");
 	c->path_failed = 0;
-	mv->refused_marks = rail_ib_comm_fence(c);
+	atomic_store(&c->qp_event, 0);	/* every QP is replaced */
+	if (mv->dead)
+		mv->written_off = rail_ib_comm_fence_dead(c, 0);
+	else
+		mv->refused_marks = rail_ib_comm_fence(c);
 	mv->state = MV_DRAIN;
 	return 0;
 }
@@ -313,8 +336,15 @@ static int step_drain(struct rail_ib_comm *c)
 	struct rail_ib_move *mv = c->mv;
 	struct rail_ib_msg m;
 	uint64_t now;
-	int err = rail_ib_poll(c);
+	int err;
 
+	if (!mv->dead && atomic_load(&mv->from->hca->fatal)) {
+		/* the device died during the drain: its marks will never come back */
+		mv->dead = 1;
+		mv->written_off = rail_ib_comm_fence_dead(c, 0);
+		snprintf(mv->why, sizeof(mv->why), "DEVICE_FATAL on %s", mv->from->hca->name);
+	}
+	err = mv->dead ? 0 : rail_ib_poll(c);	/* a dead device's CQ is not read */
 	if (err)
 		return err;
 	now = rail_now_ns();
@@ -445,12 +475,13 @@ static int step_resume(struct rail_ib_comm *c)
 	back = mv->reason == RAIL_IB_MOVE_BACK || ps->reason == RAIL_IB_MOVE_BACK;
 	rail_log(back ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
 		 "connection to peer %s (%s comm) moved%s from %s:%d to %s:%d: %s%s%s; the peer "
-		 "is on its port %u (GID index %u); %d %s and %d eager messages written again; "
+		 "is on its port %u (GID index %u); %d %s and %d eager messages written again%s; "
 		 "%.1f ms (move %u)", c->peer, is_send(c) ? "send" : "receive",
 		 back ? " back" : "", mv->from->hca->name, mv->from->port, mv->to->hca->name,
 		 mv->to->port, mv->why, mv->peer.text[0] ? "; the peer's side: " : "",
 		 mv->peer.text, mv->peer.devs[0].port, mv->peer.devs[0].gid_index, again,
 		 is_send(c) ? "lost pieces" : "clear-to-sends", eager > 0 ? eager : 0,
+		 mv->dead ? "; the dead device's queues were written off, not drained" : "",
 		 (double)(rail_now_ns() - mv->start_ns) / 1e6, c->epoch);
 	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
 			 "move done");
@@ -572,8 +603,24 @@ static int wants_move(struct rail_ib_comm *c)
 {
 	char b;
 
-	return c->mv || c->path_failed || own_port_down(c) || home_ready(c) ||
-	       recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+	if (!c->mv && atomic_load(&c->qp_event))
+		(void)rail_ib_qp_event_current(c);	/* drops one on a replaced QP */
+	return c->mv || c->path_failed || own_port_down(c) || atomic_load(&c->qp_event) ||
+	       home_ready(c) || recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+/* What the move thread hands to on_move (a move under way ignores it). */
+static int trigger_of(struct rail_ib_comm *c)
+{
+	if (c->path_failed)
+		return RAIL_IB_TRIG_WC;
+	if (atomic_load(&c->res[0].dev->hca->fatal))
+		return RAIL_IB_TRIG_FATAL;
+	if (own_port_down(c))
+		return RAIL_IB_TRIG_PORT;
+	if (atomic_load(&c->qp_event))
+		return RAIL_IB_TRIG_QP;
+	return home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : RAIL_IB_TRIG_OOB;
 }
 
 static void drive(struct rail_ib_comm *c)
@@ -587,10 +634,7 @@ static void drive(struct rail_ib_comm *c)
 	if (atomic_flag_test_and_set_explicit(&c->base.busy, memory_order_acquire))
 		return;
 	if (!c->error && wants_move(c))
-		(void)c->on_move(c, c->path_failed ? RAIL_IB_TRIG_WC
-				    : own_port_down(c) ? RAIL_IB_TRIG_PORT
-				    : home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : RAIL_IB_TRIG_OOB,
-				 "the move thread");
+		(void)c->on_move(c, trigger_of(c), "the move thread");
 	if (!c->mv && !c->error && is_send(c) && (c->rp_next != c->rp_end || c->batch_stale))
 		(void)rail_ib_send_progress(c);	/* lost pieces, CTS by CTS */
 	atomic_flag_clear_explicit(&c->base.busy, memory_order_release);

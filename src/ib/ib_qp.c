@@ -583,6 +583,25 @@ void rail_ib_mr_dead_free(struct rail_ib_comm *c)
 	}
 }
 
+/*
+ * QP_FATAL on one of the comm's QPs (failover: the async thread leaves the
+ * comm to move instead of failing it): 1 if that QP is one of its current
+ * ones; an event on a QP a move already replaced is dropped.
+ */
+int rail_ib_qp_event_current(struct rail_ib_comm *c)
+{
+	unsigned qpn = atomic_load(&c->qp_event) - 1;
+
+	for (int i = 0; i < c->nqps; i++)
+		if (c->qps[i].qp && c->qps[i].qp->qp_num == qpn)
+			return 1;
+	for (int m = 0; m < c->ndevs; m++)
+		if (c->res[m].flush_qp && c->res[m].flush_qp->qp_num == qpn)
+			return 1;
+	atomic_store(&c->qp_event, 0);
+	return 0;
+}
+
 /* 0, or the comm's error (logged once when it was first seen). */
 int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 {
@@ -598,6 +617,9 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 		if (err)
 			return err;
 	}
+	if (rail_unlikely(atomic_load_explicit(&c->qp_event, memory_order_relaxed) != 0) &&
+	    rail_ib_qp_event_current(c))
+		return c->on_move(c, RAIL_IB_TRIG_QP, call);
 	if (rail_unlikely(ev)) {
 		RAIL_WARN("%s on a connection to peer %s: failed since async event %s", call,
 			  c->peer, rail_ibv_event_str((enum ibv_event_type)(ev - 1)));
@@ -608,6 +630,8 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 		const struct rail_ib_dev *d = c->res[m].dev;
 
 		if (rail_unlikely(atomic_load(&d->hca->fatal))) {
+			if (c->failover)
+				return c->on_move(c, RAIL_IB_TRIG_FATAL, call);
 			RAIL_WARN("%s on a connection to peer %s: device %s reported a fatal error",
 				  call, c->peer, d->hca->name);
 			c->error = -EIO;
@@ -692,6 +716,26 @@ int rail_ib_comm_fence(struct rail_ib_comm *c)
 		posted += 2;
 	}
 	return posted - c->marks_left;	/* marks the provider refused: drain by time */
+}
+
+int rail_ib_comm_fence_dead(struct rail_ib_comm *c, int m)
+{
+	int n = 0;
+
+	c->fencing = 1;
+	c->marks_left = c->rq_marks_left = 0;
+	for (uint32_t i = 0; i < c->base.reqs.capacity; i++) {
+		struct rail_ib_req *r = rail_pool_at(&c->base.reqs, i);
+
+		if (r->base.magic != RAIL_REQ_MAGIC || r->done || r->error || !r->events[m])
+			continue;
+		n += r->events[m];
+		r->events[m] = 0;
+		if (r->base.type == RAIL_REQ_FLUSH && !r->flushed && c->nreflush < RAIL_MAX_REQUESTS)
+			c->reflush[c->nreflush++] = r;
+		r->flushed = 1;
+	}
+	return n;
 }
 
 int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d, int is_send,

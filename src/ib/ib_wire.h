@@ -132,6 +132,8 @@ enum rail_ib_move_reason {
 	RAIL_IB_MOVE_WC_ERR = 2,	/* a completion error on the path */
 	RAIL_IB_MOVE_PEER = 3,		/* joins the peer's move */
 	RAIL_IB_MOVE_BACK = 4,		/* the original port is back */
+	RAIL_IB_MOVE_FATAL = 5,		/* DEVICE_FATAL on the side's device */
+	RAIL_IB_MOVE_QP = 6,		/* QP_FATAL on one of the side's QPs */
 };
 
 struct rail_ib_msg {

@@ -65,6 +65,7 @@ struct fv_dev {
 	int retrying;		/* a WR to a QP that is gone never completes (still retrying) */
 	int retry_ms;		/* a held send WR fails after this long; -1: not given (200) */
 	int hold;		/* fv_test_hold: every send WR of this device's QPs is held */
+	int dead;		/* DEVICE_FATAL injected: completes nothing, places nothing */
 	/* mlx5 Data Direct function, relative to /sys, as libmlx5 names it; "": none */
 	char data_direct[128];
 	int nports;
@@ -225,6 +226,12 @@ int fv_test_event(const char *dev, int port, int event_type);
 int fv_test_set_gid(const char *dev, int port, int index, const char *addr, int type);
 int fv_test_port_state(const char *dev, int port, int state);
 int fv_test_hold(const char *dev, int on);
+/*
+ * QP_FATAL on the first connected QP in RTS of dev: the QP goes to ERR (its
+ * WRs flushed, as hardware does) and the event is queued on its context.
+ * Returns its QP number, or -ENODEV.
+ */
+int fv_test_qp_fatal(const char *dev);
 /* fv_conf.c: rewrite one GID's sysfs files (gone: the kernel's all-zero entry, no type). */
 void fv_sysfs_gid(const struct fv_dev *dev, int port, int index);
 

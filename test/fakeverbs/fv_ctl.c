@@ -64,6 +64,38 @@ int fv_test_event(const char *dev, int port, int event_type)
 	pthread_mutex_lock(&fv_lock);
 	if (find_port(dev, port, &d))
 		n = queue_event(d, port, event_type);
+	if (d && event_type == IBV_EVENT_DEVICE_FATAL)
+		d->dead = 1;	/* for good: a real HCA needs a reset (fv_hold.c) */
+	pthread_mutex_unlock(&fv_lock);
+	return n;
+}
+
+int fv_test_qp_fatal(const char *dev)
+{
+	int n = -ENODEV;
+
+	pthread_mutex_lock(&fv_lock);
+	for (struct fv_qp *q = fv_qp_list(); q; q = q->next) {
+		if (strcmp(q->dev->ibdev.name, dev) || q->state != IBV_QPS_RTS ||
+		    q->dest_qpn == q->qp.qp_num)
+			continue;
+		fv_qp_error(q);
+		for (struct fv_ctx *c = fv_ctxs; c; c = c->next) {
+			struct ibv_async_event *ev;
+
+			if (&c->vctx.context != q->qp.context || c->evq_n == FV_EVQ)
+				continue;
+			ev = &c->evq[(c->evq_head + c->evq_n++) % FV_EVQ];
+			memset(ev, 0, sizeof(*ev));
+			ev->event_type = IBV_EVENT_QP_FATAL;
+			ev->element.qp = &q->qp;
+			if (write(c->async_pipe[1], "e", 1) != 1)
+				c->evq_n--;
+		}
+		n = (int)q->qp.qp_num;
+		fv_log("test_qp_fatal dev=%s qpn=0x%x", dev, q->qp.qp_num);
+		break;
+	}
 	pthread_mutex_unlock(&fv_lock);
 	return n;
 }

@@ -283,7 +283,8 @@ int fv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr *
 			return EINVAL;
 		}
 		if (q->state == IBV_QPS_ERR) {
-			fv_send_complete(q, wr->wr_id, wr->opcode, 1, IBV_WC_WR_FLUSH_ERR, 0);
+			if (!q->dev->dead)	/* a dead HCA completes nothing */
+				fv_send_complete(q, wr->wr_id, wr->opcode, 1, IBV_WC_WR_FLUSH_ERR, 0);
 			continue;
 		}
 		why = fv_hold_why(q);
@@ -315,7 +316,8 @@ int fv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr *
 		fv_log("ibv_post_recv dev=%s qpn=0x%x wr_id=0x%llx num_sge=%d", q->dev->ibdev.name,
 		       qp->qp_num, (unsigned long long)wr->wr_id, wr->num_sge);
 		if (q->state == IBV_QPS_ERR) {	/* as hardware: flushed at once */
-			fv_flush_one(q, 1, wr->wr_id, IBV_WC_RECV);
+			if (!q->dev->dead)
+				fv_flush_one(q, 1, wr->wr_id, IBV_WC_RECV);
 			continue;
 		}
 		if (q->rcount == q->rcap - 1 || q->state == IBV_QPS_RESET) {

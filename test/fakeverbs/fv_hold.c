@@ -18,6 +18,10 @@
  *   retry_ms (default FV_RETRY_MS) it completes with IBV_WC_RETRY_EXC_ERR
  *   and the QP goes to ERR. A device with retrying=yes, or one that is
  *   held, never times out; turning fv_test_hold off restarts the timers.
+ * - A device that had DEVICE_FATAL injected (fv_test_event) is dead: its
+ *   QPs' send WRs are held for good (dev_dead, never timed out), WRs to its
+ *   QPs are held as to a port that is down (dest_dead: retry exceeded after
+ *   retry_ms), and its QPs going to ERR complete nothing (dead_drop).
  * - A QP going to ERR (ibv_modify_qp, or an error completion) completes
  *   every held send WR with IBV_WC_WR_FLUSH_ERR on its send CQ, unsignaled
  *   ones too (hardware reports every outstanding WR when flushing), then
@@ -55,13 +59,15 @@ static const char *stopped(const struct fv_qp *q)
 {
 	const struct fv_qp *d;
 
+	if (q->dev->dead)
+		return "dev_dead";
 	if (q->dev->hold)
 		return "test_hold";
 	if (!port_active(q->dev, q->port))
 		return "port_down";
 	d = fv_qp_by_num(q->dest_qpn);
-	if (d && !port_active(d->dev, d->port))
-		return "dest_port_down";
+	if (d && (!port_active(d->dev, d->port) || d->dev->dead))
+		return d->dev->dead ? "dest_dead" : "dest_port_down";
 	if (d && d->state == IBV_QPS_ERR && q->dev->retry_ms >= 0)
 		return "dest_err";
 	return NULL;
@@ -139,7 +145,7 @@ static void run_queue(struct fv_qp *q, uint64_t now)
 			free(h);
 			continue;
 		}
-		if (q->dev->retrying || q->dev->hold ||
+		if (q->dev->retrying || q->dev->hold || q->dev->dead ||
 		    now - q->sq->since_ns < (uint64_t)retry * 1000000u)
 			return;
 		h = pop(q);
@@ -186,6 +192,13 @@ void fv_qp_error(struct fv_qp *q)
 {
 	q->state = IBV_QPS_ERR;
 	q->qp.state = IBV_QPS_ERR;
+	if (q->dev->dead) {
+		/* a dead HCA reports nothing: what was queued is gone without a completion */
+		fv_log("dead_drop qpn=0x%x posted_recvs=%d", q->qp.qp_num, q->rcount);
+		fv_hold_drop(q);
+		q->rcount = 0;
+		return;
+	}
 	while (q->sq) {
 		struct fv_swr *h = pop(q);
 

@@ -42,6 +42,7 @@ struct fvh {
 	int (*set_gid)(const char *dev, int port, int index, const char *addr, int type);
 	int (*port_state)(const char *dev, int port, int state);
 	int (*hold)(const char *dev, int on);	/* fv_test_hold: sends held in flight */
+	int (*qp_fatal)(const char *dev);	/* fv_test_qp_fatal: a QP of dev fails */
 };
 
 static char fvh_lib[PATH_MAX];
@@ -200,6 +201,7 @@ static inline struct fvh *fvh_start(const char *conf)
 	*(void **)&F->set_gid = dlsym(F->lib, "fv_test_set_gid");
 	*(void **)&F->port_state = dlsym(F->lib, "fv_test_port_state");
 	*(void **)&F->hold = dlsym(F->lib, "fv_test_hold");
+	*(void **)&F->qp_fatal = dlsym(F->lib, "fv_test_qp_fatal");
 	if (!F->event || !F->set_gid || !F->port_state || !F->hold)
 		fail_msg("%s lacks the fv_test_* controls: rebuild it (make tests)", fvh_lib);
 	return F;

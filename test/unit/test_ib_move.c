@@ -56,11 +56,15 @@ static size_t msg_size(int i)
 	return sizes[i % (int)(sizeof(sizes) / sizeof(sizes[0]))];
 }
 
+enum fault { FAULT_PORT, FAULT_DEVICE, FAULT_QP };
+
 struct loop {
 	struct fvh *F;
 	void *smh, *rmh;
 	int fault_at;		/* message at whose posting the port goes down (-1: none) */
 	const char *fault_dev;
+	enum fault fault;	/* what happens to fault_dev then */
+	int hold_at;		/* DEVICE_FATAL: its sends are held from this message on */
 	int failed;		/* a call failed: its ncclResult_t */
 	void *sreq[WIN], *rreq[WIN];
 	int sent, recvd, sdone, rdone;	/* messages posted / completed per side */
@@ -79,6 +83,35 @@ static void check_recv(int i, int got)
 		fail_msg("message %d (%zu bytes): the bytes differ", i, n);
 }
 
+/*
+ * The fault: the port goes down; or the device fails (DEVICE_FATAL: from
+ * then on it completes and places nothing); or one of its QPs fails on its
+ * own (QP_FATAL: the QP goes to error, its WRs flushed).
+ */
+static void inject(struct loop *L)
+{
+	int mark = fvh_log_mark(), ok = 1;
+
+	switch (L->fault) {
+	case FAULT_PORT:
+		port_state(L->F, L->fault_dev, IBV_PORT_DOWN, NCCL_LOG_WARN, "went down");
+		return;
+	case FAULT_DEVICE:
+		assert_true(L->F->event(L->fault_dev, 1, IBV_EVENT_DEVICE_FATAL) >= 1);
+		ok = fvh_wait_log_from(mark, NCCL_LOG_WARN, L->fault_dev, "the device failed", 5000);
+		break;
+	case FAULT_QP:
+		assert_non_null(L->F->qp_fatal);
+		assert_true(L->F->qp_fatal(L->fault_dev) > 0);
+		ok = fvh_wait_log_from(mark, NCCL_LOG_WARN, L->fault_dev, "on qp", 5000);
+		break;
+	}
+	if (!ok) {
+		fvh_log_dump();
+		fail_msg("the plugin did not report the fault on %s", L->fault_dev);
+	}
+}
+
 /* One turn of a proxy thread: post what the windows allow, test what is in flight. */
 static int turn(struct loop *L, int count)
 {
@@ -93,8 +126,10 @@ static int turn(struct loop *L, int count)
 		r = rail_net_irecv(L->F->rc, 1, data, sizes, tags, mhs, &L->rreq[k]);
 		L->recvd += L->rreq[k] != NULL;
 	}
+	if (!r && L->fault == FAULT_DEVICE && L->sent == L->hold_at && L->fault_dev)
+		assert_true(L->F->hold(L->fault_dev, 1) >= 0);
 	if (!r && L->sent == L->fault_at && L->fault_dev) {
-		port_state(L->F, L->fault_dev, IBV_PORT_DOWN, NCCL_LOG_WARN, "went down");
+		inject(L);
 		L->fault_dev = NULL;
 	}
 	if (!r && L->sent < count && L->sent - L->sdone < WIN && !L->sreq[L->sent % WIN]) {
@@ -202,6 +237,78 @@ static void test_move_receiver_port(void **state)
 	}
 	assert_moved(mark, "(receive comm) moved from mlx5_0:1 to mlx5_1:1", "PORT_ERR");
 	assert_moved(mark, "(send comm) moved from mlx5_1:1 to mlx5_1:1", "PORT_ERR on mlx5_0:1");
+	loop_end(&L);
+}
+
+/*
+ * DEVICE_FATAL on the sender's device with three messages held in flight on
+ * it: the dead device completes nothing, so the send comm writes off what
+ * its queues owed instead of draining, moves to mlx5_1, and the receiver's
+ * record decides what is written again.
+ */
+static void test_move_device_fatal_sender(void **state)
+{
+	struct loop L = { .fault_at = 23, .hold_at = 20, .fault_dev = "mlx5_0",
+			  .fault = FAULT_DEVICE };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
+	mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_1:1",
+		     "DEVICE_FATAL on mlx5_0; the peer's side");
+	assert_moved(mark, "(send comm) moved from mlx5_0:1", "written off, not drained");
+	assert_moved(mark, "(receive comm) moved from mlx5_1:1 to mlx5_1:1", "DEVICE_FATAL");
+	loop_end(&L);
+}
+
+/* DEVICE_FATAL on the receiver's device: its CQ holds answers it will never poll. */
+static void test_move_device_fatal_receiver(void **state)
+{
+	struct loop L = { .fault_at = 31, .hold_at = 31, .fault_dev = "mlx5_0",
+			  .fault = FAULT_DEVICE };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 0, 1, -1);	/* receiver on mlx5_0, sender on mlx5_1 */
+	mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_moved(mark, "(receive comm) moved from mlx5_0:1 to mlx5_1:1", "DEVICE_FATAL");
+	assert_moved(mark, "(send comm) moved from mlx5_1:1 to mlx5_1:1", "DEVICE_FATAL on mlx5_0");
+	loop_end(&L);
+}
+
+/*
+ * QP_FATAL on one of the sender's QPs (it went to error on its own): the
+ * comm moves to new QPs on the same device instead of failing.
+ */
+static void test_move_qp_fatal(void **state)
+{
+	struct loop L = { .fault_at = 20, .fault_dev = "mlx5_0", .fault = FAULT_QP };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
+	mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	if (!fvh_log_count_from(mark, NCCL_LOG_WARN, "moved from mlx5_0:1 to mlx5_0:1",
+				"QP_FATAL on mlx5_0:1 qp 0x")) {
+		fvh_log_dump();
+		fail_msg("no WARN that the send comm moved to new QPs for QP_FATAL");
+	}
 	loop_end(&L);
 }
 
@@ -329,6 +436,42 @@ static void test_move_idle_peer(void **state)
 	loop_end(&L);
 }
 
+/*
+ * The handshake sockets on the interface of one of the ports (here mlx5_0's
+ * RoCE address is the loopback address the plugin takes for them): a WARN
+ * at init naming the port, since a move needs those sockets when that
+ * port's link fails; none when they are elsewhere, or without failover.
+ */
+static void test_oob_shared_fate(void **state)
+{
+	static const char shared[] = "device mlx5_0\n"
+				     "port 1 link=eth speed=ndr width=4x\n"
+				     "gid 0 fe80::1 type=v1\n"
+				     "gid 1 ::ffff:127.0.0.1 type=v2\n"
+				     "device mlx5_1\n"
+				     "port 1 link=eth speed=ndr width=4x\n"
+				     "gid 0 fe80::2 type=v1\n"
+				     "gid 1 ::ffff:10.2.0.1 type=v2\n";
+	const char *what = "run over the interface of";
+	struct fvh *F;
+
+	(void)state;
+	F = fvh_start(roce_two);	/* the log starts again with each start */
+	assert_int_equal(fvh_log_count(NCCL_LOG_WARN, what, NULL), 0);
+	fvh_stop(F);
+	F = fvh_start(shared);
+	if (!fvh_log_count(NCCL_LOG_WARN, what, "mlx5_0:1")) {
+		fvh_log_dump();
+		fail_msg("no WARN that the handshake sockets share mlx5_0:1's interface");
+	}
+	fvh_stop(F);
+	setenv("NCCL_RAIL_FAILOVER", "0", 1);
+	F = fvh_start(shared);
+	unsetenv("NCCL_RAIL_FAILOVER");
+	assert_int_equal(fvh_log_count(NCCL_LOG_WARN, what, NULL), 0);
+	fvh_stop(F);
+}
+
 /* No other port: the comm fails, and the WARN says there was nowhere to go. */
 static void test_move_nowhere(void **state)
 {
@@ -352,10 +495,14 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_move_sender_port, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_receiver_port, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_device_fatal_sender, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_device_fatal_receiver, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_qp_fatal, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_back_after_holddown, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_flapping_bounded, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_idle_peer, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_nowhere, fvh_teardown),
+		cmocka_unit_test_teardown(test_oob_shared_fate, fvh_teardown),
 	};
 
 	if (!fvh_find_lib()) {
