@@ -15,7 +15,9 @@
  *   fence: QPs to error, drain marks
  *   drain: poll until every mark came back
  *   rebuild on the fallback device
- *   MOVE {device, QPNs, state}  ------->    fence, drain, rebuild (same device)
+ *   MOVE {device, QPNs, state}  ------->    fence, drain, read the MOVE, rebuild
+ *                                           (its own device, or the one on the
+ *                                           peer's new network: follow_peer)
  *                               <-------    MOVE {device, QPNs, state}
  *   RTR+RTS to the peer's QPNs; the receiver posts its receive WRs
  *   MOVE_READY                  <------>    MOVE_READY
