@@ -298,10 +298,11 @@ test-rxe2: all tests
 
 # Verbs failover between the two guests, three NICs each (out-of-band, rxe0,
 # rxe1): the link of B's, then A's, rxe0 NIC pulled for 3 s mid-transfer; the
-# comm must move to rxe1 and back with every byte checked. About 1.5 minutes;
-# not in make test (test/rxe2/tests.sh fo-link-b fo-link-a).
+# comm must move to rxe1 and back with every byte checked; then B's again with
+# the two rxe NIC pairs on two rails (A must follow B to rxe1). About 2.5
+# minutes; not in make test (test/rxe2/tests.sh fo-link-b fo-link-a fo-rails-b).
 test-rxe2-failover: all tests
-	test/rxe2/tests.sh fo-link-b fo-link-a
+	test/rxe2/tests.sh fo-link-b fo-link-a fo-rails-b
 
 # The verbs watchdog between two guests, in make test (about 50 s): the
 # sender's guest is killed mid-transfer and the receiver must fail within

@@ -445,6 +445,8 @@ struct rail_ib_comm {
 	int (*on_move)(struct rail_ib_comm *c, int trigger, const char *call);
 	struct rail_ib_dev *home;	/* the device the comm was made on: it moves back there */
 	uint32_t back_tick;		/* away from home: calls between looks at it */
+	int follows;			/* on the device it followed the peer to: no move back of its own */
+	int one_net;			/* made within one network (ib_move.c, at its first move) */
 	uint64_t move_ns[4];		/* when the last moves started (ring by epoch) */
 	/* the move thread (ib_move.c): base.calls at its last look */
 	unsigned seen_calls;

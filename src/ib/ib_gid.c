@@ -1,5 +1,7 @@
 /* nccl-net-rail: RoCE GID selection (rules in ib_gid.h). */
 #include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -256,4 +258,68 @@ int rail_ib_gid_select(const char *dev, int port, int tbl_len, struct rail_ib_gi
 	free(tab);
 	*out = c;
 	return c.index >= 0 ? 0 : -ENOENT;
+}
+
+/* ---- the network of a GID (ib_gid.h) ------------------------------------- */
+
+/* The prefix length of this host's interface address a (4 or 16 bytes); -1 if none has it. */
+static int if_prefix(int family, const uint8_t *a)
+{
+	size_t alen = family == AF_INET ? 4 : 16;
+	struct ifaddrs *list, *i;
+	int bits = -1;
+
+	if (getifaddrs(&list))
+		return -1;
+	for (i = list; i && bits < 0; i = i->ifa_next) {
+		const uint8_t *x, *m;
+
+		if (!i->ifa_addr || !i->ifa_netmask || i->ifa_addr->sa_family != family)
+			continue;
+		x = family == AF_INET ? (const void *)&((struct sockaddr_in *)i->ifa_addr)->sin_addr
+				      : (const void *)&((struct sockaddr_in6 *)i->ifa_addr)->sin6_addr;
+		m = family == AF_INET ? (const void *)&((struct sockaddr_in *)i->ifa_netmask)->sin_addr
+				      : (const void *)&((struct sockaddr_in6 *)i->ifa_netmask)->sin6_addr;
+		if (memcmp(x, a, alen))
+			continue;
+		bits = 0;
+		for (size_t k = 0; k < alen; k++)
+			bits += __builtin_popcount(m[k]);
+	}
+	freeifaddrs(list);
+	return bits;
+}
+
+void rail_ib_gid_net(const uint8_t raw[16], int infiniband, struct rail_ib_gid_net *out)
+{
+	int v4 = !infiniband && !memcmp(raw, v4_prefix, sizeof(v4_prefix));
+	int bits = infiniband ? 64 : if_prefix(v4 ? AF_INET : AF_INET6, v4 ? raw + 12 : raw);
+
+	out->assumed = bits < 0;
+	if (bits < 0)
+		bits = v4 ? 24 : 64;
+	out->bits = v4 ? 96 + bits : bits;
+	memset(out->raw, 0, sizeof(out->raw));
+	for (int k = 0; k < 16; k++) {
+		int b = out->bits - 8 * k;
+
+		out->raw[k] = b >= 8 ? raw[k] : b > 0 ? (uint8_t)(raw[k] & (0xff << (8 - b))) : 0;
+	}
+}
+
+int rail_ib_gid_in_net(const struct rail_ib_gid_net *n, const uint8_t raw[16])
+{
+	return prefix_match(n->raw, raw, n->bits);
+}
+
+const char *rail_ib_gid_net_str(const struct rail_ib_gid_net *n, char *buf, size_t len)
+{
+	char a[INET6_ADDRSTRLEN];
+	int v4 = n->bits >= 96 && !memcmp(n->raw, v4_prefix, sizeof(v4_prefix));
+
+	if (!inet_ntop(v4 ? AF_INET : AF_INET6, v4 ? n->raw + 12 : n->raw, a, sizeof(a)))
+		snprintf(a, sizeof(a), "?");
+	snprintf(buf, len, "%s/%d%s", a, v4 ? n->bits - 96 : n->bits,
+		 n->assumed ? " (prefix assumed)" : "");
+	return buf;
 }

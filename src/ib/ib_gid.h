@@ -72,6 +72,27 @@ int rail_ib_gid_select(const char *dev, int port, int tbl_len, struct rail_ib_gi
 /* "::ffff:192.0.2.1" style text of a raw GID. */
 const char *rail_ib_gid_str(const uint8_t raw[16], char *buf, size_t len);
 
+/*
+ * The network a GID is on, for a move's choice of device (ib_move.c: the
+ * joining side follows the peer to its rail). InfiniBand: the 64-bit subnet
+ * prefix. RoCE (IPv4-mapped or IPv6): the prefix length of this host's
+ * interface that holds the address (getifaddrs); when none does (the
+ * netdev in another network namespace, the fake provider) /24 for IPv4
+ * and /64 for IPv6 are assumed (assumed = 1). bits counts over the 16
+ * bytes of the GID (an IPv4 /24 is 120).
+ */
+struct rail_ib_gid_net {
+	uint8_t raw[16];	/* the GID, host bits cleared */
+	int bits;
+	int assumed;
+};
+
+void rail_ib_gid_net(const uint8_t raw[16], int infiniband, struct rail_ib_gid_net *out);
+/* 1 if raw is on the network n. */
+int rail_ib_gid_in_net(const struct rail_ib_gid_net *n, const uint8_t raw[16]);
+/* "192.0.4.0/24", "fd00:1::/64" (IPv6 and InfiniBand prefixes). */
+const char *rail_ib_gid_net_str(const struct rail_ib_gid_net *n, char *buf, size_t len);
+
 /* InfiniBand GID fields NCCL reads (bytes 4-5: FLID, 6-7: local subnet prefix). */
 static inline unsigned rail_ib_gid_flid(const uint8_t *raw)
 {

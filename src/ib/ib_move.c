@@ -15,7 +15,9 @@
  *   fence: QPs to error, drain marks
  *   drain: poll until every mark came back
  *   rebuild on the fallback device
- *   MOVE {device, QPNs, state}  ------->    fence, drain, rebuild (same device)
+ *   MOVE {device, QPNs, state}  ------->    fence, drain, read the MOVE, rebuild
+ *                                           (its own device, or the one on the
+ *                                           peer's new network: follow_peer)
  *                               <-------    MOVE {device, QPNs, state}
  *   RTR+RTS to the peer's QPNs; the receiver posts its receive WRs
  *   MOVE_READY                  <------>    MOVE_READY
@@ -74,6 +76,7 @@ struct rail_ib_move {
 	struct rail_ib_old old;
 	struct rail_ib_msg peer;	/* its MOVE */
 	int have_move, have_ready;
+	int follows;			/* to is where the peer went (follow_peer) */
 	int sock_err;			/* the error came from the handshake socket */
 	uint8_t tx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
 	size_t tx_len, tx_off;
@@ -150,11 +153,16 @@ static int64_t home_up_s(const struct rail_ib_comm *c)
 	return (int64_t)((rail_now_ns() - up) / 1000000000ull);
 }
 
+/*
+ * Not while the comm sits where it followed the peer to (follow_peer): its
+ * home is fine, and the peer, whose own home may still be down, is where
+ * this side can reach it; when the peer moves back, this side follows.
+ */
 static int home_ready(const struct rail_ib_comm *c)
 {
 	int64_t up = home_up_s(c);
 
-	return up >= 0 && up >= rail_param_int(RAIL_P_FAILOVER_HOLDDOWN);
+	return !c->follows && up >= 0 && up >= rail_param_int(RAIL_P_FAILOVER_HOLDDOWN);
 }
 
 /*
@@ -173,6 +181,78 @@ static struct rail_ib_dev *pick_target(const struct rail_ib_comm *c)
 	if (c->home != d && !dev_down(c->home))
 		return c->home;
 	return fallback_dev(d);
+}
+
+/* ---- following the peer to its rail --------------------------------------------- */
+
+/* 1 if d's GID is on the network of the peer's GID (net: d's network). */
+static int dev_reaches(const struct rail_ib_dev *d, const uint8_t *peer_gid,
+		       struct rail_ib_gid_net *net)
+{
+	struct rail_ib_gid_choice g;
+
+	if (rail_ib_dev_gid_resolve(d, &g))
+		return 0;
+	rail_ib_gid_net(g.raw, d->link_layer != IBV_LINK_LAYER_ETHERNET, net);
+	return rail_ib_gid_in_net(net, peer_gid);
+}
+
+/*
+ * Where a side that has the peer's MOVE before its rebuild goes, given
+ * where it would go (to: pick_target). On a rail-only fabric (NIC i of
+ * every node reaches only NIC i of the others, a network per rail) the
+ * peer's new device may be on another rail than to. Networks by GID
+ * (rail_ib_gid_net: the interface's prefix for RoCE, the subnet prefix for
+ * InfiniBand). Rule: to, if it is on the peer's network; else the usable
+ * port (ACTIVE, same link layer) on that network nearest to `to` (the
+ * fallback rule); else to (no local device is on it: a routed fabric, or
+ * one where every address has its own subnet, may still join them; a
+ * rail-only one fails at RTR, named). Only for a comm made within one
+ * network (one_net: its device on the network of the peer's, as seen at its
+ * first move): one made across networks shows that the fabric routes
+ * between them. Where all devices share one network (one switch) nothing
+ * changes.
+ */
+static struct rail_ib_dev *follow_peer(struct rail_ib_comm *c, struct rail_ib_dev *to)
+{
+	struct rail_ib_move *mv = c->mv;
+	const struct rail_ib_wire_dev *p = &mv->peer.devs[0];
+	struct rail_ib_gid_net net, best_net;
+	struct rail_ib_dev *best = NULL;
+	size_t best_len = 0;
+	char g[64], n[80];
+	int len;
+
+	/* a comm made across networks: the fabric routes between them, nothing to follow */
+	if (!c->one_net || p->link_layer != to->link_layer || dev_reaches(to, p->gid, &net))
+		return to;
+	for (int i = 0; i < rail_ib_ndevs_phys(); i++) {
+		struct rail_ib_dev *o = rail_ib_dev_get(i);
+		struct rail_ib_gid_net on;
+
+		if (!o || o == to || dev_down(o) || o->link_layer != to->link_layer ||
+		    !dev_reaches(o, p->gid, &on))
+			continue;
+		if (!best || common_prefix(o->pci_path, to->pci_path) > best_len) {
+			best = o;
+			best_net = on;
+			best_len = common_prefix(o->pci_path, to->pci_path);
+		}
+	}
+	rail_ib_gid_str(p->gid, g, sizeof(g));
+	if (!best) {
+		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s (%s comm): the peer moved to GID %s, "
+			  "and no usable local port is on its network (%s:%d is on %s); it stays: a "
+			  "routed fabric joins them, on a rail-only one the RTR fails", c->peer,
+			  is_send(c) ? "send" : "receive", g, to->hca->name, to->port,
+			  rail_ib_gid_net_str(&net, n, sizeof(n)));
+		return to;
+	}
+	len = (int)strlen(mv->why);
+	snprintf(mv->why + len, sizeof(mv->why) - (size_t)len, "; follows the peer to %s",
+		 rail_ib_gid_net_str(&best_net, n, sizeof(n)));
+	mv->follows = 1;
+	return best;
 }
 
 /* ---- messages on the handshake socket ----------------------------------------- */
@@ -267,6 +347,11 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 		     : trigger == RAIL_IB_TRIG_BACK ? RAIL_IB_MOVE_BACK : RAIL_IB_MOVE_PEER;
 	mv->to = pick_target(c);
 	mv->dead = atomic_load(&d->hca->fatal);
+	if (!c->epoch) {
+		struct rail_ib_gid_net net;
+
+		c->one_net = dev_reaches(d, c->remote[0].gid, &net);	/* both as made */
+	}
 	if (mv->dead)
 		snprintf(mv->why, sizeof(mv->why), "DEVICE_FATAL on %s", d->hca->name);
 	else if (own_port_down(c))
@@ -330,6 +415,36 @@ static void move_state(struct rail_ib_comm *c, struct rail_ib_move_state *s)
 		s->ans[q] = c->qps[q].ans_next;
 }
 
+static int peer_move_check(struct rail_ib_comm *c, const struct rail_ib_msg *m);
+
+/*
+ * Before the rebuild: the peer's MOVE, if its bytes are on the socket (this
+ * side joins the peer's move, the usual case; or both moved at once and the
+ * peer's came first), so that this side rebuilds where it reaches the peer
+ * (follow_peer). 0 read or nothing there (this side's MOVE goes first, the
+ * peer's is read after it, as before), -EAGAIN part of it is here, or an
+ * error. The first message of a move is always the MOVE: MOVE_READY comes
+ * only after the other side's MOVE.
+ */
+static int peer_move_early(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+	int err;
+
+	if (mv->have_move)
+		return 0;
+	err = rx_msg(c, &mv->peer);
+	if (err == -EAGAIN && !mv->rx_off && mv->rx_body < 0)
+		return 0;
+	if (!err)
+		err = peer_move_check(c, &mv->peer);
+	if (err)
+		return err;
+	mv->have_move = 1;
+	mv->to = follow_peer(c, mv->to);
+	return 0;
+}
+
 /* Drained: build the new path and say so (MOVE). 0, -EAGAIN, or an error. */
 static int step_drain(struct rail_ib_comm *c)
 {
@@ -372,6 +487,9 @@ static int step_drain(struct rail_ib_comm *c)
 			  DRAIN_NS / 1000000000ull, c->marks_left, c->rq_marks_left);
 		return -ETIMEDOUT;
 	}
+	err = peer_move_early(c);
+	if (err)
+		return err;
 	c->fencing = 0;
 	if (is_send(c)) {
 		/* the receiver writes every unanswered CTS again: none of the old is to be read */
@@ -472,6 +590,7 @@ static int step_resume(struct rail_ib_comm *c)
 		return err;
 	rail_ib_old_free(&mv->old);
 	c->epoch++;
+	c->follows = mv->follows && mv->to != c->home;
 	back = mv->reason == RAIL_IB_MOVE_BACK || ps->reason == RAIL_IB_MOVE_BACK;
 	rail_log(back ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
 		 "connection to peer %s (%s comm) moved%s from %s:%d to %s:%d: %s%s%s; the peer "

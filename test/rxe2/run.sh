@@ -24,7 +24,8 @@
 #     --nics N          1 (default): one NIC per guest carries the
 #                       out-of-band traffic and rxe0. 3: NIC 0 (eth of
 #                       192.0.2.N) carries only the out-of-band traffic,
-#                       NIC 1 rxe0 (192.0.3.N), NIC 2 rxe1 (192.0.3.1N)
+#                       NIC 1 rxe0 (192.0.3.N), NIC 2 rxe1 (192.0.3.1N;
+#                       192.0.4.1N with --rxe-net rails)
 #     --rxe-net NET     with --nics 3: shared (default): the four rxe NICs on
 #                       one segment (a QEMU hub in each guest, the two hubs
 #                       joined), every device reaches every other; rails: NIC 1
@@ -184,8 +185,8 @@ write_config() { # NAME IP PEER MAC CMD N (N: 1 for A, 2 for B)
         echo "RXE_GUEST_SCRIPT=$(q "$HERE/guest.sh")"
         echo "RXE2_NAME=$1 RXE2_IP=$2 RXE2_PEER_IP=$3 RXE2_MAC=$4"
         echo "RXE2_NICS=$NICS RXE2_MAC1=52:54:00:12:35:0$6 RXE2_MAC2=52:54:00:12:36:0$6"
-        echo "RXE2_IP1=192.0.3.$6 RXE2_IP2=192.0.3.1$6"
-        echo "RXE2_PEER_IP1=192.0.3.$((3 - $6)) RXE2_PEER_IP2=192.0.3.1$((3 - $6))"
+        echo "RXE2_IP1=192.0.3.$6 RXE2_IP2=$NET2.1$6"
+        echo "RXE2_PEER_IP1=192.0.3.$((3 - $6)) RXE2_PEER_IP2=$NET2.1$((3 - $6))"
     } >"$d/config"
     {
         while IFS= read -r name; do
@@ -196,6 +197,9 @@ write_config() { # NAME IP PEER MAC CMD N (N: 1 for A, 2 for B)
         done
     } >"$d/env"
 }
+# rails: a network per rail (192.0.3.0/24 and 192.0.4.0/24), as a rail-only
+# fabric is addressed; shared: one /24 for all four rxe NICs.
+NET2=$([ "$RXE_NET" = rails ] && echo 192.0.4 || echo 192.0.3)
 write_config A 192.0.2.1 192.0.2.2 52:54:00:12:34:01 "$CMD_A" 1
 write_config B 192.0.2.2 192.0.2.1 52:54:00:12:34:02 "$CMD_B" 2
 

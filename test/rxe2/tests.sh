@@ -16,10 +16,10 @@
 #                on its rxe0, and both move back after the hold-down
 #   fo-link-a    the same with A's (the receiver's) rxe0 NIC
 #   fo-rails-b   fo-link-b with each pair of same-index NICs on its own network
-#                (two rails, run.sh --rxe-net rails): the joining side rebuilds
-#                on its own device, which cannot reach the peer's fallback on
-#                the other rail. Passes as fo-link-b would; today it fails (a
-#                KNOWN GAP, counted as a failure unless RXE2_STRICT=0)
+#                (two rails, run.sh --rxe-net rails: 192.0.3.0/24 and
+#                192.0.4.0/24): B moves rxe0 -> rxe1, and A, whose rxe0 cannot
+#                reach B's rxe1, follows it to its rail (rxe0 -> rxe1, "follows
+#                the peer to 192.0.4.0/24"); both move back after the hold-down
 # Each failover case passes only if both roles PASS failover-loop (every byte
 # checked, no failed request) and the move lines appear; it prints the time to
 # recover, from the fault to the end of the slowest round, on the host's clock.
@@ -146,8 +146,14 @@ case_failover() {
     grep -h 'moved\|no other usable\|went down\|ACTIVE again\|completion error\|WARN' \
         "$out"/A/out/cmd.log "$out"/B/out/cmd.log 2>/dev/null | cut -c1-400 | sed "s/^/  log: /" | tee -a "$SUMMARY"
     fo_want "$name" "$log_f" "($fk comm) moved from rxe0:1 to rxe1:1" || ok=0
-    fo_want "$name" "$log_o" "($ok_k comm) moved from rxe0:1 to rxe0:1" || ok=0
     fo_want "$name" "$log_f" "($fk comm) moved back from rxe1:1 to rxe0:1" || ok=0
+    if [[ $name == *rails* ]]; then # the joining side follows to rail 2 and back
+        fo_want "$name" "$log_o" "($ok_k comm) moved from rxe0:1 to rxe1:1" || ok=0
+        fo_want "$name" "$log_o" "follows the peer to 192.0.4.0/24" || ok=0
+        fo_want "$name" "$log_o" "($ok_k comm) moved back from rxe1:1 to rxe0:1" || ok=0
+    else
+        fo_want "$name" "$log_o" "($ok_k comm) moved from rxe0:1 to rxe0:1" || ok=0
+    fi
     for g in A B; do
         grep -q '^PASS failover-loop' "$out/$g/out/cmd.log" 2>/dev/null ||
             { record "$name: FAIL: role $g did not PASS failover-loop"; ok=0; }
@@ -157,11 +163,6 @@ case_failover() {
     record "$name: $(fo_recovery "$out") [run $((SECONDS - t0)) s]"
     if [ "$ok" = 1 ]; then
         record "$name: PASS (link of $f's rxe0 NIC down ${FO_DOWN} s, hold-down ${FO_HOLD} s)"
-    elif [[ $name == *rails* ]]; then
-        record "$name: KNOWN GAP: with two rails the joining side ($o) rebuilds on its own rxe0," \
-            "which cannot reach $f's rxe1 (RTR's address resolution times out); see $out"
-        gaps=$((gaps + 1))
-        [ "$STRICT" = 1 ] && fails=$((fails + 1))
     else
         record "$name: FAIL (see $out)"
         fails=$((fails + 1))

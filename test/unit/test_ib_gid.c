@@ -1,7 +1,10 @@
 /* nccl-net-rail unit tests: RoCE GID selection (src/ib/ib_gid.c) on test/fixtures/gid-roce. */
 #include "unit.h"
 
+#include <arpa/inet.h>
 #include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 
 #include "ib/ib_gid.h"
@@ -203,6 +206,69 @@ static void test_range_parse(void **state)
 	assert_int_equal(rail_ib_gid_parse_range("10.0.0.0/", &p), -EINVAL);
 }
 
+static void gid_of(const char *text, uint8_t raw[16])
+{
+	assert_int_equal(inet_pton(AF_INET6, text, raw), 1);
+}
+
+static int have_loopback_v4(void)
+{
+	struct ifaddrs *list, *i;
+	int found = 0;
+
+	if (getifaddrs(&list))
+		return 0;
+	for (i = list; i && !found; i = i->ifa_next)
+		found = i->ifa_addr && i->ifa_addr->sa_family == AF_INET &&
+			((struct sockaddr_in *)i->ifa_addr)->sin_addr.s_addr == htonl(INADDR_LOOPBACK);
+	freeifaddrs(list);
+	return found;
+}
+
+/* The network of a GID (a move's choice of device on rails, ib_move.c follow_peer). */
+static void test_gid_net(void **state)
+{
+	struct rail_ib_gid_net n;
+	uint8_t a[16], b[16];
+	char t[80];
+
+	(void)state;
+	/* no interface here holds 10.201.7.9: /24 assumed, and said so */
+	gid_of("::ffff:10.201.7.9", a);
+	rail_ib_gid_net(a, 0, &n);
+	assert_int_equal(n.assumed, 1);
+	assert_int_equal(n.bits, 120);
+	assert_string_equal(rail_ib_gid_net_str(&n, t, sizeof(t)), "10.201.7.0/24 (prefix assumed)");
+	gid_of("::ffff:10.201.7.200", b);
+	assert_true(rail_ib_gid_in_net(&n, b));
+	gid_of("::ffff:10.201.8.9", b);
+	assert_false(rail_ib_gid_in_net(&n, b));
+	gid_of("fd00::10:201:7:9", b);	/* another family */
+	assert_false(rail_ib_gid_in_net(&n, b));
+	/* InfiniBand: the 64-bit subnet prefix */
+	gid_of("fe80::1:0:0:2", a);
+	rail_ib_gid_net(a, 1, &n);
+	assert_int_equal(n.bits, 64);
+	assert_int_equal(n.assumed, 0);
+	gid_of("fe80::9:9:9:9", b);
+	assert_true(rail_ib_gid_in_net(&n, b));
+	gid_of("fe80:0:0:1::2", b);
+	assert_false(rail_ib_gid_in_net(&n, b));
+	assert_string_equal(rail_ib_gid_net_str(&n, t, sizeof(t)), "fe80::/64");
+	/* an interface's own prefix: the loopback's 127.0.0.1/8 */
+	if (!have_loopback_v4()) {
+		printf("test_gid_net: the interface prefix part skipped: no 127.0.0.1 here\n");
+		return;
+	}
+	gid_of("::ffff:127.0.0.1", a);
+	rail_ib_gid_net(a, 0, &n);
+	assert_int_equal(n.assumed, 0);
+	assert_int_equal(n.bits, 96 + 8);
+	gid_of("::ffff:127.9.9.9", b);
+	assert_true(rail_ib_gid_in_net(&n, b));
+	assert_string_equal(rail_ib_gid_net_str(&n, t, sizeof(t)), "127.0.0.0/8");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -218,6 +284,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_roce_h100_fixture, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_choose_pure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_range_parse, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_gid_net, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

@@ -28,6 +28,29 @@ static const char roce_one[] = "device mlx5_0\n"
 			       "gid 0 fe80::1 type=v1\n"
 			       "gid 1 ::ffff:10.1.0.1 type=v2\n";
 
+/*
+ * Two "nodes" on two rails, in one process: node S has mlx5_0 (rail 1,
+ * 10.1.0.1) and mlx5_1 (rail 2, 10.2.0.1) on one card, node R mlx5_2 (rail
+ * 1, 10.1.0.2) and mlx5_3 (rail 2, 10.2.0.2) on another. The fake joins any
+ * two QPs: what is asserted is where each side's comm goes.
+ */
+static const char roce_rails[] = "device mlx5_0 pci=0000:1a:00.0\n"
+				 "port 1 link=eth speed=ndr width=4x\n"
+				 "gid 0 fe80::1 type=v1\n"
+				 "gid 1 ::ffff:10.1.0.1 type=v2\n"
+				 "device mlx5_1 pci=0000:1a:00.1\n"
+				 "port 1 link=eth speed=ndr width=4x\n"
+				 "gid 0 fe80::2 type=v1\n"
+				 "gid 1 ::ffff:10.2.0.1 type=v2\n"
+				 "device mlx5_2 pci=0000:3b:00.0\n"
+				 "port 1 link=eth speed=ndr width=4x\n"
+				 "gid 0 fe80::3 type=v1\n"
+				 "gid 1 ::ffff:10.1.0.2 type=v2\n"
+				 "device mlx5_3 pci=0000:3b:00.1\n"
+				 "port 1 link=eth speed=ndr width=4x\n"
+				 "gid 0 fe80::4 type=v1\n"
+				 "gid 1 ::ffff:10.2.0.2 type=v2\n";
+
 #define BUF (256 * 1024)
 #define WIN 4		/* messages in flight per side, as NCCL's pipeline keeps them */
 static unsigned char sbuf[WIN][BUF], rbuf[WIN][BUF];
@@ -472,6 +495,44 @@ static void test_oob_shared_fate(void **state)
 	fvh_stop(F);
 }
 
+/*
+ * Rails: the sender's mlx5_0 (rail 1) goes down and it moves to mlx5_1 on
+ * rail 2. The receiver's own mlx5_2 is fine but on rail 1: it must follow
+ * the peer to its rail (mlx5_3, 10.2.0.0/24), not rebuild on mlx5_2. When
+ * mlx5_0 is back for the hold-down, the sender moves back and the receiver
+ * follows it home (mlx5_2).
+ */
+static void test_move_follows_rail(void **state)
+{
+	struct loop L = { .fault_at = 20, .fault_dev = "mlx5_0" };
+	int mark, up;
+
+	(void)state;
+	setenv("NCCL_RAIL_FAILOVER_HOLDDOWN", "1", 1);
+	L.F = fvh_start(roce_rails);
+	fvh_connect(L.F, 2, 0, -1);	/* receiver on mlx5_2, sender on mlx5_0: rail 1 */
+	mark = fvh_log_mark();
+	if (run_to(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_1:1", "PORT_ERR on mlx5_0:1");
+	assert_moved(mark, "(receive comm) moved from mlx5_2:1 to mlx5_3:1",
+		     "follows the peer to 10.2.0.0/24");
+	port_state(L.F, "mlx5_0", IBV_PORT_ACTIVE, NCCL_LOG_INFO, "ACTIVE again");
+	up = fvh_log_mark();
+	usleep(1100000);
+	assert_int_equal(run_to(&L, 600), 0);
+	if (!fvh_log_count_from(up, NCCL_LOG_INFO, "(send comm) moved back from mlx5_1:1 to "
+				"mlx5_0:1", NULL) ||
+	    !fvh_log_count_from(up, NCCL_LOG_INFO, "(receive comm) moved back from mlx5_3:1 to "
+				"mlx5_2:1", "follows the peer to 10.1.0.0/24")) {
+		fvh_log_dump();
+		fail_msg("no move back to rail 1 on both sides after the hold-down");
+	}
+	loop_end(&L);
+}
+
 /* No other port: the comm fails, and the WARN says there was nowhere to go. */
 static void test_move_nowhere(void **state)
 {
@@ -501,6 +562,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_back_after_holddown, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_flapping_bounded, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_idle_peer, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_follows_rail, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_nowhere, fvh_teardown),
 		cmocka_unit_test_teardown(test_oob_shared_fate, fvh_teardown),
 	};
