@@ -243,6 +243,11 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 			int type, int fd, uint64_t offset, const char *peer,
 			struct rail_ib_mh **out);
 void rail_ib_mr_deregister(struct rail_ib_mh *mh);
+/*
+ * After a move: every member slot of mh on the device its member of c is on
+ * now (rail_ib_mh_rehome per member; no-ops where the HCA did not change).
+ */
+int rail_ib_comm_mh_rehome(const struct rail_ib_comm *c, struct rail_ib_mh *mh);
 /* Drop every cached registration of an HCA (fini). */
 void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 
@@ -438,7 +443,8 @@ struct rail_ib_comm {
 	 */
 	int failover;
 	int (*on_move)(struct rail_ib_comm *c, int trigger, const char *call);
-	struct rail_ib_dev *home;	/* the device the comm was made on: it moves back there */
+	/* per member: the device the comm was made on; a member that moved moves back there */
+	struct rail_ib_dev *home[RAIL_MAX_VDEV_DEVS];
 	uint32_t back_tick;		/* away from home: calls between looks at it */
 	uint64_t move_ns[4];		/* when the last moves started (ring by epoch) */
 	/* the move thread (ib_move.c): base.calls at its last look */
@@ -532,6 +538,15 @@ struct rail_ib_req {
 	int had_cts;
 	int flushed;			/* a completion of it was flushed by a move's drain */
 };
+
+/* Failover: a member of the comm is on another device than the one it was made on. */
+static inline int rail_ib_away(const struct rail_ib_comm *c)
+{
+	for (int m = 0; m < c->ndevs; m++)
+		if (c->res[m].dev != c->home[m])
+			return 1;
+	return 0;
+}
 
 /* Receiver: receive k if it is in flight, else NULL. */
 static inline struct rail_ib_req *rail_ib_recv_at(struct rail_ib_comm *c, uint64_t k)
@@ -742,8 +757,9 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 
 /*
  * ib_move.c. Arm: set c->on_move, and with NCCL_RAIL_FAILOVER=1 on both
- * sides (peer_failover: the peer's handshake said so) on a comm of one
- * device per side (stage 1) turn failover on: the sender keeps its records. Free: at close, a move in progress and the records.
+ * sides (peer_failover: the peer's handshake said so) turn failover on, for
+ * comms of one device and of fused devices alike: the sender keeps its
+ * records. Free: at close, a move in progress and the records.
  */
 void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover);
 void rail_ib_move_free(struct rail_ib_comm *c);

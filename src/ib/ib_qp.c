@@ -627,7 +627,7 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 		}
 	}
 	/* moved away: now and then, whether home is back (and has stayed up) */
-	if (rail_unlikely(c->failover && c->res[0].dev != c->home) && (++c->back_tick & 255) == 0)
+	if (rail_unlikely(c->failover && rail_ib_away(c)) && (++c->back_tick & 255) == 0)
 		return c->on_move(c, RAIL_IB_TRIG_BACK, call);
 	return 0;
 }
