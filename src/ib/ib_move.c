@@ -46,9 +46,10 @@
  * has had its home up for the hold-down.
  *
  * Scope (docs/FAILOVER.md section 8): triggers PORT_ERR on either side and
- * completion errors; DEVICE_FATAL and QP events still fail the comm. The QP transitions run
- * in the calling thread (RTR on RoCE resolves the peer's address in the
- * kernel: a pause of the proxy thread during a move, not an error).
+ * completion errors; DEVICE_FATAL and QP events still fail the comm. The
+ * QP transitions run in the calling thread (RTR on RoCE resolves the peer's
+ * address in the kernel: a pause of the proxy thread during a move, not an
+ * error).
  */
 #include <errno.h>
 #include <pthread.h>
