@@ -472,6 +472,33 @@ static void test_move_fused_partial(void **state)
 	loop_end(&L);
 }
 
+/*
+ * Both ports of the sender's card go down, one after the other: first
+ * member 0 moves to port 2, then, with no surviving member left, both
+ * members move to the fallback device (the other card's first port).
+ */
+static void test_move_fused_card_down(void **state)
+{
+	struct loop L = { .fault_at = 20, .fault_dev = "mlx5_0", .fault_port = 1 };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_dual);
+	fused_connect(L.F, 1, 0);	/* receiver on mlx5_1:1+2, sender on mlx5_0:1+2 */
+	mark = fvh_log_mark();
+	assert_int_equal(run_to(&L, 40), 0);
+	assert_moved(mark, "(send comm) moved from mlx5_0:1+mlx5_0:2 to mlx5_0:2+mlx5_0:2",
+		     "PORT_ERR on mlx5_0:1;");
+	port_state_at(L.F, "mlx5_0", 2, IBV_PORT_DOWN, NCCL_LOG_WARN, "went down");
+	if (run_to(&L, 100)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the second move", L.failed);
+	}
+	assert_moved(mark, "(send comm) moved from mlx5_0:2+mlx5_0:2 to mlx5_1:1+mlx5_1:1",
+		     "PORT_ERR on mlx5_0:2+mlx5_0:2;");
+	loop_end(&L);
+}
+
 /* The receiver's second member (mlx5_0:2) goes down: it moves to mlx5_0:1. */
 static void test_move_fused_receiver(void **state)
 {
@@ -585,6 +612,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_fused_sender, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_fused_receiver, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_fused_partial, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_fused_card_down, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_fused_back, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_fused_cards_receiver, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_fused_cards_sender, fvh_teardown),
