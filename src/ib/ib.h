@@ -243,6 +243,11 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 			int type, int fd, uint64_t offset, const char *peer,
 			struct rail_ib_mh **out);
 void rail_ib_mr_deregister(struct rail_ib_mh *mh);
+/*
+ * After a move: every member slot of mh on the device its member of c is on
+ * now (rail_ib_mh_rehome per member; no-ops where the HCA did not change).
+ */
+int rail_ib_comm_mh_rehome(const struct rail_ib_comm *c, struct rail_ib_mh *mh);
 /* Drop every cached registration of an HCA (fini). */
 void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 
@@ -443,7 +448,8 @@ struct rail_ib_comm {
 	 */
 	int failover;
 	int (*on_move)(struct rail_ib_comm *c, int trigger, const char *call);
-	struct rail_ib_dev *home;	/* the device the comm was made on: it moves back there */
+	/* per member: the device the comm was made on; a member that moved moves back there */
+	struct rail_ib_dev *home[RAIL_MAX_VDEV_DEVS];
 	uint32_t back_tick;		/* away from home: calls between looks at it */
 	int follows;			/* on the device it followed the peer to: no move back of its own */
 	int one_net;			/* made within one network (ib_move.c, at its first move) */
@@ -540,6 +546,15 @@ struct rail_ib_req {
 	int flushed;			/* a completion of it was flushed by a move's drain */
 };
 
+/* Failover: a member of the comm is on another device than the one it was made on. */
+static inline int rail_ib_away(const struct rail_ib_comm *c)
+{
+	for (int m = 0; m < c->ndevs; m++)
+		if (c->res[m].dev != c->home[m])
+			return 1;
+	return 0;
+}
+
 /* Receiver: receive k if it is in flight, else NULL. */
 static inline struct rail_ib_req *rail_ib_recv_at(struct rail_ib_comm *c, uint64_t k)
 {
@@ -613,12 +628,15 @@ struct rail_ib_old {
 };
 int rail_ib_comm_fence(struct rail_ib_comm *c);
 /*
- * Fence after DEVICE_FATAL on member m's device: its QPs and CQ are not
- * touched (a dead HCA completes nothing); every completion still expected
- * of them is counted as flushed, as a drain would have (send batches and
- * flushes of the requests in flight); returns how many.
+ * Fence when the HCA of a member in dead (bit m: member m) reported
+ * DEVICE_FATAL: a dead HCA completes nothing, so nothing is drained. The
+ * live members' QPs go to the error state (the dead ones' are not touched),
+ * no marks are posted, and every completion still expected of any member
+ * is counted as flushed (send batches and flushes of the requests in
+ * flight), as a drain would have, so the old CQs are not read again.
+ * Returns how many completions were written off.
  */
-int rail_ib_comm_fence_dead(struct rail_ib_comm *c, int m);
+int rail_ib_comm_write_off(struct rail_ib_comm *c, unsigned dead);
 /* QP_FATAL seen (c->qp_event) on a current QP of c; one on a replaced QP is dropped. */
 int rail_ib_qp_event_current(struct rail_ib_comm *c);
 int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d, int is_send,
@@ -758,8 +776,9 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 
 /*
  * ib_move.c. Arm: set c->on_move, and with NCCL_RAIL_FAILOVER=1 on both
- * sides (peer_failover: the peer's handshake said so) on a comm of one
- * device per side (stage 1) turn failover on: the sender keeps its records. Free: at close, a move in progress and the records.
+ * sides (peer_failover: the peer's handshake said so) turn failover on, for
+ * comms of one device and of fused devices alike: the sender keeps its
+ * records. Free: at close, a move in progress and the records.
  */
 void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover);
 void rail_ib_move_free(struct rail_ib_comm *c);

@@ -114,7 +114,8 @@ static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event 
 			  "until it is ACTIVE again. Check the link (ibstat, ip link, the switch "
 			  "port)", hca->name, d->port, rail_ibv_event_str(ev->event_type),
 			  rail_param_int(RAIL_P_FAILOVER)
-				  ? "move to another port (NCCL_RAIL_FAILOVER=1; one device per side)"
+				  ? "move to another port (NCCL_RAIL_FAILOVER=1; a fused NIC's member to a "
+				    "surviving member first)"
 				  : "fail");
 		return;
 	}

@@ -846,7 +846,7 @@ int rail_ib_ring_replay(struct rail_ib_comm *c)
 		if (s->state != RAIL_IB_RING_LOOP)
 			continue;	/* a copy that completed before the drain is done */
 		r->loops--;
-		err = rail_ib_mh_rehome(r->mhs[s->idx], 0, c->res[0].dev, c->peer);
+		err = rail_ib_comm_mh_rehome(c, r->mhs[s->idx]);
 		if (!err)
 			err = ring_loop(c, (uint32_t)k, r, s->idx,
 					ring_trailer(c, (uint32_t)k) - s->h.size);

@@ -157,7 +157,7 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 	}
 	if (err)
 		return err;
-	if (rail_unlikely(c->epoch) && (err = rail_ib_mh_rehome(mh, 0, c->res[0].dev, c->peer)))
+	if (rail_unlikely(c->epoch) && (err = rail_ib_comm_mh_rehome(c, mh)))
 		return err;
 	r->bufs[0] = data[last];	/* a move posts it again (rail_ib_flush_replay) */
 	r->mhs[0] = mh;
@@ -172,7 +172,7 @@ int rail_ib_flush_replay(struct rail_ib_comm *c)
 		struct rail_ib_req *r = c->reflush[k];
 
 		r->flushed = 0;
-		err = rail_ib_mh_rehome(r->mhs[0], 0, c->res[0].dev, c->peer);
+		err = rail_ib_comm_mh_rehome(c, r->mhs[0]);
 		if (!err)
 			err = flush_post(c, r);
 	}

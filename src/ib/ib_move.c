@@ -33,16 +33,30 @@
  * completes only when its answers were polled). A write from the old path
  * that landed partly is overwritten with the same bytes.
  *
- * Scope (stage 1 of docs/FAILOVER.md section 8): comms of one device on
- * each side; triggers PORT_ERR on either side, completion errors (retry
- * exceeded: the HCA's own transport watchdog; flushed), QP_FATAL, and
- * DEVICE_FATAL. A dead device completes nothing: its side does not drain
- * but writes off every completion its queues owed (rail_ib_comm_fence_dead),
- * which the replay covers as it covers flushed ones, since what is written
- * again is decided by the receiver's record, not by the sender's completions.
- * QP_REQ_ERR and QP_ACCESS_ERR (a bug) still fail the comm. The QP transitions run
- * in the calling thread (RTR on RoCE resolves the peer's address in the
- * kernel: a pause of the proxy thread during a move, not an error).
+ * Fused NICs (several member devices on either side, NCCL's makeVDevice):
+ * the move is per comm, not per member. The whole comm fences (every
+ * member's QPs and flush QP) and drains, then EVERY member is rebuilt: a
+ * member whose port is down moves to a target of its own (its home if that
+ * is up, else the nearest surviving member's device of this comm, as NCCL
+ * fails over inside the fused NIC, else the fallback device), the others
+ * are rebuilt on their own device. MOVE carries every member's device and
+ * every QPN; each QP keeps its local and remote member (QP i: member
+ * i % ndevs, the peer's i % remote_ndevs, as at connect). Registrations
+ * follow member by member (rail_ib_comm_mh_rehome: a slot whose member
+ * stayed on its HCA, or moved to another port of it, is kept). Each member
+ * has its own home, and the comm moves back once every member that is away
+ * has had its home up for the hold-down.
+ *
+ * Triggers: PORT_ERR on either side, completion errors (retry exceeded:
+ * the HCA's own transport watchdog; flushed), QP_FATAL, and DEVICE_FATAL.
+ * A dead device completes nothing: when a member's HCA is dead the side
+ * does not drain but writes off every completion its queues owed
+ * (rail_ib_comm_write_off), which the replay covers as it covers flushed
+ * ones, since what is written again is decided by the receiver's record,
+ * not by the sender's completions. QP_REQ_ERR and QP_ACCESS_ERR (a bug)
+ * still fail the comm. The QP transitions run in the calling thread (RTR
+ * on RoCE resolves the peer's address in the kernel: a pause of the proxy
+ * thread during a move, not an error).
  */
 #include <errno.h>
 #include <pthread.h>
@@ -70,9 +84,10 @@ struct rail_ib_move {
 	char why[160];
 	uint64_t start_ns, deadline_ns;
 	int refused_marks;
-	int dead;			/* DEVICE_FATAL: the old path is not drained, written off */
-	int written_off;		/* completions it owed, counted as flushed */
-	struct rail_ib_dev *from, *to;
+	unsigned dead;			/* members whose HCA is dead (DEVICE_FATAL): written off */
+	int written_off;		/* completions the old queues owed, counted as flushed */
+	struct rail_ib_dev *from[RAIL_MAX_VDEV_DEVS], *to[RAIL_MAX_VDEV_DEVS];
+	char from_s[160], to_s[160];	/* the members, "mlx5_0:1+mlx5_0:2" */
 	struct rail_ib_old old;
 	struct rail_ib_msg peer;	/* its MOVE */
 	int have_move, have_ready;
@@ -129,13 +144,21 @@ static struct rail_ib_dev *fallback_dev(const struct rail_ib_dev *d)
 	return best;
 }
 
-/* The comm's port went down since it was made there, or its device failed. */
-static int own_port_down(const struct rail_ib_comm *c)
+/* Member m's port went down since it was built (PORT_ERR), or is down. */
+static int member_down(const struct rail_ib_comm *c, int m)
 {
-	const struct rail_ib_devres *r = &c->res[0];
+	const struct rail_ib_devres *r = &c->res[m];
 
 	return atomic_load(&r->dev->port_downs) != r->port_gen || atomic_load(&r->dev->port_err) ||
 	       atomic_load(&r->dev->hca->fatal);
+}
+
+static int own_port_down(const struct rail_ib_comm *c)
+{
+	for (int m = 0; m < c->ndevs; m++)
+		if (member_down(c, m))
+			return 1;
+	return 0;
 }
 
 static int dev_down(const struct rail_ib_dev *d)
@@ -143,14 +166,29 @@ static int dev_down(const struct rail_ib_dev *d)
 	return atomic_load(&d->port_err) || atomic_load(&d->hca->fatal);
 }
 
-/* Seconds home has been up, or -1 while it is down (or the comm is at home). */
+/*
+ * Seconds the homes of the members away from home have all been up (the
+ * least), or -1 while one of them is down (or every member is at home).
+ */
 static int64_t home_up_s(const struct rail_ib_comm *c)
 {
-	uint64_t up = atomic_load(&c->home->up_ns);
+	uint64_t now = rail_now_ns();
+	int64_t least = -1;
 
-	if (c->home == c->res[0].dev || dev_down(c->home) || !up)
-		return -1;
-	return (int64_t)((rail_now_ns() - up) / 1000000000ull);
+	for (int m = 0; m < c->ndevs; m++) {
+		const struct rail_ib_dev *h = c->home[m];
+		uint64_t up = atomic_load(&h->up_ns);
+		int64_t s;
+
+		if (h == c->res[m].dev)
+			continue;
+		if (dev_down(h) || !up)
+			return -1;
+		s = (int64_t)((now - up) / 1000000000ull);
+		if (least < 0 || s < least)
+			least = s;
+	}
+	return least;
 }
 
 /*
@@ -166,21 +204,65 @@ static int home_ready(const struct rail_ib_comm *c)
 }
 
 /*
- * Where this side goes: home once it has stayed up for the hold-down; else
- * where it is while that works; else home if it is up at all; else the
+ * A fused comm's member whose port is down: the device of a surviving
+ * member (port up) nearest to d on PCIe (the other port of the card
+ * first), where the comm's buffers are registered already. NULL if none.
+ */
+static struct rail_ib_dev *survivor_dev(const struct rail_ib_comm *c, const struct rail_ib_dev *d)
+{
+	struct rail_ib_dev *best = NULL;
+	size_t best_len = 0;
+
+	for (int k = 0; k < c->ndevs; k++) {
+		struct rail_ib_dev *o = c->res[k].dev;
+		size_t len;
+
+		if (o == d || member_down(c, k) || dev_down(o))
+			continue;
+		len = common_prefix(o->pci_path, d->pci_path);
+		if (!best || len > best_len) {
+			best = o;
+			best_len = len;
+		}
+	}
+	return best;
+}
+
+/*
+ * Where member m of this side goes: home once every member away has had
+ * its home up for the hold-down; else where it is while that works; else
+ * its home if it is up at all; else a surviving member's device; else the
  * fallback of where it is.
  */
-static struct rail_ib_dev *pick_target(const struct rail_ib_comm *c)
+static struct rail_ib_dev *pick_target(const struct rail_ib_comm *c, int m)
 {
-	struct rail_ib_dev *d = c->res[0].dev;
+	struct rail_ib_dev *d = c->res[m].dev, *s;
 
-	if (home_ready(c))
-		return c->home;
-	if (!own_port_down(c))
+	if (home_ready(c) && !dev_down(c->home[m]))
+		return c->home[m];
+	if (!member_down(c, m))
 		return d;
-	if (c->home != d && !dev_down(c->home))
-		return c->home;
-	return fallback_dev(d);
+	if (c->home[m] != d && !dev_down(c->home[m]))
+		return c->home[m];
+	s = survivor_dev(c, d);
+	return s ? s : fallback_dev(d);
+}
+
+/* "mlx5_0:1+mlx5_0:2": the devices v[k] for k < n with bit k of mask. */
+static void devs_str(struct rail_ib_dev *const *v, int n, unsigned mask, char *buf, size_t len)
+{
+	size_t off = 0;
+
+	buf[0] = '\0';
+	for (int k = 0; k < n && off < len; k++) {
+		int w;
+
+		if (!(mask & (1u << k)) || !v[k])
+			continue;
+		w = snprintf(buf + off, len - off, "%s%s:%d", off ? "+" : "", v[k]->hca->name,
+			     v[k]->port);
+		off += w > 0 ? (size_t)w : 0;
+	}
 }
 
 /* ---- following the peer to its rail --------------------------------------------- */
@@ -328,10 +410,51 @@ static const char *reason_text(int reason)
 	}
 }
 
+/* Members whose HCA reported DEVICE_FATAL (bit m: member m). */
+static unsigned dead_members(const struct rail_ib_comm *c)
+{
+	unsigned dead = 0;
+
+	for (int m = 0; m < c->ndevs; m++)
+		dead |= (unsigned)(atomic_load(&c->res[m].dev->hca->fatal) != 0) << m;
+	return dead;
+}
+
+/*
+ * Why this side moves (mv->why): its members whose devices died or whose
+ * ports are down, a QP that failed, homes back, or the trigger.
+ */
+static void move_why(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigger)
+{
+	unsigned down = 0, back = 0;
+	char s[112];
+
+	for (int m = 0; m < c->ndevs; m++) {
+		down |= (unsigned)member_down(c, m) << m;
+		back |= (unsigned)(mv->to[m] == c->home[m] && mv->to[m] != mv->from[m]) << m;
+	}
+	if (mv->dead) {
+		devs_str(mv->from, c->ndevs, mv->dead, s, sizeof(s));
+		snprintf(mv->why, sizeof(mv->why), "DEVICE_FATAL on %s", s);
+	} else if (trigger == RAIL_IB_TRIG_QP && !down) {
+		snprintf(mv->why, sizeof(mv->why), "QP_FATAL on %.100s qp 0x%x", mv->from_s,
+			 atomic_load(&c->qp_event) - 1);
+	} else if (down) {
+		devs_str(mv->from, c->ndevs, down, s, sizeof(s));
+		snprintf(mv->why, sizeof(mv->why), "PORT_ERR on %s", s);
+	} else if (back) {
+		devs_str(mv->to, c->ndevs, back, s, sizeof(s));
+		snprintf(mv->why, sizeof(mv->why), "%s ACTIVE again for %lld s", s,
+			 (long long)home_up_s(c));
+	} else {
+		snprintf(mv->why, sizeof(mv->why), "%s", reason_text(mv->reason));
+	}
+}
+
 static int move_start(struct rail_ib_comm *c, int trigger)
 {
-	struct rail_ib_dev *d = c->res[0].dev;
 	struct rail_ib_move *mv = calloc(1, sizeof(*mv));
+	int nowhere = -1;
 
 	if (!mv)
 		return -ENOMEM;
@@ -339,46 +462,45 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 	mv->rx_body = -1;
 	mv->start_ns = rail_now_ns();
 	mv->deadline_ns = mv->start_ns + DRAIN_NS;
-	mv->from = d;
 	mv->reason = trigger == RAIL_IB_TRIG_PORT ? RAIL_IB_MOVE_PORT_ERR
 		     : trigger == RAIL_IB_TRIG_WC ? RAIL_IB_MOVE_WC_ERR
 		     : trigger == RAIL_IB_TRIG_FATAL ? RAIL_IB_MOVE_FATAL
 		     : trigger == RAIL_IB_TRIG_QP ? RAIL_IB_MOVE_QP
 		     : trigger == RAIL_IB_TRIG_BACK ? RAIL_IB_MOVE_BACK : RAIL_IB_MOVE_PEER;
-	mv->to = pick_target(c);
-	mv->dead = atomic_load(&d->hca->fatal);
-	if (!c->epoch) {
+	for (int m = 0; m < c->ndevs; m++) {
+		mv->from[m] = c->res[m].dev;
+		mv->to[m] = pick_target(c, m);
+		if (!mv->to[m] && nowhere < 0)
+			nowhere = m;
+	}
+	devs_str(mv->from, c->ndevs, ~0u, mv->from_s, sizeof(mv->from_s));
+	devs_str(mv->to, c->ndevs, ~0u, mv->to_s, sizeof(mv->to_s));
+	if (!c->epoch && c->ndevs == 1) {
 		struct rail_ib_gid_net net;
 
-		c->one_net = dev_reaches(d, c->remote[0].gid, &net);	/* both as made */
+		/* both as made */
+		c->one_net = dev_reaches(c->res[0].dev, c->remote[0].gid, &net);
 	}
-	if (mv->dead)
-		snprintf(mv->why, sizeof(mv->why), "DEVICE_FATAL on %s", d->hca->name);
-	else if (own_port_down(c))
-		snprintf(mv->why, sizeof(mv->why), "PORT_ERR on %s:%d", d->hca->name, d->port);
-	else if (trigger == RAIL_IB_TRIG_QP)
-		snprintf(mv->why, sizeof(mv->why), "QP_FATAL on %s:%d qp 0x%x", d->hca->name,
-			 d->port, atomic_load(&c->qp_event) - 1);
-	else if (mv->to == c->home && mv->to != d)
-		snprintf(mv->why, sizeof(mv->why), "%s:%d ACTIVE again for %lld s", c->home->hca->name,
-			 c->home->port, (long long)home_up_s(c));
-	else
-		snprintf(mv->why, sizeof(mv->why), "%s", reason_text(mv->reason));
+	mv->dead = dead_members(c);
+	move_why(c, mv, trigger);
 	/* a path that keeps failing (a flapping link, a fabric fault both ports survive) */
 	if (c->move_ns[c->epoch % 4] && mv->start_ns - c->move_ns[c->epoch % 4] < MOVES_NS) {
-		RAIL_WARN("connection to peer %s (%s comm) on %s:%d: %s, its 5th move within %llu s; "
+		RAIL_WARN("connection to peer %s (%s comm) on %s: %s, its 5th move within %llu s; "
 			  "the path keeps failing and the connection fails. Check the links and the "
 			  "switch ports (ibstat, ip link, the fabric's error counters)", c->peer,
-			  is_send(c) ? "send" : "receive", d->hca->name, d->port, mv->why,
+			  is_send(c) ? "send" : "receive", mv->from_s, mv->why,
 			  MOVES_NS / 1000000000ull);
 		return -ENETDOWN;
 	}
 	c->move_ns[c->epoch % 4] = mv->start_ns;
-	if (!mv->to) {
-		RAIL_WARN("connection to peer %s (%s comm) on %s:%d: %s, and no other usable port "
-			  "(ACTIVE, %s) is left to move to; the connection fails. Check the links "
-			  "(ibstat, ip link) and NCCL_IB_HCA", c->peer, is_send(c) ? "send" : "receive",
-			  d->hca->name, d->port, mv->why, rail_link_layer_str(d->link_layer));
+	if (nowhere >= 0) {
+		const struct rail_ib_dev *d = mv->from[nowhere];
+
+		RAIL_WARN("connection to peer %s (%s comm) on %s: %s, and no other usable port "
+			  "(ACTIVE, %s) is left to move %s:%d to; the connection fails. Check the "
+			  "links (ibstat, ip link) and NCCL_IB_HCA", c->peer,
+			  is_send(c) ? "send" : "receive", mv->from_s, mv->why,
+			  rail_link_layer_str(d->link_layer), d->hca->name, d->port);
 		return -ENETDOWN;
 	}
 	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
@@ -386,7 +508,7 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 	c->path_failed = 0;
 	atomic_store(&c->qp_event, 0);	/* every QP is replaced */
 	if (mv->dead)
-		mv->written_off = rail_ib_comm_fence_dead(c, 0);
+		mv->written_off = rail_ib_comm_write_off(c, mv->dead);
 	else
 		mv->refused_marks = rail_ib_comm_fence(c);
 	mv->state = MV_DRAIN;
@@ -441,7 +563,10 @@ static int peer_move_early(struct rail_ib_comm *c)
 	if (err)
 		return err;
 	mv->have_move = 1;
-	mv->to = follow_peer(c, mv->to);
+	if (c->ndevs == 1 && c->remote_ndevs == 1) {	/* fused comms keep their members' rails */
+		mv->to[0] = follow_peer(c, mv->to[0]);
+		devs_str(mv->to, c->ndevs, ~0u, mv->to_s, sizeof(mv->to_s));
+	}
 	return 0;
 }
 
@@ -453,11 +578,11 @@ static int step_drain(struct rail_ib_comm *c)
 	uint64_t now;
 	int err;
 
-	if (!mv->dead && atomic_load(&mv->from->hca->fatal)) {
-		/* the device died during the drain: its marks will never come back */
-		mv->dead = 1;
-		mv->written_off = rail_ib_comm_fence_dead(c, 0);
-		snprintf(mv->why, sizeof(mv->why), "DEVICE_FATAL on %s", mv->from->hca->name);
+	if (!mv->dead && dead_members(c)) {
+		/* a device died during the drain: its marks will never come back */
+		mv->dead = dead_members(c);
+		mv->written_off = rail_ib_comm_write_off(c, mv->dead);
+		move_why(c, mv, RAIL_IB_TRIG_FATAL);
 	}
 	err = mv->dead ? 0 : rail_ib_poll(c);	/* a dead device's CQ is not read */
 	if (err)
@@ -471,19 +596,19 @@ static int step_drain(struct rail_ib_comm *c)
 	 */
 	if (c->marks_left > 0 && c->marks_left == c->rq_marks_left &&
 	    now - mv->start_ns >= QUIET_NS) {
-		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s on %s:%d: %d receive-queue drain "
+		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s on %s: %d receive-queue drain "
 			  "marks not flushed after %llu ms (the provider does not flush receive WRs "
 			  "of a QP in error); the send queues drained, going on", c->peer,
-			  mv->from->hca->name, mv->from->port, c->rq_marks_left,
+			  mv->from_s, c->rq_marks_left,
 			  QUIET_NS / 1000000ull);
 		c->marks_left = c->rq_marks_left = 0;
 	}
 	if (c->marks_left > 0 || (mv->refused_marks && now - mv->start_ns < QUIET_NS)) {
 		if (now < mv->deadline_ns)
 			return -EAGAIN;
-		RAIL_WARN("connection to peer %s on %s:%d: the old QPs did not drain within %llu s "
+		RAIL_WARN("connection to peer %s on %s: the old QPs did not drain within %llu s "
 			  "(%d drain marks outstanding, %d of them on receive queues); the connection "
-			  "fails", c->peer, mv->from->hca->name, mv->from->port,
+			  "fails", c->peer, mv->from_s,
 			  DRAIN_NS / 1000000000ull, c->marks_left, c->rq_marks_left);
 		return -ETIMEDOUT;
 	}
@@ -496,15 +621,18 @@ static int step_drain(struct rail_ib_comm *c)
 		memset(c->fifo, 0, RAIL_IB_FIFO_BYTES);
 		c->batch_stale = c->batch.nreqs != 0;
 	}
-	err = rail_ib_member_rebuild(c, 0, mv->to, is_send(c), &mv->old);
-	if (!err && !is_send(c))
-		err = rail_ib_flush_member(c, 0);
+	/* every member, moved or not: the whole comm was fenced (its old QPs are in error) */
+	for (int k = 0; k < c->ndevs && !err; k++)
+		err = rail_ib_member_rebuild(c, k, mv->to[k], is_send(c), &mv->old);
+	for (int k = 0; k < c->ndevs && !err && !is_send(c); k++)
+		err = rail_ib_flush_member(c, k);
 	if (err)
 		return err;
 	memset(&m, 0, sizeof(m));
 	m.type = RAIL_IB_MSG_MOVE;
-	m.ndevs = 1;
-	rail_ib_local_wire_dev(&c->res[0], c->res[0].ctrl_mr->rkey, &m.devs[0]);
+	m.ndevs = c->ndevs;
+	for (int k = 0; k < c->ndevs; k++)
+		rail_ib_local_wire_dev(&c->res[k], c->res[k].ctrl_mr->rkey, &m.devs[k]);
 	m.nqps = c->nqps;
 	for (int i = 0; i < c->nqps; i++)
 		m.qpn[i] = c->qps[i].qp->qp_num;
@@ -523,13 +651,15 @@ static int peer_move_check(struct rail_ib_comm *c, const struct rail_ib_msg *m)
 {
 	char what[200];
 
-	if (m->type == RAIL_IB_MSG_MOVE && m->move.epoch == c->epoch + 1 && m->ndevs == 1 &&
+	if (m->type == RAIL_IB_MSG_MOVE && m->move.epoch == c->epoch + 1 &&
+	    m->ndevs == c->remote_ndevs &&
 	    m->nqps == c->nqps && m->move.role != (is_send(c) ? 0 : 1) &&
 	    (is_send(c) ? m->move.nans == c->nqps : m->move.nans == 0))
 		return 0;
 	snprintf(what, sizeof(what), "the peer's move message (type %d, move %u, %d devices, %d "
-		 "QPs) does not match this comm's move %u with %d QPs", m->type, m->move.epoch,
-		 m->ndevs, m->nqps, c->epoch + 1, c->nqps);
+		 "QPs) does not match this comm's move %u with %d QPs and %d devices on the peer's "
+		 "side", m->type, m->move.epoch, m->ndevs, m->nqps, c->epoch + 1, c->nqps,
+		 c->remote_ndevs);
 	return rail_ib_protocol_error(c, 0, what);
 }
 
@@ -541,15 +671,20 @@ static int step_connect(struct rail_ib_comm *c)
 	struct rail_ib_msg m;
 	int err = 0;
 
-	c->remote[0] = p->devs[0];
-	if (is_send(c))
-		c->remote_cmpl_rkey[0] = p->devs[0].ctrl_rkey;
-	else
-		c->remote_fifo_rkey[0] = p->devs[0].ctrl_rkey;
+	for (int k = 0; k < p->ndevs; k++) {
+		c->remote[k] = p->devs[k];
+		if (is_send(c))
+			c->remote_cmpl_rkey[k] = p->devs[k].ctrl_rkey;
+		else
+			c->remote_fifo_rkey[k] = p->devs[k].ctrl_rkey;
+	}
+	/* each QP keeps its members on both sides (QP i: i % ndevs, i % remote_ndevs) */
 	for (int i = 0; i < c->nqps && !err; i++) {
-		c->qps[i].remote_qpn = p->qpn[i];
-		err = rail_ib_qp_rtr_rts(c, c->qps[i].qp, c->res[0].dev, &c->remote[0], p->qpn[i],
-					 0);
+		struct rail_ib_qp *q = &c->qps[i];
+
+		q->remote_qpn = p->qpn[i];
+		err = rail_ib_qp_rtr_rts(c, q->qp, c->res[q->member].dev,
+					 &c->remote[q->remote_member], p->qpn[i], 0);
 	}
 	if (!err && !is_send(c))
 		err = rail_ib_recv_replay_prepare(c);
@@ -566,7 +701,9 @@ static int step_resume(struct rail_ib_comm *c)
 {
 	struct rail_ib_move *mv = c->mv;
 	const struct rail_ib_move_state *ps = &mv->peer.move;
+	char ports[64];
 	int again = 0, eager = 0, back, err;
+	size_t off = 0;
 
 	if (is_send(c)) {
 		c->rp_end = c->seq;
@@ -590,15 +727,22 @@ static int step_resume(struct rail_ib_comm *c)
 		return err;
 	rail_ib_old_free(&mv->old);
 	c->epoch++;
-	c->follows = mv->follows && mv->to != c->home;
+	c->follows = mv->follows && mv->to[0] != c->home[0];
+	ports[0] = '\0';
+	for (int k = 0; k < mv->peer.ndevs && off < sizeof(ports); k++) {
+		int w = snprintf(ports + off, sizeof(ports) - off, "%s%u", k ? "+" : "",
+				 mv->peer.devs[k].port);
+
+		off += w > 0 ? (size_t)w : 0;
+	}
 	back = mv->reason == RAIL_IB_MOVE_BACK || ps->reason == RAIL_IB_MOVE_BACK;
 	rail_log(back ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
-		 "connection to peer %s (%s comm) moved%s from %s:%d to %s:%d: %s%s%s; the peer "
-		 "is on its port %u (GID index %u); %d %s and %d eager messages written again%s; "
+		 "connection to peer %s (%s comm) moved%s from %s to %s: %s%s%s; the peer is on "
+		 "its port %s (GID index %u); %d %s and %d eager messages written again%s; "
 		 "%.1f ms (move %u)", c->peer, is_send(c) ? "send" : "receive",
-		 back ? " back" : "", mv->from->hca->name, mv->from->port, mv->to->hca->name,
-		 mv->to->port, mv->why, mv->peer.text[0] ? "; the peer's side: " : "",
-		 mv->peer.text, mv->peer.devs[0].port, mv->peer.devs[0].gid_index, again,
+		 back ? " back" : "", mv->from_s, mv->to_s, mv->why,
+		 mv->peer.text[0] ? "; the peer's side: " : "", mv->peer.text, ports,
+		 mv->peer.devs[0].gid_index, again,
 		 is_send(c) ? "lost pieces" : "clear-to-sends", eager > 0 ? eager : 0,
 		 mv->dead ? "; the dead device's queues were written off, not drained" : "",
 		 (double)(rail_now_ns() - mv->start_ns) / 1e6, c->epoch);
@@ -666,8 +810,8 @@ static int move_fail(struct rail_ib_comm *c, int err, const char *call)
 	else if (err != -ENETDOWN && err != -EPROTO)
 		RAIL_WARN("%s: connection to peer %s: the move to another path (%s%s%s) failed: "
 			  "%s; the connection fails (the WARN before names the call that failed)",
-			  call, c->peer, mv ? mv->why : "?", mv && mv->to ? ", to " : "",
-			  mv && mv->to ? mv->to->name : "", RAIL_ERRSTR(err));
+			  call, c->peer, mv ? mv->why : "?", mv && mv->to_s[0] ? ", to " : "",
+			  mv ? mv->to_s : "", RAIL_ERRSTR(err));
 	if (!c->error)
 		c->error = err;
 	c->fencing = 0;
@@ -829,9 +973,9 @@ void rail_ib_move_fini(void)
 void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover)
 {
 	c->on_move = on_move;
-	c->home = c->res[0].dev;
-	if (!rail_param_int(RAIL_P_FAILOVER) || c->ndevs != 1 || c->remote_ndevs != 1 ||
-	    c->oob_fd < 0)
+	for (int m = 0; m < c->ndevs; m++)
+		c->home[m] = c->res[m].dev;
+	if (!rail_param_int(RAIL_P_FAILOVER) || c->oob_fd < 0)
 		return;
 	if (!peer_failover) {
 		RAIL_INFO(RAIL_LOG_NET, "connection %s peer %s: no failover (the peer runs with "

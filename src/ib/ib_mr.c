@@ -322,6 +322,15 @@ int rail_ib_mh_rehome(struct rail_ib_mh *mh, int m, struct rail_ib_dev *d, const
 	return 0;
 }
 
+int rail_ib_comm_mh_rehome(const struct rail_ib_comm *c, struct rail_ib_mh *mh)
+{
+	int err = 0;
+
+	for (int m = 0; m < c->ndevs && !err; m++)
+		err = rail_ib_mh_rehome(mh, m, c->res[m].dev, c->peer);
+	return err;
+}
+
 void rail_ib_mr_deregister(struct rail_ib_mh *mh)
 {
 	mr_release(mh);

@@ -651,7 +651,7 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 		}
 	}
 	/* moved away: now and then, whether home is back (and has stayed up) */
-	if (rail_unlikely(c->failover && c->res[0].dev != c->home) && (++c->back_tick & 255) == 0)
+	if (rail_unlikely(c->failover && rail_ib_away(c)) && (++c->back_tick & 255) == 0)
 		return c->on_move(c, RAIL_IB_TRIG_BACK, call);
 	return 0;
 }
@@ -718,19 +718,31 @@ int rail_ib_comm_fence(struct rail_ib_comm *c)
 	return posted - c->marks_left;	/* marks the provider refused: drain by time */
 }
 
-int rail_ib_comm_fence_dead(struct rail_ib_comm *c, int m)
+int rail_ib_comm_write_off(struct rail_ib_comm *c, unsigned dead)
 {
 	int n = 0;
 
 	c->fencing = 1;
 	c->marks_left = c->rq_marks_left = 0;
+	for (int i = 0; i < c->nqps; i++)	/* a dead HCA's QPs are not touched */
+		if (!(dead & (1u << c->qps[i].member)))
+			qp_to_error(c->qps[i].qp);
+	for (int m = 0; m < c->ndevs; m++)
+		if (c->res[m].flush_qp && !(dead & (1u << m)))
+			qp_to_error(c->res[m].flush_qp);
 	for (uint32_t i = 0; i < c->base.reqs.capacity; i++) {
 		struct rail_ib_req *r = rail_pool_at(&c->base.reqs, i);
+		int owed = 0;
 
-		if (r->base.magic != RAIL_REQ_MAGIC || r->done || r->error || !r->events[m])
+		if (r->base.magic != RAIL_REQ_MAGIC || r->done || r->error)
 			continue;
-		n += r->events[m];
-		r->events[m] = 0;
+		for (int m = 0; m < c->ndevs; m++) {
+			owed += r->events[m];
+			r->events[m] = 0;
+		}
+		if (!owed)
+			continue;
+		n += owed;
 		if (r->base.type == RAIL_REQ_FLUSH && !r->flushed && c->nreflush < RAIL_MAX_REQUESTS)
 			c->reflush[c->nreflush++] = r;
 		r->flushed = 1;

@@ -238,7 +238,7 @@ int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **da
 	/* the comm moved: its buffers are registered on the new HCA */
 	for (int i = 0; !err && rail_unlikely(c->epoch) && mhandles && i < n; i++)
 		if (mhandles[i])
-			err = rail_ib_mh_rehome(mhandles[i], 0, c->res[0].dev, c->peer);
+			err = rail_ib_comm_mh_rehome(c, mhandles[i]);
 	if (err)
 		return err;
 	if (c->recvs[k & SLOT_MASK]) {
@@ -453,7 +453,7 @@ int rail_ib_recv_replay_prepare(struct rail_ib_comm *c)
 			st->left += cts_owes(c, st, q);
 		for (int i = 0; st->r && i < st->r->base.n && !err; i++)
 			if (st->r->mhs[i])
-				err = rail_ib_mh_rehome(st->r->mhs[i], 0, c->res[0].dev, c->peer);
+				err = rail_ib_comm_mh_rehome(c, st->r->mhs[i]);
 	}
 	for (int q = 0; q < c->nqps && !err; q++)
 		for (int k = 0; k < RAIL_IB_SLOTS && !err; k++)
@@ -477,8 +477,8 @@ static int cts_write_again(struct rail_ib_comm *c, const struct rail_ib_cts_stat
 
 		if (rail_ib_cts_decode(p, (uint32_t)(st->num + 1), i, &e, why, sizeof(why)))
 			return rail_ib_protocol_error(c, 0, "a staged clear-to-send is corrupt");
-		if (st->r && i < st->r->base.n && st->r->mhs[i])
-			e.rkey[0] = st->r->mhs[i]->rkey[0];
+		for (int m = 0; st->r && i < st->r->base.n && st->r->mhs[i] && m < c->ndevs; m++)
+			e.rkey[m] = st->r->mhs[i]->rkey[m];	/* per member, as cts_fill */
 		e.credits = c->e_head;
 		rail_ib_cts_encode(&e, p);
 	}

@@ -397,7 +397,7 @@ static int sent_post_again(struct rail_ib_comm *c, const struct rail_ib_sent *re
 			b.reqs[i] = &fake[i];
 			lead = lead ? lead : &fake[i];
 		} else if (b.reqs[i] && b.reqs[i]->mh) {
-			err = rail_ib_mh_rehome(b.reqs[i]->mh, 0, c->res[0].dev, c->peer);
+			err = rail_ib_comm_mh_rehome(c, b.reqs[i]->mh);
 		}
 	}
 	if (err == -EBADMSG || err == -EAGAIN)
@@ -595,7 +595,7 @@ int rail_ib_isend(struct rail_comm *comm, struct rail_req *req, void *data, size
 			  c->peer, mhandle);
 		return -EINVAL;
 	}
-	if (rail_unlikely(c->epoch) && mh && (err = rail_ib_mh_rehome(mh, 0, c->res[0].dev, c->peer)))
+	if (rail_unlikely(c->epoch) && mh && (err = rail_ib_comm_mh_rehome(c, mh)))
 		return err;	/* the comm moved: its buffers are registered on the new HCA */
 	err = batch_advance(c);
 	if (err)

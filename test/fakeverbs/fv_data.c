@@ -1,8 +1,8 @@
 /*
  * fakeverbs: the data path between QPs of one process. A work request is
  * carried out when it is posted: RDMA WRITE and READ copy with memcpy
- * between the registered ranges (checked against lkey, rkey, bounds and
- * access rights), WRITE_WITH_IMM and SEND take a posted receive of the
+ * between the registered ranges (checked against lkey, rkey -- each must
+ * be of its QP's PD --, bounds and access rights), WRITE_WITH_IMM and SEND take a posted receive of the
  * destination QP, and completions go to the CQs at once. Memory registered
  * through DMA-BUF has no host mapping here: its copies are skipped (the
  * request still completes). A destination QP in another process cannot be
@@ -151,7 +151,7 @@ static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr,
 		rm = fv_mr_by_key(wr->wr.rdma.rkey, 1);
 		if (!lm || !(dst = mr_addr(lm, wr->sg_list[0].addr, wr->sg_list[0].length, &lskip)))
 			return IBV_WC_LOC_PROT_ERR;
-		if (!rm || !(rm->access & IBV_ACCESS_REMOTE_READ) ||
+		if (!rm || rm->mr.pd != d->qp.pd || !(rm->access & IBV_ACCESS_REMOTE_READ) ||
 		    !(p = mr_addr(rm, wr->wr.rdma.remote_addr, wr->sg_list[0].length, &skip)))
 			return IBV_WC_REM_ACCESS_ERR;
 		if (!skip && !lskip)
@@ -167,7 +167,7 @@ static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr,
 		size_t tail = d->dev->reorder_tail ? (size_t)d->dev->reorder_tail : FV_REORDER_TAIL;
 
 		rm = fv_mr_by_key(wr->wr.rdma.rkey, 1);
-		if (n && (!rm || !(rm->access & IBV_ACCESS_REMOTE_WRITE) ||
+		if (n && (!rm || rm->mr.pd != d->qp.pd || !(rm->access & IBV_ACCESS_REMOTE_WRITE) ||
 			  !(p = mr_addr(rm, wr->wr.rdma.remote_addr, (uint64_t)n, &skip))))
 			return IBV_WC_REM_ACCESS_ERR;
 		if ((size_t)n > tail && d->dev->reorder && !skip) {

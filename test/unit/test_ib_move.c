@@ -6,7 +6,10 @@
  * (the default) no request may fail, every message must arrive intact and
  * both sides must log the move naming both devices. The same with
  * NCCL_RAIL_FAILOVER=0 fails by name (test_ib_events.c); with no other port
- * left, the comm fails naming that.
+ * left, the comm fails naming that. Fused NICs (two ports of one card per
+ * side, fused as NCCL's makeVDevice does): a member's port goes down and
+ * that member moves to the surviving port, the other members are rebuilt
+ * where they are, on both sides.
  */
 #include "unit.h"
 
@@ -51,19 +54,61 @@ static const char roce_rails[] = "device mlx5_0 pci=0000:1a:00.0\n"
 				 "gid 0 fe80::4 type=v1\n"
 				 "gid 1 ::ffff:10.2.0.2 type=v2\n";
 
+/* Two dual-port cards: each side fuses the two ports of one card. */
+static const char roce_dual[] = "device mlx5_0 pci=0000:1b:00.0\n"
+				"port 1 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::1 type=v1\n"
+				"gid 1 ::ffff:10.1.0.1 type=v2\n"
+				"port 2 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::3 type=v1\n"
+				"gid 1 ::ffff:10.3.0.1 type=v2\n"
+				"device mlx5_1 pci=0000:3d:00.0\n"
+				"port 1 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::2 type=v1\n"
+				"gid 1 ::ffff:10.2.0.1 type=v2\n"
+				"port 2 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::4 type=v1\n"
+				"gid 1 ::ffff:10.4.0.1 type=v2\n";
+
+/* Four single-port cards: each side fuses two cards (different HCAs: keys differ per member). */
+static const char roce_four[] = "device mlx5_0 pci=0000:1b:00.0\n"
+				"port 1 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::1 type=v1\n"
+				"gid 1 ::ffff:10.1.0.1 type=v2\n"
+				"device mlx5_1 pci=0000:1c:00.0\n"
+				"port 1 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::2 type=v1\n"
+				"gid 1 ::ffff:10.2.0.1 type=v2\n"
+				"device mlx5_2 pci=0000:3d:00.0\n"
+				"port 1 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::3 type=v1\n"
+				"gid 1 ::ffff:10.3.0.1 type=v2\n"
+				"device mlx5_3 pci=0000:3e:00.0\n"
+				"port 1 link=eth speed=ndr width=4x\n"
+				"gid 0 fe80::4 type=v1\n"
+				"gid 1 ::ffff:10.4.0.1 type=v2\n";
+
 #define BUF (256 * 1024)
 #define WIN 4		/* messages in flight per side, as NCCL's pipeline keeps them */
 static unsigned char sbuf[WIN][BUF], rbuf[WIN][BUF];
 
-static void port_state(struct fvh *F, const char *dev, int state, int level, const char *what)
+static void port_state_at(struct fvh *F, const char *dev, int port, int state, int level,
+			  const char *what)
 {
 	int mark = fvh_log_mark();
+	char name[64];
 
-	assert_int_equal(F->port_state(dev, 1, state), 1);
-	if (!fvh_wait_log_from(mark, level, dev, what, 5000)) {
+	snprintf(name, sizeof(name), "%s:%d", dev, port);
+	assert_int_equal(F->port_state(dev, port, state), 1);
+	if (!fvh_wait_log_from(mark, level, name, what, 5000)) {
 		fvh_log_dump();
-		fail_msg("the plugin did not report %s:1 %s", dev, what);
+		fail_msg("the plugin did not report %s %s", name, what);
 	}
+}
+
+static void port_state(struct fvh *F, const char *dev, int state, int level, const char *what)
+{
+	port_state_at(F, dev, 1, state, level, what);
 }
 
 static void fill(unsigned char *p, size_t n, int seed)
@@ -87,7 +132,8 @@ struct loop {
 	int fault_at;		/* message at whose posting the port goes down (-1: none) */
 	const char *fault_dev;
 	enum fault fault;	/* what happens to fault_dev then */
-	int hold_at;		/* DEVICE_FATAL: its sends are held from this message on */
+	int fault_port;		/* its port (0: 1) */
+	int hold_at;		/* from this message on fault_dev holds its sends (0: no) */
 	int failed;		/* a call failed: its ncclResult_t */
 	void *sreq[WIN], *rreq[WIN];
 	int sent, recvd, sdone, rdone;	/* messages posted / completed per side */
@@ -117,7 +163,11 @@ static void inject(struct loop *L)
 
 	switch (L->fault) {
 	case FAULT_PORT:
-		port_state(L->F, L->fault_dev, IBV_PORT_DOWN, NCCL_LOG_WARN, "went down");
+		port_state_at(L->F, L->fault_dev, L->fault_port ? L->fault_port : 1, IBV_PORT_DOWN,
+			      NCCL_LOG_WARN, "went down");
+		/* what the other ports hold goes now; the failed port's stays lost */
+		if (L->hold_at)
+			assert_true(L->F->hold(L->fault_dev, 0) > 0);
 		return;
 	case FAULT_DEVICE:
 		assert_true(L->F->event(L->fault_dev, 1, IBV_EVENT_DEVICE_FATAL) >= 1);
@@ -149,7 +199,7 @@ static int turn(struct loop *L, int count)
 		r = rail_net_irecv(L->F->rc, 1, data, sizes, tags, mhs, &L->rreq[k]);
 		L->recvd += L->rreq[k] != NULL;
 	}
-	if (!r && L->fault == FAULT_DEVICE && L->sent == L->hold_at && L->fault_dev)
+	if (!r && L->hold_at && L->sent == L->hold_at && L->fault_dev)
 		assert_true(L->F->hold(L->fault_dev, 1) >= 0);
 	if (!r && L->sent == L->fault_at && L->fault_dev) {
 		inject(L);
@@ -284,7 +334,7 @@ static void test_move_device_fatal_sender(void **state)
 		fail_msg("a call failed (%d) across the move", L.failed);
 	}
 	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_1:1",
-		     "DEVICE_FATAL on mlx5_0; the peer's side");
+		     "DEVICE_FATAL on mlx5_0:1; the peer's side");
 	assert_moved(mark, "(send comm) moved from mlx5_0:1", "written off, not drained");
 	assert_moved(mark, "(receive comm) moved from mlx5_1:1 to mlx5_1:1", "DEVICE_FATAL");
 	loop_end(&L);
@@ -551,6 +601,227 @@ static void test_move_nowhere(void **state)
 	loop_end(&L);
 }
 
+/* ---- fused NICs ---------------------------------------------------------------- */
+
+/*
+ * Fused NICs: the receiver fuses mlx5_<recv_card>'s two ports, the sender
+ * mlx5_<send_card>'s (devices 0, 1: mlx5_0:1, :2; 2, 3: mlx5_1:1, :2).
+ */
+static void fused_connect(struct fvh *F, int recv_card, int send_card)
+{
+	int rdevs[2] = { 2 * recv_card, 2 * recv_card + 1 };
+	int sdevs[2] = { 2 * send_card, 2 * send_card + 1 };
+	int rv = -1, sv = -1;
+
+	assert_int_equal(F->ndev, 4);
+	assert_int_equal(rail_net_make_vdevice(&rv, 2, rdevs, 8), ncclSuccess);
+	assert_int_equal(rail_net_make_vdevice(&sv, 2, sdevs, 8), ncclSuccess);
+	fvh_connect(F, rv, sv, -1);
+}
+
+/*
+ * The sender's first member (mlx5_0:1) goes down: it moves to the
+ * surviving member's port (mlx5_0:2), the second member is rebuilt where
+ * it is, and the receiver's two members are rebuilt on theirs.
+ */
+static void test_move_fused_sender(void **state)
+{
+	struct loop L = { .fault_at = 20, .fault_dev = "mlx5_0", .fault_port = 1 };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_dual);
+	fused_connect(L.F, 1, 0);	/* receiver on mlx5_1:1+2, sender on mlx5_0:1+2 */
+	mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_moved(mark, "(send comm) moved from mlx5_0:1+mlx5_0:2 to mlx5_0:2+mlx5_0:2",
+		     "PORT_ERR on mlx5_0:1;");
+	assert_moved(mark, "(receive comm) moved from mlx5_1:1+mlx5_1:2 to mlx5_1:1+mlx5_1:2",
+		     "the peer is on its port 2+2");
+	loop_end(&L);
+}
+
+/*
+ * Partial answers: the sender's card holds its writes from message 16 on,
+ * then port 1 goes down and the hold ends: the pieces on port 2's QPs
+ * arrive, those on port 1's are lost (flushed by the fence), so each
+ * message striped over both members is half answered. The sender must
+ * write again exactly the lost halves.
+ */
+static void test_move_fused_partial(void **state)
+{
+	struct loop L = { .fault_at = 20, .hold_at = 16, .fault_dev = "mlx5_0", .fault_port = 1 };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_dual);
+	fused_connect(L.F, 1, 0);	/* receiver on mlx5_1:1+2, sender on mlx5_0:1+2 */
+	mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_moved(mark, "(send comm) moved from mlx5_0:1+mlx5_0:2 to mlx5_0:2+mlx5_0:2",
+		     "lost pieces");
+	if (fvh_log_count_from(mark, NCCL_LOG_WARN, "(send comm) moved", "; 0 lost pieces")) {
+		fvh_log_dump();
+		fail_msg("no piece was lost: the test did not test partial answers");
+	}
+	loop_end(&L);
+}
+
+/*
+ * Both ports of the sender's card go down, one after the other: first
+ * member 0 moves to port 2, then, with no surviving member left, both
+ * members move to the fallback device (the other card's first port).
+ */
+static void test_move_fused_card_down(void **state)
+{
+	struct loop L = { .fault_at = 20, .fault_dev = "mlx5_0", .fault_port = 1 };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_dual);
+	fused_connect(L.F, 1, 0);	/* receiver on mlx5_1:1+2, sender on mlx5_0:1+2 */
+	mark = fvh_log_mark();
+	assert_int_equal(run_to(&L, 40), 0);
+	assert_moved(mark, "(send comm) moved from mlx5_0:1+mlx5_0:2 to mlx5_0:2+mlx5_0:2",
+		     "PORT_ERR on mlx5_0:1;");
+	port_state_at(L.F, "mlx5_0", 2, IBV_PORT_DOWN, NCCL_LOG_WARN, "went down");
+	if (run_to(&L, 100)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the second move", L.failed);
+	}
+	assert_moved(mark, "(send comm) moved from mlx5_0:2+mlx5_0:2 to mlx5_1:1+mlx5_1:1",
+		     "PORT_ERR on mlx5_0:2+mlx5_0:2;");
+	loop_end(&L);
+}
+
+/* The receiver's second member (mlx5_0:2) goes down: it moves to mlx5_0:1. */
+static void test_move_fused_receiver(void **state)
+{
+	struct loop L = { .fault_at = 31, .fault_dev = "mlx5_0", .fault_port = 2 };
+	int mark;
+
+	(void)state;
+	L.F = fvh_start(roce_dual);
+	fused_connect(L.F, 0, 1);	/* receiver on mlx5_0:1+2, sender on mlx5_1:1+2 */
+	mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_moved(mark, "(receive comm) moved from mlx5_0:1+mlx5_0:2 to mlx5_0:1+mlx5_0:1",
+		     "PORT_ERR on mlx5_0:2;");
+	assert_moved(mark, "(send comm) moved from mlx5_1:1+mlx5_1:2 to mlx5_1:1+mlx5_1:2",
+		     "the peer is on its port 1+1");
+	loop_end(&L);
+}
+
+/*
+ * Move-back of a fused comm: mlx5_0:1 comes back; after the hold-down (1 s)
+ * the sender's first member returns to it, the second stays, and traffic
+ * goes on intact throughout.
+ */
+static void test_move_fused_back(void **state)
+{
+	struct loop L = { .fault_at = 20, .fault_dev = "mlx5_0", .fault_port = 1 };
+	int mark, up;
+
+	(void)state;
+	setenv("NCCL_RAIL_FAILOVER_HOLDDOWN", "1", 1);
+	L.F = fvh_start(roce_dual);
+	fused_connect(L.F, 1, 0);
+	mark = fvh_log_mark();
+	assert_int_equal(run_to(&L, 40), 0);
+	assert_moved(mark, "(send comm) moved from mlx5_0:1+mlx5_0:2 to mlx5_0:2+mlx5_0:2",
+		     "PORT_ERR");
+	port_state(L.F, "mlx5_0", IBV_PORT_ACTIVE, NCCL_LOG_INFO, "ACTIVE again");
+	up = fvh_log_mark();
+	assert_int_equal(run_to(&L, 400), 0);
+	if (fvh_log_count_from(up, NCCL_LOG_INFO, "moved back", NULL)) {
+		fvh_log_dump();
+		fail_msg("moved back before the hold-down ended");
+	}
+	usleep(1100000);
+	assert_int_equal(run_to(&L, 1000), 0);
+	if (!fvh_log_count_from(up, NCCL_LOG_INFO, "(send comm) moved back from "
+				"mlx5_0:2+mlx5_0:2 to mlx5_0:1+mlx5_0:2",
+				"mlx5_0:1 ACTIVE again for 1 s") ||
+	    !fvh_log_count_from(up, NCCL_LOG_INFO, "(receive comm) moved back from "
+				"mlx5_1:1+mlx5_1:2 to mlx5_1:1+mlx5_1:2", "its port 1+2")) {
+		fvh_log_dump();
+		fail_msg("no move-back INFO on both sides after the hold-down");
+	}
+	loop_end(&L);
+}
+
+/*
+ * Fused NICs of two cards each (receiver mlx5_0+mlx5_1, sender
+ * mlx5_2+mlx5_3): the failed member moves to the other card, whose
+ * registration keys differ, so each member's keys must follow it (the
+ * sender's lkeys, the rkeys of every clear-to-send written again).
+ */
+static void fused_cards_fault(const char *fault_dev, enum fault fault, const char *moved,
+			      const char *why, const char *joined)
+{
+	struct loop L = { .fault_at = 25, .fault_dev = fault_dev, .fault = fault,
+			  .hold_at = fault == FAULT_DEVICE ? 22 : 0 };
+	int rdevs[2] = { 0, 1 }, sdevs[2] = { 2, 3 }, rv = -1, sv = -1, mark;
+
+	L.F = fvh_start(roce_four);
+	assert_int_equal(L.F->ndev, 4);
+	assert_int_equal(rail_net_make_vdevice(&rv, 2, rdevs, 8), ncclSuccess);
+	assert_int_equal(rail_net_make_vdevice(&sv, 2, sdevs, 8), ncclSuccess);
+	fvh_connect(L.F, rv, sv, -1);
+	mark = fvh_log_mark();
+	if (run_loop(&L, 80)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_moved(mark, moved, why);
+	assert_moved(mark, joined, "written again");
+	loop_end(&L);
+}
+
+static void fused_cards(const char *fault_dev, const char *moved, const char *joined)
+{
+	fused_cards_fault(fault_dev, FAULT_PORT, moved, "PORT_ERR on ", joined);
+}
+
+/*
+ * The sender's second card (mlx5_3) dies with three messages held on it: its
+ * member moves to mlx5_2; the live member's queues are written off with the
+ * dead one's (nothing the dead card owed is waited for).
+ */
+static void test_move_fused_device_fatal(void **state)
+{
+	(void)state;
+	fused_cards_fault("mlx5_3", FAULT_DEVICE,
+			  "(send comm) moved from mlx5_2:1+mlx5_3:1 to mlx5_2:1+mlx5_2:1",
+			  "DEVICE_FATAL on mlx5_3:1",
+			  "(receive comm) moved from mlx5_0:1+mlx5_1:1 to mlx5_0:1+mlx5_1:1");
+}
+
+/* The receiver's second member (mlx5_1) goes down: it moves to mlx5_0. */
+static void test_move_fused_cards_receiver(void **state)
+{
+	(void)state;
+	fused_cards("mlx5_1", "(receive comm) moved from mlx5_0:1+mlx5_1:1 to mlx5_0:1+mlx5_0:1",
+		    "(send comm) moved from mlx5_2:1+mlx5_3:1 to mlx5_2:1+mlx5_3:1");
+}
+
+/* The sender's second member (mlx5_3) goes down: it moves to mlx5_2. */
+static void test_move_fused_cards_sender(void **state)
+{
+	(void)state;
+	fused_cards("mlx5_3", "(send comm) moved from mlx5_2:1+mlx5_3:1 to mlx5_2:1+mlx5_2:1",
+		    "(receive comm) moved from mlx5_0:1+mlx5_1:1 to mlx5_0:1+mlx5_1:1");
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -565,6 +836,14 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_follows_rail, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_nowhere, fvh_teardown),
 		cmocka_unit_test_teardown(test_oob_shared_fate, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_fused_sender, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_fused_receiver, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_fused_partial, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_fused_card_down, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_fused_back, holddown_teardown),
+		cmocka_unit_test_teardown(test_move_fused_cards_receiver, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_fused_cards_sender, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_fused_device_fatal, fvh_teardown),
 	};
 
 	if (!fvh_find_lib()) {
