@@ -10,6 +10,10 @@
 #   sender:   rxe0 down 3 s: B moves rxe0 -> rxe2, A rebuilds on rxe1; after
 #             the hold-down (NCCL_RAIL_FAILOVER_HOLDDOWN=3) B moves back;
 #   receiver: rxe1 down 3 s: A moves rxe1 -> rxe3, then back;
+#   fused:    each role fuses its two devices (--fuse 0,1: B rxe0+rxe2, A
+#             rxe1+rxe3); rxe0 down 3 s: B's member on rxe0 moves to its
+#             surviving member's device rxe2, A's members are rebuilt in place;
+#             then back;
 #   off:      NCCL_RAIL_FAILOVER=0, rxe0 down: the roles fail (the PORT_ERR
 #             WARN), as without failover.
 # Every case must PASS in both roles with no failed request (failover-loop
@@ -17,7 +21,7 @@
 # the end of the slowest round, which holds the move) and the move lines.
 # Skips (77) in the default topology; make test-rxe runs it in the bridge
 # boot.
-# rxe-timeout: 420
+# rxe-timeout: 560
 set -uo pipefail
 . "$RXE_HARNESS/lib.sh"
 
@@ -34,6 +38,7 @@ export RAIL_CONF_FAILOVER_SECONDS=${FAILOVER_SECONDS:-14} NCCL_RAIL_FAILOVER_HOL
 fails=0
 check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); return 1; }
 port=18790
+conf_extra=()	# more rail-conformance arguments (the fused case)
 
 # run NAME FAULT_DEV DOWN_S [ENV...]: both roles and the link flap; sets ra, rb (exit codes).
 run() {
@@ -42,12 +47,14 @@ run() {
     port=$((port + 1))
     rm -f "$ev" "$ready" "$out/$name.flap"
     env "$@" NCCL_IB_HCA="=rxe1,rxe3" timeout -k 5 200 "$conf" --plugin "$plugin" --abi 12 \
-        --scenario failover-loop --timeout 150 -v --ctl-listen "127.0.0.1:$port" \
+        "${conf_extra[@]}" --scenario failover-loop --timeout 150 -v \
+        --ctl-listen "127.0.0.1:$port" \
         --event-file "$ev" >"$out/$name.a" 2>&1 &
     apid=$!
     rxe_wait_listen "$port" 30
     env "$@" NCCL_IB_HCA="=rxe0,rxe2" timeout -k 5 200 "$conf" --plugin "$plugin" --abi 12 \
-        --scenario failover-loop --timeout 150 -v --ctl-connect "127.0.0.1:$port" \
+        "${conf_extra[@]}" --scenario failover-loop --timeout 150 -v \
+        --ctl-connect "127.0.0.1:$port" \
         >"$out/$name.b" 2>&1 &
     bpid=$!
     ( for _ in $(seq 1200); do grep -q READY "$ev" 2>/dev/null && break; sleep 0.1; done
@@ -100,6 +107,16 @@ check has receiver "(receive comm) moved from rxe1:1 to rxe3:1"
 check has receiver "(send comm) moved from rxe0:1 to rxe0:1"
 check has receiver "(receive comm) moved back from rxe3:1 to rxe1:1"
 recovery receiver
+
+echo "== fused devices: B rxe0+rxe2, A rxe1+rxe3; rxe0 down 3 s"
+conf_extra=(--fuse 0,1)
+run fused rxe0 3
+conf_extra=()
+check [ "$ra" = 0 ] && check [ "$rb" = 0 ]
+check has fused "(send comm) moved from rxe0:1+rxe2:1 to rxe2:1+rxe2:1"
+check has fused "(receive comm) moved from rxe1:1+rxe3:1 to rxe1:1+rxe3:1"
+check has fused "(send comm) moved back from rxe2:1+rxe2:1 to rxe0:1+rxe2:1"
+recovery fused
 
 echo "== NCCL_RAIL_FAILOVER=0: rxe0 down, the comm fails as before"
 RAIL_CONF_FAILOVER_SECONDS=8 run off rxe0 2 NCCL_RAIL_FAILOVER=0
