@@ -116,6 +116,33 @@ static size_t common_prefix(const char *a, const char *b)
 	return n;
 }
 
+static int dev_down(const struct rail_ib_dev *d)
+{
+	return atomic_load(&d->port_err) || atomic_load(&d->hca->fatal);
+}
+
+/*
+ * Of the n devices in v, the nearest to d on PCIe: the longest common
+ * prefix of their sysfs paths (the other port of the card, then a device
+ * under the same switch, the same root port...); the first on ties. NULL
+ * when n is 0.
+ */
+static struct rail_ib_dev *nearest(const struct rail_ib_dev *d, struct rail_ib_dev *const *v, int n)
+{
+	struct rail_ib_dev *best = NULL;
+	size_t best_len = 0;
+
+	for (int i = 0; i < n; i++) {
+		size_t len = common_prefix(v[i]->pci_path, d->pci_path);
+
+		if (!best || len > best_len) {
+			best = v[i];
+			best_len = len;
+		}
+	}
+	return best;
+}
+
 /*
  * The device a comm on d moves to: a usable port (ACTIVE as the async
  * thread last saw it) of the same link layer, nearest to d on PCIe (the
@@ -125,23 +152,16 @@ static size_t common_prefix(const char *a, const char *b)
  */
 static struct rail_ib_dev *fallback_dev(const struct rail_ib_dev *d)
 {
-	struct rail_ib_dev *best = NULL;
-	size_t best_len = 0;
+	struct rail_ib_dev *v[RAIL_IB_MAX_DEVS];
+	int n = 0;
 
-	for (int i = 0; i < rail_ib_ndevs_phys(); i++) {
+	for (int i = 0; i < rail_ib_ndevs_phys() && n < RAIL_IB_MAX_DEVS; i++) {
 		struct rail_ib_dev *o = rail_ib_dev_get(i);
-		size_t len;
 
-		if (!o || o == d || atomic_load(&o->port_err) || atomic_load(&o->hca->fatal) ||
-		    o->link_layer != d->link_layer)
-			continue;
-		len = common_prefix(o->pci_path, d->pci_path);
-		if (!best || len > best_len) {
-			best = o;
-			best_len = len;
-		}
+		if (o && o != d && !dev_down(o) && o->link_layer == d->link_layer)
+			v[n++] = o;
 	}
-	return best;
+	return nearest(d, v, n);
 }
 
 /* Member m's port went down since it was built (PORT_ERR), or is down. */
@@ -159,11 +179,6 @@ static int own_port_down(const struct rail_ib_comm *c)
 		if (member_down(c, m))
 			return 1;
 	return 0;
-}
-
-static int dev_down(const struct rail_ib_dev *d)
-{
-	return atomic_load(&d->port_err) || atomic_load(&d->hca->fatal);
 }
 
 /*
@@ -210,22 +225,13 @@ static int home_ready(const struct rail_ib_comm *c)
  */
 static struct rail_ib_dev *survivor_dev(const struct rail_ib_comm *c, const struct rail_ib_dev *d)
 {
-	struct rail_ib_dev *best = NULL;
-	size_t best_len = 0;
+	struct rail_ib_dev *v[RAIL_MAX_VDEV_DEVS];
+	int n = 0;
 
-	for (int k = 0; k < c->ndevs; k++) {
-		struct rail_ib_dev *o = c->res[k].dev;
-		size_t len;
-
-		if (o == d || member_down(c, k) || dev_down(o))
-			continue;
-		len = common_prefix(o->pci_path, d->pci_path);
-		if (!best || len > best_len) {
-			best = o;
-			best_len = len;
-		}
-	}
-	return best;
+	for (int k = 0; k < c->ndevs; k++)
+		if (c->res[k].dev != d && !member_down(c, k) && !dev_down(c->res[k].dev))
+			v[n++] = c->res[k].dev;
+	return nearest(d, v, n);
 }
 
 /*
@@ -300,27 +306,24 @@ static struct rail_ib_dev *follow_peer(struct rail_ib_comm *c, struct rail_ib_de
 	struct rail_ib_move *mv = c->mv;
 	const struct rail_ib_wire_dev *p = &mv->peer.devs[0];
 	struct rail_ib_gid_net net, best_net;
-	struct rail_ib_dev *best = NULL;
-	size_t best_len = 0;
+	struct rail_ib_dev *v[RAIL_IB_MAX_DEVS], *best;
 	char g[64], n[80];
-	int len;
+	int len, nv = 0;
 
 	/* a comm made across networks: the fabric routes between them, nothing to follow */
 	if (!c->one_net || p->link_layer != to->link_layer || dev_reaches(to, p->gid, &net))
 		return to;
-	for (int i = 0; i < rail_ib_ndevs_phys(); i++) {
+	for (int i = 0; i < rail_ib_ndevs_phys() && nv < RAIL_IB_MAX_DEVS; i++) {
 		struct rail_ib_dev *o = rail_ib_dev_get(i);
 		struct rail_ib_gid_net on;
 
-		if (!o || o == to || dev_down(o) || o->link_layer != to->link_layer ||
-		    !dev_reaches(o, p->gid, &on))
-			continue;
-		if (!best || common_prefix(o->pci_path, to->pci_path) > best_len) {
-			best = o;
-			best_net = on;
-			best_len = common_prefix(o->pci_path, to->pci_path);
-		}
+		if (o && o != to && !dev_down(o) && o->link_layer == to->link_layer &&
+		    dev_reaches(o, p->gid, &on))
+			v[nv++] = o;
 	}
+	best = nearest(to, v, nv);
+	if (best)
+		(void)dev_reaches(best, p->gid, &best_net);
 	rail_ib_gid_str(p->gid, g, sizeof(g));
 	if (!best) {
 		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s (%s comm): the peer moved to GID %s, "

@@ -275,6 +275,29 @@ static void assert_moved(int from, const char *kind, const char *devs)
 	}
 }
 
+/*
+ * L runs to count messages and no call may fail (run_case: first the fake
+ * on conf, the receiver on device rdev and the sender on sdev). Returns the
+ * log mark from before the run.
+ */
+static int run_connected(struct loop *L, int count)
+{
+	int mark = fvh_log_mark();
+
+	if (run_loop(L, count)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L->failed);
+	}
+	return mark;
+}
+
+static int run_case(struct loop *L, const char *conf, int rdev, int sdev, int count)
+{
+	L->F = fvh_start(conf);
+	fvh_connect(L->F, rdev, sdev, -1);
+	return run_connected(L, count);
+}
+
 /* The sender's port (mlx5_0) goes down: the send comm moves to mlx5_1, the receiver joins. */
 static void test_move_sender_port(void **state)
 {
@@ -282,13 +305,7 @@ static void test_move_sender_port(void **state)
 	int mark;
 
 	(void)state;
-	L.F = fvh_start(roce_two);
-	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
-	mark = fvh_log_mark();
-	if (run_loop(&L, 60)) {
-		fvh_log_dump();
-		fail_msg("a call failed (%d) across the move", L.failed);
-	}
+	mark = run_case(&L, roce_two, 1, 0, 60);	/* receiver on mlx5_1, sender on mlx5_0 */
 	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_1:1", "PORT_ERR on mlx5_0:1");
 	assert_moved(mark, "(receive comm) moved from mlx5_1:1 to mlx5_1:1", "PORT_ERR on mlx5_0:1");
 	loop_end(&L);
@@ -301,13 +318,7 @@ static void test_move_receiver_port(void **state)
 	int mark;
 
 	(void)state;
-	L.F = fvh_start(roce_two);
-	fvh_connect(L.F, 0, 1, -1);	/* receiver on mlx5_0, sender on mlx5_1 */
-	mark = fvh_log_mark();
-	if (run_loop(&L, 60)) {
-		fvh_log_dump();
-		fail_msg("a call failed (%d) across the move", L.failed);
-	}
+	mark = run_case(&L, roce_two, 0, 1, 60);	/* receiver on mlx5_0, sender on mlx5_1 */
 	assert_moved(mark, "(receive comm) moved from mlx5_0:1 to mlx5_1:1", "PORT_ERR");
 	assert_moved(mark, "(send comm) moved from mlx5_1:1 to mlx5_1:1", "PORT_ERR on mlx5_0:1");
 	loop_end(&L);
@@ -326,13 +337,7 @@ static void test_move_device_fatal_sender(void **state)
 	int mark;
 
 	(void)state;
-	L.F = fvh_start(roce_two);
-	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
-	mark = fvh_log_mark();
-	if (run_loop(&L, 60)) {
-		fvh_log_dump();
-		fail_msg("a call failed (%d) across the move", L.failed);
-	}
+	mark = run_case(&L, roce_two, 1, 0, 60);	/* receiver on mlx5_1, sender on mlx5_0 */
 	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_1:1",
 		     "DEVICE_FATAL on mlx5_0:1; the peer's side");
 	assert_moved(mark, "(send comm) moved from mlx5_0:1", "written off, not drained");
@@ -348,13 +353,7 @@ static void test_move_device_fatal_receiver(void **state)
 	int mark;
 
 	(void)state;
-	L.F = fvh_start(roce_two);
-	fvh_connect(L.F, 0, 1, -1);	/* receiver on mlx5_0, sender on mlx5_1 */
-	mark = fvh_log_mark();
-	if (run_loop(&L, 60)) {
-		fvh_log_dump();
-		fail_msg("a call failed (%d) across the move", L.failed);
-	}
+	mark = run_case(&L, roce_two, 0, 1, 60);	/* receiver on mlx5_0, sender on mlx5_1 */
 	assert_moved(mark, "(receive comm) moved from mlx5_0:1 to mlx5_1:1", "DEVICE_FATAL");
 	assert_moved(mark, "(send comm) moved from mlx5_1:1 to mlx5_1:1", "DEVICE_FATAL on mlx5_0");
 	loop_end(&L);
@@ -370,13 +369,7 @@ static void test_move_qp_fatal(void **state)
 	int mark;
 
 	(void)state;
-	L.F = fvh_start(roce_two);
-	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
-	mark = fvh_log_mark();
-	if (run_loop(&L, 60)) {
-		fvh_log_dump();
-		fail_msg("a call failed (%d) across the move", L.failed);
-	}
+	mark = run_case(&L, roce_two, 1, 0, 60);	/* receiver on mlx5_1, sender on mlx5_0 */
 	if (!fvh_log_count_from(mark, NCCL_LOG_WARN, "moved from mlx5_0:1 to mlx5_0:1",
 				"QP_FATAL on mlx5_0:1 qp 0x")) {
 		fvh_log_dump();
@@ -632,11 +625,7 @@ static void test_move_fused_sender(void **state)
 	(void)state;
 	L.F = fvh_start(roce_dual);
 	fused_connect(L.F, 1, 0);	/* receiver on mlx5_1:1+2, sender on mlx5_0:1+2 */
-	mark = fvh_log_mark();
-	if (run_loop(&L, 60)) {
-		fvh_log_dump();
-		fail_msg("a call failed (%d) across the move", L.failed);
-	}
+	mark = run_connected(&L, 60);
 	assert_moved(mark, "(send comm) moved from mlx5_0:1+mlx5_0:2 to mlx5_0:2+mlx5_0:2",
 		     "PORT_ERR on mlx5_0:1;");
 	assert_moved(mark, "(receive comm) moved from mlx5_1:1+mlx5_1:2 to mlx5_1:1+mlx5_1:2",
@@ -659,11 +648,7 @@ static void test_move_fused_partial(void **state)
 	(void)state;
 	L.F = fvh_start(roce_dual);
 	fused_connect(L.F, 1, 0);	/* receiver on mlx5_1:1+2, sender on mlx5_0:1+2 */
-	mark = fvh_log_mark();
-	if (run_loop(&L, 60)) {
-		fvh_log_dump();
-		fail_msg("a call failed (%d) across the move", L.failed);
-	}
+	mark = run_connected(&L, 60);
 	assert_moved(mark, "(send comm) moved from mlx5_0:1+mlx5_0:2 to mlx5_0:2+mlx5_0:2",
 		     "lost pieces");
 	if (fvh_log_count_from(mark, NCCL_LOG_WARN, "(send comm) moved", "; 0 lost pieces")) {
@@ -709,11 +694,7 @@ static void test_move_fused_receiver(void **state)
 	(void)state;
 	L.F = fvh_start(roce_dual);
 	fused_connect(L.F, 0, 1);	/* receiver on mlx5_0:1+2, sender on mlx5_1:1+2 */
-	mark = fvh_log_mark();
-	if (run_loop(&L, 60)) {
-		fvh_log_dump();
-		fail_msg("a call failed (%d) across the move", L.failed);
-	}
+	mark = run_connected(&L, 60);
 	assert_moved(mark, "(receive comm) moved from mlx5_0:1+mlx5_0:2 to mlx5_0:1+mlx5_0:1",
 		     "PORT_ERR on mlx5_0:2;");
 	assert_moved(mark, "(send comm) moved from mlx5_1:1+mlx5_1:2 to mlx5_1:1+mlx5_1:2",
@@ -777,11 +758,7 @@ static void fused_cards_fault(const char *fault_dev, enum fault fault, const cha
 	assert_int_equal(rail_net_make_vdevice(&rv, 2, rdevs, 8), ncclSuccess);
 	assert_int_equal(rail_net_make_vdevice(&sv, 2, sdevs, 8), ncclSuccess);
 	fvh_connect(L.F, rv, sv, -1);
-	mark = fvh_log_mark();
-	if (run_loop(&L, 80)) {
-		fvh_log_dump();
-		fail_msg("a call failed (%d) across the move", L.failed);
-	}
+	mark = run_connected(&L, 80);
 	assert_moved(mark, moved, why);
 	assert_moved(mark, joined, "written again");
 	loop_end(&L);
