@@ -38,11 +38,13 @@
  *   4.1  ib_send     the send side: isend, CTS batches (the protocol: its top)
  *   4.1  ib_recv     the receive side: irecv, CTS writes, answers
  *   4.2  ib_move     a comm's move to another path (failover, docs/FAILOVER.md)
+ *   4.3  ib_move_thread  the thread driving the moves of comms NCCL does not call
  *   5.0  ib_conn     layer 5, connection setup: handshake, comms, close
  *   6.0  ib_ops      layer 6, the ops table (src/transport.c); init and fini
  *
  *   allow  ib_verbs -> ib_fault  one unit: unloading the table disarms its faults
  *   allow  ib_fault -> ib_verbs  one unit: the fault wrappers replace table entries
+ *   allow  ib_move -> ib_move_thread  one unit: arm and free register comms with the thread
  */
 #ifndef RAIL_IB_H
 #define RAIL_IB_H
@@ -782,7 +784,22 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
  */
 void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover);
 void rail_ib_move_free(struct rail_ib_comm *c);
-/* ib_ops' fini: the move thread stops. */
+/*
+ * For the move thread: whether c has a move to start or drive (its port,
+ * its device, a QP, the peer's MOVE waiting, home back, one under way), and
+ * the trigger to hand to c->on_move.
+ */
+int rail_ib_move_wanted(struct rail_ib_comm *c);
+int rail_ib_move_trigger(struct rail_ib_comm *c);
+
+/*
+ * ib_move_thread.c: one thread per process drives the moves of comms with
+ * failover that NCCL does not call. Register at arm (starts the thread),
+ * unregister at close (the thread no longer looks at c once it returns);
+ * fini (ib_ops' fini) stops the thread.
+ */
+void rail_ib_move_register(struct rail_ib_comm *c);
+void rail_ib_move_unregister(struct rail_ib_comm *c);
 void rail_ib_move_fini(void);
 
 /* ib_conn.c */
