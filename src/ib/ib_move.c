@@ -406,6 +406,7 @@ static const char *reason_text(int reason)
 	case RAIL_IB_MOVE_PEER: return "joins the peer's move";
 	case RAIL_IB_MOVE_FATAL: return "DEVICE_FATAL";
 	case RAIL_IB_MOVE_QP: return "QP_FATAL";
+	case RAIL_IB_MOVE_STALL: return "stall";
 	default: return "move back";
 	}
 }
@@ -466,6 +467,7 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 		     : trigger == RAIL_IB_TRIG_WC ? RAIL_IB_MOVE_WC_ERR
 		     : trigger == RAIL_IB_TRIG_FATAL ? RAIL_IB_MOVE_FATAL
 		     : trigger == RAIL_IB_TRIG_QP ? RAIL_IB_MOVE_QP
+		     : trigger == RAIL_IB_TRIG_STALL ? RAIL_IB_MOVE_STALL
 		     : trigger == RAIL_IB_TRIG_BACK ? RAIL_IB_MOVE_BACK : RAIL_IB_MOVE_PEER;
 	for (int m = 0; m < c->ndevs; m++) {
 		mv->from[m] = c->res[m].dev;
@@ -506,6 +508,7 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
 			 "move started");
 	c->path_failed = 0;
+	c->stall_ns = 0;	/* the stall watchdog starts again on the new QPs */
 	atomic_store(&c->qp_event, 0);	/* every QP is replaced */
 	if (mv->dead)
 		mv->written_off = rail_ib_comm_write_off(c, mv->dead);
@@ -876,7 +879,7 @@ static int wants_move(struct rail_ib_comm *c)
 static int trigger_of(struct rail_ib_comm *c)
 {
 	if (c->path_failed)
-		return RAIL_IB_TRIG_WC;
+		return c->path_failed;	/* RAIL_IB_TRIG_WC or _STALL */
 	if (atomic_load(&c->res[0].dev->hca->fatal))
 		return RAIL_IB_TRIG_FATAL;
 	if (own_port_down(c))
