@@ -48,7 +48,9 @@
  * has had its home up for the hold-down.
  *
  * Triggers: PORT_ERR on either side, completion errors (retry exceeded:
- * the HCA's own transport watchdog; flushed), QP_FATAL, and DEVICE_FATAL.
+ * the HCA's own transport watchdog; flushed), QP_FATAL, DEVICE_FATAL, and
+ * the stall watchdog (ib_engine.c: completions owed, none for
+ * NCCL_RAIL_IB_STALL_TIMEOUT; the port is up, so new QPs on the same one).
  * A dead device completes nothing: when a member's HCA is dead the side
  * does not drain but writes off every completion its queues owed
  * (rail_ib_comm_write_off), which the replay covers as it covers flushed
