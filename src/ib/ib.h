@@ -336,6 +336,7 @@ struct rail_ib_qp {
 	 */
 	uint32_t sq_posted;
 	uint32_t sq_retired;
+	uint32_t sq_signaled;	/* sq_posted at its last signaled WR (the stall watchdog) */
 	uint64_t ans_next;	/* receiver: the CTS number of the next answer on this QP */
 };
 
@@ -361,6 +362,7 @@ enum {
 	RAIL_IB_TRIG_NONE, RAIL_IB_TRIG_PORT, RAIL_IB_TRIG_WC, RAIL_IB_TRIG_OOB, RAIL_IB_TRIG_BACK,
 	RAIL_IB_TRIG_FATAL,	/* DEVICE_FATAL on the comm's device */
 	RAIL_IB_TRIG_QP,	/* QP_FATAL on one of its QPs (c->qp_event) */
+	RAIL_IB_TRIG_STALL,	/* completions owed, none polled for NCCL_RAIL_IB_STALL_TIMEOUT */
 };
 
 struct rail_ib_move;
@@ -445,7 +447,8 @@ struct rail_ib_comm {
 	 * and a comm it covers. on_move (set by ib_conn.c): called by the checks
 	 * below layer 5 with a trigger; 0 the comm may go on, -EAGAIN a move is
 	 * under way (isend/irecv refuse, test waits), or an error. path_failed:
-	 * a completion said the path failed (the engine, RAIL_IB_TRIG_WC).
+	 * a completion said the path failed (the engine, RAIL_IB_TRIG_WC), or the
+ * stall watchdog did (RAIL_IB_TRIG_STALL).
 	 * fencing: the old QPs drain; their flushed completions are expected.
 	 */
 	int failover;
@@ -473,6 +476,8 @@ struct rail_ib_comm {
 	uint32_t e_img[RAIL_IB_EAGER_SLOTS];	/* sender: image length per slot (bit 31: LL) */
 	uint32_t idle;			/* calls that found nothing to do */
 	uint64_t oob_checked_ns;
+	uint64_t stall_cqes;		/* the stall watchdog (ib_engine.c): CQEs polled at ... */
+	uint64_t stall_ns;		/* ... the last progress (or nothing owed), then */
 	uint64_t seq;			/* next receive (recv) or CTS to process (send) */
 	struct rail_ib_tags tags;	/* per-tag ordinals */
 	int eager_slots;		/* ring slots (0: no eager path) */

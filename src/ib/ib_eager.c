@@ -142,7 +142,7 @@ static int eager_write_imm(struct rail_ib_comm *c, const void *src, uint32_t len
 
 	wr.wr.rdma.remote_addr = raddr;
 	wr.wr.rdma.rkey = rkey;
-	q->sq_posted++;
+	q->sq_signaled = ++q->sq_posted;
 	wr.wr_id = rail_ib_wrid(RAIL_IB_WR_RETIRE, EAGER_QP, q->sq_posted);
 	return rail_ib_post_send(c, EAGER_QP, &wr, "eager RDMA write with immediate");
 }

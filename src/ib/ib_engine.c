@@ -89,6 +89,7 @@ int rail_ib_ctl_write(struct rail_ib_comm *c, int qpi, const void *src, uint32_t
 	if (q->sq_posted % CTL_SIGNAL_EVERY == 0) {
 		wr.send_flags |= IBV_SEND_SIGNALED;
 		wr.wr_id = rail_ib_wrid(RAIL_IB_WR_RETIRE, (uint32_t)qpi, q->sq_posted);
+		q->sq_signaled = q->sq_posted;
 	}
 	return rail_ib_post_send(c, qpi, &wr, what);
 }
@@ -105,7 +106,7 @@ int rail_ib_sq_mark(struct rail_ib_comm *c, int qpi)
 	/* zero bytes: no memory is touched, but the address and key are the peer's own */
 	wr.wr.rdma.remote_addr = c->remote_cmpl_addr;
 	wr.wr.rdma.rkey = c->remote_cmpl_rkey[q->remote_member];
-	q->sq_posted++;
+	q->sq_signaled = ++q->sq_posted;
 	wr.wr_id = rail_ib_wrid(RAIL_IB_WR_RETIRE, (uint32_t)qpi, q->sq_posted);
 	return rail_ib_post_send(c, qpi, &wr, "zero-byte write that retires unsignaled ones");
 }
@@ -386,9 +387,83 @@ int rail_ib_oob_peek(const struct rail_ib_comm *c)
 	return n == 0 ? -RAIL_ECLOSED : -errno;
 }
 
+/*
+ * Completions this side's own HCA owes: the CQEs of the writes (and
+ * flushes) of requests in flight, and one per QP whose last signaled
+ * control write has not retired (unsignaled ones produce none).
+ */
+static uint64_t cqes_owed(const struct rail_ib_comm *c)
+{
+	uint64_t owed = 0;
+
+	for (uint32_t i = 0; i < c->base.reqs.capacity; i++) {
+		const struct rail_ib_req *r = rail_pool_at(&c->base.reqs, i);
+
+		if (r->base.magic != RAIL_REQ_MAGIC || r->done || r->error)
+			continue;
+		for (int m = 0; m < c->ndevs; m++)
+			owed += (uint64_t)r->events[m];
+	}
+	for (int i = 0; i < c->nqps; i++)
+		owed += c->qps[i].sq_signaled != c->qps[i].sq_retired;
+	return owed;
+}
+
+static uint64_t cqes_polled(const struct rail_ib_comm *c)
+{
+	uint64_t n = 0;
+
+	for (int m = 0; m < c->ndevs; m++)
+		n += c->res[m].cqes;
+	return n;
+}
+
+static void stall_fire(struct rail_ib_comm *c, uint64_t now, uint64_t owed, const char *call)
+{
+	c->path_failed = RAIL_IB_TRIG_STALL;
+	RAIL_WARN("%s on %s:%d qp 0x%x, connection to peer %s: %llu completions owed by this "
+		  "HCA and none polled for %llu s (NCCL_RAIL_IB_STALL_TIMEOUT), with no port "
+		  "event: the path stalled (a far-side cable or switch fault); the path moves "
+		  "(NCCL_RAIL_FAILOVER)", call, c->res[0].dev->hca->name, c->res[0].dev->port,
+		  c->qps[0].qp->qp_num, c->peer, (unsigned long long)owed,
+		  (unsigned long long)((now - c->stall_ns) / 1000000000ull));
+	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
+			 "stall: the path moves");
+}
+
+/*
+ * The stall watchdog (failover): completions owed and none polled for
+ * NCCL_RAIL_IB_STALL_TIMEOUT while NCCL keeps calling. The remote HCA
+ * acknowledges an RC write in microseconds whatever the peer process does,
+ * so the path is broken (a far-side cable or switch fault with no port
+ * event; the HCA's retries would take ~30 s, or forever on Soft-RoCE):
+ * the comm moves. A receiver waiting for data or a sender for a CTS owes
+ * nothing. last: the previous look (longer than the timeout ago: NCCL did
+ * not call, nothing was polled, the clock starts again). Before it fires it
+ * polls: NCCL may be calling only isend or irecv, which need not poll.
+ */
+static void stall_check(struct rail_ib_comm *c, uint64_t now, uint64_t last, const char *call)
+{
+	uint64_t t = (uint64_t)rail_param_int(RAIL_P_IB_STALL_TIMEOUT) * 1000000000ull, owed;
+
+	if (!t || !c->failover || c->mv || c->fencing || c->path_failed || c->error)
+		return;
+	if (c->stall_ns && now - last <= t && cqes_polled(c) == c->stall_cqes && cqes_owed(c)) {
+		if (now - c->stall_ns < t || rail_ib_poll(c) || c->path_failed)
+			return;
+		owed = cqes_owed(c);
+		if (owed && cqes_polled(c) == c->stall_cqes) {
+			stall_fire(c, now, owed, call);
+			return;
+		}
+	}
+	c->stall_cqes = cqes_polled(c);	/* progress, nothing owed, or not called: again */
+	c->stall_ns = now;
+}
+
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 {
-	uint64_t now;
+	uint64_t now, last;
 	int err;
 
 	if ((++c->idle & 255) != 0 || c->oob_fd < 0)
@@ -396,7 +471,9 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 	now = rail_now_ns();
 	if (now - c->oob_checked_ns < 100000000ull)
 		return 0;
+	last = c->oob_checked_ns;
 	c->oob_checked_ns = now;
+	stall_check(c, now, last, call);
 	err = rail_ib_oob_peek(c);
 	if (!err && c->failover && !c->mv && oob_has_bytes(c)) {
 		/* the peer's path failed: it moves, and this side joins */

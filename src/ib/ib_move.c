@@ -48,7 +48,9 @@
  * has had its home up for the hold-down.
  *
  * Triggers: PORT_ERR on either side, completion errors (retry exceeded:
- * the HCA's own transport watchdog; flushed), QP_FATAL, and DEVICE_FATAL.
+ * the HCA's own transport watchdog; flushed), QP_FATAL, DEVICE_FATAL, and
+ * the stall watchdog (ib_engine.c: completions owed, none for
+ * NCCL_RAIL_IB_STALL_TIMEOUT; the port is up, so new QPs on the same one).
  * A dead device completes nothing: when a member's HCA is dead the side
  * does not drain but writes off every completion its queues owed
  * (rail_ib_comm_write_off), which the replay covers as it covers flushed
@@ -409,6 +411,7 @@ static const char *reason_text(int reason)
 	case RAIL_IB_MOVE_PEER: return "joins the peer's move";
 	case RAIL_IB_MOVE_FATAL: return "DEVICE_FATAL";
 	case RAIL_IB_MOVE_QP: return "QP_FATAL";
+	case RAIL_IB_MOVE_STALL: return "stall";
 	default: return "move back";
 	}
 }
@@ -469,6 +472,7 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 		     : trigger == RAIL_IB_TRIG_WC ? RAIL_IB_MOVE_WC_ERR
 		     : trigger == RAIL_IB_TRIG_FATAL ? RAIL_IB_MOVE_FATAL
 		     : trigger == RAIL_IB_TRIG_QP ? RAIL_IB_MOVE_QP
+		     : trigger == RAIL_IB_TRIG_STALL ? RAIL_IB_MOVE_STALL
 		     : trigger == RAIL_IB_TRIG_BACK ? RAIL_IB_MOVE_BACK : RAIL_IB_MOVE_PEER;
 	for (int m = 0; m < c->ndevs; m++) {
 		mv->from[m] = c->res[m].dev;
@@ -509,6 +513,7 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
 			 "move started");
 	c->path_failed = 0;
+	c->stall_ns = 0;	/* the stall watchdog starts again on the new QPs */
 	atomic_store(&c->qp_event, 0);	/* every QP is replaced */
 	if (mv->dead)
 		mv->written_off = rail_ib_comm_write_off(c, mv->dead);
@@ -858,7 +863,7 @@ int rail_ib_move_wanted(struct rail_ib_comm *c)
 int rail_ib_move_trigger(struct rail_ib_comm *c)
 {
 	if (c->path_failed)
-		return c->path_failed;
+		return c->path_failed;	/* RAIL_IB_TRIG_WC or _STALL */
 	if (dead_members(c))
 		return RAIL_IB_TRIG_FATAL;
 	if (own_port_down(c))

@@ -785,7 +785,7 @@ int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d,
 		old->qps[old->nqps++] = q->qp;
 		q->qp = rail_ib_qp_new(c, m, is_send ? SEND_DEPTH : CTS_DEPTH,
 				       is_send ? 1 : RECV_DEPTH, IBV_ACCESS_REMOTE_WRITE, &err);
-		q->sq_posted = q->sq_retired = 0;
+		q->sq_posted = q->sq_retired = q->sq_signaled = 0;
 		q->max_inline = rail_param_int(RAIL_P_IB_USE_INLINE) ? (uint32_t)d->hca->max_inline
 								     : 0;
 	}

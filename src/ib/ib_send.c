@@ -288,7 +288,7 @@ static int batch_post_qp(struct rail_ib_comm *c, const struct rail_ib_batch *b, 
 					     : rail_ib_imm_eager());
 	last->send_flags |= IBV_SEND_SIGNALED;
 	if (early) {
-		q->sq_posted += (uint32_t)l.n;
+		q->sq_signaled = q->sq_posted += (uint32_t)l.n;
 		last->wr_id = rail_ib_wrid(RAIL_IB_WR_RETIRE, (uint32_t)qpi, q->sq_posted);
 	} else {
 		last->wr_id = (uintptr_t)lead;

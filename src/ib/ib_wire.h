@@ -134,6 +134,7 @@ enum rail_ib_move_reason {
 	RAIL_IB_MOVE_BACK = 4,		/* the original port is back */
 	RAIL_IB_MOVE_FATAL = 5,		/* DEVICE_FATAL on the side's device */
 	RAIL_IB_MOVE_QP = 6,		/* QP_FATAL on one of the side's QPs */
+	RAIL_IB_MOVE_STALL = 7,		/* completions owed, none for NCCL_RAIL_IB_STALL_TIMEOUT */
 };
 
 struct rail_ib_msg {

@@ -134,6 +134,9 @@ struct loop {
 	enum fault fault;	/* what happens to fault_dev then */
 	int fault_port;		/* its port (0: 1) */
 	int hold_at;		/* from this message on fault_dev holds its sends (0: no) */
+	int held;		/* 1: fault_dev holds; 2: released (release_on) */
+	const char *release_on;	/* a WARN after which the hold ends (NULL: never) */
+	int mark;		/* ... looked for from this log mark */
 	int failed;		/* a call failed: its ncclResult_t */
 	void *sreq[WIN], *rreq[WIN];
 	int sent, recvd, sdone, rdone;	/* messages posted / completed per side */
@@ -199,8 +202,15 @@ static int turn(struct loop *L, int count)
 		r = rail_net_irecv(L->F->rc, 1, data, sizes, tags, mhs, &L->rreq[k]);
 		L->recvd += L->rreq[k] != NULL;
 	}
-	if (!r && L->hold_at && L->sent == L->hold_at && L->fault_dev)
+	if (!r && L->hold_at && L->sent == L->hold_at && L->fault_dev && !L->held) {
 		assert_true(L->F->hold(L->fault_dev, 1) >= 0);
+		L->held = 1;
+	}
+	if (!r && L->held == 1 && L->release_on &&
+	    fvh_log_count_from(L->mark, NCCL_LOG_WARN, L->release_on, NULL)) {
+		assert_true(L->F->hold(L->fault_dev, 0) >= 0);
+		L->held = 2;
+	}
 	if (!r && L->sent == L->fault_at && L->fault_dev) {
 		inject(L);
 		L->fault_dev = NULL;
@@ -248,9 +258,15 @@ static int run_to(struct loop *L, int count)
 	while (L->sdone < count || L->rdone < count) {
 		if (turn(L, count))
 			return L->failed;
-		if (rail_now_ns() > deadline)
+		if (rail_now_ns() > deadline) {
+			if (L->held == 1 && L->release_on) {
+				fvh_log_dump();
+				fail_msg("no WARN \"%s\" in 60 s: the hold on %s was never "
+					 "released", L->release_on, L->fault_dev);
+			}
 			fail_msg("%d of %d messages received, %d sends done after 60 s", L->rdone,
 				 count, L->sdone);
+		}
 	}
 	return 0;
 }
@@ -412,6 +428,112 @@ static void test_move_back_after_holddown(void **state)
 		fail_msg("no move-back INFO on both sides after the hold-down");
 	}
 	loop_end(&L);
+}
+
+/*
+ * The path stops with no port event (a far-side cable or switch fault): from
+ * message 20 on, mlx5_0 places none of the sender's writes and completes
+ * none, and raises nothing. With NCCL_RAIL_IB_STALL_TIMEOUT=1 the stall
+ * watchdog moves the send comm to new QPs on mlx5_0 within about a second;
+ * the hold then ends (the old QPs' held WRs were flushed when they went to
+ * error) and every message arrives intact.
+ */
+static void test_move_stall(void **state)
+{
+	struct loop L = { .fault_at = -1, .hold_at = 20, .fault_dev = "mlx5_0",
+			  .release_on = "completions owed" };
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_STALL_TIMEOUT", "1", 1);
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
+	L.mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_int_equal(L.held, 2);
+	assert_moved(L.mark, "mlx5_0:1 qp 0x", "none polled for 1 s");
+	assert_moved(L.mark, "(send comm) moved from mlx5_0:1 to mlx5_0:1", "stall");
+	assert_moved(L.mark, "(receive comm) moved from mlx5_1:1 to mlx5_1:1", "stall");
+	loop_end(&L);
+}
+
+/* Calls test() on req for ms milliseconds; it must not complete. */
+static void wait_undone(void *req, int ms)
+{
+	uint64_t end = rail_now_ns() + (uint64_t)ms * 1000000ull;
+	int done = 0;
+
+	while (rail_now_ns() < end) {
+		assert_int_equal(rail_net_test(req, &done, NULL), ncclSuccess);
+		assert_false(done);
+	}
+}
+
+/*
+ * Waiting is no stall: with NCCL_RAIL_IB_STALL_TIMEOUT=1, a sender waits
+ * 2 s for a clear-to-send and a receiver 2 s for data (their HCAs owe no
+ * completion, though CTS writes went unsignaled): nothing moves, and the
+ * message then goes.
+ */
+static void test_stall_not_waiting(void **state)
+{
+	struct loop L = { .fault_at = -1 };
+	void *rreq = NULL, *sreq = NULL, *data[1] = { rbuf[0] }, *mhs[1];
+	size_t sizes[1] = { BUF };
+	int tags[1] = { 7 }, done = 0, got[1] = { -1 }, mark;
+	uint64_t end;
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_STALL_TIMEOUT", "1", 1);
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 1, 0, -1);
+	assert_int_equal(run_to(&L, 10), 0);
+	mark = fvh_log_mark();
+	/* the sender: no receive posted, no CTS; NCCL retries isend */
+	fill(sbuf[0], 200000, 5);
+	end = rail_now_ns() + 2000000000ull;
+	while (rail_now_ns() < end && !sreq)
+		assert_int_equal(rail_net_isend(L.F->sc, sbuf[0], 200000, 7, L.smh, &sreq),
+				 ncclSuccess);
+	assert_null(sreq);
+	/* the receiver: a receive posted, nothing sent */
+	mhs[0] = L.rmh;
+	assert_int_equal(rail_net_irecv(L.F->rc, 1, data, sizes, tags, mhs, &rreq), ncclSuccess);
+	assert_non_null(rreq);
+	wait_undone(rreq, 2000);
+	if (fvh_log_count_from(mark, NCCL_LOG_WARN, "stall", NULL) ||
+	    fvh_log_count_from(mark, NCCL_LOG_WARN, "moved", NULL)) {
+		fvh_log_dump();
+		fail_msg("a comm that only waited was taken for stalled");
+	}
+	end = rail_now_ns() + 10000000000ull;
+	while (!sreq && rail_now_ns() < end)
+		assert_int_equal(rail_net_isend(L.F->sc, sbuf[0], 200000, 7, L.smh, &sreq),
+				 ncclSuccess);
+	assert_non_null(sreq);
+	while ((!done || sreq) && rail_now_ns() < end) {
+		int sdone = 0;
+
+		if (sreq)
+			assert_int_equal(rail_net_test(sreq, &sdone, NULL), ncclSuccess);
+		if (sdone)
+			sreq = NULL;
+		if (!done)
+			assert_int_equal(rail_net_test(rreq, &done, got), ncclSuccess);
+	}
+	assert_true(done);
+	assert_null(sreq);
+	assert_int_equal(got[0], 200000);
+	assert_memory_equal(rbuf[0], sbuf[0], 200000);
+	loop_end(&L);
+}
+
+static int stall_teardown(void **state)
+{
+	unsetenv("NCCL_RAIL_IB_STALL_TIMEOUT");
+	return fvh_teardown(state);
 }
 
 static int holddown_teardown(void **state)
@@ -810,6 +932,8 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_back_after_holddown, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_flapping_bounded, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_idle_peer, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_stall, stall_teardown),
+		cmocka_unit_test_teardown(test_stall_not_waiting, stall_teardown),
 		cmocka_unit_test_teardown(test_move_follows_rail, holddown_teardown),
 		cmocka_unit_test_teardown(test_move_nowhere, fvh_teardown),
 		cmocka_unit_test_teardown(test_oob_shared_fate, fvh_teardown),
