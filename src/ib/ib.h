@@ -459,6 +459,7 @@ struct rail_ib_comm {
 	int follows;			/* on the device it followed the peer to: no move back of its own */
 	int one_net;			/* made within one network (ib_move.c, at its first move) */
 	uint64_t move_ns[4];		/* when the last moves started (ring by epoch) */
+	uint64_t path_fail_ns;		/* the last move for a failed path with every port up */
 	/* the move thread (ib_move.c): base.calls at its last look */
 	unsigned seen_calls;
 	struct rail_ib_move *mv;

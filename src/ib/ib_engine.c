@@ -104,8 +104,13 @@ int rail_ib_sq_mark(struct rail_ib_comm *c, int qpi)
 	};
 
 	/* zero bytes: no memory is touched, but the address and key are the peer's own */
-	wr.wr.rdma.remote_addr = c->remote_cmpl_addr;
-	wr.wr.rdma.rkey = c->remote_cmpl_rkey[q->remote_member];
+	if (c->base.kind == RAIL_COMM_SEND) {
+		wr.wr.rdma.remote_addr = c->remote_cmpl_addr;
+		wr.wr.rdma.rkey = c->remote_cmpl_rkey[q->remote_member];
+	} else {
+		wr.wr.rdma.remote_addr = c->remote_fifo_addr;
+		wr.wr.rdma.rkey = c->remote_fifo_rkey[q->remote_member];
+	}
 	q->sq_signaled = ++q->sq_posted;
 	wr.wr_id = rail_ib_wrid(RAIL_IB_WR_RETIRE, (uint32_t)qpi, q->sq_posted);
 	return rail_ib_post_send(c, qpi, &wr, "zero-byte write that retires unsignaled ones");
@@ -432,6 +437,23 @@ static void stall_fire(struct rail_ib_comm *c, uint64_t now, uint64_t owed, cons
 }
 
 /*
+ * Control writes go unsignaled but every 16th: a tail of them (a CTS
+ * written again after a move, credits) owes no completion, so a path that
+ * dropped them would never look stalled. With nothing else owed, one
+ * signaled zero-byte write behind such a tail makes it owed (at most one
+ * per idle spell: after its completion the tail is gone).
+ */
+static void stall_probe(struct rail_ib_comm *c)
+{
+	for (int i = 0; i < c->nqps; i++) {
+		const struct rail_ib_qp *q = &c->qps[i];
+
+		if (q->sq_posted != q->sq_signaled && q->sq_posted - q->sq_retired < 16)
+			(void)rail_ib_sq_mark(c, i);	/* a failed post is the comm's error */
+	}
+}
+
+/*
  * The stall watchdog (failover): completions owed and none polled for
  * NCCL_RAIL_IB_STALL_TIMEOUT while NCCL keeps calling. The remote HCA
  * acknowledges an RC write in microseconds whatever the peer process does,
@@ -459,6 +481,8 @@ static void stall_check(struct rail_ib_comm *c, uint64_t now, uint64_t last, con
 	}
 	c->stall_cqes = cqes_polled(c);	/* progress, nothing owed, or not called: again */
 	c->stall_ns = now;
+	if (!cqes_owed(c))
+		stall_probe(c);
 }
 
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)

@@ -86,6 +86,8 @@ struct rail_ib_move {
 	char why[160];
 	uint64_t start_ns, deadline_ns;
 	int refused_marks;
+	int path;			/* a path failure with every port of this side up */
+	int avoid;			/* ... the second within MOVES_NS: leave the device */
 	unsigned dead;			/* members whose HCA is dead (DEVICE_FATAL): written off */
 	int written_off;		/* completions the old queues owed, counted as flushed */
 	struct rail_ib_dev *from[RAIL_MAX_VDEV_DEVS], *to[RAIL_MAX_VDEV_DEVS];
@@ -238,22 +240,26 @@ static struct rail_ib_dev *survivor_dev(const struct rail_ib_comm *c, const stru
 
 /*
  * Where member m of this side goes: home once every member away has had
- * its home up for the hold-down; else where it is while that works; else
- * its home if it is up at all; else a surviving member's device; else the
- * fallback of where it is.
+ * its home up for the hold-down; else where it is while that works (avoid
+ * clear); else its home if it is up at all (avoid clear); else a surviving
+ * member's device; else the fallback of where it is; else, avoiding a
+ * device whose port is up, that device after all (new QPs, as the first
+ * time).
  */
-static struct rail_ib_dev *pick_target(const struct rail_ib_comm *c, int m)
+static struct rail_ib_dev *pick_target(const struct rail_ib_comm *c, int m, int avoid)
 {
 	struct rail_ib_dev *d = c->res[m].dev, *s;
 
 	if (home_ready(c) && !dev_down(c->home[m]))
 		return c->home[m];
-	if (!member_down(c, m))
+	if (!member_down(c, m) && !avoid)
 		return d;
-	if (c->home[m] != d && !dev_down(c->home[m]))
+	if (!avoid && c->home[m] != d && !dev_down(c->home[m]))
 		return c->home[m];
 	s = survivor_dev(c, d);
-	return s ? s : fallback_dev(d);
+	if (!s)
+		s = fallback_dev(d);
+	return s ? s : avoid && !member_down(c, m) ? d : NULL;
 }
 
 /* "mlx5_0:1+mlx5_0:2": the devices v[k] for k < n with bit k of mask. */
@@ -272,6 +278,75 @@ static void devs_str(struct rail_ib_dev *const *v, int n, unsigned mask, char *b
 		off += w > 0 ? (size_t)w : 0;
 	}
 }
+
+/*
+ * A path failed (a completion error, the stall watchdog, QP_FATAL) while
+ * every port of this side is up: the first time the comm gets new QPs on
+ * the same devices (a switch that dropped the path briefly); a second time
+ * within MOVES_NS it leaves them for a survivor's or the fallback device
+ * (a fault in the fabric behind the port). Such a move has no move-back of
+ * its own (the port never went down): a later PORT_ACTIVE of the device
+ * starts its hold-down.
+ */
+static int path_failed_here(const struct rail_ib_comm *c, int trigger)
+{
+	return (trigger == RAIL_IB_TRIG_WC || trigger == RAIL_IB_TRIG_STALL ||
+		trigger == RAIL_IB_TRIG_QP) && !own_port_down(c);
+}
+
+/*
+ * At the end of such a move: it counts as a failed path only if the peer's
+ * side does not explain it (the peer joined, or its path failed too); a
+ * completion error that the peer's own port, device or move back caused
+ * (its QPs went to error first) does not.
+ */
+static int path_reason(int reason)
+{
+	return reason == RAIL_IB_MOVE_WC_ERR || reason == RAIL_IB_MOVE_STALL ||
+	       reason == RAIL_IB_MOVE_QP;
+}
+
+static int explained(int reason)
+{
+	return reason == RAIL_IB_MOVE_PORT_ERR || reason == RAIL_IB_MOVE_FATAL ||
+	       reason == RAIL_IB_MOVE_BACK;
+}
+
+static void path_fail_note(struct rail_ib_comm *c, const struct rail_ib_move *mv, int peer_reason)
+{
+	if ((mv->path || path_reason(peer_reason)) && !explained(peer_reason) &&
+	    !explained(mv->reason))
+		c->path_fail_ns = mv->start_ns;
+}
+
+/*
+ * The joining side, with the peer's MOVE before its rebuild: a path failure
+ * on the peer's side, the second of the comm within MOVES_NS, takes this
+ * side off its devices too (which side's port sits behind the fault is not
+ * known; both leave). Returns 1 if it changed where this side goes.
+ */
+static int avoid_with_peer(struct rail_ib_comm *c, struct rail_ib_move *mv)
+{
+	struct rail_ib_dev *to[RAIL_MAX_VDEV_DEVS];
+	size_t len;
+
+	if (mv->avoid || !path_reason(mv->peer.move.reason) || !c->path_fail_ns ||
+	    mv->start_ns - c->path_fail_ns >= MOVES_NS)
+		return 0;
+	for (int m = 0; m < c->ndevs; m++) {
+		to[m] = pick_target(c, m, 1);
+		if (!to[m])
+			return 0;	/* nowhere else: as the peer asked, on these devices */
+	}
+	mv->avoid = 1;
+	memcpy(mv->to, to, sizeof(to[0]) * (size_t)c->ndevs);
+	devs_str(mv->to, c->ndevs, ~0u, mv->to_s, sizeof(mv->to_s));
+	len = strlen(mv->why);
+	snprintf(mv->why + len, sizeof(mv->why) - len, "; the path failed again within %llu s: "
+		 "off the device", MOVES_NS / 1000000000ull);
+	return 1;
+}
+
 
 /* ---- following the peer to its rail --------------------------------------------- */
 
@@ -474,9 +549,11 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 		     : trigger == RAIL_IB_TRIG_QP ? RAIL_IB_MOVE_QP
 		     : trigger == RAIL_IB_TRIG_STALL ? RAIL_IB_MOVE_STALL
 		     : trigger == RAIL_IB_TRIG_BACK ? RAIL_IB_MOVE_BACK : RAIL_IB_MOVE_PEER;
+	mv->path = path_failed_here(c, trigger);
+	mv->avoid = mv->path && c->path_fail_ns && mv->start_ns - c->path_fail_ns < MOVES_NS;
 	for (int m = 0; m < c->ndevs; m++) {
 		mv->from[m] = c->res[m].dev;
-		mv->to[m] = pick_target(c, m);
+		mv->to[m] = pick_target(c, m, mv->avoid);
 		if (!mv->to[m] && nowhere < 0)
 			nowhere = m;
 	}
@@ -490,6 +567,12 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 	}
 	mv->dead = dead_members(c);
 	move_why(c, mv, trigger);
+	if (mv->avoid) {
+		size_t len = strlen(mv->why);
+
+		snprintf(mv->why + len, sizeof(mv->why) - len, ", again within %llu s with the "
+			 "port up: off the device", MOVES_NS / 1000000000ull);
+	}
 	/* a path that keeps failing (a flapping link, a fabric fault both ports survive) */
 	if (c->move_ns[c->epoch % 4] && mv->start_ns - c->move_ns[c->epoch % 4] < MOVES_NS) {
 		RAIL_WARN("connection to peer %s (%s comm) on %s: %s, its 5th move within %llu s; "
@@ -571,6 +654,7 @@ static int peer_move_early(struct rail_ib_comm *c)
 	if (err)
 		return err;
 	mv->have_move = 1;
+	(void)avoid_with_peer(c, mv);
 	if (c->ndevs == 1 && c->remote_ndevs == 1) {	/* fused comms keep their members' rails */
 		mv->to[0] = follow_peer(c, mv->to[0]);
 		devs_str(mv->to, c->ndevs, ~0u, mv->to_s, sizeof(mv->to_s));
@@ -736,6 +820,7 @@ static int step_resume(struct rail_ib_comm *c)
 	rail_ib_old_free(&mv->old);
 	c->epoch++;
 	c->follows = mv->follows && mv->to[0] != c->home[0];
+	path_fail_note(c, mv, ps->reason);
 	ports[0] = '\0';
 	for (int k = 0; k < mv->peer.ndevs && off < sizeof(ports); k++) {
 		int w = snprintf(ports + off, sizeof(ports) - off, "%s%u", k ? "+" : "",

@@ -459,6 +459,42 @@ static void test_move_stall(void **state)
 	loop_end(&L);
 }
 
+/*
+ * The stall stays (mlx5_0 holds its sends for good, its port up): the first
+ * stall gives the send comm new QPs on mlx5_0, which stall too; the second,
+ * within 60 s, takes it off mlx5_0 to mlx5_1 and the receiver, which cannot
+ * tell whose port is behind the fault, off mlx5_2 to mlx5_3; the loop
+ * completes.
+ */
+static void test_move_stall_twice(void **state)
+{
+	/* two "nodes" of two ports each, all on one network */
+	static const char one_net[] = "device mlx5_0 pci=0000:1a:00.0\n"
+				      "port 1 link=eth speed=ndr width=4x\n"
+				      "gid 1 ::ffff:10.1.0.1 type=v2\n"
+				      "device mlx5_1 pci=0000:1a:00.1\n"
+				      "port 1 link=eth speed=ndr width=4x\n"
+				      "gid 1 ::ffff:10.1.0.2 type=v2\n"
+				      "device mlx5_2 pci=0000:3b:00.0\n"
+				      "port 1 link=eth speed=ndr width=4x\n"
+				      "gid 1 ::ffff:10.1.0.3 type=v2\n"
+				      "device mlx5_3 pci=0000:3b:00.1\n"
+				      "port 1 link=eth speed=ndr width=4x\n"
+				      "gid 1 ::ffff:10.1.0.4 type=v2\n";
+	struct loop L = { .fault_at = -1, .hold_at = 20, .fault_dev = "mlx5_0" };
+	int mark;
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_STALL_TIMEOUT", "1", 1);
+	mark = run_case(&L, one_net, 2, 0, 60);	/* receiver on mlx5_2, sender on mlx5_0 */
+	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_0:1", "stall");
+	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_1:1",
+		     "again within 60 s with the port up: off the device");
+	assert_moved(mark, "(receive comm) moved from mlx5_2:1 to mlx5_3:1",
+		     "the path failed again within 60 s: off the device");
+	loop_end(&L);
+}
+
 /* Calls test() on req for ms milliseconds; it must not complete. */
 static void wait_undone(void *req, int ms)
 {
@@ -945,6 +981,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_fused_cards_receiver, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_fused_cards_sender, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_fused_device_fatal, fvh_teardown),
+		cmocka_unit_test_teardown(test_move_stall_twice, stall_teardown),
 	};
 
 	if (!fvh_find_lib()) {

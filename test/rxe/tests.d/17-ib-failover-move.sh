@@ -14,6 +14,11 @@
 #             rxe1+rxe3); rxe0 down 3 s: B's member on rxe0 moves to its
 #             surviving member's device rxe2, A's members are rebuilt in place;
 #             then back;
+#   stall:    rxe0's bridge port stops forwarding for 12 s (bridge link set
+#             ... state 0: no carrier change, no PORT_ERR; rxe retries for
+#             ever at NCCL_IB_RETRY_CNT=7), NCCL_RAIL_IB_STALL_TIMEOUT=2: the
+#             stall watchdog moves B to new QPs on rxe0, which stall too, and
+#             the second stall within 60 s takes it off rxe0 to rxe2;
 #   off:      NCCL_RAIL_FAILOVER=0, rxe0 down: the roles fail (the PORT_ERR
 #             WARN), as without failover.
 # Every case must PASS in both roles with no failed request (failover-loop
@@ -21,7 +26,7 @@
 # the end of the slowest round, which holds the move) and the move lines.
 # Skips (77) in the default topology; make test-rxe runs it in the bridge
 # boot.
-# rxe-timeout: 560
+# rxe-timeout: 700
 set -uo pipefail
 . "$RXE_HARNESS/lib.sh"
 
@@ -39,6 +44,27 @@ fails=0
 check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); return 1; }
 port=18790
 conf_extra=()	# more rail-conformance arguments (the fused case)
+fault=rxe_link_flap	# what run does to the device: or path_cut
+
+# path_cut DEV READY_FILE DOWN_S EVENTS_FILE [READY_TIMEOUT_S]: as
+# rxe_link_flap, but the bridge stops forwarding DEV's outer port (state
+# disabled) instead of the link going down: the port stays ACTIVE, the path
+# is gone (a fault behind the switch port); events link-down and link-up.
+path_cut() {
+    local dev=$1 ready=$2 down_s=$3 events=$4 rtmo=${5:-120} outer deadline
+    outer=$(rxe_outer_link "$dev") || return 1
+    deadline=$((SECONDS + rtmo))
+    until [ -f "$ready" ] && grep -qx 'READY' "$ready"; do
+        [ $SECONDS -lt $deadline ] || { echo "$EPOCHREALTIME ready-timeout $dev" >>"$events"; return 1; }
+        _rxe_nap 0.05
+    done
+    echo "$EPOCHREALTIME ready $dev $outer" >>"$events"
+    echo "$EPOCHREALTIME link-down $dev $outer (bridge port disabled)" >>"$events"
+    bridge link set dev "$outer" state 0 || return 1
+    _rxe_nap "$down_s"
+    echo "$EPOCHREALTIME link-up $dev $outer (bridge port forwarding) $(rxe_port_state "$dev")" >>"$events"
+    bridge link set dev "$outer" state 3
+}
 
 # run NAME FAULT_DEV DOWN_S [ENV...]: both roles and the link flap; sets ra, rb (exit codes).
 run() {
@@ -59,7 +85,7 @@ run() {
     bpid=$!
     ( for _ in $(seq 1200); do grep -q READY "$ev" 2>/dev/null && break; sleep 0.1; done
       echo READY >"$ready" ) &
-    rxe_link_flap "$dev" "$ready" "$down" "$out/$name.flap" 150 &
+    "$fault" "$dev" "$ready" "$down" "$out/$name.flap" 150 &
     fpid=$!
     wait "$apid"; ra=$?
     wait "$bpid"; rb=$?
@@ -117,6 +143,16 @@ check has fused "(send comm) moved from rxe0:1+rxe2:1 to rxe2:1+rxe2:1"
 check has fused "(receive comm) moved from rxe1:1+rxe3:1 to rxe1:1+rxe3:1"
 check has fused "(send comm) moved back from rxe2:1+rxe2:1 to rxe0:1+rxe2:1"
 recovery fused
+
+echo "== stall: rxe0's bridge port disabled 12 s, no port event"
+fault=path_cut
+RAIL_CONF_FAILOVER_SECONDS=22 run stall rxe0 12 NCCL_RAIL_IB_STALL_TIMEOUT=2
+fault=rxe_link_flap
+check [ "$ra" = 0 ] && check [ "$rb" = 0 ]
+check has stall "none polled for"
+check has stall "(send comm) moved from rxe0:1 to rxe0:1"
+check has stall "(send comm) moved from rxe0:1 to rxe2:1"
+recovery stall
 
 echo "== NCCL_RAIL_FAILOVER=0: rxe0 down, the comm fails as before"
 RAIL_CONF_FAILOVER_SECONDS=8 run off rxe0 2 NCCL_RAIL_FAILOVER=0
