@@ -668,6 +668,8 @@ static int oob_on_port(const struct rail_ib_dev *d)
 /*
  * Failover agrees on a move over the handshake sockets: on the interface of
  * one of the ports, they fail with that port's link, when they are needed.
+ * An INFO line, not a WARN: a configuration to improve, not an error (and
+ * a common one, where the RoCE interface is the only network).
  */
 static void oob_fate_check(void)
 {
@@ -678,7 +680,7 @@ static void oob_fate_check(void)
 
 		if (!oob_on_port(d))
 			continue;
-		RAIL_WARN("the handshake sockets (out-of-band, %s %s) run over the interface of "
+		RAIL_INFO(RAIL_LOG_INIT, "the handshake sockets (out-of-band, %s %s) run over the interface of "
 			  "%s:%d: if that port's link fails, its connections cannot agree on a move "
 			  "to another port (NCCL_RAIL_FAILOVER) and fail once the sockets' keepalive "
 			  "gives up (NCCL_RAIL_PEER_TIMEOUT=%lld s), as may the other connections of "
