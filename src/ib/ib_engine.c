@@ -497,8 +497,9 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 		return 0;
 	last = c->oob_checked_ns;
 	c->oob_checked_ns = now;
-	stall_check(c, now, last, call);
 	err = rail_ib_oob_peek(c);
+	if (!err)	/* a peer that closed its socket is reported as gone, not probed */
+		stall_check(c, now, last, call);
 	if (!err && c->failover && !c->mv && oob_has_bytes(c)) {
 		/* the peer's path failed: it moves, and this side joins */
 		err = c->on_move(c, RAIL_IB_TRIG_OOB, call);
