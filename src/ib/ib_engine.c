@@ -470,7 +470,8 @@ static void stall_check(struct rail_ib_comm *c, uint64_t now, uint64_t last, con
 
 	if (!t || !c->failover || c->mv || c->fencing || c->path_failed || c->error)
 		return;
-	if (c->stall_ns && now - last <= t && cqes_polled(c) == c->stall_cqes && cqes_owed(c)) {
+	owed = cqes_owed(c);
+	if (c->stall_ns && now - last <= t && cqes_polled(c) == c->stall_cqes && owed) {
 		if (now - c->stall_ns < t || rail_ib_poll(c) || c->path_failed)
 			return;
 		owed = cqes_owed(c);
@@ -481,7 +482,7 @@ static void stall_check(struct rail_ib_comm *c, uint64_t now, uint64_t last, con
 	}
 	c->stall_cqes = cqes_polled(c);	/* progress, nothing owed, or not called: again */
 	c->stall_ns = now;
-	if (!cqes_owed(c))
+	if (!owed)
 		stall_probe(c);
 }
 

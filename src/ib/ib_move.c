@@ -670,9 +670,8 @@ static int step_drain(struct rail_ib_comm *c)
 	uint64_t now;
 	int err;
 
-	if (!mv->dead && dead_members(c)) {
+	if (!mv->dead && (mv->dead = dead_members(c))) {
 		/* a device died during the drain: its marks will never come back */
-		mv->dead = dead_members(c);
 		mv->written_off = rail_ib_comm_write_off(c, mv->dead);
 		move_why(c, mv, RAIL_IB_TRIG_FATAL);
 	}
