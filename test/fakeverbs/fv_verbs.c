@@ -370,6 +370,12 @@ struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t
 	struct fv_mr *m;
 
 	pthread_mutex_lock(&fv_lock);
+	if (fv_ctx_dev(pd->context)->dead) {	/* a dead HCA takes no new object */
+		fv_log("%s dev=%s ret=EIO why=\"device dead\"", call, ctx_name(pd->context));
+		pthread_mutex_unlock(&fv_lock);
+		errno = EIO;
+		return NULL;
+	}
 	if (fd >= 0 && !fv_ctx_dev(pd->context)->dmabuf) {
 		fv_log("%s dev=%s ret=EOPNOTSUPP", call, ctx_name(pd->context));
 		pthread_mutex_unlock(&fv_lock);
@@ -513,7 +519,14 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 {
 	struct fv_dev *d = fv_ctx_dev(pd->context);
 	struct fv_qp *q;
+	int dead;
 
+	LOCKED(dead = d->dead);
+	if (dead) {	/* a dead HCA takes no new object */
+		LOCKED(fv_log("ibv_create_qp dev=%s ret=EIO why=\"device dead\"", d->ibdev.name));
+		errno = EIO;
+		return NULL;
+	}
 	if (a->qp_type != IBV_QPT_RC || a->cap.max_inline_data > (uint32_t)d->max_inline ||
 	    a->cap.max_send_wr > (uint32_t)d->max_qp_wr ||
 	    a->cap.max_recv_wr > (uint32_t)d->max_qp_wr) {

@@ -161,7 +161,12 @@ static inline void fvh_write_file(const char *path, const char *text)
 	fclose(f);
 }
 
-static inline struct fvh *fvh_start(const char *conf)
+/*
+ * The plugin on the devices of conf; files: NULL, or pairs of a sysfs path
+ * ("/sys/module/nvidia_peermem/version") and its text, NULL-ended, written
+ * under the fake's sysfs root before init (peermem present, say).
+ */
+static inline struct fvh *fvh_start_with(const char *conf, const char *const *files)
 {
 	struct fvh *F = &fvh_one;
 
@@ -171,6 +176,14 @@ static inline struct fvh *fvh_start(const char *conf)
 	snprintf(F->conf, sizeof(F->conf), "%.60s/devices.conf", F->dir);
 	snprintf(F->log, sizeof(F->log), "%.60s/verbs.log", F->dir);
 	fvh_write_file(F->conf, conf);
+	for (int i = 0; files && files[i]; i += 2) {
+		char path[PATH_MAX], cmd[PATH_MAX + 32];
+
+		snprintf(path, sizeof(path), "%s%s", F->dir, files[i]);
+		snprintf(cmd, sizeof(cmd), "mkdir -p \"$(dirname '%s')\"", path);
+		assert_int_equal(system(cmd), 0);
+		fvh_write_file(path, files[i + 1]);
+	}
 	setenv("NCCL_IBVERBS_LIB", fvh_lib, 1);
 	{	/* the fake libmlx5 beside it, never the host's */
 		char mlx5[PATH_MAX];
@@ -205,6 +218,11 @@ static inline struct fvh *fvh_start(const char *conf)
 	if (!F->event || !F->set_gid || !F->port_state || !F->hold)
 		fail_msg("%s lacks the fv_test_* controls: rebuild it (make tests)", fvh_lib);
 	return F;
+}
+
+static inline struct fvh *fvh_start(const char *conf)
+{
+	return fvh_start_with(conf, NULL);
 }
 
 static inline void fvh_close_comms(struct fvh *F)
