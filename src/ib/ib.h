@@ -53,6 +53,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "ib/ib_gid.h"
 #include "ib/ib_verbs.h"
@@ -234,6 +235,7 @@ struct rail_ib_mh {
 	int access;
 	int fd;			/* a dup of the DMA-BUF fd with failover, else -1 */
 	uint64_t offset;
+	uint32_t gen;		/* its keys are of the comm's devices at res_gen (rail_ib_mh_keys) */
 };
 /*
  * A move: member m's registration on device d's HCA instead (a no-op when
@@ -247,7 +249,9 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 void rail_ib_mr_deregister(struct rail_ib_mh *mh);
 /*
  * After a move: every member slot of mh on the device its member of c is on
- * now (rail_ib_mh_rehome per member; no-ops where the HCA did not change).
+ * now (rail_ib_mh_rehome per member; no-ops where the HCA did not change; a
+ * member whose HCA is dead is left for after the move), then mh->gen is
+ * c->res_gen. Through rail_ib_mh_keys, where keys are read.
  */
 int rail_ib_comm_mh_rehome(const struct rail_ib_comm *c, struct rail_ib_mh *mh);
 /* Drop every cached registration of an HCA (fini). */
@@ -343,16 +347,20 @@ struct rail_ib_qp {
 /*
  * Sender with failover (ib_move.c): what was posted to answer CTS num, so
  * that the pieces a failed path lost can be posted again. An early batch
- * (completed at post) keeps its payloads here; the others' requests are
- * still in flight.
+ * (completed at post) keeps its payloads here. Another batch's requests
+ * are referenced only while it is in flight: once its completions came
+ * back, the remote HCA acknowledged its data (placed), NCCL gets the
+ * requests and buffers back, and the record keeps no pointer to them
+ * (acked: a replay writes the answer alone, never the buffer again).
  */
 #define RAIL_IB_EARLY_COPY 128	/* with failover, an early batch's entries are this small */
 struct rail_ib_sent {
 	uint64_t num;
 	int nreqs;
 	int early;
-	struct rail_ib_req *lead;		/* NULL: early, or every entry went eagerly */
-	struct rail_ib_req *reqs[RAIL_MAX_RECVS];	/* NULL: went eagerly */
+	int acked;			/* its data placed: the answer alone goes again */
+	struct rail_ib_req *lead;		/* NULL: early, acked, or every entry went eagerly */
+	struct rail_ib_req *reqs[RAIL_MAX_RECVS];	/* NULL: went eagerly (or early, acked) */
 	uint32_t sizes[RAIL_MAX_RECVS];
 	uint8_t copy[RAIL_MAX_RECVS][RAIL_IB_EARLY_COPY];
 };
@@ -455,6 +463,7 @@ struct rail_ib_comm {
 	int (*on_move)(struct rail_ib_comm *c, int trigger, const char *call);
 	/* per member: the device the comm was made on; a member that moved moves back there */
 	struct rail_ib_dev *home[RAIL_MAX_VDEV_DEVS];
+	uint32_t res_gen;		/* member rebuilds so far: keys of an older one are stale */
 	uint32_t back_tick;		/* away from home: calls between looks at it */
 	int follows;			/* on the device it followed the peer to: no move back of its own */
 	int one_net;			/* made within one network (ib_move.c, at its first move) */
@@ -561,6 +570,37 @@ static inline int rail_ib_away(const struct rail_ib_comm *c)
 		if (c->res[m].dev != c->home[m])
 			return 1;
 	return 0;
+}
+
+/*
+ * Where a registration's keys are read (a data write's lkey, a CTS's or a
+ * loopback copy's rkeys, a flush's): 0 once mh's keys are those of the
+ * devices c's members are on now, registering it there first after a move;
+ * else -errno (logged). One load and compare when nothing moved.
+ */
+static inline int rail_ib_mh_keys(const struct rail_ib_comm *c, struct rail_ib_mh *mh)
+{
+	return rail_likely(!mh || mh->gen == c->res_gen) ? 0 : rail_ib_comm_mh_rehome(c, mh);
+}
+
+/*
+ * Sender: the batch lead answers completed (every completion back: the data
+ * placed): its sends are done and NCCL gets them back, so the batch's
+ * record forgets them (a replay writes the answer alone).
+ */
+static inline void rail_ib_send_complete(struct rail_ib_comm *c, struct rail_ib_req *lead)
+{
+	for (int i = 0; i < lead->nmembers; i++)
+		lead->members[i]->done = 1;
+	if (c->sent) {
+		struct rail_ib_sent *rec = &c->sent[lead->seq & (RAIL_IB_SLOTS - 1)];
+
+		if (rec->num == lead->seq && rec->lead == lead) {
+			rec->lead = NULL;
+			memset(rec->reqs, 0, sizeof(rec->reqs));
+			rec->acked = 1;
+		}
+	}
 }
 
 /* Receiver: receive k if it is in flight, else NULL. */

@@ -371,6 +371,9 @@ static int ring_loop(struct rail_ib_comm *c, uint32_t e, struct rail_ib_req *r, 
 	if (!res->flush_qp)
 		return rail_ib_protocol_error(c, 0, "an eager message for a GPU buffer, and no "
 					      "loopback QP to copy it");
+	err = rail_ib_mh_keys(c, r->mhs[i]);	/* posted before a move: keys of the new device */
+	if (err)
+		return err;
 	wr.wr.rdma.remote_addr = (uintptr_t)r->bufs[i];
 	wr.wr.rdma.rkey = r->mhs[i]->rkey[0];
 	err = rail_ib_loop_post(c, 0, &wr, "eager loopback copy");
@@ -846,10 +849,7 @@ int rail_ib_ring_replay(struct rail_ib_comm *c)
 		if (s->state != RAIL_IB_RING_LOOP)
 			continue;	/* a copy that completed before the drain is done */
 		r->loops--;
-		err = rail_ib_comm_mh_rehome(c, r->mhs[s->idx]);
-		if (!err)
-			err = ring_loop(c, (uint32_t)k, r, s->idx,
-					ring_trailer(c, (uint32_t)k) - s->h.size);
+		err = ring_loop(c, (uint32_t)k, r, s->idx, ring_trailer(c, (uint32_t)k) - s->h.size);
 	}
 	return err;
 }

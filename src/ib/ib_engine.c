@@ -248,12 +248,10 @@ static int on_req_cqe(struct rail_ib_comm *c, struct rail_ib_req *r, int m)
 	r->events[m]--;
 	if (events_left(r, c->ndevs) || rail_unlikely(r->flushed))
 		return 0;	/* flushed: a move completes it once it knows what arrived */
-	if (r->base.type == RAIL_REQ_SEND) {
-		for (int i = 0; i < r->nmembers; i++)
-			r->members[i]->done = 1;
-	} else {
+	if (r->base.type == RAIL_REQ_SEND)
+		rail_ib_send_complete(c, r);
+	else
 		r->done = 1;
-	}
 	return 0;
 }
 

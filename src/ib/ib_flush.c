@@ -157,8 +157,6 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 	}
 	if (err)
 		return err;
-	if (rail_unlikely(c->epoch) && (err = rail_ib_comm_mh_rehome(c, mh)))
-		return err;
 	r->bufs[0] = data[last];	/* a move posts it again (rail_ib_flush_replay) */
 	r->mhs[0] = mh;
 	return flush_post(c, r);
@@ -172,9 +170,7 @@ int rail_ib_flush_replay(struct rail_ib_comm *c)
 		struct rail_ib_req *r = c->reflush[k];
 
 		r->flushed = 0;
-		err = rail_ib_comm_mh_rehome(c, r->mhs[0]);
-		if (!err)
-			err = flush_post(c, r);
+		err = flush_post(c, r);
 	}
 	c->nreflush = 0;
 	return err;
@@ -188,9 +184,9 @@ int rail_ib_flush_member(struct rail_ib_comm *c, int m)
 static int flush_post(struct rail_ib_comm *c, struct rail_ib_req *r)
 {
 	struct rail_ib_mh *mh = r->mhs[0];
-	int err;
+	int err = rail_ib_mh_keys(c, mh);	/* registered before a move: the new device's keys */
 
-	for (int m = 0; m < c->ndevs; m++) {
+	for (int m = 0; m < c->ndevs && !err; m++) {
 		struct rail_ib_devres *res = &c->res[m];
 		struct ibv_sge sge = { .addr = (uintptr_t)c->flush_buf, .length = 1,
 				       .lkey = res->flush_mr->lkey };
@@ -205,5 +201,5 @@ static int flush_post(struct rail_ib_comm *c, struct rail_ib_req *r)
 			return err;
 		r->events[m]++;
 	}
-	return 0;
+	return err;
 }

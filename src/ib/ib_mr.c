@@ -272,13 +272,15 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 	mh->offset = offset;
 	mh->fd = fd >= 0 && rail_param_int(RAIL_P_FAILOVER) ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
 	for (int i = 0; i < n; i++) {
+		mh->ndevs = i + 1;
+		if (!devs[i])
+			continue;	/* a dead HCA: registered where the member moves */
 		err = cache_get(devs[i], addr, len, access, fd, offset, peer, &mh->ent[i]);
 		if (err)
 			break;
 		mh->hca[i] = devs[i]->hca;
 		mh->lkey[i] = mh->ent[i]->mr->lkey;
 		mh->rkey[i] = mh->ent[i]->mr->rkey;
-		mh->ndevs = i + 1;
 	}
 	if (err) {
 		rail_ib_mr_deregister(mh);
@@ -291,7 +293,8 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 static void mr_release(struct rail_ib_mh *mh)
 {
 	for (int i = 0; i < mh->ndevs; i++)
-		cache_put(mh->hca[i], mh->ent[i]);
+		if (mh->ent[i])
+			cache_put(mh->hca[i], mh->ent[i]);
 	mh->ndevs = 0;
 	if (mh->fd >= 0)
 		close(mh->fd);
@@ -314,7 +317,8 @@ int rail_ib_mh_rehome(struct rail_ib_mh *mh, int m, struct rail_ib_dev *d, const
 	err = cache_get(d, mh->addr, mh->len, mh->access, mh->fd, mh->offset, peer, &ent);
 	if (err)
 		return err;
-	cache_put(mh->hca[m], mh->ent[m]);
+	if (mh->ent[m])
+		cache_put(mh->hca[m], mh->ent[m]);
 	mh->hca[m] = d->hca;
 	mh->ent[m] = ent;
 	mh->lkey[m] = ent->mr->lkey;
@@ -324,10 +328,19 @@ int rail_ib_mh_rehome(struct rail_ib_mh *mh, int m, struct rail_ib_dev *d, const
 
 int rail_ib_comm_mh_rehome(const struct rail_ib_comm *c, struct rail_ib_mh *mh)
 {
-	int err = 0;
+	int err = 0, dead = 0;
 
-	for (int m = 0; m < c->ndevs && !err; m++)
+	for (int m = 0; m < c->ndevs && !err; m++) {
+		const struct rail_ib_dev *d = c->res[m].dev;
+
+		if (atomic_load(&d->hca->fatal) && mh->hca[m] != d->hca) {
+			dead = 1;	/* the comm has yet to move off it: registered there after */
+			continue;
+		}
 		err = rail_ib_mh_rehome(mh, m, c->res[m].dev, c->peer);
+	}
+	if (!err && !dead)
+		mh->gen = c->res_gen;
 	return err;
 }
 
@@ -347,13 +360,24 @@ static int reg_common(struct rail_comm *comm, void *data, size_t size, int type,
 	struct rail_ib_dev *devs[RAIL_MAX_VDEV_DEVS];
 	struct rail_ib_hca *hcas[RAIL_MAX_VDEV_DEVS];
 	struct rail_ib_mh *mh;
-	int gpu = (type & RAIL_PTR_CUDA) || fd >= 0, err;
+	int gpu = (type & RAIL_PTR_CUDA) || fd >= 0, dead = 0, err;
 
+	/*
+	 * The comm's turn (api.c): no move rebuilds res meanwhile. A member whose
+	 * HCA died (DEVICE_FATAL) before the comm moved gets no registration
+	 * there: the first use after the move registers it where the member is
+	 * then (rail_ib_mh_keys).
+	 */
 	for (int i = 0; i < c->ndevs; i++) {
 		const struct rail_ib_ladder *l = &c->res[i].dev->hca->ladder;
 
 		devs[i] = c->res[i].dev;
 		hcas[i] = devs[i]->hca;
+		if (atomic_load(&hcas[i]->fatal)) {
+			devs[i] = NULL;
+			dead = 1;
+			continue;
+		}
 		if (type & RAIL_PTR_CUDA && fd < 0 && !l->peermem) {
 			RAIL_WARN("regMr(%p, %zu bytes, CUDA) on %s for peer %s: GPU memory needs "
 				  "peermem, which is absent (%s); NCCL should have used DMA-BUF "
@@ -374,6 +398,7 @@ static int reg_common(struct rail_comm *comm, void *data, size_t size, int type,
 	if (err)
 		return err;
 	mh->gpu = gpu || (c->flush_host && comm->kind == RAIL_COMM_RECV);
+	mh->gen = dead ? c->res_gen - 1 : c->res_gen;
 	*mhandle = mh;
 	return 0;
 }

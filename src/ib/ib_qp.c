@@ -759,6 +759,7 @@ int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d,
 	old->res[old->nres++] = *r;
 	memset(r, 0, sizeof(*r));
 	r->dev = d;
+	c->res_gen++;	/* registrations re-home where their keys are next read */
 	err = member_ready(c, m, "move");
 	if (err)
 		return err;

@@ -126,6 +126,9 @@ static int cts_write(struct rail_ib_comm *c, struct rail_ib_req *r)
 		if (st->active || !cts_room(c, first))
 			return -EAGAIN;
 	}
+	for (int i = 0; i < r->base.n; i++)	/* posted before a move: keys of the new device */
+		if ((err = rail_ib_mh_keys(c, r->mhs[i])))
+			return err;
 	cts_fill(c, num, r, entries);
 	if (rail_unlikely(r->base.prof != NULL))
 		recv_events(c, r, first, count);
@@ -235,10 +238,6 @@ int rail_ib_irecv(struct rail_comm *comm, struct rail_req *req, int n, void **da
 	err = rail_ib_comm_check(c, "irecv");
 	if (!err)
 		err = recv_check_args(c, n, sizes, mhandles);
-	/* the comm moved: its buffers are registered on the new HCA */
-	for (int i = 0; !err && rail_unlikely(c->epoch) && mhandles && i < n; i++)
-		if (mhandles[i])
-			err = rail_ib_comm_mh_rehome(c, mhandles[i]);
 	if (err)
 		return err;
 	if (c->recvs[k & SLOT_MASK]) {
@@ -451,9 +450,6 @@ int rail_ib_recv_replay_prepare(struct rail_ib_comm *c)
 		st->left = 0;
 		for (int q = 0; q < c->nqps; q++)
 			st->left += cts_owes(c, st, q);
-		for (int i = 0; st->r && i < st->r->base.n && !err; i++)
-			if (st->r->mhs[i])
-				err = rail_ib_comm_mh_rehome(c, st->r->mhs[i]);
 	}
 	for (int q = 0; q < c->nqps && !err; q++)
 		for (int k = 0; k < RAIL_IB_SLOTS && !err; k++)
@@ -474,7 +470,10 @@ static int cts_write_again(struct rail_ib_comm *c, const struct rail_ib_cts_stat
 	for (int i = 0; i < st->n; i++) {
 		uint8_t *p = entries + (size_t)i * RAIL_IB_CTS_SIZE;
 		struct rail_ib_cts e;
+		int err = st->r && i < st->r->base.n ? rail_ib_mh_keys(c, st->r->mhs[i]) : 0;
 
+		if (err)
+			return err;
 		if (rail_ib_cts_decode(p, (uint32_t)(st->num + 1), i, &e, why, sizeof(why)))
 			return rail_ib_protocol_error(c, 0, "a staged clear-to-send is corrupt");
 		for (int m = 0; st->r && i < st->r->base.n && st->r->mhs[i] && m < c->ndevs; m++)

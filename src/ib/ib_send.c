@@ -259,8 +259,20 @@ static int batch_is_early(struct rail_ib_comm *c, int first, int count)
 	return 1;
 }
 
+/* The immediate that answers a CTS of n entries whose messages have these sizes. */
+static uint32_t answer_imm(int n, const uint32_t *sizes)
+{
+	return n > 1 ? rail_ib_imm_multi(n)
+	       : sizes[0] != RAIL_IB_SIZE_EAGER ? rail_ib_imm_single(sizes[0]) : rail_ib_imm_eager();
+}
+
+/*
+ * The batch's writes on QP qpi (piece j of count): the data of each entry
+ * with a request, then the answer (imm); completed by lead's CQE, or, early
+ * (lead NULL or payloads inline), by nothing NCCL waits for.
+ */
 static int batch_post_qp(struct rail_ib_comm *c, const struct rail_ib_batch *b, uint64_t num,
-			 int qpi, int j, int count, struct rail_ib_req *lead, int early)
+			 int qpi, int j, int count, struct rail_ib_req *lead, int early, uint32_t imm)
 {
 	struct rail_ib_qp *q = &c->qps[qpi];
 	uint64_t slot = num & SLOT_MASK;
@@ -276,16 +288,14 @@ static int batch_post_qp(struct rail_ib_comm *c, const struct rail_ib_batch *b, 
 
 		last = wr_add(&l, (uintptr_t)sz, (uint32_t)b->nreqs * 4,
 			      c->res[q->member].scratch_mr->lkey, cmpl, cmpl_rkey, q->max_inline, 1);
-	} else if (b->nreqs > 1 || l.n == 0 || (c->ar && lead->sizes[0] > c->ar_threshold)) {
+	} else if (b->nreqs > 1 || l.n == 0 || (c->ar && lead && lead->sizes[0] > c->ar_threshold)) {
 		/* Adaptive routing may reorder writes; a write with immediate it does not. */
 		last = wr_add(&l, 0, 0, 0, cmpl, cmpl_rkey, 0, 0);
 	} else {
 		last = &l.wr[l.n - 1];
 	}
 	last->opcode = IBV_WR_RDMA_WRITE_WITH_IMM;
-	last->imm_data = htonl(b->nreqs > 1 ? rail_ib_imm_multi(b->nreqs)
-				: lead	     ? rail_ib_imm_single(lead->sizes[0])
-					     : rail_ib_imm_eager());
+	last->imm_data = htonl(imm);
 	last->send_flags |= IBV_SEND_SIGNALED;
 	if (early) {
 		q->sq_signaled = q->sq_posted += (uint32_t)l.n;
@@ -317,6 +327,7 @@ static void sent_record(struct rail_ib_comm *c, struct rail_ib_req *lead, int ea
 	rec->num = c->seq;
 	rec->nreqs = b->nreqs;
 	rec->early = early;
+	rec->acked = 0;
 	rec->lead = early ? NULL : lead;
 	for (int i = 0; i < b->nreqs; i++) {
 		const struct rail_ib_req *r = b->reqs[i];
@@ -343,14 +354,18 @@ static int batch_post(struct rail_ib_comm *c)
 		struct rail_ib_req *r = b->reqs[i];
 
 		sizes[i] = r ? (uint32_t)r->sizes[0] : RAIL_IB_SIZE_EAGER;
-		if (r && !lead) {
+		if (!r)
+			continue;
+		/* after a move, matched before it: the keys of the device it is on now */
+		err = rail_ib_mh_keys(c, r->mh);
+		if (err)
+			return err;
+		if (!lead) {
 			lead = r;
 			lead->nmembers = 0;
 		}
-		if (r) {
-			lead->members[lead->nmembers++] = r;
-			r->lead = lead;
-		}
+		lead->members[lead->nmembers++] = r;
+		r->lead = lead;
 	}
 	if (b->nreqs > 1)
 		rail_ib_sizes_encode(sizes, b->nreqs,
@@ -365,7 +380,8 @@ static int batch_post(struct rail_ib_comm *c)
 	if (c->sent)
 		sent_record(c, lead, early);
 	for (int j = 0; j < count && !err; j++)
-		err = batch_post_qp(c, b, c->seq, first + j, j, count, lead, early);
+		err = batch_post_qp(c, b, c->seq, first + j, j, count, lead, early,
+				    answer_imm(b->nreqs, sizes));
 	for (int i = 0; !err && early && lead && i < lead->nmembers; i++)
 		lead->members[i]->done = 1;
 	return err;
@@ -373,7 +389,12 @@ static int batch_post(struct rail_ib_comm *c)
 
 /* ---- after a move (ib_move.c): the pieces the old path lost, posted again -- */
 
-/* A record's batch, with the entries the receiver wrote again (new rkeys), on the QPs that lost it. */
+/*
+ * A record's batch, with the entries the receiver wrote again (new rkeys),
+ * on the QPs that lost it: the data from the copies (early), from the
+ * requests still in flight, or none (acked: placed already, only the answer
+ * was lost). -EAGAIN: the receiver's CTS has not fully landed yet.
+ */
 static int sent_post_again(struct rail_ib_comm *c, const struct rail_ib_sent *rec, uint64_t n,
 			   int first, int count)
 {
@@ -396,16 +417,17 @@ static int sent_post_again(struct rail_ib_comm *c, const struct rail_ib_sent *re
 			fake[i].mh = &host_mh;
 			b.reqs[i] = &fake[i];
 			lead = lead ? lead : &fake[i];
-		} else if (b.reqs[i] && b.reqs[i]->mh) {
-			err = rail_ib_comm_mh_rehome(c, b.reqs[i]->mh);
+		} else if (b.reqs[i]) {
+			err = rail_ib_mh_keys(c, b.reqs[i]->mh);
 		}
 	}
-	if (err == -EBADMSG || err == -EAGAIN)
+	if (err == -EBADMSG)
 		return rail_ib_protocol_error(c, 0, "a clear-to-send written again after a move "
 					      "does not match what was sent for it");
 	for (int j = 0; j < count && !err; j++)
 		if (c->rp_ans[first + j] <= n)
-			err = batch_post_qp(c, &b, n, first + j, j, count, lead, rec->early);
+			err = batch_post_qp(c, &b, n, first + j, j, count, rec->acked ? NULL : lead,
+					    rec->early || rec->acked, answer_imm(rec->nreqs, rec->sizes));
 	return err;
 }
 
@@ -423,8 +445,8 @@ static void sent_finish(struct rail_ib_comm *c)
 		lead->flushed = 0;
 		for (int m = 0; m < c->ndevs; m++)
 			left |= lead->events[m];
-		for (int i = 0; !left && i < lead->nmembers; i++)
-			lead->members[i]->done = 1;
+		if (!left)
+			rail_ib_send_complete(c, lead);
 	}
 }
 
@@ -447,7 +469,7 @@ static int send_replay(struct rail_ib_comm *c)
 				return 0;	/* the receiver has not written it again yet */
 			err = sent_post_again(c, rec, n, first, count);
 			if (err)
-				return err;
+				return err == -EAGAIN ? 0 : err;	/* the rest of it lands later */
 		}
 		c->rp_next++;
 		if (c->rp_next == c->rp_end)
@@ -461,12 +483,17 @@ static int send_replay(struct rail_ib_comm *c)
 
 		if (rail_ib_cts_seq(slot) != (uint32_t)(c->seq + 1))
 			return 0;
-		for (int i = 0; i < b->nreqs; i++)
-			if (rail_ib_cts_decode(slot + (size_t)i * RAIL_IB_CTS_SIZE,
-					       (uint32_t)(c->seq + 1), i, &b->cts[i], why,
-					       sizeof(why)))
+		for (int i = 0; i < b->nreqs; i++) {
+			int err = rail_ib_cts_decode(slot + (size_t)i * RAIL_IB_CTS_SIZE,
+						     (uint32_t)(c->seq + 1), i, &b->cts[i], why,
+						     sizeof(why));
+
+			if (err == -EAGAIN)
+				return 0;	/* the rest of it lands later */
+			if (err)
 				return rail_ib_protocol_error(c, 0, "the clear-to-send being matched, "
 							      "written again after a move, is corrupt");
+		}
 	}
 	c->batch_stale = 0;
 	return 0;
@@ -595,8 +622,6 @@ int rail_ib_isend(struct rail_comm *comm, struct rail_req *req, void *data, size
 			  c->peer, mhandle);
 		return -EINVAL;
 	}
-	if (rail_unlikely(c->epoch) && mh && (err = rail_ib_comm_mh_rehome(c, mh)))
-		return err;	/* the comm moved: its buffers are registered on the new HCA */
 	err = batch_advance(c);
 	if (err)
 		return err;
