@@ -494,6 +494,8 @@ struct rail_ib_comm {
 	uint32_t eager_slot_bytes;
 	uint32_t eager_max;		/* largest eager payload */
 	int eager_safe;			/* order-safe ring: writes with immediate, or LL images */
+	int eager_ll;			/* ... small ones as LL images (0: a move turned it safe) */
+	int eager_probed;		/* in-order because the NIC promised it (auto on both sides) */
 	uint32_t eager_end;		/* where the images with a trailer end in a slot */
 	/* sender */
 	uint8_t *fifo;			/* CTS entries, then the credit word */
@@ -791,6 +793,16 @@ int rail_ib_on_loop(struct rail_ib_comm *c, uint32_t slot);
  * receive WRs the order-safe protocol needs.
  */
 int rail_ib_eager_order_setup(struct rail_ib_comm *c, int peer_order);
+/*
+ * After a move to a NIC that does not promise in-order placement, an
+ * in-order ring (chosen because the old one did) turns order-safe at the
+ * move's boundary, keeping its slot layout: every message then goes with
+ * an immediate, none as an LL image. Receiver (once the new QPs are ready,
+ * before it writes anything again): 1 if it turned (MOVE_READY says so).
+ * Sender: told by MOVE_READY, before it writes anything again.
+ */
+int rail_ib_ring_recheck(struct rail_ib_comm *c);
+void rail_ib_ring_turn_safe(struct rail_ib_comm *c);
 /* Receiver: an eager message written with immediate (low bits of its seq) completed. */
 int rail_ib_ring_on_imm(struct rail_ib_comm *c, int qpi, int m, uint32_t seq_bits);
 /*
@@ -830,6 +842,14 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
  */
 void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover);
 void rail_ib_move_free(struct rail_ib_comm *c);
+/*
+ * Close (call: "closeSend", "closeRecv"): a move under way or due (not a
+ * move back) and the sender's lost pieces, driven to their end, since NCCL
+ * was told eager and early sends were done that may sit in the failed path.
+ * Bounded (10 s, a WARN); over at once when the peer closed its socket.
+ * 0, or the comm's error.
+ */
+int rail_ib_move_settle(struct rail_ib_comm *c, const char *call);
 /*
  * For the move thread: whether c has a move to start or drive (its port,
  * its device, a QP, the peer's MOVE waiting, home back, one under way), and

@@ -971,7 +971,8 @@ int rail_ib_close_send(struct rail_comm *comm)
 {
 	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
 
-	if (!c->mv)	/* closing during a move: its old QPs are in error already */
+	(void)rail_ib_move_settle(c, "closeSend");
+	if (!c->mv)	/* a move that failed or ran out of time: its old QPs are in error */
 		send_drain(c);
 	rail_ib_comm_free(c);
 	return 0;
@@ -979,6 +980,9 @@ int rail_ib_close_send(struct rail_comm *comm)
 
 int rail_ib_close_recv(struct rail_comm *comm)
 {
-	rail_ib_comm_free((struct rail_ib_comm *)comm);
+	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
+
+	(void)rail_ib_move_settle(c, "closeRecv");	/* the sender's move needs this side */
+	rail_ib_comm_free(c);
 	return 0;
 }

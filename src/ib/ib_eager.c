@@ -91,6 +91,7 @@ int rail_ib_eager_fits(const struct rail_ib_comm *c, size_t size, const struct r
 static void ring_set_order(struct rail_ib_comm *c, int safe)
 {
 	c->eager_safe = safe;
+	c->eager_ll = safe;
 	c->eager_end = c->eager_slot_bytes - (safe ? RAIL_IB_LL_BYTES : 0);
 }
 
@@ -109,7 +110,7 @@ void rail_ib_credit_refresh(struct rail_ib_comm *c, uint32_t cts_credits)
 	rail_ib_credit_decode(c->fifo + RAIL_IB_CREDIT_OFF, &consumed, &ack, &flags);
 	if (!(flags & RAIL_IB_CREDIT_READY) || (flags & RAIL_IB_CREDIT_REFUSED))
 		return;	/* a refusal carries no credits (rail_ib_eager_refused) */
-	if (!c->ring_ready && c->eager_slots) {
+	if (!c->ring_ready && c->eager_slots && !c->eager_safe) {	/* not turned by a move */
 		ring_set_order(c, (flags & RAIL_IB_CREDIT_SAFE) != 0);
 		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s on %s: eager ring %s, as the "
 			  "receiver chose", c->peer, c->res[0].dev->name, order_name(c->eager_safe));
@@ -174,7 +175,7 @@ int rail_ib_eager_send(struct rail_ib_comm *c, struct rail_ib_req *r, void *data
 	h.ord = ord;
 	h.seq = e + 1;
 	/* Order-safe and small: LL words, at the end of the slot; else payload and trailer. */
-	ll = c->eager_safe && size <= RAIL_IB_LL_MAX;
+	ll = c->eager_ll && size <= RAIL_IB_LL_MAX;
 	if (ll) {
 		len = rail_ib_ll_encode(&h, data, img);
 		raddr = c->eager_slot_bytes - len;
@@ -492,7 +493,8 @@ int rail_ib_ring_direct(struct rail_ib_comm *c, struct rail_ib_req *r)
 	struct rail_ib_eager_hdr h;
 	char why[8];
 
-	if (e != c->e_head || e != c->e_placed || r->base.n != 1 || (r->mhs[0] && r->mhs[0]->gpu))
+	if (e != c->e_head || e != c->e_placed || r->base.n != 1 || (r->mhs[0] && r->mhs[0]->gpu) ||
+	    !c->eager_ll)
 		return 2;
 	if (!rail_ib_ll_ready(end, e + 1))
 		return 0;
@@ -536,7 +538,8 @@ int rail_ib_ring_peek(struct rail_ib_comm *c)
 	const uint8_t *slot_end = ring_slot(c, c->e_seen) + c->eager_slot_bytes;
 
 	if (c->eager_safe)
-		return c->e_placed != c->e_seen || rail_ib_ll_ready(slot_end, c->e_seen + 1);
+		return c->e_placed != c->e_seen ||
+		       (c->eager_ll && rail_ib_ll_ready(slot_end, c->e_seen + 1));
 	return rail_ib_eager_seq(slot_end - RAIL_IB_EAGER_TRAILER) == c->e_seen + 1;
 }
 
@@ -569,6 +572,13 @@ static int ring_take_safe(struct rail_ib_comm *c, uint32_t e, struct rail_ib_eag
 
 	if (e != c->e_placed && rail_ib_eager_seq(trailer) == e + 1)
 		return rail_ib_eager_decode(trailer, e + 1, c->eager_max, h, why, why_len);
+	if (!c->eager_ll && e == c->e_placed)
+		return -EAGAIN;	/* no LL images: only an immediate says a message is there */
+	if (!c->eager_ll) {
+		snprintf(why, why_len, "eager message %u is placed (its immediate came) but its "
+			 "slot holds no trailer of it (seq %u)", e, rail_ib_eager_seq(trailer));
+		return -EBADMSG;
+	}
 	/* The payload goes where ring_deliver reads one that came with a trailer. */
 	err = rail_ib_ll_decode(slot + c->eager_slot_bytes, e + 1, c->eager_max, h, trailer, why,
 				why_len);
@@ -690,6 +700,7 @@ int rail_ib_eager_order_setup(struct rail_ib_comm *c, int peer_order)
 			 mine == RAIL_IB_ORDER_INORDER ? "receiver" : "sender");
 	} else {
 		safe = !ring_in_order(c, why, sizeof(why));
+		c->eager_probed = 1;
 	}
 	ring_set_order(c, safe);
 	RAIL_INFO(RAIL_LOG_NET, "connection from peer %s on %s: eager ring %s: %s", c->peer,
@@ -698,6 +709,32 @@ int rail_ib_eager_order_setup(struct rail_ib_comm *c, int peer_order)
 		return 0;
 	c->ring_recvs_owed = 0;
 	return ring_recvs_post(c, (uint32_t)c->eager_slots + RAIL_IB_RING_RECV_BATCH);
+}
+
+int rail_ib_ring_recheck(struct rail_ib_comm *c)
+{
+	char why[300];
+
+	if (!c->eager_slots || c->eager_safe || !c->eager_probed || ring_in_order(c, why, sizeof(why)))
+		return 0;
+	c->eager_safe = 1;	/* eager_end kept: the messages seen so far stay where they are */
+	c->eager_ll = 0;
+	c->e_placed = c->e_seen;
+	RAIL_INFO(RAIL_LOG_NET, "connection from peer %s, moved to %s: eager ring order-safe from "
+		  "now on, every message with an immediate (it was in-order: the old NIC promised "
+		  "in-order placement): %s", c->peer, c->res[0].dev->name, why);
+	return 1;
+}
+
+void rail_ib_ring_turn_safe(struct rail_ib_comm *c)
+{
+	if (!c->eager_slots || c->eager_safe)
+		return;
+	c->eager_safe = 1;
+	c->eager_ll = 0;
+	RAIL_INFO(RAIL_LOG_NET, "connection to peer %s on %s: eager ring order-safe from now on, "
+		  "every message with an immediate, as the receiver chose after the move", c->peer,
+		  c->res[0].dev->name);
 }
 
 int rail_ib_ring_on_imm(struct rail_ib_comm *c, int qpi, int m, uint32_t seq_bits)

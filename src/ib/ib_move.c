@@ -77,6 +77,7 @@
 #define DRAIN_NS (5ull * 1000000000ull)
 #define QUIET_NS (200ull * 1000000ull)	/* drain by time: a mark the provider refused */
 #define MOVES_NS (60ull * 1000000000ull)	/* at most 4 moves of a comm in this time */
+#define SETTLE_NS (10ull * 1000000000ull)	/* close: a move under way ends within this */
 
 enum mv_state { MV_DRAIN, MV_XCHG, MV_READY };
 
@@ -724,6 +725,8 @@ static int step_drain(struct rail_ib_comm *c)
 	m.ndevs = c->ndevs;
 	for (int k = 0; k < c->ndevs; k++)
 		rail_ib_local_wire_dev(&c->res[k], c->res[k].ctrl_mr->rkey, &m.devs[k]);
+	/* each side sets the other's offer on its new QPs: both keep the options both have */
+	m.nece = rail_ib_comm_ece_query(c, m.ece);
 	m.nqps = c->nqps;
 	for (int i = 0; i < c->nqps; i++)
 		m.qpn[i] = c->qps[i].qp->qp_num;
@@ -769,19 +772,17 @@ static int step_connect(struct rail_ib_comm *c)
 		else
 			c->remote_fifo_rkey[k] = p->devs[k].ctrl_rkey;
 	}
-	/* each QP keeps its members on both sides (QP i: i % ndevs, i % remote_ndevs) */
-	for (int i = 0; i < c->nqps && !err; i++) {
-		struct rail_ib_qp *q = &c->qps[i];
-
-		q->remote_qpn = p->qpn[i];
-		err = rail_ib_qp_rtr_rts(c, q->qp, c->res[q->member].dev,
-					 &c->remote[q->remote_member], p->qpn[i], 0);
-	}
+	memset(c->remote_ece, 0, sizeof(c->remote_ece));
+	memcpy(c->remote_ece, p->ece, sizeof(p->ece[0]) * (size_t)p->nece);
+	/* ECE, RTR, RTS; each QP keeps its members on both sides (QP i: i % ndevs, i % remote_ndevs) */
+	err = rail_ib_comm_qps_connect(c, p->qpn);
+	memset(&m, 0, sizeof(m));
+	if (!err && !is_send(c) && rail_ib_ring_recheck(c))
+		m.flags = RAIL_IB_ORDER_SAFE;	/* the sender turns its ring too */
 	if (!err && !is_send(c))
 		err = rail_ib_recv_replay_prepare(c);
 	if (err)
 		return err;
-	memset(&m, 0, sizeof(m));
 	m.type = RAIL_IB_MSG_MOVE_READY;
 	mv->state = MV_READY;
 	return tx_put(c, &m);
@@ -883,6 +884,8 @@ static int move_step(struct rail_ib_comm *c)
 			return err;
 		if (m.type != RAIL_IB_MSG_MOVE_READY)
 			return rail_ib_protocol_error(c, 0, "expected the peer's move-ready message");
+		if (is_send(c) && (m.flags & RAIL_IB_READY_ORDER_MASK) == RAIL_IB_ORDER_SAFE)
+			rail_ib_ring_turn_safe(c);	/* before anything is written again */
 		mv->have_ready = 1;
 	}
 	return step_resume(c);
@@ -932,15 +935,21 @@ static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 
 /* ---- what the move thread (ib_move_thread.c) asks ---------------------------------- */
 
-/* A move to start or drive on c (its port, its peer, home back, one under way). */
-int rail_ib_move_wanted(struct rail_ib_comm *c)
+/* A move under way, or one a failure calls for (its port, its peer, a QP, a completion). */
+static int move_due(struct rail_ib_comm *c)
 {
 	char b;
 
 	if (!c->mv && atomic_load(&c->qp_event))
 		(void)rail_ib_qp_event_current(c);	/* drops one on a replaced QP */
 	return c->mv || c->path_failed || own_port_down(c) || atomic_load(&c->qp_event) ||
-	       home_ready(c) || recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+	       recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+/* A move to start or drive on c (its port, its peer, home back, one under way). */
+int rail_ib_move_wanted(struct rail_ib_comm *c)
+{
+	return move_due(c) || home_ready(c);
 }
 
 /* What the move thread hands to on_move (a move under way ignores it). */
@@ -955,6 +964,34 @@ int rail_ib_move_trigger(struct rail_ib_comm *c)
 	if (atomic_load(&c->qp_event))
 		return RAIL_IB_TRIG_QP;
 	return home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : RAIL_IB_TRIG_OOB;
+}
+
+/* The sender's lost pieces not yet written again (CTS by CTS, as the receiver re-writes them). */
+static int replay_pending(const struct rail_ib_comm *c)
+{
+	return is_send(c) && (c->rp_next != c->rp_end || c->batch_stale);
+}
+
+int rail_ib_move_settle(struct rail_ib_comm *c, const char *call)
+{
+	uint64_t end = rail_now_ns() + SETTLE_NS;
+
+	while (c->failover && !c->error && (move_due(c) || replay_pending(c))) {
+		if (rail_ib_oob_peek(c))
+			return 0;	/* the peer closed (or went silent): nothing to finish with it */
+		if (rail_now_ns() > end) {
+			RAIL_WARN("%s: connection to peer %s: a move to another path (%s) was not over "
+				  "within %llu s of the close; sends it owes the peer are lost", call,
+				  c->peer, c->mv ? c->mv->why : "lost pieces to write again",
+				  SETTLE_NS / 1000000000ull);
+			return -ETIMEDOUT;
+		}
+		if (move_due(c))
+			(void)on_move(c, rail_ib_move_trigger(c), call);
+		else
+			(void)rail_ib_send_progress(c);
+	}
+	return c->error;
 }
 
 void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover)

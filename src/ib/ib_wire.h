@@ -58,9 +58,10 @@
 #define RAIL_IB_WIRE_MAGIC 0x57424952u /* "RIBW" */
 /*
  * 3: order-safe eager ring, ECE; 4: eager refusal; 5: LL words for small
- * order-safe messages; 6: MOVE and MOVE_READY (a comm moves to another path)
+ * order-safe messages; 6: MOVE and MOVE_READY (a comm moves to another path); 7: ECE in
+ * MOVE, MOVE_READY says the ring turned order-safe
  */
-#define RAIL_IB_WIRE_VERSION 6
+#define RAIL_IB_WIRE_VERSION 7
 #define RAIL_IB_HDR_SIZE 16
 #define RAIL_IB_BODY_MAX 2048
 #define RAIL_IB_WIRE_MAX_QPS 128
