@@ -61,6 +61,8 @@ struct fv_dev {
 	int data_in_order;	/* ibv_query_qp_data_in_order's answer */
 	int reorder;		/* RDMA writes into this device's QPs land out of order */
 	int reorder_tail;	/* bytes of such a write placed first (0: FV_REORDER_TAIL) */
+	int reorder_head;	/* N: its first N bytes are placed first instead (0: the tail) */
+	int reorder_delay;	/* entries into the provider before the rest lands (0: 1) */
 	int ece;		/* 0: EOPNOTSUPP, else the vendor_id/options answered */
 	int retrying;		/* a WR to a QP that is gone never completes (still retrying) */
 	int retry_ms;		/* a held send WR fails after this long; -1: not given (200) */
@@ -172,10 +174,18 @@ void fv_cq_push(struct fv_cq *cq, const struct ibv_wc *wc);
  * (post_send, post_recv, poll_cq), a dereg_mr or a destroy_qp: so a
  * completion, always taken through poll_cq, comes after the whole message,
  * and a reader polling memory may see the end of a message before its
- * beginning. Under fv_lock.
+ * beginning. reorder_head=N places the first N bytes first instead (a
+ * reader sees the beginning of a message before its end), and
+ * reorder_delay=K holds the rest through K entries into the provider
+ * instead of one. Under fv_lock.
  */
 #define FV_REORDER_TAIL 64
-void fv_place_held(void);
+/*
+ * mr NULL: one more entry into the provider (the parts whose delay is over
+ * land); else every part written through registration mr lands now, before
+ * it goes (dereg_mr).
+ */
+void fv_place_held(const void *mr);
 
 /*
  * Held send WRs (fv_hold.c). A send WR that cannot go now is held in its

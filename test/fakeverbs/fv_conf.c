@@ -125,6 +125,8 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 	else if (!strcmp(k, "data_in_order")) d->data_in_order = (int)n;
 	else if (!strcmp(k, "reorder")) d->reorder = (int)n;
 	else if (!strcmp(k, "reorder_tail") && n > 0 && n % 8 == 0) d->reorder_tail = (int)n;
+	else if (!strcmp(k, "reorder_head") && n > 0 && n % 8 == 0) d->reorder_head = (int)n;
+	else if (!strcmp(k, "reorder_delay") && n > 0 && n <= 100000) d->reorder_delay = (int)n;
 	else if (!strcmp(k, "ece")) d->ece = (int)n;
 	else if (!strcmp(k, "retrying")) d->retrying = (int)n;
 	else if (!strcmp(k, "retry_ms") && n >= 0 && n <= 3600000) d->retry_ms = (int)n;

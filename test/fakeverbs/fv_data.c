@@ -74,48 +74,62 @@ static long gather(const struct fv_qp *q, const struct ibv_send_wr *wr, char *ds
 	return (long)off;
 }
 
-/* The held-back heads of reordered writes, placed in the order they were written. */
+/* The held-back parts of reordered writes, placed in the order they were written. */
 struct held {
 	char *dst;
 	size_t len;
+	int left;		/* entries into the provider before it lands */
+	const void *mr;		/* the registration it writes through */
 	struct held *next;
 	char data[];
 };
-static struct held *held_head, **held_tail = &held_head;
+static struct held *held_head;
 
-void fv_place_held(void)
+void fv_place_held(const void *mr)
 {
-	while (held_head) {
-		struct held *h = held_head;
+	struct held **pp = &held_head;
 
+	while (*pp) {
+		struct held *h = *pp;
+
+		if (mr ? h->mr != mr : --h->left > 0) {
+			pp = &h->next;
+			continue;
+		}
 		memcpy(h->dst, h->data, h->len);
-		held_head = h->next;
+		*pp = h->next;
 		free(h);
 	}
-	held_tail = &held_head;
 }
 
 /*
  * Place the n bytes the SGEs of wr gather at p, reordered: the last tail
- * now, the rest held back. 0, or -1 if out of memory.
+ * bytes now (the first, with the device's reorder_head), the rest held
+ * back. 0, or -1 if out of memory.
  */
-static int place_reordered(const struct fv_qp *q, const struct ibv_send_wr *wr, char *p, long n,
-			   size_t tail)
+static int place_reordered(const struct fv_qp *q, const struct fv_dev *dev, const void *mr,
+			   const struct ibv_send_wr *wr, char *p, long n, size_t tail)
 {
-	size_t head = (size_t)n - tail;
-	struct held *h = malloc(sizeof(*h) + (size_t)n);
+	size_t now = dev->reorder_head ? (size_t)dev->reorder_head : tail;
+	size_t off = dev->reorder_head ? 0 : (size_t)n - tail;	/* of the part placed now */
+	struct held *h = malloc(sizeof(*h) + (size_t)n), **pp = &held_head;
 
 	if (!h)
 		return -1;
 	gather(q, wr, h->data, 0);
-	memcpy(p + head, h->data + head, tail);
-	h->dst = p;
-	h->len = head;
+	memcpy(p + off, h->data + off, now);
+	if (dev->reorder_head)
+		memmove(h->data, h->data + now, (size_t)n - now);
+	h->dst = p + (dev->reorder_head ? now : 0);
+	h->len = (size_t)n - now;
+	h->left = dev->reorder_delay ? dev->reorder_delay : 1;
+	h->mr = mr;
 	h->next = NULL;
-	*held_tail = h;
-	held_tail = &h->next;
+	while (*pp)
+		pp = &(*pp)->next;
+	*pp = h;
 	fv_log("reorder qpn=0x%x dest_qpn=0x%x len=%ld held=%zu", q->qp.qp_num, q->dest_qpn, n,
-	       head);
+	       h->len);
 	return 0;
 }
 
@@ -164,14 +178,16 @@ static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr,
 		return IBV_WC_LOC_PROT_ERR;
 	*len = (uint32_t)n;
 	if (op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) {
-		size_t tail = d->dev->reorder_tail ? (size_t)d->dev->reorder_tail : FV_REORDER_TAIL;
+		size_t tail = d->dev->reorder_head   ? (size_t)d->dev->reorder_head
+			      : d->dev->reorder_tail ? (size_t)d->dev->reorder_tail
+						     : FV_REORDER_TAIL;
 
 		rm = fv_mr_by_key(wr->wr.rdma.rkey, 1);
 		if (n && (!rm || rm->mr.pd != d->qp.pd || !(rm->access & IBV_ACCESS_REMOTE_WRITE) ||
 			  !(p = mr_addr(rm, wr->wr.rdma.remote_addr, (uint64_t)n, &skip))))
 			return IBV_WC_REM_ACCESS_ERR;
 		if ((size_t)n > tail && d->dev->reorder && !skip) {
-			if (place_reordered(q, wr, p, n, tail))
+			if (place_reordered(q, d->dev, &rm->mr, wr, p, n, tail))
 				return IBV_WC_LOC_LEN_ERR;
 		} else if (n) {
 			gather(q, wr, p, skip);

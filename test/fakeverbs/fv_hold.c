@@ -162,7 +162,7 @@ void fv_progress(void)
 {
 	uint64_t now = 0;
 
-	fv_place_held();
+	fv_place_held(NULL);
 	for (struct fv_qp *q = fv_qp_list(); q; q = q->next) {
 		if (!q->sq)
 			continue;

@@ -441,6 +441,7 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 {
 	pthread_mutex_lock(&fv_lock);
 	fv_progress();	/* before the memory may go */
+	fv_place_held(mr);
 	for (struct fv_mr **p = &mrs; *p; p = &(*p)->next) {
 		if (&(*p)->mr == mr) {
 			struct fv_mr *m = *p;

@@ -13,7 +13,9 @@
  *   race one made during a move;
  * - drop sends NCCL was told were done when the send comm closes during a
  *   move;
- * - forget ECE, or the eager ring's ordering, on the new QPs of a move.
+ * - forget ECE, or the eager ring's ordering, on the new QPs of a move;
+ * - take a clear-to-send written again that has not fully landed for a
+ *   corrupt one.
  */
 #include "unit.h"
 
@@ -532,6 +534,48 @@ static void test_ring_order_after_move(void **state)
 	fvh_stop(F);
 }
 
+/*
+ * The sender's NIC places the first entry of a grouped clear-to-send long
+ * before the second (reorder_head, reorder_delay). After a move, the
+ * receiver writes the CTS being matched again: the sender waits for the
+ * whole of it, as when it first loaded it, instead of failing the comm.
+ */
+static void test_replayed_cts_lands_in_parts(void **state)
+{
+	static const char conf[] = "device mlx5_0 pci=0000:1a:00.0 reorder=yes reorder_head=64 "
+				   "reorder_delay=3000\n"
+				   "port 1 link=eth speed=ndr width=4x\n"
+				   "gid 1 ::ffff:10.1.0.1 type=v2\n"
+				   "device mlx5_1 pci=0000:3b:00.0\n"
+				   "port 1 link=eth speed=ndr width=4x\n"
+				   "gid 1 ::ffff:10.1.0.2 type=v2\n"
+				   "device mlx5_2 pci=0000:3b:00.1\n"
+				   "port 1 link=eth speed=ndr width=4x\n"
+				   "gid 1 ::ffff:10.1.0.3 type=v2\n";
+	struct fvh *F;
+	void *smh, *rmh, *data[2] = { rbuf[0], rbuf[1] }, *mhs[2];
+	size_t sizes[2] = { BIG, BIG };
+	int tags[2] = { 1, 2 }, mark;
+
+	(void)state;
+	F = begin(conf, NULL);
+	smh = reg(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST);
+	rmh = reg(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST);
+	mhs[0] = mhs[1] = rmh;
+	(void)recv_req(F, 2, data, sizes, tags, mhs);
+	fill(sbuf[0], BIG, 11);
+	fill(sbuf[1], BIG, 12);
+	(void)send_req(F, sbuf[0], BIG, 1, smh);	/* the CTS loaded, half matched */
+	mark = fvh_log_mark();
+	port_down(F, "mlx5_1");
+	move_on(mark);
+	(void)send_req(F, sbuf[1], BIG, 2, smh);
+	wait_all();
+	check(rbuf[0], BIG, 11, "buffer 0 of the grouped receive");
+	check(rbuf[1], BIG, 12, "buffer 1 of the grouped receive");
+	fvh_stop(F);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -543,6 +587,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_close_mid_move_delivers, fvh_teardown),
 		cmocka_unit_test_teardown(test_ece_after_move, fvh_teardown),
 		cmocka_unit_test_teardown(test_ring_order_after_move, fvh_teardown),
+		cmocka_unit_test_teardown(test_replayed_cts_lands_in_parts, fvh_teardown),
 	};
 
 	if (!fvh_find_lib()) {
