@@ -9,14 +9,54 @@
  * share: the engine's CQ poll (ib_engine.c), then the progress of the side
  * the request is on (ib_send.c, ib_recv.c).
  */
+#include <stdio.h>
+#include <string.h>
+
 #include "ib/ib.h"
 #include "log.h"
+#include "param.h"
+
+extern char **environ;
+
+/*
+ * NCCL 2.30's IB resiliency (NCCL_IB_RESILIENCY_*, off by default in NCCL,
+ * failing over only among the members of a fused vNIC) is NCCL's internal
+ * transport's: it does not run under this plugin, whose own failover
+ * applies. One INFO line names the variables set and how they map.
+ */
+static void resiliency_note(void)
+{
+	char set[512];
+	size_t off = 0;
+
+	set[0] = '\0';
+	for (char **e = environ; e && *e && off < sizeof(set); e++) {
+		int w;
+
+		if (strncmp(*e, "NCCL_IB_RESILIENCY_", 19))
+			continue;
+		w = snprintf(set + off, sizeof(set) - off, "%s%.100s", off ? ", " : "", *e);
+		off += w > 0 ? (size_t)w : 0;
+	}
+	if (!set[0])
+		return;
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_ENV, "%s: NCCL's IB resiliency is not used with this "
+		  "plugin; its own failover applies instead (NCCL_RAIL_FAILOVER=%lld): a connection "
+		  "moves to another NIC port, not only to another member of a fused vNIC, within "
+		  "milliseconds of the fault. PORT_FAILOVER maps to NCCL_RAIL_FAILOVER, "
+		  "PORT_FAILOVER_MAX_ATTEMPTS to the fixed bound of 4 moves per connection in 60 s, "
+		  "PORT_FAILOVER_PROBE_DELAY to nothing (the receiver's own record decides what is "
+		  "sent again), PORT_RECOVERY_* to the move back after NCCL_RAIL_FAILOVER_HOLDDOWN "
+		  "(%lld s) (docs/FAILOVER.md)", set, (long long)rail_param_int(RAIL_P_FAILOVER),
+		  (long long)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN));
+}
 
 static int ib_init(char *why, size_t why_len)
 {
 	int n;
 
 	rail_ib_conn_ops_set(&rail_ib_ops);
+	resiliency_note();
 	n = rail_ib_devices_init(why, why_len);
 	for (int i = 0; i < rail_ib_hca_count(); i++) {
 		struct rail_ib_hca *hca = rail_ib_hca_get(i);

@@ -576,6 +576,27 @@ static void test_replayed_cts_lands_in_parts(void **state)
 	fvh_stop(F);
 }
 
+/* NCCL_IB_RESILIENCY_* set: one INFO line says this plugin's failover applies and how they map. */
+static void test_resiliency_vars_named(void **state)
+{
+	struct fvh *F;
+
+	(void)state;
+	setenv("NCCL_IB_RESILIENCY_PORT_FAILOVER", "1", 1);
+	setenv("NCCL_IB_RESILIENCY_PORT_RECOVERY", "1", 1);
+	F = fvh_start(three);
+	unsetenv("NCCL_IB_RESILIENCY_PORT_FAILOVER");
+	unsetenv("NCCL_IB_RESILIENCY_PORT_RECOVERY");
+	if (fvh_log_count(NCCL_LOG_INFO, "NCCL_IB_RESILIENCY_PORT_FAILOVER=1",
+			  "its own failover applies instead (NCCL_RAIL_FAILOVER=1)") != 1 ||
+	    fvh_log_count(NCCL_LOG_INFO, "NCCL_IB_RESILIENCY_PORT_RECOVERY=1",
+			  "NCCL_RAIL_FAILOVER_HOLDDOWN") != 1) {
+		fvh_log_dump();
+		fail_msg("no single INFO line naming the NCCL_IB_RESILIENCY_* variables set");
+	}
+	fvh_stop(F);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -588,6 +609,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_ece_after_move, fvh_teardown),
 		cmocka_unit_test_teardown(test_ring_order_after_move, fvh_teardown),
 		cmocka_unit_test_teardown(test_replayed_cts_lands_in_parts, fvh_teardown),
+		cmocka_unit_test_teardown(test_resiliency_vars_named, fvh_teardown),
 	};
 
 	if (!fvh_find_lib()) {
