@@ -2,16 +2,19 @@
  * nccl-net-rail: a TCP comm moves to another interface (docs/FAILOVER.md
  * section 6). Runs on NCCL's progress thread, inside isend/irecv/test.
  *
- * The sender moves: it pauses its streams, dials a rescue listener of the
- * receiver on another interface (tcp_rescue.c) with nsocks + 1 new sockets,
- * and waits, without blocking, for the receiver's state: per stream, the
+ * The sender moves: it dials a rescue listener of the receiver on another
+ * interface (tcp_rescue.c) with nsocks + 1 new sockets, proves on each that
+ * it holds the comm's key and checks that the listener does (tcp.h: hello,
+ * challenge, proof), pauses its streams before its proofs go out, and waits,
+ * without blocking, for the receiver's state: per stream, the
  * byte offset it consumed plus what its old socket's kernel buffer still
  * holds (it reads those first). The sender resumes every stream exactly
  * there with the same chunk plan: the control stream from its ring, the
  * data streams from NCCL's buffers, which it still holds because a send
  * completes only once the peer's kernel acknowledged it (tcp_pool.c).
  * A receiver that sees its interface fail first asks the sender to move
- * (a KICK on the sender's rescue listener) and waits.
+ * (a KICK on the sender's rescue listener, with the same handshake) and
+ * waits.
  *
  * End of file and ECONNRESET still mean the peer process exited: the comm
  * fails as before. So does a move with no interface left.
