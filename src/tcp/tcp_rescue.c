@@ -171,8 +171,8 @@ static uint64_t rs_accept_at;		/* out of fds: accept again from this time */
  * Lines about strangers: one per attempt (the sockets of a move but its
  * socket 0 are counted, not logged), at most RS_LOG_BURST per
  * RS_LOG_WINDOW_NS, of which one WARN (a forged move, or out of fds), the
- * rest INFO; what is left out is counted in the first line of the next
- * window. A flood of strangers is a few lines, not one per connection.
+ * rest INFO; the next line counts what was left out. A flood of strangers
+ * is a few lines, not one per connection.
  */
 #define RS_LOG_WINDOW_NS (10ull * 1000000000ull)
 #define RS_LOG_BURST 8
@@ -191,17 +191,18 @@ static void rs_log(const struct rs_conn *p, int warn, const char *fmt, ...)
 	va_list ap;
 
 	if (!rs_lim.since || now - rs_lim.since > RS_LOG_WINDOW_NS) {
-		if (rs_lim.quiet)
-			snprintf(more, sizeof(more), " (and %u such lines left out before)",
-				 rs_lim.quiet);
 		rs_lim.since = now;
-		rs_lim.n = rs_lim.quiet = 0;
+		rs_lim.n = 0;
 		rs_lim.warned = 0;
 	}
 	if (rs_lim.n >= RS_LOG_BURST || (p && p->named && p->h.index)) {
 		rs_lim.quiet++;
 		return;
 	}
+	if (rs_lim.quiet)
+		snprintf(more, sizeof(more), " (and %u such lines left out since the last one)",
+			 rs_lim.quiet);
+	rs_lim.quiet = 0;
 	rs_lim.n++;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -265,7 +266,7 @@ static int pend_challenge(struct rs_conn *p)
 	pthread_mutex_unlock(&rs_lock);
 	if (!c) {
 		rs_log(p, 0, "rescue listener on %s: connection %016llx, named by %s, is not one of this "
-		       "process's (closed already?); dropped", RS_LST(p),
+		       "process's (closed already, or a guess?); dropped", RS_LST(p),
 		       (unsigned long long)p->h.conn_id, RS_PEER(p));
 		return -1;
 	}
@@ -289,7 +290,7 @@ static void pend_prove(struct rs_conn *p)
 
 	if (tcp_move_proof_decode(p->proof, mac) || !rail_equal_ct(mac, p->expect, sizeof(mac))) {
 		rs_log(p, 1, "rescue listener on %s: refused a %s of connection %016llx from %s: its "
-		       "proof is wrong (the sender of it does not hold the connection's key: a "
+		       "proof is wrong (whoever sent it does not hold the connection's key: a "
 		       "forged or replayed move); nothing changed", RS_LST(p),
 		       p->h.kind == TCP_MOVE_KICK ? "request to move" : "move",
 		       (unsigned long long)p->h.conn_id, RS_PEER(p));
