@@ -30,7 +30,8 @@
 #   7. case 1 with a stranger holding an idle connection to every rescue port
 #      of both processes (opened before the fault, never sending a byte): the
 #      move happens as in case 1, each stranger is dropped with an INFO line
-#      naming its address (no WARN), and both processes exit (finalize returns).
+#      naming its address (no WARN), and both processes exit before the strangers
+#      give up (finalize returns).
 # Everything is removed on every exit. Not root, or no `ip netns`: SKIP.
 set -uo pipefail
 
@@ -344,9 +345,9 @@ t0=$(now)
 STRANGERS=1 run strangers "faa0,faa1" "fab0,fab1" 12G down
 t1=$(now)
 move_checks strangers
-# The transfer takes about 10 s: both processes exit well before the strangers give up
-# (finalize stops the rescue thread, which must not wait on them).
-check awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(b - a < 45) }'
+# The transfer takes 10-30 s: both processes exit well before the strangers give up after
+# 100 s (finalize stops the rescue thread, which must not wait on them).
+check awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(b - a < 75) }'
 check [ "$(wc -l <"$out/strangers.strangers")" = 4 ]
 for side in a b; do
     check grep -Eq "^NET/Rail : .*rescue listener.* from 10\.77\.9[67]\.[12]:[0-9]+" "$out/strangers.$side" ||
