@@ -55,6 +55,12 @@ uint64_t rail_coarse_ns(void);
 /* 64 random bits from getrandom(), falling back to the clock and pid. */
 uint64_t rail_random64(void);
 
+/*
+ * len bytes from the kernel's random source (getrandom(2), waiting for it to
+ * be seeded, never falling back to anything weaker): for keys. 0 or -errno.
+ */
+int rail_random_bytes(void *buf, size_t len);
+
 /* Copy a string into a fixed buffer, always terminated. */
 void rail_strlcpy(char *dst, const char *src, size_t size);
 

@@ -55,6 +55,23 @@ uint64_t rail_random64(void)
 	return v ? v : 1;
 }
 
+int rail_random_bytes(void *buf, size_t len)
+{
+	uint8_t *p = buf;
+
+	while (len > 0) {
+		ssize_t n = getrandom(p, len, 0);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n <= 0)
+			return n < 0 ? -errno : -EIO;
+		p += n;
+		len -= (size_t)n;
+	}
+	return 0;
+}
+
 void rail_strlcpy(char *dst, const char *src, size_t size)
 {
 	size_t n;

@@ -46,8 +46,12 @@
 #define TCP_HELLO_MAGIC 0x50435452u /* "RTCP" */
 #define TCP_REPLY_MAGIC 0x41435452u /* "RTCA" */
 #define TCP_FRAME_MAGIC 0x46u
-#define TCP_WIRE_VERSION 2	/* 2: rescue addresses after the hello and the reply */
-#define TCP_WIRE_VERSION_STR "2"
+/*
+ * 2: rescue addresses after the hello and the reply; 3: a key share in that
+ * block, and a challenge-response on the rescue listeners.
+ */
+#define TCP_WIRE_VERSION 3
+#define TCP_WIRE_VERSION_STR "3"
 #define TCP_HELLO_SIZE 40
 #define TCP_REPLY_SIZE 8
 #define TCP_FRAME_SIZE 24
@@ -81,25 +85,51 @@ int tcp_reply_decode(const uint8_t in[TCP_REPLY_SIZE]);
  * Version 2: the hello of socket 0 and an accepting reply are followed by
  * the sender's rescue addresses (one listener per interface and process,
  * tcp_rescue.c), at most TCP_RESCUE_MAX; count 0 when failover is off or
- * the process has a single interface.
+ * the process has a single interface. Version 3: and by 32 random bytes of
+ * each side (the share), from which both derive the comm's key
+ * (tcp_move_key); the key itself never travels.
  */
 #define TCP_RESCUE_MAX 4
-#define TCP_RESCUE_SIZE 88
+#define TCP_SHARE_SIZE 32
+#define TCP_RESCUE_SIZE 120
 struct tcp_rescue {
 	int count;
 	union rail_sockaddr addr[TCP_RESCUE_MAX];
+	uint8_t share[TCP_SHARE_SIZE];	/* its side's part of the comm's key */
 };
 void tcp_rescue_encode(const struct tcp_rescue *r, uint8_t out[TCP_RESCUE_SIZE]);
 int tcp_rescue_decode(const uint8_t in[TCP_RESCUE_SIZE], struct tcp_rescue *r);
 
 /*
+ * The comm's key: HMAC-SHA256 keyed with both shares (the connector's
+ * first) over a label, the conn_id and the nonce. Only the two ends of the
+ * original connection know it (docs/FAILOVER.md section 6 says against whom).
+ */
+#define TCP_KEY_SIZE 32
+#define TCP_MAC_SIZE 32
+void tcp_move_key(const uint8_t conn_share[TCP_SHARE_SIZE],
+		  const uint8_t listen_share[TCP_SHARE_SIZE], uint64_t conn_id, uint64_t nonce,
+		  uint8_t key[TCP_KEY_SIZE]);
+
+/*
  * On a rescue listener: the hello of a socket of a moved connection (kind
  * SOCKET, or BACK when it moves back to its first interface; index 0 the
  * control socket), or a receiver asking its sender to move (kind KICK, one
- * socket, closed after it).
+ * socket, closed after it). Version 3: a handshake before anything changes,
+ *
+ *   mover -> listener  hello: ..., conn_id, 16 fresh random bytes (rand)
+ *   listener -> mover  challenge: 16 fresh random bytes (rand), and
+ *                      MAC(key, LISTENER, hello, challenge rand)
+ *   mover -> listener  proof: MAC(key, MOVER, hello, challenge rand)
+ *
+ * MAC = HMAC-SHA256 (tcp_move_mac). Each side checks the other's MAC before
+ * going on: the listener hands the socket over (or takes the request to
+ * move) only after a right proof, and the mover goes on only after a right
+ * challenge. Replaying a recorded proof fails: the challenge is new.
  */
 #define TCP_MOVE_MAGIC 0x4d435452u /* "RTCM" */
-#define TCP_MOVE_HELLO_SIZE 40
+#define TCP_MOVE_HELLO_SIZE 56
+#define TCP_MOVE_RAND_SIZE 16
 enum { TCP_MOVE_SOCKET = 1, TCP_MOVE_KICK = 2, TCP_MOVE_BACK = 3 };
 struct tcp_move_hello {
 	int kind;
@@ -109,9 +139,28 @@ struct tcp_move_hello {
 	uint32_t up_s;		/* BACK: how long the sender's first interface has run */
 	uint64_t nonce;		/* the listen comm's */
 	uint64_t conn_id;
+	uint8_t rand[TCP_MOVE_RAND_SIZE];	/* the mover's, fresh per attempt */
 };
 void tcp_move_hello_encode(const struct tcp_move_hello *h, uint8_t out[TCP_MOVE_HELLO_SIZE]);
 int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move_hello *h);
+
+#define TCP_MOVE_CHALLENGE_MAGIC 0x43435452u /* "RTCC" */
+#define TCP_MOVE_CHALLENGE_SIZE (8 + TCP_MOVE_RAND_SIZE + TCP_MAC_SIZE)
+#define TCP_MOVE_PROOF_MAGIC 0x52435452u /* "RTCR" */
+#define TCP_MOVE_PROOF_SIZE (8 + TCP_MAC_SIZE)
+/* Who computes a MAC of the move handshake. */
+enum tcp_move_role { TCP_ROLE_LISTENER = 1, TCP_ROLE_MOVER = 2 };
+void tcp_move_mac(const uint8_t key[TCP_KEY_SIZE], enum tcp_move_role role,
+		  const uint8_t hello[TCP_MOVE_HELLO_SIZE],
+		  const uint8_t challenge[TCP_MOVE_RAND_SIZE], uint8_t mac[TCP_MAC_SIZE]);
+void tcp_move_challenge_encode(const uint8_t rand[TCP_MOVE_RAND_SIZE],
+			       const uint8_t mac[TCP_MAC_SIZE],
+			       uint8_t out[TCP_MOVE_CHALLENGE_SIZE]);
+/* -EPROTO unless well-formed; the MAC is the caller's to check. */
+int tcp_move_challenge_decode(const uint8_t in[TCP_MOVE_CHALLENGE_SIZE],
+			      uint8_t rand[TCP_MOVE_RAND_SIZE], uint8_t mac[TCP_MAC_SIZE]);
+void tcp_move_proof_encode(const uint8_t mac[TCP_MAC_SIZE], uint8_t out[TCP_MOVE_PROOF_SIZE]);
+int tcp_move_proof_decode(const uint8_t in[TCP_MOVE_PROOF_SIZE], uint8_t mac[TCP_MAC_SIZE]);
 
 /*
  * The receiver's answer on the new control socket: for each stream
@@ -283,6 +332,7 @@ struct tcp_comm {
 	union rail_sockaddr peer_addr;	/* the peer's address now (control socket) */
 	struct tcp_rescue peer_rescue;	/* the peer's rescue listeners */
 	uint64_t conn_id, nonce;
+	uint8_t key[TCP_KEY_SIZE];	/* known to both ends only (tcp_move_key) */
 	uint32_t link_gen;		/* tcp_link_gen() when last looked at */
 	_Atomic int path_err;		/* a socket error that means "path", not "peer" */
 	_Atomic int moving;		/* send: streams paused while a move is under way */
@@ -334,7 +384,7 @@ int tcp_close_listen(struct rail_comm *listen_comm);
  */
 int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello *layout,
 		    const union rail_sockaddr *peer, const struct tcp_rescue *rescue,
-		    struct tcp_comm **out);
+		    const uint8_t key[TCP_KEY_SIZE], struct tcp_comm **out);
 int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
 	      int tag, void *mhandle);
 int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **data,
@@ -416,6 +466,17 @@ void tcp_pool_switch_recv(struct tcp_comm *c, int i, uint64_t inq, int fd);
 void tcp_pool_ack(struct tcp_comm *c);
 
 /* ---- failover: tcp_rescue.c (listeners, link watch, registry) and tcp_move.c ---- */
+/*
+ * The rescue thread never waits on one peer: accepted sockets are
+ * non-blocking, each with its handshake's state, closed unless the
+ * handshake is done within TCP_RESCUE_HELLO_NS of the accept. At most
+ * TCP_RESCUE_PENDING at once; beyond, the oldest is closed if it has waited
+ * TCP_RESCUE_MIN_AGE_NS (a mover answers within one call of its progress
+ * thread), else new connections wait in the listener's backlog.
+ */
+#define TCP_RESCUE_PENDING 512
+#define TCP_RESCUE_HELLO_NS (2ull * 1000000000ull)
+#define TCP_RESCUE_MIN_AGE_NS (500ull * 1000000ull)
 /* Start the rescue listeners and the link watch (failover on, two interfaces or more). */
 void tcp_rescue_start(void);
 void tcp_rescue_stop(void);

@@ -69,6 +69,7 @@ struct tcp_stage {
 	uint8_t hello[TCP_MAX_SOCKS + 1][TCP_HELLO_SIZE + TCP_RESCUE_SIZE];
 	uint8_t reply[TCP_REPLY_SIZE + TCP_RESCUE_SIZE];
 	struct tcp_rescue peer_rescue;
+	uint8_t share[TCP_SHARE_SIZE];	/* this side's part of the comm's key */
 	size_t reply_off;
 	int warned;
 	uint64_t t0;
@@ -124,6 +125,7 @@ static void stage_free(struct tcp_stage *s, void *handle)
 		if (s->fds[i] >= 0)
 			close(s->fds[i]);
 	s->magic = 0;
+	memset(s->share, 0, sizeof(s->share));
 	free(s);
 	rail_handle_set_stage(handle, NULL);
 }
@@ -187,9 +189,19 @@ static int stage_create(int dev, void *handle, struct tcp_stage **out)
 		hh.index = (uint16_t)i;
 		tcp_hello_encode(&hh, s->hello[i]);
 	}
-	/* Socket 0 carries this process's rescue addresses after its hello (version 2). */
+	/* Socket 0 carries this process's rescue addresses and key share after its hello. */
 	tcp_rescue_mine(&mine);
+	err = rail_random_bytes(s->share, sizeof(s->share));
+	if (err) {
+		RAIL_WARN("connect on %s to %s: getrandom for the connection's key failed: %s; "
+			  "the TCP transport needs the kernel's random source", tcp_dev_get(dev)->name,
+			  RAIL_ADDRSTR(&s->h.addr), RAIL_ERRSTR(err));
+		free(s);
+		return err;
+	}
+	memcpy(mine.share, s->share, sizeof(mine.share));
 	tcp_rescue_encode(&mine, s->hello[0] + TCP_HELLO_SIZE);
+	memset(mine.share, 0, sizeof(mine.share));
 	err = rail_handle_set_stage(handle, s);
 	if (err) {
 		RAIL_WARN("connect on %s to %s: recording the connection in progress failed: %s; "
@@ -275,8 +287,13 @@ static int stage_reply(struct tcp_stage *s)
 
 static int stage_finish(struct tcp_stage *s, struct rail_comm **out)
 {
+	uint8_t key[TCP_KEY_SIZE];
 	struct tcp_comm *c;
-	int err = tcp_comm_create(s->dev, 1, s->fds, &s->layout, &s->h.addr, &s->peer_rescue, &c);
+	int err;
+
+	tcp_move_key(s->share, s->peer_rescue.share, s->layout.conn_id, s->layout.nonce, key);
+	err = tcp_comm_create(s->dev, 1, s->fds, &s->layout, &s->h.addr, &s->peer_rescue, key, &c);
+	memset(key, 0, sizeof(key));
 
 	for (int i = 0; i < s->nfds; i++)
 		s->fds[i] = -1; /* the comm's now, closed by it if it failed */
@@ -557,7 +574,7 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 {
 	for (int i = 0; i < lc->ngroups; i++) {
 		struct tcp_group *g = &lc->groups[i];
-		uint8_t reply[TCP_REPLY_SIZE + TCP_RESCUE_SIZE];
+		uint8_t reply[TCP_REPLY_SIZE + TCP_RESCUE_SIZE], key[TCP_KEY_SIZE];
 		struct tcp_rescue mine;
 		struct tcp_comm *c;
 		size_t off = 0;
@@ -575,6 +592,14 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 		}
 		tcp_reply_encode(0, reply);
 		tcp_rescue_mine(&mine);
+		err = rail_random_bytes(mine.share, sizeof(mine.share));
+		if (err) {
+			RAIL_WARN("accept: getrandom for the key of the connection from %s failed: "
+				  "%s; the TCP transport needs the kernel's random source",
+				  RAIL_ADDRSTR(&g->peer), RAIL_ERRSTR(err));
+			group_drop(lc, i);
+			return err;
+		}
 		tcp_rescue_encode(&mine, reply + TCP_REPLY_SIZE);
 		err = rail_sock_send_nb(g->fds[0], reply, sizeof(reply), &off);
 		if (err) {
@@ -583,8 +608,12 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 			group_drop(lc, i);
 			return err;
 		}
+		tcp_move_key(g->rescue.share, mine.share, g->conn_id, g->layout.nonce, key);
+		memset(mine.share, 0, sizeof(mine.share));
 		/* The fds are the comm's from here on, also when it fails (it closed them). */
-		err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &g->rescue, &c);
+		err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &g->rescue, key,
+				      &c);
+		memset(key, 0, sizeof(key));
 		lc->groups[i] = lc->groups[--lc->ngroups];
 		if (err)
 			return err;

@@ -80,6 +80,7 @@ static void comm_free(struct tcp_comm *c)
 	pthread_mutex_destroy(&c->rescue_lock);
 	pthread_mutex_destroy(&c->mr_lock);
 	free(c->mrs);
+	memset(c->key, 0, sizeof(c->key));
 	rail_comm_fini(&c->base);
 	free(c);
 }
@@ -100,7 +101,8 @@ static void fds_close(const int *fds, int n)
  * completes at the acknowledgement).
  */
 static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
-			  const union rail_sockaddr *peer, const struct tcp_rescue *rescue)
+			  const union rail_sockaddr *peer, const struct tcp_rescue *rescue,
+			  const uint8_t key[TCP_KEY_SIZE])
 {
 	struct tcp_rescue mine;
 
@@ -115,6 +117,7 @@ static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
 	c->home_peer = *peer;
 	c->conn_id = layout->conn_id;
 	c->nonce = layout->nonce;
+	memcpy(c->key, key, TCP_KEY_SIZE);
 	tcp_rescue_mine(&mine);
 	if (!rail_param_int(RAIL_P_FAILOVER) || mine.count < 2 || !rescue || rescue->count < 2)
 		return 0;
@@ -136,7 +139,7 @@ static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
 
 int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello *layout,
 		    const union rail_sockaddr *peer, const struct tcp_rescue *rescue,
-		    struct tcp_comm **out)
+		    const uint8_t key[TCP_KEY_SIZE], struct tcp_comm **out)
 {
 	long sndbuf = (long)rail_param_int(RAIL_P_SOCKET_SNDBUF);
 	long rcvbuf = (long)rail_param_int(RAIL_P_SOCKET_RCVBUF);
@@ -161,7 +164,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	c->inline_max = layout->inline_max;
 	for (int i = 0; i < c->nsocks; i++)
 		c->fds[i] = fds[i + 1];
-	err = failover_setup(c, layout, peer, rescue);
+	err = failover_setup(c, layout, peer, rescue, key);
 	if (err) {
 		RAIL_WARN("setting up the %s comm to %s on %s failed: %s", is_send ? "send"
 			  : "receive", RAIL_ADDRSTR(peer), tcp_dev_get(dev)->name, RAIL_ERRSTR(err));

@@ -2,16 +2,19 @@
  * nccl-net-rail: a TCP comm moves to another interface (docs/FAILOVER.md
  * section 6). Runs on NCCL's progress thread, inside isend/irecv/test.
  *
- * The sender moves: it pauses its streams, dials a rescue listener of the
- * receiver on another interface (tcp_rescue.c) with nsocks + 1 new sockets,
- * and waits, without blocking, for the receiver's state: per stream, the
+ * The sender moves: it dials a rescue listener of the receiver on another
+ * interface (tcp_rescue.c) with nsocks + 1 new sockets, proves on each that
+ * it holds the comm's key and checks that the listener does (tcp.h: hello,
+ * challenge, proof), pauses its streams before its proofs go out, and waits,
+ * without blocking, for the receiver's state: per stream, the
  * byte offset it consumed plus what its old socket's kernel buffer still
  * holds (it reads those first). The sender resumes every stream exactly
  * there with the same chunk plan: the control stream from its ring, the
  * data streams from NCCL's buffers, which it still holds because a send
  * completes only once the peer's kernel acknowledged it (tcp_pool.c).
  * A receiver that sees its interface fail first asks the sender to move
- * (a KICK on the sender's rescue listener) and waits.
+ * (a KICK on the sender's rescue listener, with the same handshake) and
+ * waits.
  *
  * End of file and ECONNRESET still mean the peer process exited: the comm
  * fails as before. So does a move with no interface left.
@@ -28,6 +31,7 @@
 #include "log.h"
 #include "param.h"
 #include "rail.h"
+#include "sha256.h"
 #include "tcp/tcp.h"
 
 /* How long one candidate address may take to connect. */
@@ -41,13 +45,17 @@ struct tcp_move {
 	int back;			/* send: back to the home interface, which runs again */
 	uint32_t up_s;			/* back: how long the home interface has been running */
 	int n;				/* sockets to dial: nsocks + 1 (send), 1 (a receiver's KICK) */
-	int dialed;			/* every socket connected and its hello sent */
+	int hellos_out;			/* connected, hellos sent: reading the challenges */
+	int dialed;			/* every listener proved itself, and every proof went out */
 	int cand;			/* the next of the peer's rescue addresses to look at */
-	uint64_t deadline;		/* of the connects to the candidate being dialed */
+	uint64_t deadline;		/* of the connects, then the challenges, of the candidate */
 	char reason[200];
 	char tried[512];		/* each candidate address tried and why it failed */
 	size_t tried_off;
 	int fds[TCP_MAX_SOCKS + 1];	/* the new sockets */
+	struct tcp_move_hello hello;	/* what the hellos say, but their index */
+	uint8_t chal[TCP_MAX_SOCKS + 1][TCP_MOVE_CHALLENGE_SIZE];
+	size_t chal_off[TCP_MAX_SOCKS + 1];
 	union rail_sockaddr to;
 	uint8_t state[TCP_STATE_SIZE(TCP_MAX_SOCKS)];
 	size_t off;
@@ -164,11 +172,15 @@ static struct tcp_move *move_new(struct tcp_comm *c, const char *why, int back, 
 
 static void dial_note(struct tcp_move *mv, int err)
 {
+	const char *why = err == -EACCES ? "it could not prove that it holds this connection's key"
+			  : err == -RAIL_ECLOSED ? "it closed the connection before its challenge (no "
+						   "such connection there)"
+						 : RAIL_ERRSTR(err);
+
 	if (mv->tried_off < sizeof(mv->tried))
 		mv->tried_off += (size_t)snprintf(mv->tried + mv->tried_off,
 						  sizeof(mv->tried) - mv->tried_off, "%s%s: %s",
-						  mv->tried_off ? ", " : "", RAIL_ADDRSTR(&mv->to),
-						  RAIL_ERRSTR(err));
+						  mv->tried_off ? ", " : "", RAIL_ADDRSTR(&mv->to), why);
 }
 
 /*
@@ -244,22 +256,83 @@ static int dial_poll(struct tcp_comm *c, struct tcp_move *mv)
 	}
 }
 
-/* Each new socket's hello: which move and which socket it is. */
+/* Each new socket's hello: which move and which socket it is, and a fresh random. */
 static int send_hellos(struct tcp_comm *c, struct tcp_move *mv)
 {
-	struct tcp_move_hello h = { .nsocks = (uint16_t)c->nsocks, .gen = mv->gen,
-				    .up_s = mv->up_s, .nonce = c->nonce, .conn_id = c->conn_id };
+	struct tcp_move_hello *h = &mv->hello;
 	uint8_t buf[TCP_MOVE_HELLO_SIZE];
+	int err;
 
-	h.kind = !c->is_send ? TCP_MOVE_KICK : mv->back ? TCP_MOVE_BACK : TCP_MOVE_SOCKET;
+	*h = (struct tcp_move_hello){ .nsocks = (uint16_t)c->nsocks, .gen = mv->gen,
+				      .up_s = mv->up_s, .nonce = c->nonce, .conn_id = c->conn_id };
+	h->kind = !c->is_send ? TCP_MOVE_KICK : mv->back ? TCP_MOVE_BACK : TCP_MOVE_SOCKET;
+	err = rail_random_bytes(h->rand, sizeof(h->rand));
+	if (err)
+		return err;
 	for (int i = 0; i < mv->n; i++) {
 		ssize_t n;
 
-		h.index = (uint16_t)i;
-		tcp_move_hello_encode(&h, buf);
+		h->index = (uint16_t)i;
+		tcp_move_hello_encode(h, buf);
 		n = send(mv->fds[i], buf, sizeof(buf), MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (n != (ssize_t)sizeof(buf))
-			return n < 0 ? -errno : -EIO; /* a new socket has room for 40 bytes */
+			return n < 0 ? -errno : -EIO; /* a new socket has room for 56 bytes */
+		mv->chal_off[i] = 0;
+	}
+	mv->deadline = rail_now_ns() + TCP_MOVE_CONNECT_NS;
+	return 0;
+}
+
+/*
+ * Every listener's challenge, with its MAC checked (it holds the comm's key):
+ * 0, -EAGAIN while some are missing, or -errno (-EACCES: a wrong MAC).
+ */
+static int read_challenges(struct tcp_comm *c, struct tcp_move *mv)
+{
+	uint8_t hello[TCP_MOVE_HELLO_SIZE], rnd[TCP_MOVE_RAND_SIZE], mac[TCP_MAC_SIZE];
+	uint8_t want[TCP_MAC_SIZE];
+	int missing = 0;
+
+	for (int i = 0; i < mv->n; i++) {
+		int err = rail_sock_recv_nb(mv->fds[i], mv->chal[i], TCP_MOVE_CHALLENGE_SIZE,
+					    &mv->chal_off[i]);
+
+		if (err == -EAGAIN)
+			missing = 1;
+		else if (err)
+			return err;
+	}
+	if (missing)
+		return rail_now_ns() < mv->deadline ? -EAGAIN : -ETIMEDOUT;
+	for (int i = 0; i < mv->n; i++) {
+		mv->hello.index = (uint16_t)i;
+		tcp_move_hello_encode(&mv->hello, hello);
+		if (tcp_move_challenge_decode(mv->chal[i], rnd, mac))
+			return -EPROTO;
+		tcp_move_mac(c->key, TCP_ROLE_LISTENER, hello, rnd, want);
+		if (!rail_equal_ct(mac, want, sizeof(want)))
+			return -EACCES;
+	}
+	return 0;
+}
+
+/* Answer every challenge: this side holds the comm's key. */
+static int send_proofs(struct tcp_comm *c, struct tcp_move *mv)
+{
+	uint8_t hello[TCP_MOVE_HELLO_SIZE], rnd[TCP_MOVE_RAND_SIZE], mac[TCP_MAC_SIZE];
+	uint8_t proof[TCP_MOVE_PROOF_SIZE];
+
+	for (int i = 0; i < mv->n; i++) {
+		ssize_t n;
+
+		mv->hello.index = (uint16_t)i;
+		tcp_move_hello_encode(&mv->hello, hello);
+		tcp_move_challenge_decode(mv->chal[i], rnd, mac);
+		tcp_move_mac(c->key, TCP_ROLE_MOVER, hello, rnd, mac);
+		tcp_move_proof_encode(mac, proof);
+		n = send(mv->fds[i], proof, sizeof(proof), MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (n != (ssize_t)sizeof(proof))
+			return n < 0 ? -errno : -EIO; /* the socket holds 96 bytes at most */
 	}
 	return 0;
 }
@@ -279,27 +352,41 @@ static void streams_stop(struct tcp_comm *c)
 
 /*
  * Reach the peer's rescue listeners: all sockets of a move (send), or a
- * request to move (receive). 0 once every hello went out, -EAGAIN while
- * connecting, -errno with the addresses tried in mv->tried.
+ * request to move (receive), each through the handshake of tcp.h. 0 once
+ * every proof went out, -EAGAIN while connecting or waiting for the
+ * challenges, -errno with the addresses tried in mv->tried.
  */
 static int dial_peer(struct tcp_comm *c, struct tcp_move *mv)
 {
 	while (!mv->dialed) {
-		int err = dial_poll(c, mv);
+		int err = 0;
 
-		if (err)
-			return err;
-		if (c->is_send && !atomic_load(&c->moving))
+		if (!mv->hellos_out) {
+			err = dial_poll(c, mv);
+			if (err)
+				return err;
+			/* A number per attempt, so no socket of an earlier one is taken for this one. */
+			mv->gen = c->is_send ? ++c->attempts : (uint32_t)c->moves + 1;
+			err = send_hellos(c, mv);
+			mv->hellos_out = !err;
+		}
+		if (!err) {
+			err = read_challenges(c, mv);
+			if (err == -EAGAIN)
+				return err;
+		}
+		/* With the proofs the receiver may take its positions: the streams stop first. */
+		if (!err && c->is_send && !atomic_load(&c->moving))
 			streams_stop(c);
-		/* A number per attempt, so no socket of an earlier one is taken for this one. */
-		mv->gen = c->is_send ? ++c->attempts : (uint32_t)c->moves + 1;
-		err = send_hellos(c, mv);
+		if (!err)
+			err = send_proofs(c, mv);
 		if (!err) {
 			mv->dialed = 1;
 			break;
 		}
 		dial_note(mv, err);
 		dial_close(mv);
+		mv->hellos_out = 0;
 	}
 	return 0;
 }
@@ -553,12 +640,14 @@ static int recv_install(struct tcp_comm *c, int *fds, const struct tcp_move_hell
 	tcp_pool_pause(c);
 	busy = recv_positions(c, h, fds[0], pos, inq);
 	if (busy >= 0) {
-		size_t len;
+		size_t len, off = 0;
 
 		pos[0] = busy > 0 ? (uint64_t)busy : pos[0];
 		len = (size_t)tcp_state_encode(h->gen, busy > 0, c->nsocks, pos, state);
-		rail_sock_set_nonblocking(fds[0], 0);
-		err = rail_sock_send_all(fds[0], state, len);
+		/* A new socket has room for it (at most 536 bytes): NCCL's thread never waits. */
+		err = rail_sock_send_nb(fds[0], state, len, &off);
+		if (err == -EAGAIN)
+			err = -ENOBUFS;
 	}
 	if (busy || err) {
 		tcp_pool_resume(c);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "rail.h"
+#include "sha256.h"
 #include "tcp/tcp.h"
 #include "wire.h"
 
@@ -155,7 +156,10 @@ void tcp_plan_message(size_t size, uint64_t seq, int nsocks, size_t min_chunk,
 	plan->first = (int)(seq % (uint64_t)nsocks);
 }
 
-/* rescue: count u16 | 0 u16 | 4 x (family u16 | port u16 | addr 16) | fnv u32 */
+/*
+ * rescue: count u16 | 0 u16 | 4 x (family u16 | port u16 | addr 16) | share 32 |
+ *         fnv u32
+ */
 void tcp_rescue_encode(const struct tcp_rescue *r, uint8_t out[TCP_RESCUE_SIZE])
 {
 	memset(out, 0, TCP_RESCUE_SIZE);
@@ -173,7 +177,8 @@ void tcp_rescue_encode(const struct tcp_rescue *r, uint8_t out[TCP_RESCUE_SIZE])
 		}
 		rail_put_u16(e + 2, (uint16_t)rail_sockaddr_port(a));
 	}
-	rail_put_u32(out + 84, rail_fnv1a(out, 84));
+	memcpy(out + 84, r->share, TCP_SHARE_SIZE);
+	rail_put_u32(out + 116, rail_fnv1a(out, 116));
 }
 
 int tcp_rescue_decode(const uint8_t in[TCP_RESCUE_SIZE], struct tcp_rescue *r)
@@ -182,7 +187,7 @@ int tcp_rescue_decode(const uint8_t in[TCP_RESCUE_SIZE], struct tcp_rescue *r)
 
 	memset(&v, 0, sizeof(v));
 	v.count = rail_get_u16(in);
-	if (rail_get_u32(in + 84) != rail_fnv1a(in, 84) || rail_get_u16(in + 2) ||
+	if (rail_get_u32(in + 116) != rail_fnv1a(in, 116) || rail_get_u16(in + 2) ||
 	    v.count > TCP_RESCUE_MAX)
 		return -EPROTO;
 	for (int i = 0; i < v.count; i++) {
@@ -203,12 +208,34 @@ int tcp_rescue_decode(const uint8_t in[TCP_RESCUE_SIZE], struct tcp_rescue *r)
 			return -EPROTO;
 		rail_sockaddr_set_port(a, rail_get_u16(e + 2));
 	}
+	memcpy(v.share, in + 84, TCP_SHARE_SIZE);
 	*r = v;
 	return 0;
 }
 
-/* move hello: magic u32 | version u16 | kind u16 | index u16 | nsocks u16 | gen u32 |
- *             nonce u64 | conn_id u64 | up_s u32 (BACK; else 0) | fnv u32 */
+void tcp_move_key(const uint8_t conn_share[TCP_SHARE_SIZE],
+		  const uint8_t listen_share[TCP_SHARE_SIZE], uint64_t conn_id, uint64_t nonce,
+		  uint8_t key[TCP_KEY_SIZE])
+{
+	static const char label[] = "nccl-net-rail tcp move key";
+	uint8_t shares[2 * TCP_SHARE_SIZE], ids[16];
+	struct rail_hmac m;
+
+	memcpy(shares, conn_share, TCP_SHARE_SIZE);
+	memcpy(shares + TCP_SHARE_SIZE, listen_share, TCP_SHARE_SIZE);
+	rail_put_u64(ids, conn_id);
+	rail_put_u64(ids + 8, nonce);
+	rail_hmac_init(&m, shares, sizeof(shares));
+	rail_hmac_update(&m, label, sizeof(label));
+	rail_hmac_update(&m, ids, sizeof(ids));
+	rail_hmac_final(&m, key);
+	memset(shares, 0, sizeof(shares));
+}
+
+/*
+ * move hello: magic u32 | version u16 | kind u16 | index u16 | nsocks u16 | gen u32 |
+ *             nonce u64 | conn_id u64 | up_s u32 (BACK; else 0) | rand 16 | fnv u32
+ */
 void tcp_move_hello_encode(const struct tcp_move_hello *h, uint8_t out[TCP_MOVE_HELLO_SIZE])
 {
 	memset(out, 0, TCP_MOVE_HELLO_SIZE);
@@ -221,7 +248,8 @@ void tcp_move_hello_encode(const struct tcp_move_hello *h, uint8_t out[TCP_MOVE_
 	rail_put_u64(out + 16, h->nonce);
 	rail_put_u64(out + 24, h->conn_id);
 	rail_put_u32(out + 32, h->kind == TCP_MOVE_BACK ? h->up_s : 0);
-	rail_put_u32(out + 36, rail_fnv1a(out, 36));
+	memcpy(out + 36, h->rand, TCP_MOVE_RAND_SIZE);
+	rail_put_u32(out + 52, rail_fnv1a(out, 52));
 }
 
 int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move_hello *h)
@@ -229,7 +257,7 @@ int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move
 	struct tcp_move_hello v;
 
 	if (rail_get_u32(in) != TCP_MOVE_MAGIC || rail_get_u16(in + 4) != TCP_WIRE_VERSION ||
-	    rail_get_u32(in + 36) != rail_fnv1a(in, 36))
+	    rail_get_u32(in + 52) != rail_fnv1a(in, 52))
 		return -EPROTO;
 	v.kind = rail_get_u16(in + 6);
 	v.index = rail_get_u16(in + 8);
@@ -238,11 +266,69 @@ int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move
 	v.nonce = rail_get_u64(in + 16);
 	v.conn_id = rail_get_u64(in + 24);
 	v.up_s = rail_get_u32(in + 32);
+	memcpy(v.rand, in + 36, TCP_MOVE_RAND_SIZE);
 	if ((v.kind != TCP_MOVE_SOCKET && v.kind != TCP_MOVE_KICK && v.kind != TCP_MOVE_BACK) ||
 	    (v.kind != TCP_MOVE_BACK && v.up_s) || v.nsocks < 1 ||
-	    v.nsocks > TCP_MAX_SOCKS || v.index > v.nsocks)
+	    v.nsocks > TCP_MAX_SOCKS || v.index > v.nsocks || (v.kind == TCP_MOVE_KICK && v.index))
 		return -EPROTO;
 	*h = v;
+	return 0;
+}
+
+/*
+ * MAC of the move handshake: HMAC-SHA256(key, label | role u8 | hello | challenge rand).
+ * The role keeps a listener's MAC from ever passing for a mover's proof.
+ */
+void tcp_move_mac(const uint8_t key[TCP_KEY_SIZE], enum tcp_move_role role,
+		  const uint8_t hello[TCP_MOVE_HELLO_SIZE],
+		  const uint8_t challenge[TCP_MOVE_RAND_SIZE], uint8_t mac[TCP_MAC_SIZE])
+{
+	static const char label[] = "nccl-net-rail tcp move";
+	uint8_t r = (uint8_t)role;
+	struct rail_hmac m;
+
+	rail_hmac_init(&m, key, TCP_KEY_SIZE);
+	rail_hmac_update(&m, label, sizeof(label));
+	rail_hmac_update(&m, &r, 1);
+	rail_hmac_update(&m, hello, TCP_MOVE_HELLO_SIZE);
+	rail_hmac_update(&m, challenge, TCP_MOVE_RAND_SIZE);
+	rail_hmac_final(&m, mac);
+}
+
+/* challenge: magic u32 | 0 u32 | rand 16 | mac 32 */
+void tcp_move_challenge_encode(const uint8_t rand[TCP_MOVE_RAND_SIZE],
+			       const uint8_t mac[TCP_MAC_SIZE],
+			       uint8_t out[TCP_MOVE_CHALLENGE_SIZE])
+{
+	rail_put_u32(out, TCP_MOVE_CHALLENGE_MAGIC);
+	rail_put_u32(out + 4, 0);
+	memcpy(out + 8, rand, TCP_MOVE_RAND_SIZE);
+	memcpy(out + 8 + TCP_MOVE_RAND_SIZE, mac, TCP_MAC_SIZE);
+}
+
+int tcp_move_challenge_decode(const uint8_t in[TCP_MOVE_CHALLENGE_SIZE],
+			      uint8_t rand[TCP_MOVE_RAND_SIZE], uint8_t mac[TCP_MAC_SIZE])
+{
+	if (rail_get_u32(in) != TCP_MOVE_CHALLENGE_MAGIC || rail_get_u32(in + 4))
+		return -EPROTO;
+	memcpy(rand, in + 8, TCP_MOVE_RAND_SIZE);
+	memcpy(mac, in + 8 + TCP_MOVE_RAND_SIZE, TCP_MAC_SIZE);
+	return 0;
+}
+
+/* proof: magic u32 | 0 u32 | mac 32 */
+void tcp_move_proof_encode(const uint8_t mac[TCP_MAC_SIZE], uint8_t out[TCP_MOVE_PROOF_SIZE])
+{
+	rail_put_u32(out, TCP_MOVE_PROOF_MAGIC);
+	rail_put_u32(out + 4, 0);
+	memcpy(out + 8, mac, TCP_MAC_SIZE);
+}
+
+int tcp_move_proof_decode(const uint8_t in[TCP_MOVE_PROOF_SIZE], uint8_t mac[TCP_MAC_SIZE])
+{
+	if (rail_get_u32(in) != TCP_MOVE_PROOF_MAGIC || rail_get_u32(in + 4))
+		return -EPROTO;
+	memcpy(mac, in + 8, TCP_MAC_SIZE);
 	return 0;
 }
 

@@ -32,21 +32,59 @@ static int put(const char *dir, const char *target, const char *name, const void
 	return fclose(f);
 }
 
+/* The failover messages after the others (fuzz_tcp_wire.c's order): a move of 4 sockets. */
+static size_t tcp_failover_seed(uint8_t *b, int kind)
+{
+	struct tcp_rescue r = { .count = 2 };
+	struct tcp_move_hello mh = { .kind = kind, .index = 0, .nsocks = 4, .gen = 1,
+				     .nonce = 0x1122334455667788ull, .conn_id = 42 };
+	uint8_t key[TCP_KEY_SIZE], mac[TCP_MAC_SIZE], rnd[TCP_MOVE_RAND_SIZE];
+	uint64_t pos[5] = { 4096, 0, 65536, 1 << 20, 7 };
+	size_t off = 0;
+
+	inet_pton(AF_INET, "10.0.0.1", &r.addr[0].sin.sin_addr);
+	r.addr[0].sin.sin_family = AF_INET;
+	r.addr[0].sin.sin_port = htons(4000);
+	inet_pton(AF_INET6, "fe80::1", &r.addr[1].sin6.sin6_addr);
+	r.addr[1].sin6.sin6_family = AF_INET6;
+	r.addr[1].sin6.sin6_port = htons(4001);
+	memset(r.share, 0x42, sizeof(r.share));
+	tcp_rescue_encode(&r, b + off);
+	off += TCP_RESCUE_SIZE;
+	memset(mh.rand, 0x5a, sizeof(mh.rand));
+	tcp_move_hello_encode(&mh, b + off);
+	memset(key, 7, sizeof(key));
+	memset(rnd, 9, sizeof(rnd));
+	tcp_move_mac(key, TCP_ROLE_LISTENER, b + off, rnd, mac);
+	off += TCP_MOVE_HELLO_SIZE;
+	tcp_move_challenge_encode(rnd, mac, b + off);
+	off += TCP_MOVE_CHALLENGE_SIZE;
+	tcp_move_proof_encode(mac, b + off);
+	off += TCP_MOVE_PROOF_SIZE;
+	b[off++] = 3; /* 4 sockets */
+	off += (size_t)tcp_state_encode(1, 0, 4, pos, b + off);
+	return off;
+}
+
 static int tcp_seeds(const char *dir)
 {
-	uint8_t b[TCP_HELLO_SIZE + TCP_REPLY_SIZE + TCP_FRAME_SIZE + TCP_REFUSAL_SIZE];
+	enum { BASE = TCP_HELLO_SIZE + TCP_REPLY_SIZE + TCP_FRAME_SIZE + TCP_REFUSAL_SIZE };
+	uint8_t b[BASE + TCP_RESCUE_SIZE + TCP_MOVE_HELLO_SIZE + TCP_MOVE_CHALLENGE_SIZE +
+		  TCP_MOVE_PROOF_SIZE + 1 + TCP_STATE_SIZE(4)];
 	struct tcp_hello h = { .index = 1, .nonce = 0x1122334455667788ull, .conn_id = 42,
 			       .nsocks = 4, .nthreads = 4, .inline_max = 16384,
 			       .min_chunk = 65536 };
 	struct tcp_frame f = { .seq = 7, .tag = 3, .size = 1000 };
 	struct tcp_refusal r = { .reason = TCP_REFUSE_SIZE, .tag = 3, .seq = 7, .size = 1000,
 				 .posted = 500 };
+	size_t n;
 
 	tcp_hello_encode(&h, b);
 	tcp_reply_encode(0, b + TCP_HELLO_SIZE);
 	tcp_frame_encode(&f, b + TCP_HELLO_SIZE + TCP_REPLY_SIZE);
 	tcp_refusal_encode(&r, b + TCP_HELLO_SIZE + TCP_REPLY_SIZE + TCP_FRAME_SIZE);
-	if (put(dir, "fuzz_tcp_wire", "all-valid", b, sizeof(b)))
+	n = BASE + tcp_failover_seed(b + BASE, TCP_MOVE_SOCKET);
+	if (put(dir, "fuzz_tcp_wire", "all-valid", b, n))
 		return -1;
 	h.index = 0;
 	tcp_hello_encode(&h, b);
@@ -54,7 +92,8 @@ static int tcp_seeds(const char *dir)
 	r = (struct tcp_refusal){ .reason = TCP_REFUSE_TAG, .tag = 5, .want_tag = 7, .seq = 1,
 				  .size = 8 };
 	tcp_refusal_encode(&r, b + TCP_HELLO_SIZE + TCP_REPLY_SIZE + TCP_FRAME_SIZE);
-	return put(dir, "fuzz_tcp_wire", "control-refused", b, sizeof(b));
+	n = BASE + tcp_failover_seed(b + BASE, TCP_MOVE_KICK);
+	return put(dir, "fuzz_tcp_wire", "control-refused", b, n);
 }
 
 static int handle_seeds(const char *dir)

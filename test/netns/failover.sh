@@ -26,7 +26,12 @@
 #      byte counter grows again), every byte right; and a flapping link (up for
 #      1 s, down, up): no move back during the short run, one after the last;
 #   6. "please move": B's interface taken down behind a bridge (A keeps its
-#      carrier and sees nothing): B asks A to move, A moves, every byte right.
+#      carrier and sees nothing): B asks A to move, A moves, every byte right;
+#   7. case 1 with a stranger holding an idle connection to every rescue port
+#      of both processes (opened before the fault, never sending a byte): the
+#      move happens as in case 1, each stranger is dropped with an INFO line
+#      naming its address (no WARN), and both processes exit before the strangers
+#      give up (finalize returns).
 # Everything is removed on every exit. Not root, or no `ip netns`: SKIP.
 set -uo pipefail
 
@@ -36,6 +41,7 @@ nsa=rfA-$$ nsb=rfB-$$ nsc=rfC-$$
 out=$(mktemp -d /tmp/rail-failover.XXXXXX)
 port=18991
 fails=0
+stranger_pids=
 
 skip() { echo "SKIP: failover netns: $*"; exit 0; }
 [ -x "$bench" ] || { echo "failover netns: $bench missing: run make" >&2; exit 1; }
@@ -45,6 +51,7 @@ command -v ip >/dev/null || skip "no ip(8) (package iproute2)"
 cleanup() {
     [ -n "${KEEP:-}" ] && cp -r "$out" "$KEEP"
     [ -n "${spid:-}" ] && kill "$spid" 2>/dev/null
+    [ -n "$stranger_pids" ] && kill $stranger_pids 2>/dev/null
     ip netns del "$nsa" 2>/dev/null
     ip netns del "$nsb" 2>/dev/null
     ip netns del "$nsc" 2>/dev/null
@@ -90,7 +97,7 @@ check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); r
 absent() { check [ "$(cat "${@:2}" | grep -c "$1")" = 0 ]; }
 show() { sed "s/^/  $1| /" "$out/$1"; }
 now() { date +%s.%N; }
-want() { case " ${CASES:-1 2 3 4 5 6} " in *" $1 "*) return 0;; esac; return 1; }
+want() { case " ${CASES:-1 2 3 4 5 6 7} " in *" $1 "*) return 0;; esac; return 1; }
 
 # txd IF S: the bytes IF in A transmitted over S seconds.
 txd() {
@@ -120,6 +127,29 @@ toggle() {
     echo "back $t0 backs $(backs "$name") tx $tx" >>"$out/$name.ev"
 }
 
+# strangers NAME: once both processes log their rescue listeners, open an idle
+# connection to each of them from the other namespace (bash's /dev/tcp: it
+# connects, then sends nothing for 100 s, or until run kills it once both processes
+# exited). Notes each address in NAME.strangers.
+strangers() {
+    local name=$1 side ns addr
+    for _ in $(seq 100); do
+        grep -q "rescue listeners on" "$out/$name.a" && grep -q "rescue listeners on" "$out/$name.b" &&
+            break
+        sleep 0.1
+    done
+    for side in a b; do
+        [ $side = a ] && ns=$nsb || ns=$nsa
+        for addr in $(sed -n 's/.*failover: rescue listeners on \(.*\); link watch on.*/\1/p' \
+            "$out/$name.$side" | head -1 | tr -d ,); do
+            ip netns exec "$ns" bash -c "exec 3<>/dev/tcp/${addr%:*}/${addr##*:} && exec sleep 100" &
+            stranger_pids="$stranger_pids $!"
+            echo "$side $addr" >>"$out/$name.strangers"
+        done
+    done
+    sleep 0.2
+}
+
 # run NAME IFS_A IFS_B TOTAL FAULT: A sends TOTAL to B, every byte checked. FAULT:
 #   none | down (A's active interface down 1 s into the data, up DOWN_S later) | kill |
 #   downb (B's active interface down instead)
@@ -134,6 +164,7 @@ run() {
         --timeout 30 --total "$total" --msg 4M --verify >"$out/$name.b" 2>&1 &
     cpid=$!
     port=$((port + 1))
+    [ -n "${STRANGERS:-}" ] && strangers "$name"
     if [ "$fault" != none ]; then
         for _ in $(seq 100); do grep -q "^# server (this side" "$out/$name.a" && break; sleep 0.1; done
         active=$(sed -n 's/^# server (this side.*device 0 = \([a-z0-9]*\):.*/\1/p' "$out/$name.a")
@@ -157,6 +188,7 @@ run() {
     wait "$cpid"; crc=$?
     wait "$spid"; src=$?
     spid=
+    if [ -n "$stranger_pids" ]; then kill $stranger_pids 2>/dev/null; stranger_pids=; fi
     wait
     wait_carrier
     echo "failover netns: $name: sender exit $src, receiver exit $crc"
@@ -193,23 +225,29 @@ if [ -n "${FAILOVER_COST:-}" ]; then
 fi
 
 # 1. The move: every byte right, both sides name both interfaces.
+# move_checks NAME: both exit 0, every byte right, one move line on each side naming both
+# interfaces; prints the time from the fault to the first completion on the new path.
+move_checks() {
+    local n=$1 done_t line
+    check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show "$n.a"; show "$n.b"; }
+    check grep -q "^rail-bench: verified: every byte right" "$out/$n.b"
+    check grep -q "^rail-bench: verified: every byte right" "$out/$n.a"
+    check grep -Eq "WARN .*send comm to peer 10\.77\.96\.2:[0-9]+ moved from faa0 10\.77\.96\.1:[0-9]+ to faa1 10\.77\.97\.1:[0-9]+ \(peer now 10\.77\.97\.2:[0-9]+\): .*ms; re-sent" \
+        "$out/$n.a" || grep -a "moved\|WARN" "$out/$n.a"
+    check grep -Eq "WARN .*receive comm from peer 10\.77\.96\.1:[0-9]+ moved from fab0 10\.77\.96\.2:[0-9]+ to fab1 10\.77\.97\.2:[0-9]+ " \
+        "$out/$n.b" || grep -a "moved\|WARN" "$out/$n.b"
+    check [ "$(grep -c "moved from" "$out/$n.a")" = 1 ]
+    grep -h "moved from\|first message" "$out/$n.a" "$out/$n.b" | sed 's/^/  /'
+    done_t=$(sed -n 's/.*first message completed on the new path .*(at \([0-9.]*\)).*/\1/p' "$out/$n.a" | head -1)
+    check [ -n "$done_t" ] &&
+        echo "failover netns: $n: fault to first completion on the new path:" \
+            "$(awk -v a="$fault_t" -v b="$done_t" 'BEGIN { printf "%.1f", (b - a) * 1000 }') ms"
+    line=$(grep "^rail-bench: moved" "$out/$n.b")
+    echo "failover netns: $n: ${line#rail-bench: }"
+}
 if want 1; then
 run move "faa0,faa1" "fab0,fab1" 12G down
-check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show move.a; show move.b; }
-check grep -q "^rail-bench: verified: every byte right" "$out/move.b"
-check grep -q "^rail-bench: verified: every byte right" "$out/move.a"
-check grep -Eq "WARN .*send comm to peer 10\.77\.96\.2:[0-9]+ moved from faa0 10\.77\.96\.1:[0-9]+ to faa1 10\.77\.97\.1:[0-9]+ \(peer now 10\.77\.97\.2:[0-9]+\): .*ms; re-sent" \
-    "$out/move.a" || grep -a "moved\|WARN" "$out/move.a"
-check grep -Eq "WARN .*receive comm from peer 10\.77\.96\.1:[0-9]+ moved from fab0 10\.77\.96\.2:[0-9]+ to fab1 10\.77\.97\.2:[0-9]+ " \
-    "$out/move.b" || grep -a "moved\|WARN" "$out/move.b"
-check [ "$(grep -c "moved from" "$out/move.a")" = 1 ]
-grep -h "moved from\|first message" "$out/move.a" "$out/move.b" | sed 's/^/  /'
-done_t=$(sed -n 's/.*first message completed on the new path .*(at \([0-9.]*\)).*/\1/p' "$out/move.a" | head -1)
-check [ -n "$done_t" ] &&
-    echo "failover netns: move: fault to first completion on the new path:" \
-        "$(awk -v a="$fault_t" -v b="$done_t" 'BEGIN { printf "%.1f", (b - a) * 1000 }') ms"
-line=$(grep "^rail-bench: moved" "$out/move.b")
-echo "failover netns: move: ${line#rail-bench: }"
+move_checks move
 fi
 
 # 2. NCCL_RAIL_FAILOVER=0: the same fault fails as today (after NCCL_RAIL_PEER_TIMEOUT).
@@ -297,6 +335,27 @@ done_t=$(sed -n 's/.*first message completed on the new path .*(at \([0-9.]*\)).
 check [ -n "$done_t" ] &&
     echo "failover netns: please: fault in B to A's first completion on the new path:" \
         "$(awk -v a="$fault_t" -v b="$done_t" 'BEGIN { printf "%.1f", (b - a) * 1000 }') ms"
+fi
+
+# 7. The move of case 1 with a stranger idle on every rescue port of both processes
+# (the rescue thread must not wait on one peer): the same checks; each stranger is
+# dropped (INFO naming its address), no WARN about them; both processes exit.
+if want 7; then
+t0=$(now)
+STRANGERS=1 run strangers "faa0,faa1" "fab0,fab1" 12G down
+t1=$(now)
+move_checks strangers
+# The transfer takes 10-30 s: both processes exit well before the strangers give up after
+# 100 s (finalize stops the rescue thread, which must not wait on them).
+check awk -v a="$t0" -v b="$t1" 'BEGIN { exit !(b - a < 75) }'
+check [ "$(wc -l <"$out/strangers.strangers")" = 4 ]
+for side in a b; do
+    check grep -Eq "^NET/Rail : .*rescue listener.* from 10\.77\.9[67]\.[12]:[0-9]+" "$out/strangers.$side" ||
+        grep -a "rescue listener" "$out/strangers.$side"
+    absent "WARN .*rescue listener" "$out/strangers.$side"
+done
+echo "failover netns: strangers: both processes exited $(awk -v a="$t0" -v b="$t1" \
+    'BEGIN { printf "%.1f", b - a }') s after the start"
 fi
 
 if [ "$fails" -ne 0 ]; then

@@ -103,7 +103,7 @@ static void test_frame_and_reply(void **state)
 	assert_int_equal(tcp_reply_decode(rep), -EPROTO);
 }
 
-/* Failover wire (version 2): rescue addresses, move hellos, the receiver's state. */
+/* Failover wire (version 3): rescue addresses and share, move hellos, the receiver's state. */
 static void test_failover_wire(void **state)
 {
 	struct tcp_rescue r = { .count = 2 }, g;
@@ -115,9 +115,12 @@ static void test_failover_wire(void **state)
 	(void)state;
 	assert_int_equal(rail_sockaddr_parse("10.1.2.3:4000", &r.addr[0]), 0);
 	assert_int_equal(rail_sockaddr_parse("[fe80::1]:5000", &r.addr[1]), 0);
+	for (int i = 0; i < TCP_SHARE_SIZE; i++)
+		r.share[i] = (uint8_t)(i * 3 + 1);
 	tcp_rescue_encode(&r, buf);
 	assert_int_equal(tcp_rescue_decode(buf, &g), 0);
 	assert_int_equal(g.count, 2);
+	assert_memory_equal(g.share, r.share, TCP_SHARE_SIZE);
 	assert_string_equal(RAIL_ADDRSTR(&g.addr[0]), "10.1.2.3:4000");
 	assert_int_equal(rail_sockaddr_port(&g.addr[1]), 5000);
 	for (size_t i = 0; i < sizeof(buf); i++) {
@@ -125,10 +128,17 @@ static void test_failover_wire(void **state)
 		assert_int_equal(tcp_rescue_decode(buf, &g), -EPROTO);
 		buf[i] ^= 0x10;
 	}
+	memset(h.rand, 0xa5, sizeof(h.rand));
 	tcp_move_hello_encode(&h, mh);
 	assert_int_equal(tcp_move_hello_decode(mh, &hg), 0);
 	assert_true(hg.kind == h.kind && hg.index == 4 && hg.gen == 3 && hg.nonce == 77 &&
 		    hg.conn_id == h.conn_id);
+	assert_memory_equal(hg.rand, h.rand, sizeof(h.rand));
+	/* A move hello of wire version 2 (40 bytes, no random) is refused. */
+	rail_put_u16(mh + 4, 2);
+	rail_put_u32(mh + 52, rail_fnv1a(mh, 52));
+	assert_int_equal(tcp_move_hello_decode(mh, &hg), -EPROTO);
+	tcp_move_hello_encode(&h, mh);
 	mh[8] = 9; /* index beyond nsocks, checksum now wrong too */
 	assert_int_equal(tcp_move_hello_decode(mh, &hg), -EPROTO);
 	/* A version-1 hello on a rescue listener is not a move hello. */
@@ -158,6 +168,64 @@ static void test_failover_wire(void **state)
 	assert_int_equal(tcp_state_decode(st, 5, 4, got), -EBUSY);
 	assert_int_equal(got[0], TCP_BUSY_DOWN);
 	assert_int_equal(tcp_state_decode(st, 4, 4, got), -EPROTO);
+}
+
+/*
+ * The move handshake's cryptography (version 3): both ends derive the same
+ * key from the two shares, which depends on every input; the listener's MAC
+ * never passes for the mover's proof; a proof answers one challenge only
+ * (a replay against a new challenge fails); any flipped bit fails.
+ */
+static void test_move_handshake(void **state)
+{
+	uint8_t sc[TCP_SHARE_SIZE], sl[TCP_SHARE_SIZE], k1[TCP_KEY_SIZE], k2[TCP_KEY_SIZE];
+	uint8_t hello[TCP_MOVE_HELLO_SIZE], c1[TCP_MOVE_RAND_SIZE], c2[TCP_MOVE_RAND_SIZE];
+	uint8_t lmac[TCP_MAC_SIZE], pm1[TCP_MAC_SIZE], pm2[TCP_MAC_SIZE], mac[TCP_MAC_SIZE];
+	uint8_t rnd[TCP_MOVE_RAND_SIZE], buf[TCP_MOVE_CHALLENGE_SIZE];
+	struct tcp_move_hello h = { .kind = TCP_MOVE_SOCKET, .index = 1, .nsocks = 4, .gen = 2,
+				    .nonce = 5, .conn_id = 6 };
+
+	(void)state;
+	memset(sc, 1, sizeof(sc));
+	memset(sl, 2, sizeof(sl));
+	tcp_move_key(sc, sl, 6, 5, k1);
+	tcp_move_key(sc, sl, 6, 5, k2);
+	assert_memory_equal(k1, k2, sizeof(k1));
+	tcp_move_key(sl, sc, 6, 5, k2);			/* the shares' order matters */
+	assert_memory_not_equal(k1, k2, sizeof(k1));
+	tcp_move_key(sc, sl, 7, 5, k2);			/* so does the conn_id */
+	assert_memory_not_equal(k1, k2, sizeof(k1));
+	sl[31] ^= 1;					/* and each bit of a share */
+	tcp_move_key(sc, sl, 6, 5, k2);
+	assert_memory_not_equal(k1, k2, sizeof(k1));
+	tcp_move_hello_encode(&h, hello);
+	memset(c1, 3, sizeof(c1));
+	memset(c2, 4, sizeof(c2));
+	tcp_move_mac(k1, TCP_ROLE_LISTENER, hello, c1, lmac);
+	tcp_move_mac(k1, TCP_ROLE_MOVER, hello, c1, pm1);
+	tcp_move_mac(k1, TCP_ROLE_MOVER, hello, c2, pm2);
+	assert_memory_not_equal(lmac, pm1, sizeof(pm1));	/* no reflection */
+	assert_memory_not_equal(pm1, pm2, sizeof(pm1));		/* no replay */
+	tcp_move_mac(k2, TCP_ROLE_MOVER, hello, c1, mac);	/* another key */
+	assert_memory_not_equal(mac, pm1, sizeof(pm1));
+	for (size_t i = 0; i < sizeof(hello); i++) {		/* every byte of the hello counts */
+		hello[i] ^= 0x01;
+		tcp_move_mac(k1, TCP_ROLE_MOVER, hello, c1, mac);
+		assert_memory_not_equal(mac, pm1, sizeof(pm1));
+		hello[i] ^= 0x01;
+	}
+	tcp_move_challenge_encode(c1, lmac, buf);
+	assert_int_equal(tcp_move_challenge_decode(buf, rnd, mac), 0);
+	assert_memory_equal(rnd, c1, sizeof(c1));
+	assert_memory_equal(mac, lmac, sizeof(lmac));
+	buf[0] ^= 1;
+	assert_int_equal(tcp_move_challenge_decode(buf, rnd, mac), -EPROTO);
+	tcp_move_proof_encode(pm1, buf);
+	assert_int_equal(tcp_move_proof_decode(buf, mac), 0);
+	assert_memory_equal(mac, pm1, sizeof(pm1));
+	assert_int_equal(tcp_move_challenge_decode(buf, rnd, mac), -EPROTO); /* not a challenge */
+	buf[5] = 1;
+	assert_int_equal(tcp_move_proof_decode(buf, mac), -EPROTO);
 }
 
 /* The receiver's refusal: round trip, and every malformed variant refused. */
@@ -587,6 +655,7 @@ int main(void)
 		cmocka_unit_test(test_frame_and_reply),
 		cmocka_unit_test(test_refusal),
 		cmocka_unit_test(test_failover_wire),
+		cmocka_unit_test(test_move_handshake),
 		cmocka_unit_test(test_plan),
 		cmocka_unit_test(test_wrong_nonce_refused),
 		cmocka_unit_test(test_refusal_names_release),
