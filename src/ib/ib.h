@@ -233,6 +233,7 @@ struct rail_ib_mh {
 	void *addr;		/* as registered, for a move (rail_ib_mh_rehome) */
 	size_t len;
 	int access;
+	int dmabuf;		/* registered through DMA-BUF (regMrDmaBuf) */
 	int fd;			/* a dup of the DMA-BUF fd with failover, else -1 */
 	uint64_t offset;
 	uint32_t gen;		/* its keys are of the comm's devices at res_gen (rail_ib_mh_keys) */

@@ -270,6 +270,7 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 	mh->len = len;
 	mh->access = access;
 	mh->offset = offset;
+	mh->dmabuf = fd >= 0;
 	mh->fd = fd >= 0 && rail_param_int(RAIL_P_FAILOVER) ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
 	for (int i = 0; i < n; i++) {
 		mh->ndevs = i + 1;
@@ -308,7 +309,7 @@ int rail_ib_mh_rehome(struct rail_ib_mh *mh, int m, struct rail_ib_dev *d, const
 
 	if (m >= mh->ndevs || mh->hca[m] == d->hca)
 		return 0;
-	if (mh->gpu && mh->fd < 0 && !(mh->type & RAIL_PTR_CUDA)) {
+	if (mh->dmabuf && mh->fd < 0) {
 		RAIL_WARN("registering %p (%zu bytes) on %s:%d for the connection to peer %s after a "
 			  "move: its DMA-BUF fd was not kept (NCCL_RAIL_FAILOVER was 0 when it was "
 			  "registered)", mh->addr, mh->len, d->hca->name, d->port, peer);

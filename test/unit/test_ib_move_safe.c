@@ -597,6 +597,35 @@ static void test_resiliency_vars_named(void **state)
 	fvh_stop(F);
 }
 
+/*
+ * NCCL_RAIL_IB_FLUSH_HOST=1 (host buffers flushed as GPU ones are): a
+ * receive comm's host registrations follow a move to another HCA like any
+ * (they were taken for DMA-BUF ones whose fd was not kept).
+ */
+static void test_flush_host_buffers_move(void **state)
+{
+	struct fvh *F;
+	void *smh, *rmh;
+	int mark, r0;
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_FLUSH_HOST", "1", 1);
+	F = begin(three, NULL);
+	unsetenv("NCCL_RAIL_IB_FLUSH_HOST");
+	smh = reg(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST);
+	rmh = reg(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST);
+	r0 = recv1(F, rbuf[0], BIG, 7, rmh);
+	mark = fvh_log_mark();
+	port_down(F, "mlx5_1");
+	move_on(mark);
+	fill(sbuf[0], BIG, 13);
+	(void)send_req(F, sbuf[0], BIG, 7, smh);
+	wait_all();
+	assert_size(r0, BIG);
+	check(rbuf[0], BIG, 13, "a host receive, flushed, across a move to another HCA");
+	fvh_stop(F);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -610,6 +639,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_ring_order_after_move, fvh_teardown),
 		cmocka_unit_test_teardown(test_replayed_cts_lands_in_parts, fvh_teardown),
 		cmocka_unit_test_teardown(test_resiliency_vars_named, fvh_teardown),
+		cmocka_unit_test_teardown(test_flush_host_buffers_move, fvh_teardown),
 	};
 
 	if (!fvh_find_lib()) {
