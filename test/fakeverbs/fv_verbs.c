@@ -370,6 +370,14 @@ struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t
 	struct fv_mr *m;
 
 	pthread_mutex_lock(&fv_lock);
+	if (fv_ctx_dev(pd->context)->dead) {
+		/* after DEVICE_FATAL the kernel refuses every verbs command (EIO), as mlx5 does */
+		fv_log("%s dev=%s ret=EIO why=\"device dead (DEVICE_FATAL)\"", call,
+		       ctx_name(pd->context));
+		pthread_mutex_unlock(&fv_lock);
+		errno = EIO;
+		return NULL;
+	}
 	if (fd >= 0 && !fv_ctx_dev(pd->context)->dmabuf) {
 		fv_log("%s dev=%s ret=EOPNOTSUPP", call, ctx_name(pd->context));
 		pthread_mutex_unlock(&fv_lock);
