@@ -11,7 +11,7 @@
 #define RAIL_FOSEARCH_RUNNER_H
 
 #define FO_CHILD_NS (40ull * 1000000000ull)	/* the child is killed after this */
-#define FO_HEAD 6144
+#define FO_HEAD 16384
 #define FO_TAIL 32768
 #define FO_MAXJOBS 8
 #define FO_MAXCAT 32
@@ -225,6 +225,19 @@ static void fo_report(const struct fo_child *c, int status)
 	fflush(stdout);
 }
 
+/* The child's fake directory, if a crash or a kill left it behind. */
+static void fo_child_dir_rm(const struct fo_child *c)
+{
+	const char *d = strstr(c->head, "FODIR ");
+	char dir[128];
+
+	if (!d || getenv("RAIL_FAKEVERBS_KEEP"))
+		return;
+	snprintf(dir, sizeof(dir), "%.*s", (int)strcspn(d + 6, "\n"), d + 6);
+	if (strstr(dir, "/rail-fakeverbs-") && access(dir, F_OK) == 0)
+		nftw(dir, fo_rm, 8, FTW_DEPTH | FTW_PHYS);
+}
+
 static int fo_spawn(struct fo_child *c, uint64_t seed, const struct fo_child *all, int nall)
 {
 	int p[2];
@@ -288,6 +301,7 @@ static int fo_poll(struct fo_child *ch, int n)
 			close(c->fd);
 			waitpid(c->pid, &status, 0);
 			c->pid = 0;
+			fo_child_dir_rm(c);
 			fo_cfg.run++;
 			fo_report(c, status);
 			continue;
@@ -356,7 +370,7 @@ int main(int argc, char **argv)
 	fo_cfg.argv0 = argv[0];
 	fo_cfg.count = fo_env_u64("FOSEARCH_SEEDS", 2000);
 	fo_cfg.base = fo_env_u64("FOSEARCH_BASE", 1);
-	fo_cfg.jobs = (int)fo_env_u64("FOSEARCH_JOBS", 1);
+	fo_cfg.jobs = (int)fo_env_u64("FOSEARCH_JOBS", 2);
 	for (int i = 1; i < argc; i++) {
 		if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
 			fo_seed_arg = strtoull(argv[++i], NULL, 0);
@@ -382,6 +396,9 @@ int main(int argc, char **argv)
 			return 2;
 		}
 	}
+	/* thousands of fake sysfs trees: on tmpfs when there is one */
+	if (!getenv("RAIL_FAKEVERBS_TMPDIR") && access("/dev/shm", W_OK | X_OK) == 0)
+		setenv("RAIL_FAKEVERBS_TMPDIR", "/dev/shm", 1);
 	if (!fvh_find_lib()) {
 		if (getenv("RAIL_FAKEVERBS_LIB")) {
 			printf("test_ib_fosearch: RAIL_FAKEVERBS_LIB=%s cannot be read\n", fvh_lib);

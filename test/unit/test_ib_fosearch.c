@@ -28,7 +28,8 @@
  *   test_ib_fosearch --count N        N seeds from the base (also --base B)
  *   test_ib_fosearch --seed N         one seed in this process, with the
  *                                     scenario and a trace of what was done
- *   --jobs J (FOSEARCH_JOBS)          children at once (default 1)
+ *   --jobs J (FOSEARCH_JOBS)          children at once (default 2: most of a seed
+ *                                     waits on the plugin's timers and threads)
  *   --list                            every failing seed's line, no detail
  *
  * A failing seed prints `FAIL seed=N [category]: what`, the command that
@@ -106,6 +107,7 @@ static int fo_setup(struct fo_run *R, const char *conf)
 
 	fo_env(R->S);
 	R->F = fvh_start(conf);
+	printf("FODIR %s\n", R->F->dir);	/* the runner removes it if this child cannot */
 	rail_log_set_logger((rail_logger_fn)fo_sink);
 	if (R->F->ndev != t->nplug) {
 		fo_fail(R, "harness", "the plugin lists %d devices, the description has %d ports",
@@ -322,6 +324,8 @@ static void fo_one(void **state)
 	 */
 	if (fo_verbose || (!R->failed && (!R->stop || S->seed % 4 == 0)))
 		fo_teardown(R);
+	else if (R->F && !getenv("RAIL_FAKEVERBS_KEEP"))
+		nftw(R->F->dir, fo_rm, 8, FTW_DEPTH | FTW_PHYS);
 	fo_trace(R, "%s (setup %.1f ms, loop %.1f ms, teardown %.1f ms)",
 		 R->failed ? "FAILED" : "passed", t_setup ? (double)(t_setup - start) / 1e6 : 0.0,
 		 t_setup ? (double)(t_loop - t_setup) / 1e6 : 0.0, (double)(rail_now_ns() - t_loop) / 1e6);
