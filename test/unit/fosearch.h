@@ -198,7 +198,13 @@ static void fo_draw_params(struct fo_rng *g, struct fo_params *p)
 	 * receive takes eager messages by a loopback copy and is flushed.
 	 */
 	p->dmabuf[0] = fo_pct(g, 10);
-	p->dmabuf[1] = !p->flush_host && fo_pct(g, 20);
+	p->dmabuf[1] = !p->flush_host && fo_pct(g, 25);
+	/*
+	 * A GPU receive takes a message of the order-safe ring that came before
+	 * its CTS was answered by a loopback copy (item 2b's window): often so.
+	 */
+	if (p->dmabuf[1] && p->order != 1 && fo_pct(g, 50))
+		p->order = 1;
 }
 
 /* A message size: 0, inline, LL, eager, CTS, large; edges of each often. */

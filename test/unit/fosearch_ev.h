@@ -24,7 +24,7 @@ static void fo_wait(struct fo_run *R, int mark, int level, const char *a, const 
 static void fo_inject(struct fo_run *R, const struct fo_event *e)
 {
 	const struct fo_topo *t = &R->S->t;
-	char dev[16], name[24];
+	char dev[24], name[40];
 	int mark = fvh_log_mark(), n;
 
 	snprintf(dev, sizeof(dev), "mlx5_%d", e->dev);
@@ -180,7 +180,7 @@ static void fo_events(struct fo_run *R, int phase)
 {
 	if (R->stall_dev >= 0 &&
 	    fvh_log_count(NCCL_LOG_WARN, "completions owed", NULL)) {
-		char dev[16];
+		char dev[24];
 
 		snprintf(dev, sizeof(dev), "mlx5_%d", R->stall_dev);
 		R->F->hold(dev, 0);

@@ -133,7 +133,7 @@ static void fo_teardown(struct fo_run *R)
 
 	for (int d = 0; d < FO_MAXDEV; d++)
 		if (R->held[d]) {
-			char dev[16];
+			char dev[24];
 
 			snprintf(dev, sizeof(dev), "mlx5_%d", d);
 			F->hold(dev, 0);
@@ -237,7 +237,8 @@ static void fo_crash(int sig)
 	char line[700];
 	int n = backtrace(bt, 48), len;
 
-	len = snprintf(line, sizeof(line), "\nFOCRASH signal %d\n", sig);
+	len = snprintf(line, sizeof(line), "\nFOCRASH signal %d%s\n", sig,
+		       fo_run_buf.recv_died ? " after DEVICE_FATAL on an HCA of the receive comm" : "");
 	if (write(1, line, (size_t)len) < 0)
 		_exit(128 + sig);
 	for (int i = 0; i < n; i++) {
