@@ -370,6 +370,25 @@ static void fo_draw_fault(struct fo_rng *g, struct fo_scn *s, int second)
 	if (type != FO_EV_STALL && fo_pct(g, 40)) {
 		f->when = f->when == FO_W_TURNS ? f->when : FO_W_SDONE;
 		f->phase = 2;	/* P_TSEND */
+		/*
+		 * ... and NCCL gave a completed send's buffer back first: its
+		 * registration deregistered, its memory freed (a replay from a
+		 * stale record then reads freed memory: ASan).
+		 */
+		if (type == FO_EV_FATAL && f->when != FO_W_TURNS && fo_pct(g, 50) &&
+		    s->nev < FO_MAXEV) {
+			*(f + 1) = *f;
+			memset(f, 0, sizeof(*f));
+			f->type = FO_EV_REG;
+			f->when = (f + 1)->when;
+			f->at = (f + 1)->at;
+			f->phase = (f + 1)->phase;
+			f->side = 0;
+			f++;
+			s->nev++;
+			f->when = FO_W_TURNS;
+			f->at = 0;
+		}
 	}
 	if (type == FO_EV_STALL) {
 		s->p.stall = 1;

@@ -407,7 +407,7 @@ static uint64_t fo_env_u64(const char *name, uint64_t dflt)
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = { cmocka_unit_test(fo_budget) };
-	int one = 0;
+	int one = 0, draw = 0;
 
 	fo_cfg.argv0 = argv[0];
 	fo_cfg.count = fo_env_u64("FOSEARCH_SEEDS", FO_DEFAULT_SEEDS);
@@ -432,11 +432,22 @@ int main(int argc, char **argv)
 			fo_cfg.jobs = atoi(argv[++i]);
 		} else if (!strcmp(argv[i], "--list")) {
 			fo_cfg.list = 1;
+		} else if (!strcmp(argv[i], "--draw")) {
+			draw = 1;
 		} else {
 			fprintf(stderr, "usage: %s [--seed N | --seeds A-B | --count N --base B] "
-				"[--jobs J] [--list]\n", argv[0]);
+				"[--jobs J] [--list] [--draw]\n", argv[0]);
 			return 2;
 		}
+	}
+	if (draw) {	/* the scenarios only, nothing run */
+		for (uint64_t k = one ? fo_seed_arg : fo_cfg.base;
+		     k < (one ? fo_seed_arg + 1 : fo_cfg.base + fo_cfg.count); k++) {
+			fo_draw(k, &fo_scn_buf);
+			printf("fo: scn seed %llu\n", (unsigned long long)k);
+			fo_describe(&fo_scn_buf, fo_out_line, NULL);
+		}
+		return 0;
 	}
 	/* thousands of fake sysfs trees: on tmpfs when there is one */
 	if (!getenv("RAIL_FAKEVERBS_TMPDIR") && access("/dev/shm", W_OK | X_OK) == 0)

@@ -31,6 +31,7 @@
  *   --jobs J (FOSEARCH_JOBS)          children at once (default 2: most of a seed
  *                                     waits on the plugin's timers and threads)
  *   --list                            every failing seed's line, no detail
+ *   --draw (with the seeds)           print the scenarios drawn, run nothing
  *
  * A failing seed prints `FAIL seed=N [category]: what`, the command that
  * replays it, and the scenario drawn. The search fails while any seed does.
