@@ -21,7 +21,7 @@
 #define FO_MAXMSG 256
 #define FO_MAXRECV 64
 #define FO_MAXBUF 8		/* buffers per grouped receive (RAIL_MAX_RECVS) */
-#define FO_MAXEV 12
+#define FO_MAXEV 16
 #define FO_TAG0 7
 
 /* ---- the PRNG ------------------------------------------------------------- */
@@ -315,7 +315,8 @@ static void fo_draw_when(struct fo_rng *g, const struct fo_traffic *tr, struct f
 
 static struct fo_event *fo_ev_add(struct fo_scn *s, int type)
 {
-	struct fo_event *e = &s->ev[s->nev++];
+	static struct fo_event spare;	/* past FO_MAXEV - 1: drawn, never fired */
+	struct fo_event *e = s->nev < FO_MAXEV - 1 ? &s->ev[s->nev++] : &spare;
 
 	memset(e, 0, sizeof(*e));
 	e->type = type;
@@ -376,7 +377,7 @@ static void fo_draw_fault(struct fo_rng *g, struct fo_scn *s, int second)
 		 * stale record then reads freed memory: ASan).
 		 */
 		if (type == FO_EV_FATAL && f->when != FO_W_TURNS && fo_pct(g, 50) &&
-		    s->nev < FO_MAXEV) {
+		    s->nev < FO_MAXEV - 1 && f == &s->ev[s->nev - 1]) {
 			*(f + 1) = *f;
 			memset(f, 0, sizeof(*f));
 			f->type = FO_EV_REG;
@@ -568,7 +569,7 @@ static void fo_describe(const struct fo_scn *s, fo_out_fn out, void *arg)
 		 s->p.order == 1 ? "safe" : s->p.order == 2 ? "inorder" : "default", !s->p.eager_off,
 		 s->p.qps, s->p.split, s->p.stall ? "1" : "default", s->p.holddown0 ? "0" : "default");
 	out(arg, line);
-	snprintf(line, sizeof(line), "traffic: %d messages in %d receives, %d tag(s), send window %d, "
+	snprintf(line, sizeof(line), "traffic: %d messages in %d receives, %d tag(s), send window %d per tag, "
 		 "receive window %d, buffers up to %zu bytes, %s tested", tr->nmsg, tr->nrecv,
 		 tr->ntags, tr->ws, tr->wr, tr->rmax, tr->test_all ? "every request" : "the oldest");
 	out(arg, line);
