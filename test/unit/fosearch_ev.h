@@ -126,6 +126,7 @@ static void fo_reg_event(struct fo_run *R, const struct fo_event *e)
 	}
 	m->slot[s].reg = r;
 	res = fo_reg_release(m, comm, old);
+	R->send_freed |= !e->side && !m->reg[old].live;
 	fo_trace(R, "slot %d now under reg %d; reg %d %s", s, r, old,
 		 m->reg[old].live ? "still used" : "deregistered");
 	if (res != ncclSuccess)
