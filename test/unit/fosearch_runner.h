@@ -397,6 +397,77 @@ __attribute__((visibility("default"))) const char *__ubsan_default_options(void)
 #define FO_DEFAULT_SEEDS 2000
 #endif
 
+/* The trace lines ("fo: t...") of a child's output, addresses and timings masked. */
+static void fo_trace_of(const struct fo_child *c, char *out, size_t len)
+{
+	size_t o = 0;
+
+	for (const char *p = c->tail; (p = strstr(p, "fo: t")) != NULL && o + 2 < len; p++) {
+		size_t n = strcspn(p, "\n");
+		const char *cut = strstr(p, " (setup ");
+
+		if (cut && (size_t)(cut - p) < n)
+			n = (size_t)(cut - p);
+		for (size_t i = 0; i < n && o + 2 < len; i++) {
+			/* turn numbers too: waits on the plugin's timers (stall, retry) vary */
+			if (i == 5)
+				while (i < n && p[i] >= '0' && p[i] <= '9')
+					i++;
+			if (p[i] == '0' && p[i + 1] == 'x') {	/* an address: masked */
+				out[o++] = '#';
+				for (i += 2; i < n && strchr("0123456789abcdef", p[i]); i++)
+					;
+				i--;
+				continue;
+			}
+			if (!strncmp(p + i, "127.0.0.1:", 10)) {
+				out[o++] = '#';
+				for (i += 10; i < n && p[i] >= '0' && p[i] <= '9'; i++)
+					;
+				i--;
+				continue;
+			}
+			out[o++] = p[i];
+		}
+		out[o++] = '\n';
+	}
+	out[o] = 0;
+}
+
+/* Run seed twice, each in a child; 0 when the two traces are the same. */
+static int fo_check_replay(uint64_t seed)
+{
+	static char a[FO_TAIL], b[FO_TAIL];
+	struct fo_child c;
+	int status;
+
+	for (int k = 0; k < 2; k++) {
+		memset(&c, 0, sizeof(c));
+		if (fo_spawn(&c, seed, NULL, 0))
+			return 2;
+		for (;;) {
+			char buf[8192];
+			ssize_t r = read(c.fd, buf, sizeof(buf));
+
+			if (r <= 0)
+				break;
+			fo_take(&c, buf, (size_t)r);
+		}
+		close(c.fd);
+		waitpid(c.pid, &status, 0);
+		fo_child_dir_rm(&c);
+		fo_trace_of(&c, k ? b : a, FO_TAIL);
+	}
+	if (!strcmp(a, b)) {
+		printf("seed %llu replays: the same trace twice (%zu bytes)\n",
+		       (unsigned long long)seed, strlen(a));
+		return 0;
+	}
+	printf("seed %llu: the two traces differ\n--- first\n%s--- second\n%s",
+	       (unsigned long long)seed, a, b);
+	return 1;
+}
+
 static uint64_t fo_env_u64(const char *name, uint64_t dflt)
 {
 	const char *v = getenv(name);
@@ -407,7 +478,7 @@ static uint64_t fo_env_u64(const char *name, uint64_t dflt)
 int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = { cmocka_unit_test(fo_budget) };
-	int one = 0, draw = 0;
+	int one = 0, draw = 0, replay = 0;
 
 	fo_cfg.argv0 = argv[0];
 	fo_cfg.count = fo_env_u64("FOSEARCH_SEEDS", FO_DEFAULT_SEEDS);
@@ -434,9 +505,12 @@ int main(int argc, char **argv)
 			fo_cfg.list = 1;
 		} else if (!strcmp(argv[i], "--draw")) {
 			draw = 1;
+		} else if (!strcmp(argv[i], "--check-replay") && i + 1 < argc) {
+			fo_seed_arg = strtoull(argv[++i], NULL, 0);
+			replay = 1;
 		} else {
 			fprintf(stderr, "usage: %s [--seed N | --seeds A-B | --count N --base B] "
-				"[--jobs J] [--list] [--draw]\n", argv[0]);
+				"[--jobs J] [--list] [--draw] [--check-replay N]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -460,6 +534,8 @@ int main(int argc, char **argv)
 		printf("test_ib_fosearch: skipped: %s not built (make tests)\n", fvh_lib);
 		return 0;
 	}
+	if (replay)
+		return fo_check_replay(fo_seed_arg);
 	if (one) {
 		int bad;
 

@@ -32,6 +32,7 @@
  *                                     waits on the plugin's timers and threads)
  *   --list                            every failing seed's line, no detail
  *   --draw (with the seeds)           print the scenarios drawn, run nothing
+ *   --check-replay N                  run seed N twice, compare the traces
  *
  * A failing seed prints `FAIL seed=N [category]: what`, the command that
  * replays it, and the scenario drawn. The search fails while any seed does.
