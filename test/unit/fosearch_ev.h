@@ -176,8 +176,8 @@ static int fo_ev_due(const struct fo_run *R, const struct fo_event *e, int phase
 	return v >= e->at;
 }
 
-/* After a phase: the events now due, in order; the stall's hold ends at its WARN. */
-static void fo_events(struct fo_run *R, int phase)
+/* The stall's hold ends once the plugin said it saw the stall. */
+static void fo_stall_check(struct fo_run *R)
 {
 	if (R->stall_dev >= 0 &&
 	    fvh_log_count(NCCL_LOG_WARN, "completions owed", NULL)) {
@@ -189,6 +189,12 @@ static void fo_events(struct fo_run *R, int phase)
 		fo_trace(R, "the stall WARN came: hold on %s released", dev);
 		R->stall_dev = -1;
 	}
+}
+
+/* After a phase: the events now due, in order. */
+static void fo_events(struct fo_run *R, int phase)
+{
+	fo_stall_check(R);
 	while (R->evnext < R->S->nev && !R->stop && fo_ev_due(R, &R->S->ev[R->evnext], phase)) {
 		const struct fo_event *e = &R->S->ev[R->evnext++];
 

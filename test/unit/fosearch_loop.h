@@ -14,6 +14,7 @@
 #define RAIL_FOSEARCH_LOOP_H
 
 static void fo_events(struct fo_run *R, int phase);
+static void fo_stall_check(struct fo_run *R);
 
 static int fo_sslot(const struct fo_run *R, int t, int k)
 {
@@ -379,6 +380,7 @@ static void fo_final(struct fo_run *R, uint64_t deadline)
 	R->progress_ns = rail_now_ns();
 	while (!R->stop && (!sdone || !rdone) && rail_now_ns() < deadline &&
 	       rail_now_ns() - R->progress_ns < FO_IDLE_NS) {
+		fo_stall_check(R);	/* a stall's hold ends at its WARN */
 		if (!rreq && !rdone && (res = rail_net_irecv(R->F->rc, 1, &rbuf, &rsize, &tag, &rmh,
 							    &rreq)) != ncclSuccess)
 			fo_call_failed(R, "irecv of the final message", id, res);
@@ -402,8 +404,8 @@ static void fo_final(struct fo_run *R, uint64_t deadline)
 	if (R->stop)
 		return;
 	if (!sdone || !rdone) {
-		fo_fail(R, "hang", "the final message after the faults did not complete (send %s, "
-			"receive %s); %d usable port(s) left", sdone ? "done" : "not done",
+		fo_hang(R, "the final message after the faults did not complete (send %s, receive "
+			"%s); %d usable port(s) left", sdone ? "done" : "not done",
 			rdone ? "done" : "not done", fo_ports_left(R));
 		return;
 	}

@@ -290,6 +290,28 @@ static void fo_call_failed(struct fo_run *R, const char *call, int id, ncclResul
 		fo_ports_left(R), warn);
 }
 
+/*
+ * Nothing moved for FO_IDLE_NS and no call failed. An old key the fake
+ * refused (item 2) often comes first: a write that completed early failed
+ * later, the sender's comm failed silently (NCCL does not call it again)
+ * and the receiver waits for its part of the move for ever.
+ */
+static void fo_hang(struct fo_run *R, const char *fmt, ...)
+{
+	char cat[96], wc[FVH_LINE] = "", what[500];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(what, sizeof(what), fmt, ap);
+	va_end(ap);
+	if (fo_key_error(R->F, cat, sizeof(cat), wc, sizeof(wc))) {
+		strncat(cat, "-then-hang", sizeof(cat) - strlen(cat) - 1);
+		fo_fail(R, cat, "%s; the fake refused a key first: %s", what, wc);
+		return;
+	}
+	fo_fail(R, fo_ports_left(R) ? "hang" : "hang-no-port-left", "%s", what);
+}
+
 /* Receive k's buffer i holds message m's bytes, its size reported, and nothing beyond. */
 static void fo_check_buf(struct fo_run *R, int k, int i)
 {
