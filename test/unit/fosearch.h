@@ -120,7 +120,7 @@ enum fo_ev_type {
 	FO_EV_REG, FO_EV_CLOSE,
 };
 /* What an event waits for: a counter of the loop at `at`, or turns after the event before. */
-enum fo_when { FO_W_SENT, FO_W_SDONE, FO_W_RECVD, FO_W_RDONE, FO_W_TURNS };
+enum fo_when { FO_W_SENT, FO_W_SDONE, FO_W_RECVD, FO_W_RDONE, FO_W_TURNS, FO_W_AHEAD };
 
 struct fo_event {
 	int type;
@@ -133,6 +133,7 @@ struct fo_event {
 
 struct fo_scn {
 	uint64_t seed;
+	int shape;			/* 1: fo_shape_gpu_ring */
 	struct fo_topo t;
 	struct fo_params p;
 	struct fo_traffic tr;
@@ -439,9 +440,74 @@ static void fo_draw_events(struct fo_rng *g, struct fo_scn *s)
 	}
 }
 
+/*
+ * A shape the general draw reaches about once in 20000 seeds, drawn for 8%
+ * of the seeds it fits (from a stream of its own, so that the other seeds
+ * keep their scenario): GPU receives (DMA-BUF) on an order-safe ring, behind a sender
+ * that runs ahead with eager messages (245 B - 4 KiB: with an immediate, not
+ * LL), so that a receive posted before a move gets its message through a
+ * loopback copy after it (item 2b's window); a fault that makes the
+ * receiver drain (PORT_ERR, QP_FATAL: not DEVICE_FATAL) right after the
+ * sender's phase.
+ */
+static void fo_shape_gpu_ring(struct fo_rng *g, struct fo_scn *s)
+{
+	struct fo_traffic *tr = &s->tr;
+	int ws = (int)fo_range(g, 4, 8);
+
+	s->shape = 1;
+	s->p.flush_host = 0;
+	s->p.dmabuf[1] = 1;
+	s->p.order = 1;
+	s->p.eager_off = 0;
+	tr->wr = (int)fo_range(g, 1, 2);
+	tr->ws = ws > tr->ws ? ws : tr->ws;	/* never below a tag's count in a receive */
+	/* one buffer per receive: a grouped one would fail first by item 2c */
+	tr->nmsg = tr->nrecv = tr->nmsg < FO_MAXRECV ? tr->nmsg : FO_MAXRECV;
+	for (int k = 0; k < tr->nrecv; k++) {
+		tr->rfirst[k] = k;
+		tr->rn[k] = 1;
+		tr->msg[k].recv = k;
+		tr->msg[k].idx = 0;
+	}
+	for (int m = 0; m < tr->nmsg; m++)
+		if (fo_pct(g, 70)) {
+			tr->msg[m].size = fo_range(g, 245, 4096);
+			if (tr->msg[m].posted < tr->msg[m].size || fo_pct(g, 50))
+				tr->msg[m].posted = tr->msg[m].size;
+		}
+	/*
+	 * The fault: the port of the receiver's first member, whose HCA has no
+	 * other port (its move then goes to another HCA, where the old rkeys are
+	 * refused), when a receive was posted after its message went eagerly and
+	 * the sender has since been called (it answered the receive's CTS: all
+	 * eager), before the receiver polls: its drain takes the answer, not
+	 * the ring message.
+	 */
+	s->nev = 0;
+	{
+		struct fo_event *e = fo_ev_add(s, FO_EV_PORT_DOWN);
+
+		e->dev = s->t.plug_dev[s->t.rdev[0]];
+		e->port = s->t.plug_port[s->t.rdev[0]];
+		e->when = FO_W_AHEAD;
+		e->at = 1 + (int)fo_below(g, 3);
+	}
+	s->p.stall = 0;
+	s->p.holddown0 = 0;
+}
+
+/* The shape needs another HCA for the receiver's first member to move to. */
+static int fo_shape_fits(const struct fo_scn *s)
+{
+	return s->tr.rmax == 65536 && s->t.ndev >= 2 &&
+	       s->t.nports[s->t.plug_dev[s->t.rdev[0]]] == 1;
+}
+
 static void fo_draw(uint64_t seed, struct fo_scn *s)
 {
 	struct fo_rng g = { seed * 0x2545f4914f6cdd1dull + 1 };
+	struct fo_rng shape = { seed * 0x9e3779b97f4a7c15ull + 7 };
 
 	memset(s, 0, sizeof(*s));
 	s->seed = seed;
@@ -451,6 +517,11 @@ static void fo_draw(uint64_t seed, struct fo_scn *s)
 	fo_draw_layout(&g, &s->lay[0], s->tr.ws * s->tr.ntags);
 	fo_draw_layout(&g, &s->lay[1], s->tr.wr * FO_MAXBUF);
 	fo_draw_events(&g, s);
+	if (fo_shape_fits(s) && fo_pct(&shape, 8)) {
+		fo_shape_gpu_ring(&shape, s);
+		fo_draw_layout(&shape, &s->lay[0], s->tr.ws * s->tr.ntags);
+		fo_draw_layout(&shape, &s->lay[1], s->tr.wr * FO_MAXBUF);
+	}
 }
 
 /* ---- the fake's description ---------------------------------------------------- */
@@ -502,7 +573,8 @@ static const char *fo_ev_name(int type)
 static const char *fo_when_name(int when)
 {
 	static const char *const n[] = { "sent", "sends done", "receives posted", "receives done",
-					  "turns after the event before" };
+					  "turns after the event before",
+					  "sender phases after a receive posted behind its send" };
 
 	return n[when];
 }
@@ -563,6 +635,8 @@ static void fo_describe(const struct fo_scn *s, fo_out_fn out, void *arg)
 		 t->ndev > 3 ? (t->nports[3] == 2 ? " 2" : " 1") : "",
 		 t->rails ? ", a /24 per HCA" : "", t->retry_ms ? ", retry_ms set" : "", a, b);
 	out(arg, line);
+	if (s->shape)
+		out(arg, "shape: GPU receives on an order-safe ring behind an eager sender (item 2b)");
 	snprintf(line, sizeof(line), "params: flush_host=%d gpu_send=%d gpu_recv=%d eager_order=%s "
 		 "eager=%d qps=%d split=%d stall_timeout=%s holddown=%s", s->p.flush_host,
 		 s->p.dmabuf[0], s->p.dmabuf[1],

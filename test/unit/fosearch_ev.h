@@ -61,6 +61,10 @@ static void fo_inject(struct fo_run *R, const struct fo_event *e)
 		R->faults++;
 		if (n > 0)
 			fo_wait(R, mark, NCCL_LOG_WARN, dev, "on qp");
+		if (R->held[e->dev]) {	/* the held sends go now (the failed QP's are flushed) */
+			R->F->hold(dev, 0);
+			R->held[e->dev] = 0;
+		}
 		fo_trace(R, "QP_FATAL on %s: qp 0x%x", dev, n > 0 ? n : 0);
 		break;
 	case FO_EV_HOLD:
@@ -171,6 +175,7 @@ static int fo_ev_due(const struct fo_run *R, const struct fo_event *e, int phase
 	case FO_W_SDONE: v = R->n_sdone; break;
 	case FO_W_RECVD: v = R->n_recvd; break;
 	case FO_W_RDONE: v = R->n_rdone; break;
+	case FO_W_AHEAD: v = R->ahead; break;
 	default: v = (int)(R->turn - R->ev_turn); break;
 	}
 	return v >= e->at;

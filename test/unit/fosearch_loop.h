@@ -181,6 +181,10 @@ static void fo_post_recvs(struct fo_run *R)
 			R->mem[1].slot[(k % tr->wr) * R->maxn + i].busy = 1;
 		R->rreq[k] = req;
 		R->rstate[k] = R_POSTED;
+		if (R->sstate[tr->rfirst[k]] != S_IDLE) {	/* its message went first */
+			R->ahead_k = k;
+			R->ahead = 0;
+		}
 		R->recvd++;
 		R->n_recvd++;
 		R->progress_ns = rail_now_ns();
@@ -343,6 +347,8 @@ static void fo_turn(struct fo_run *R)
 		case P_TRECV: fo_test_recvs(R); break;
 		default: fo_test_flushes(R); break;
 		}
+		if (R->ahead_k >= 0 && (order[i] == P_SEND || order[i] == P_TSEND))
+			R->ahead = R->rstate[R->ahead_k] == R_POSTED ? R->ahead + 1 : 0;
 		if (!R->stop)
 			fo_events(R, order[i]);
 	}

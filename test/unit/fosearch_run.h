@@ -34,6 +34,8 @@ struct fo_run {
 	/* what events count */
 	int n_sent, n_sdone, n_recvd, n_rdone;
 	long turn, ev_turn, idle;
+	int ahead_k;			/* a receive posted after its message was sent (-1: none) */
+	int ahead;			/* sender phases since, that receive still in flight */
 	int evnext;
 	int dead[FO_MAXDEV], down[FO_MAXDEV][3], held[FO_MAXDEV];
 	int stall_dev;			/* held until the stall WARN (-1: none) */
@@ -280,6 +282,12 @@ static void fo_call_failed(struct fo_run *R, const char *call, int id, ncclResul
 			"move: %s", call, id, (int)res, warn);
 		return;
 	}
+	if (strstr(warn, "Input/output error") &&
+	    (strstr(warn, "ibv_reg_mr") || strstr(warn, "the move to another path"))) {
+		fo_fail(R, "new-move-onto-dead-hca", "%s %d failed (%d) with %d usable port(s) left: %s",
+			call, id, (int)res, fo_ports_left(R), warn);
+		return;
+	}
 	if (strstr(warn, "protocol error")) {
 		fo_fail(R, R->recv_died ? "item1-protocol-error" : "protocol-error", "%s %d failed (%d) "
 			"with %d usable port(s) left: %s", call, id, (int)res, fo_ports_left(R), warn);
@@ -298,7 +306,7 @@ static void fo_call_failed(struct fo_run *R, const char *call, int id, ncclResul
  */
 static void fo_hang(struct fo_run *R, const char *fmt, ...)
 {
-	char cat[96], wc[FVH_LINE] = "", what[500];
+	char cat[96], wc[FVH_LINE] = "", what[500], warn[256];
 	va_list ap;
 
 	va_start(ap, fmt);
@@ -307,6 +315,18 @@ static void fo_hang(struct fo_run *R, const char *fmt, ...)
 	if (fo_key_error(R->F, cat, sizeof(cat), wc, sizeof(wc))) {
 		strncat(cat, "-then-hang", sizeof(cat) - strlen(cat) - 1);
 		fo_fail(R, cat, "%s; the fake refused a key first: %s", what, wc);
+		return;
+	}
+	if (R->stall_dev >= 0 && !fvh_log_count(NCCL_LOG_WARN, "completions owed", NULL)) {
+		fo_fail(R, "new-stall-of-idle-sender-unseen", "%s; the stall was never seen (no "
+			"\"completions owed\" WARN: the sender, its sends all complete, is not called)",
+			what);
+		return;
+	}
+	fo_last_warn(warn, sizeof(warn), "the connection fails");
+	if (strstr(warn, "the connection fails") || strstr(warn, "completion error")) {
+		fo_fail(R, "new-peer-failed-silently", "%s; a comm failed and its peer waits for it: "
+			"%s", what, warn);
 		return;
 	}
 	fo_fail(R, fo_ports_left(R) ? "hang" : "hang-no-port-left", "%s", what);

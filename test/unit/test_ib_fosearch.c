@@ -315,6 +315,7 @@ static void fo_one(void **state)
 	R->g.s = fo_mix(fo_seed_arg ^ 0x5bd1e995u);
 	R->stall_dev = -1;
 	R->dmabuf_fd = -1;
+	R->ahead_k = -1;
 	R->progress_ns = start;
 	fo_log_echo = fo_verbose;
 	printf("fo: scn seed %llu\n", (unsigned long long)S->seed);
