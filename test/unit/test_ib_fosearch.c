@@ -5,9 +5,11 @@
  * Each seed draws (fosearch.h) a topology (1-4 HCAs, one or two ports each,
  * RoCE or InfiniBand, PCI paths so that fused devices and fallbacks mean
  * something; each side's comm on one device or two fused), the plugin's
- * parameters (flushes of host memory counted as GPU memory, eager ring on or
- * off and its order, QPs per connection), each side's registrations (several
- * arenas, whole and sub-range registrations: keys differ), traffic (grouped
+ * parameters (flushes of host memory counted as GPU memory, GPU memory by
+ * DMA-BUF on either side (the fake checks its keys, moves no bytes), eager
+ * ring on or off and its order, QPs per connection), each side's
+ * registrations (several arenas, whole and sub-range registrations: keys
+ * differ), traffic (grouped
  * receives of 1-8 buffers with tags, sizes from 0 B to 8 MiB: inline, LL,
  * eager, clear-to-send, large) and events at drawn points: PORT_ERR (and the
  * port back), DEVICE_FATAL on either side, QP_FATAL, a stall (rarely: it
@@ -20,7 +22,15 @@
  * no call may fail; with none, the comm must fail with a WARN, never
  * deliver wrong bytes or hang. Under ASan (make test-sanitizers) a read of
  * freed memory (a buffer deregistered and freed after its send completed)
- * fails the seed.
+ * fails the seed. A failure is named by what the plugin and the fake logged
+ * (fosearch_run.h: an old lkey or rkey the fake refused, a registration on a
+ * dead HCA, bytes of another message, a stale record's crash...).
+ *
+ * Each seed runs in a child process (fosearch_runner.h); it waits for the
+ * plugin to log each fault before going on, so that a seed replays: the
+ * same trace twice (--check-replay), but for seeds whose path turns on the
+ * plugin's timers (the 100 ms look at the peer's move message, the fake's
+ * retry_ms, the stall watchdog), which may take either way.
  *
  *   test_ib_fosearch                  the budget: FOSEARCH_SEEDS (2000) seeds
  *                                     from FOSEARCH_BASE (1), each in a child
