@@ -159,6 +159,8 @@ static int fo_classify(const struct fo_child *c, int status, char *cat, size_t c
 		const char *f0 = strstr(tsan, "#0 ");
 		int n = (int)strcspn(tsan + 26, "(\n");
 
+		while (n > 0 && tsan[26 + n - 1] == ' ')
+			n--;
 		snprintf(cat, clen, "tsan-%.*s", n > 40 ? 40 : n, tsan + 26);
 		for (char *q = cat; *q; q++)
 			*q = *q == ' ' ? '-' : *q;
