@@ -103,7 +103,7 @@ FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
 FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so $(BUILD)/test/fakeverbs/libfakemlx5old.so
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 
-.PHONY: all plugin tools tests check test test-instr test-unit test-conformance test-abi test-sanitizers \
+.PHONY: all plugin tools tests check test test-instr test-unit test-fosearch test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-rxe-smoke test-rxe2 test-rxe2-watchdog test-rxe2-failover test-tsan test-readme test-netns test-fresh \
 	test-packages install uninstall clean readme deb rpm version test-fakeverbs fuzz \
 	fuzz-targets fuzz-seeds
@@ -200,9 +200,19 @@ fuzz-targets: $(FUZZ_TARGETS)
 # Some unit tests also run the rail-info binary and load the plugin through
 # it (they skip, saying why, without them). The fake-verbs tests find the
 # fake library through RAIL_FAKEVERBS_LIB.
+# The failover search (test_ib_fosearch, 1-3 minutes) runs last: a failing
+# seed then hides no other test's result.
+UNIT_ORDER  = $(filter-out %/test_ib_fosearch,$(UNIT_TESTS)) $(filter %/test_ib_fosearch,$(UNIT_TESTS))
 test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(PLUGIN) $(FAKEVERBS) $(FAKEMLX5)
-	@set -e; for t in $(UNIT_TESTS); do echo "== $$t"; \
+	@set -e; for t in $(UNIT_ORDER); do echo "== $$t"; \
 		RAIL_FAKEVERBS_LIB=$(abspath $(FAKEVERBS)) $$t; done
+
+# The seeded randomized failover search alone (test/unit/test_ib_fosearch.c,
+# which test-unit also runs: 2000 seeds, 300 under ASan, 100 under TSan).
+# FOSEARCH_SEEDS, FOSEARCH_BASE, FOSEARCH_JOBS (2) to change the run; a seed
+# replays alone with `test_ib_fosearch --seed N`.
+test-fosearch: $(BUILD)/test/unit/test_ib_fosearch $(FAKEVERBS) $(FAKEMLX5)
+	RAIL_FAKEVERBS_LIB=$(abspath $(FAKEVERBS)) $(BUILD)/test/unit/test_ib_fosearch
 
 # The live verbs unit tests on the fake provider, per description in
 # test/fakeverbs/conf/ (no RDMA device needed).

@@ -370,8 +370,10 @@ struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t
 	struct fv_mr *m;
 
 	pthread_mutex_lock(&fv_lock);
-	if (fv_ctx_dev(pd->context)->dead) {	/* a dead HCA takes no new object */
-		fv_log("%s dev=%s ret=EIO why=\"device dead\"", call, ctx_name(pd->context));
+	if (fv_ctx_dev(pd->context)->dead) {
+		/* after DEVICE_FATAL the kernel refuses every verbs command (EIO), as mlx5 does */
+		fv_log("%s dev=%s ret=EIO why=\"device dead (DEVICE_FATAL)\"", call,
+		       ctx_name(pd->context));
 		pthread_mutex_unlock(&fv_lock);
 		errno = EIO;
 		return NULL;
@@ -524,7 +526,8 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 
 	LOCKED(dead = d->dead);
 	if (dead) {	/* a dead HCA takes no new object */
-		LOCKED(fv_log("ibv_create_qp dev=%s ret=EIO why=\"device dead\"", d->ibdev.name));
+		LOCKED(fv_log("ibv_create_qp dev=%s ret=EIO why=\"device dead (DEVICE_FATAL)\"",
+			      d->ibdev.name));
 		errno = EIO;
 		return NULL;
 	}

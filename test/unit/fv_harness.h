@@ -169,9 +169,10 @@ static inline void fvh_write_file(const char *path, const char *text)
 static inline struct fvh *fvh_start_with(const char *conf, const char *const *files)
 {
 	struct fvh *F = &fvh_one;
+	const char *tmp = getenv("RAIL_FAKEVERBS_TMPDIR");	/* default /tmp; tmpfs is faster */
 
 	memset(F, 0, sizeof(*F));
-	snprintf(F->dir, sizeof(F->dir), "/tmp/rail-fakeverbs-XXXXXX");
+	snprintf(F->dir, sizeof(F->dir), "%.36s/rail-fakeverbs-XXXXXX", tmp && tmp[0] ? tmp : "/tmp");
 	assert_non_null(mkdtemp(F->dir));
 	snprintf(F->conf, sizeof(F->conf), "%.60s/devices.conf", F->dir);
 	snprintf(F->log, sizeof(F->log), "%.60s/verbs.log", F->dir);
