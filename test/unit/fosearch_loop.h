@@ -265,6 +265,13 @@ static void fo_test_recvs(struct fo_run *R)
 		for (int i = 0; i < FO_MAXBUF; i++)
 			got[i] = -1;
 		res = rail_net_test(R->rreq[k], &done, got);
+		if (res != ncclSuccess && R->closed_s && !fo_recv_owed(R, k)) {
+			/* its send was in flight when NCCL closed the send comm: it may fail */
+			R->rstate[k] = R_DONE;
+			fo_trace(R, "receive %d failed (%d): a send of it was not done at the close", k,
+				 (int)res);
+			continue;
+		}
 		if (res != ncclSuccess) {
 			R->rstate[k] = R_DONE;
 			fo_call_failed(R, "test of receive", k, res);
