@@ -64,20 +64,28 @@ static inline int mrs_of(int n, void **in, void **out, const char *call)
 
 /*
  * A comm a transport thread may also work on (rail_comm.guarded): the data
- * call takes it for its duration; 0 when the thread has it now.
+ * call holds it for its duration; 0 when the thread has it now. The owner's
+ * half of the guard (transport.h): plain stores and loads, a compiler
+ * barrier, no locked instruction.
  */
 static inline int comm_enter(struct rail_comm *c)
 {
 	if (rail_likely(!c->guarded))
 		return 1;
-	atomic_fetch_add_explicit(&c->calls, 1, memory_order_relaxed);
-	return !atomic_flag_test_and_set_explicit(&c->busy, memory_order_acquire);
+	atomic_store_explicit(&c->calls, atomic_load_explicit(&c->calls, memory_order_relaxed) + 1,
+			      memory_order_relaxed);
+	atomic_store_explicit(&c->in_call, 1, memory_order_relaxed);
+	rail_guard_light();
+	if (rail_likely(!atomic_load_explicit(&c->mover, memory_order_acquire)))
+		return 1;
+	atomic_store_explicit(&c->in_call, 0, memory_order_release);
+	return 0;
 }
 
 static inline void comm_leave(struct rail_comm *c)
 {
 	if (c->guarded)
-		atomic_flag_clear_explicit(&c->busy, memory_order_release);
+		atomic_store_explicit(&c->in_call, 0, memory_order_release);
 }
 
 #endif

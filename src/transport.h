@@ -79,17 +79,60 @@ struct rail_comm {
 	struct rail_prof_req *prof;
 	/*
 	 * A transport's own thread may work on the comm between NCCL's calls
-	 * (verbs failover's move thread, src/ib/ib_move.c). With guarded set
-	 * (by the transport, before the comm is returned), each data call
-	 * (isend, irecv, iflush, test) takes busy for its whole duration,
-	 * flight record and counters included, and finding it taken answers
-	 * "not now"; calls counts them, so the thread can see a comm NCCL
-	 * leaves alone.
+	 * (verbs failover's move thread, src/ib/ib_move_thread.c). With guarded
+	 * set (by the transport, before the comm is returned), each data call
+	 * (isend, irecv, iflush, test) holds the comm for its whole duration,
+	 * flight record and counters included, and finding the thread on it
+	 * answers "not now" (the guard below). calls counts them, so the
+	 * thread can see a comm NCCL leaves alone; NCCL makes one call on a
+	 * comm at a time, so only the caller writes it (a load and a store).
 	 */
 	int guarded;
-	atomic_flag busy;
+	atomic_int in_call;	/* NCCL's side (api_int.h comm_enter) holds it */
+	atomic_int mover;	/* the transport's thread wants it, or holds it */
 	atomic_uint calls;
+	int closed;		/* rail_comm_closed: no longer counted live */
 };
+
+/*
+ * The guard of a guarded comm: an asymmetric Dekker protocol between
+ * NCCL's calls (the owner, one call at a time) and the transport's thread
+ * (the mover). The owner stores in_call = 1, then loads mover, with only
+ * a compiler barrier between (rail_guard_light: no locked instruction on
+ * the data path); the mover stores mover = 1 on the comms it wants, then
+ * makes every running thread of the process execute a full barrier
+ * (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), one system call for a
+ * batch of comms), then loads in_call. Either the owner sees mover or the
+ * mover sees in_call: never both in. Whoever finds the other there backs
+ * off. Without membarrier (an old kernel, a seccomp filter, valgrind) both
+ * sides use a full fence instead, chosen once (rail_guard_setup).
+ */
+extern atomic_int rail_guard_fence;	/* 1: no membarrier, the owner fences */
+
+/* Once, before the first comm is guarded: register for membarrier, or fall back. */
+void rail_guard_setup(void);
+/* Tests: 1 forces the fallback (full fences on both sides), 0 membarrier if it works. */
+void rail_guard_force_fence(int on);
+
+static inline void rail_guard_light(void)
+{
+	if (__builtin_expect(atomic_load_explicit(&rail_guard_fence, memory_order_relaxed), 0))
+		atomic_thread_fence(memory_order_seq_cst);
+	else
+		atomic_signal_fence(memory_order_seq_cst);
+}
+
+/*
+ * The mover takes what it can of the n comms in v (NULL entries skipped):
+ * taken[i] is 1 for each it now holds (release with rail_guard_give), 0
+ * where NCCL is in a call on it. Returns how many it took.
+ */
+int rail_guard_take(struct rail_comm *const *v, int n, unsigned char *taken);
+
+static inline void rail_guard_give(struct rail_comm *c)
+{
+	atomic_store_explicit(&c->mover, 0, memory_order_release);
+}
 
 enum rail_req_type {
 	RAIL_REQ_SEND = 1,
@@ -185,6 +228,11 @@ struct rail_transport_ops {
 int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
 		   const struct rail_transport_ops *ops);
 void rail_comm_fini(struct rail_comm *comm);
+/*
+ * Closed to NCCL but freed later by the transport's own thread (its
+ * rail_comm_fini then): no longer counted live, so finalize goes ahead.
+ */
+void rail_comm_closed(struct rail_comm *comm);
 /* Comms initialised and not yet finalised (listen, send, receive; any transport). */
 int rail_comm_live(void);
 

@@ -211,6 +211,12 @@ int rail_ib_ladder_ptr_support(const struct rail_ib_ladder *l);
 int rail_ib_async_start(struct rail_ib_hca *hca);
 void rail_ib_async_stop(struct rail_ib_hca *hca);
 /*
+ * Called by the async threads after an event that may start or end a move
+ * (PORT_ERR, PORT_ACTIVE, DEVICE_FATAL, QP_FATAL); set by the move thread
+ * (ib_move_thread.c, above this layer), NULL to stop.
+ */
+void rail_ib_async_hook_set(void (*fn)(void));
+/*
  * New connections on dev (listen, connect, accept): -ENETDOWN, logged with
  * the call, the port and what to try, while its last event was PORT_ERR.
  */
@@ -460,8 +466,8 @@ struct rail_ib_comm {
 	int one_net;			/* made within one network (ib_move.c, at its first move) */
 	uint64_t move_ns[4];		/* when the last moves started (ring by epoch) */
 	uint64_t path_fail_ns;		/* the last move for a failed path with every port up */
-	/* the move thread (ib_move.c): base.calls at its last look */
-	unsigned seen_calls;
+	/* the move thread's record of it (ib_move_thread.c), NULL when not registered */
+	struct rail_ib_mt *mt;
 	struct rail_ib_move *mv;
 	uint32_t epoch;
 	int path_failed;
@@ -611,6 +617,12 @@ void rail_ib_local_wire_dev(const struct rail_ib_devres *r, uint32_t rkey,
 int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
 		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn,
 		       int flush);
+/*
+ * The same with no flight-record note: for the move thread, which connects
+ * a moving comm's QPs while NCCL's calls (the record's writer) go on.
+ */
+int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush);
 int rail_ib_comm_check(struct rail_ib_comm *c, const char *call);
 /*
  * Progress thread (rail_ib_comm_check): the registrations deregMr gave back
@@ -789,24 +801,41 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
  * records. Free: at close, a move in progress and the records.
  */
 void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover);
-void rail_ib_move_free(struct rail_ib_comm *c);
+/*
+ * 1 when the move thread is connecting c's new QPs right now: it calls
+ * later(c) when done, and c must not be freed before (close returns at
+ * once); else 0, the move's state freed.
+ */
+int rail_ib_move_free(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm *c));
 /*
  * For the move thread: whether c has a move to start or drive (its port,
  * its device, a QP, the peer's MOVE waiting, home back, one under way), and
- * the trigger to hand to c->on_move.
+ * the trigger to hand to c->on_move; when home's hold-down ends for a comm
+ * away from it (rail_now_ns; 0: not by the clock alone).
  */
 int rail_ib_move_wanted(struct rail_ib_comm *c);
 int rail_ib_move_trigger(struct rail_ib_comm *c);
+uint64_t rail_ib_move_back_due(const struct rail_ib_comm *c);
 
 /*
  * ib_move_thread.c: one thread per process drives the moves of comms with
- * failover that NCCL does not call. Register at arm (starts the thread),
- * unregister at close (the thread no longer looks at c once it returns);
- * fini (ib_ops' fini) stops the thread.
+ * failover that NCCL does not call, woken by events only (an idle comm
+ * costs no wake-up). Register at arm (starts the thread), unregister at
+ * close: 1 when the thread runs c's work now and calls later(c) when done
+ * (else it no longer looks at c once this returns); fini (ib_ops' fini)
+ * stops the thread. Under c's guard: watch (a move NCCL's call started:
+ * the thread looks at it every tick until done) and work (fn(c) on the
+ * thread, without the guard: a move's slow verbs calls; 0 when there is
+ * no thread, then the caller runs it). Loops: the thread's wake-ups so far
+ * (tests).
  */
+struct rail_ib_mt;
 void rail_ib_move_register(struct rail_ib_comm *c);
-void rail_ib_move_unregister(struct rail_ib_comm *c);
+int rail_ib_move_unregister(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm *c));
 void rail_ib_move_fini(void);
+void rail_ib_move_watch(struct rail_ib_comm *c);
+int rail_ib_move_work(struct rail_ib_comm *c, void (*fn)(struct rail_ib_comm *c));
+uint64_t rail_ib_move_thread_loops(void);
 
 /* ib_conn.c */
 /* The ops table new comms carry (ib_ops.c, at init: the table is above this layer). */

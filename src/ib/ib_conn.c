@@ -111,7 +111,8 @@ void rail_ib_comm_free(struct rail_ib_comm *c)
 {
 	if (!c)
 		return;
-	rail_ib_move_free(c);
+	if (rail_ib_move_free(c, rail_ib_comm_free))
+		return;	/* the move thread is connecting its QPs: it frees c when done */
 	rail_ib_flush_fini(c);
 	rail_ib_comm_res_fini(c);
 	rail_ib_tags_free(&c->tags);

@@ -56,9 +56,10 @@
  * (rail_ib_comm_write_off), which the replay covers as it covers flushed
  * ones, since what is written again is decided by the receiver's record,
  * not by the sender's completions. QP_REQ_ERR and QP_ACCESS_ERR (a bug)
- * still fail the comm. The QP transitions run in the calling thread (RTR
- * on RoCE resolves the peer's address in the kernel: a pause of the proxy
- * thread during a move, not an error).
+ * still fail the comm. The new QPs' RTR and RTS run on the move thread
+ * (rail_ib_move_work: RTR on RoCE resolves the peer's address in the
+ * kernel, up to a second), never on NCCL's proxy thread, whose calls see a
+ * move under way meanwhile.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -78,7 +79,8 @@
 #define QUIET_NS (200ull * 1000000ull)	/* drain by time: a mark the provider refused */
 #define MOVES_NS (60ull * 1000000000ull)	/* at most 4 moves of a comm in this time */
 
-enum mv_state { MV_DRAIN, MV_XCHG, MV_READY };
+enum mv_state { MV_DRAIN, MV_XCHG, MV_RTR, MV_READY };
+enum { RTR_NONE, RTR_PENDING, RTR_DONE };
 
 struct rail_ib_move {
 	enum mv_state state;
@@ -97,6 +99,8 @@ struct rail_ib_move {
 	int have_move, have_ready;
 	int follows;			/* to is where the peer went (follow_peer) */
 	int sock_err;			/* the error came from the handshake socket */
+	atomic_int rtr;			/* RTR_*: the move thread connects the new QPs (MV_RTR) */
+	int rtr_err;			/* ... its result, once RTR_DONE */
 	uint8_t tx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
 	size_t tx_len, tx_off;
 	uint8_t rx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
@@ -754,13 +758,31 @@ static int peer_move_check(struct rail_ib_comm *c, const struct rail_ib_msg *m)
 	return rail_ib_protocol_error(c, 0, what);
 }
 
-/* Both MOVEs are out: connect the new QPs to the peer's, get ready, say so. */
+/*
+ * RTR and RTS of every new QP: the move thread's work (rail_ib_move_work),
+ * without the comm's guard. It touches the QPs alone, and writes nothing
+ * but its result: NCCL's calls meanwhile stop at the move (step_ready).
+ */
+static void rtr_work(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+	int err = 0;
+
+	for (int i = 0; i < c->nqps && !err; i++) {
+		struct rail_ib_qp *q = &c->qps[i];
+
+		err = rail_ib_qp_connect(c, q->qp, c->res[q->member].dev, &c->remote[q->remote_member],
+					 q->remote_qpn, 0);
+	}
+	mv->rtr_err = err;
+	atomic_store_explicit(&mv->rtr, RTR_DONE, memory_order_release);
+}
+
+/* Both MOVEs are out: the new QPs connect to the peer's, on the move thread. */
 static int step_connect(struct rail_ib_comm *c)
 {
 	struct rail_ib_move *mv = c->mv;
 	const struct rail_ib_msg *p = &mv->peer;
-	struct rail_ib_msg m;
-	int err = 0;
 
 	for (int k = 0; k < p->ndevs; k++) {
 		c->remote[k] = p->devs[k];
@@ -770,15 +792,30 @@ static int step_connect(struct rail_ib_comm *c)
 			c->remote_fifo_rkey[k] = p->devs[k].ctrl_rkey;
 	}
 	/* each QP keeps its members on both sides (QP i: i % ndevs, i % remote_ndevs) */
-	for (int i = 0; i < c->nqps && !err; i++) {
-		struct rail_ib_qp *q = &c->qps[i];
+	for (int i = 0; i < c->nqps; i++)
+		c->qps[i].remote_qpn = p->qpn[i];
+	mv->state = MV_RTR;
+	atomic_store_explicit(&mv->rtr, RTR_PENDING, memory_order_relaxed);
+	if (!rail_ib_move_work(c, rtr_work))
+		rtr_work(c);	/* no move thread: here */
+	return 0;
+}
 
-		q->remote_qpn = p->qpn[i];
-		err = rail_ib_qp_rtr_rts(c, q->qp, c->res[q->member].dev,
-					 &c->remote[q->remote_member], p->qpn[i], 0);
-	}
-	if (!err && !is_send(c))
-		err = rail_ib_recv_replay_prepare(c);
+/* The new QPs are connected: the receiver's receive WRs, then MOVE_READY. -EAGAIN before. */
+static int step_ready(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+	struct rail_ib_msg m;
+	int err;
+
+	if (atomic_load_explicit(&mv->rtr, memory_order_acquire) != RTR_DONE)
+		return -EAGAIN;
+	if (mv->rtr_err)
+		return mv->rtr_err;
+	for (int i = 0; i < c->nqps; i++)
+		rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[i].qp->qp_num, IBV_QPS_RTS,
+				 "QP ready to send (RTS)");
+	err = is_send(c) ? 0 : rail_ib_recv_replay_prepare(c);
 	if (err)
 		return err;
 	memset(&m, 0, sizeof(m));
@@ -851,6 +888,9 @@ static int move_step(struct rail_ib_comm *c)
 	struct rail_ib_move *mv = c->mv;
 	int err = 0;
 
+	/* the move thread connects the new QPs: nothing of the move is touched meanwhile */
+	if (mv->state == MV_RTR && atomic_load_explicit(&mv->rtr, memory_order_acquire) != RTR_DONE)
+		return -EAGAIN;
 	if (mv->state == MV_DRAIN) {
 		err = step_drain(c);
 		if (err)
@@ -868,8 +908,10 @@ static int move_step(struct rail_ib_comm *c)
 			return err;
 		mv->have_move = 1;
 	}
-	if (mv->state == MV_XCHG) {
-		err = step_connect(c);
+	if (mv->state == MV_XCHG && (err = step_connect(c)))
+		return err;
+	if (mv->state == MV_RTR) {
+		err = step_ready(c);
 		if (!err)
 			err = tx_flush(c);
 		if (err)
@@ -921,8 +963,11 @@ static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 
 	if (!c->mv && trigger == RAIL_IB_TRIG_BACK && !home_ready(c))
 		return 0;	/* home is down, or not up for the hold-down yet */
-	if (!c->mv)
+	if (!c->mv) {
 		err = move_start(c, trigger);
+		if (!err)
+			rail_ib_move_watch(c);	/* if NCCL stops calling, the thread goes on */
+	}
 	if (!err)
 		err = move_step(c);
 	if (err && err != -EAGAIN)
@@ -941,6 +986,25 @@ int rail_ib_move_wanted(struct rail_ib_comm *c)
 		(void)rail_ib_qp_event_current(c);	/* drops one on a replaced QP */
 	return c->mv || c->path_failed || own_port_down(c) || atomic_load(&c->qp_event) ||
 	       home_ready(c) || recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+}
+
+uint64_t rail_ib_move_back_due(const struct rail_ib_comm *c)
+{
+	uint64_t due = 0, hold = (uint64_t)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN) * 1000000000ull;
+
+	if (c->follows)
+		return 0;
+	for (int m = 0; m < c->ndevs; m++) {
+		const struct rail_ib_dev *h = c->home[m];
+		uint64_t up = atomic_load(&h->up_ns);
+
+		if (h == c->res[m].dev)
+			continue;
+		if (dev_down(h) || !up)
+			return 0;	/* its PORT_ACTIVE wakes the thread */
+		due = RAIL_MAX(due, up + hold);
+	}
+	return due;
 }
 
 /* What the move thread hands to on_move (a move under way ignores it). */
@@ -978,14 +1042,18 @@ void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover)
 			c->sent[k].num = UINT64_MAX;
 	}
 	c->failover = 1;
-	c->base.guarded = 1;	/* NCCL's calls and the move thread take turns (api.c) */
+	rail_guard_setup();
+	c->base.guarded = 1;	/* NCCL's calls and the move thread take turns (api_int.h) */
 	rail_ib_move_register(c);
 }
 
-void rail_ib_move_free(struct rail_ib_comm *c)
+int rail_ib_move_free(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm *c))
 {
-	if (c->failover)
-		rail_ib_move_unregister(c);	/* the thread no longer looks at it after this */
+	/* the thread no longer looks at it after this, or is connecting its QPs */
+	if (c->failover && rail_ib_move_unregister(c, later)) {
+		rail_comm_closed(&c->base);	/* closed to NCCL (finalize): freed by the thread */
+		return 1;
+	}
 	if (c->mv) {
 		rail_ib_old_free(&c->mv->old);
 		free(c->mv);
@@ -993,4 +1061,5 @@ void rail_ib_move_free(struct rail_ib_comm *c)
 	}
 	free(c->sent);
 	c->sent = NULL;
+	return 0;
 }

@@ -389,6 +389,17 @@ static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
 		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush)
 {
+	int err = rail_ib_qp_connect(c, qp, d, remote, remote_qpn, flush);
+
+	if (!err)
+		rail_flight_note(&c->base.fl, RAIL_FEV_STATE, qp->qp_num, IBV_QPS_RTS,
+				 "QP ready to send (RTS)");
+	return err;
+}
+
+int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush)
+{
 	struct ibv_qp_attr a;
 	uint64_t t0;
 	int ret;
@@ -424,7 +435,6 @@ int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 				 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (ret)
 		return modify_warn(c, qp, d, "RTS", ret, remote);
-	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, qp->qp_num, IBV_QPS_RTS, "QP ready to send (RTS)");
 	return 0;
 }
 
