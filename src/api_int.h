@@ -70,12 +70,14 @@ static inline int mrs_of(int n, void **in, void **out, const char *call)
  */
 static inline int comm_enter(struct rail_comm *c)
 {
-	if (rail_likely(!c->guarded))
+	int guarded = c->guarded;
+
+	if (rail_likely(!guarded))
 		return 1;
 	atomic_store_explicit(&c->calls, atomic_load_explicit(&c->calls, memory_order_relaxed) + 1,
 			      memory_order_relaxed);
 	atomic_store_explicit(&c->in_call, 1, memory_order_relaxed);
-	rail_guard_light();
+	rail_guard_light(guarded);
 	if (rail_likely(!atomic_load_explicit(&c->mover, memory_order_acquire)))
 		return 1;
 	atomic_store_explicit(&c->in_call, 0, memory_order_release);

@@ -90,16 +90,18 @@ static void guard_setup_once(void)
 			  : "membarrier(PRIVATE_EXPEDITED) on the transport's thread, none on the data path");
 }
 
-void rail_guard_setup(void)
+int rail_guard_setup(void)
 {
 	pthread_once(&guard_once, guard_setup_once);
+	return atomic_load(&rail_guard_fence) ? RAIL_GUARD_FENCE : RAIL_GUARD_LIGHT;
 }
 
-void rail_guard_force_fence(int on)
+int rail_guard_force_fence(int on)
 {
 	rail_guard_setup();
 	atomic_store(&guard_forced, on);
 	atomic_store(&rail_guard_fence, on || guard_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0);
+	return rail_guard_setup();
 }
 
 /* The mover's full barrier: on every running thread (membarrier), or its own fence. */

@@ -87,7 +87,7 @@ struct rail_comm {
 	 * thread can see a comm NCCL leaves alone; NCCL makes one call on a
 	 * comm at a time, so only the caller writes it (a load and a store).
 	 */
-	int guarded;
+	int guarded;		/* RAIL_GUARD_*: 0 for a comm only NCCL's calls touch */
 	atomic_int in_call;	/* NCCL's side (api_int.h comm_enter) holds it */
 	atomic_int mover;	/* the transport's thread wants it, or holds it */
 	atomic_uint calls;
@@ -104,19 +104,26 @@ struct rail_comm {
  * (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), one system call for a
  * batch of comms), then loads in_call. Either the owner sees mover or the
  * mover sees in_call: never both in. Whoever finds the other there backs
- * off. Without membarrier (an old kernel, a seccomp filter, valgrind) both
- * sides use a full fence instead, chosen once (rail_guard_setup).
+ * off. Without membarrier (an old kernel, a seccomp filter) both sides
+ * use a full fence instead, chosen once at the first guarded comm
+ * (rail_guard_setup) and carried in each comm's guarded, so that the data
+ * path reads no global.
  */
+enum { RAIL_GUARD_OFF, RAIL_GUARD_LIGHT, RAIL_GUARD_FENCE };
 extern atomic_int rail_guard_fence;	/* 1: no membarrier, the owner fences */
 
-/* Once, before the first comm is guarded: register for membarrier, or fall back. */
-void rail_guard_setup(void);
-/* Tests: 1 forces the fallback (full fences on both sides), 0 membarrier if it works. */
-void rail_guard_force_fence(int on);
+/* Once per process, then what a new guarded comm's guarded is (RAIL_GUARD_LIGHT or _FENCE). */
+int rail_guard_setup(void);
+/*
+ * Tests, with no guarded comm live: 1 forces the fallback (full fences on
+ * both sides), 0 back to membarrier if it works. Returns rail_guard_setup's.
+ */
+int rail_guard_force_fence(int on);
 
-static inline void rail_guard_light(void)
+/* The owner's barrier between its store of in_call and its load of mover. */
+static inline void rail_guard_light(int guarded)
 {
-	if (__builtin_expect(atomic_load_explicit(&rail_guard_fence, memory_order_relaxed), 0))
+	if (__builtin_expect(guarded == RAIL_GUARD_FENCE, 0))
 		atomic_thread_fence(memory_order_seq_cst);
 	else
 		atomic_signal_fence(memory_order_seq_cst);

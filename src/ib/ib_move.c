@@ -1042,8 +1042,7 @@ void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover)
 			c->sent[k].num = UINT64_MAX;
 	}
 	c->failover = 1;
-	rail_guard_setup();
-	c->base.guarded = 1;	/* NCCL's calls and the move thread take turns (api_int.h) */
+	c->base.guarded = rail_guard_setup();	/* NCCL's calls and the move thread take turns */
 	rail_ib_move_register(c);
 }
 

@@ -116,16 +116,17 @@ static void run(int fence)
 	pthread_t ot[NCOMMS], mt;
 	uint32_t ms = seed * 2654435761u | 1;
 	unsigned long in = 0;
+	int guarded;
 
 	iters = getenv("RAIL_TEST_ITERS") ? strtoul(getenv("RAIL_TEST_ITERS"), NULL, 0) : 200000;
-	rail_guard_force_fence(fence);
+	guarded = rail_guard_force_fence(fence);
 	print_message("guard stress, %s: seed=%u iters=%lu (replay: RAIL_TEST_SEED=%u)\n",
 		      atomic_load(&rail_guard_fence) ? "full fences" : "membarrier", seed, iters,
 		      seed);
 	memset(comms, 0, sizeof(comms));
 	atomic_store(&mover_done, 0);
 	for (int i = 0; i < NCOMMS; i++) {
-		comms[i].c.guarded = 1;
+		comms[i].c.guarded = guarded;
 		oa[i].g = &comms[i];
 		oa[i].seed = (seed + 0x9e3779b9u * (uint32_t)(i + 1)) | 1;
 		assert_int_equal(pthread_create(&ot[i], NULL, owner, &oa[i]), 0);
@@ -171,8 +172,7 @@ static void test_guard_backoff(void **state)
 
 	(void)state;
 	memset(&c, 0, sizeof(c));
-	c.guarded = 1;
-	rail_guard_force_fence(0);
+	c.guarded = rail_guard_force_fence(0);
 	assert_int_equal(rail_guard_take(v, 1, taken), 1);
 	assert_false(comm_enter(&c));		/* the mover has it: "not now" */
 	assert_int_equal(atomic_load(&c.in_call), 0);
