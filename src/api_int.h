@@ -76,9 +76,7 @@ static inline int comm_enter(struct rail_comm *c)
 		return 1;
 	atomic_store_explicit(&c->calls, atomic_load_explicit(&c->calls, memory_order_relaxed) + 1,
 			      memory_order_relaxed);
-	atomic_store_explicit(&c->in_call, 1, memory_order_relaxed);
-	rail_guard_light(guarded);
-	if (rail_likely(!atomic_load_explicit(&c->mover, memory_order_acquire)))
+	if (rail_likely(!rail_guard_owner_in(c, guarded)))
 		return 1;
 	atomic_store_explicit(&c->in_call, 0, memory_order_release);
 	return 0;

@@ -104,24 +104,27 @@ int rail_guard_force_fence(int on)
 	return rail_guard_setup();
 }
 
-/* The mover's full barrier: on every running thread (membarrier), or its own fence. */
-static void guard_heavy(void)
-{
-	if (atomic_load_explicit(&rail_guard_fence, memory_order_relaxed) ||
-	    guard_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED))
-		atomic_thread_fence(memory_order_seq_cst);
-}
-
 int rail_guard_take(struct rail_comm *const *v, int n, unsigned char *taken)
 {
 	int got = 0;
 
+	/* sequentially consistent on this side in both modes: the rare path */
 	for (int i = 0; i < n; i++)
 		if (v[i])
-			atomic_store_explicit(&v[i]->mover, 1, memory_order_relaxed);
-	guard_heavy();
+			atomic_store_explicit(&v[i]->mover, 1, memory_order_seq_cst);
+	/* a full barrier on every running thread, owners included (none in the fallback) */
+	if (!atomic_load_explicit(&rail_guard_fence, memory_order_relaxed) &&
+	    guard_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)) {
+		/* registered at setup, so this cannot fail; if it did, taking would be unsafe */
+		RAIL_WARN("membarrier(PRIVATE_EXPEDITED) failed: %s; the transport's thread "
+			  "leaves %d comms to NCCL's calls", RAIL_ERRSTR(-errno), n);
+		for (int i = 0; i < n; i++)
+			if ((taken[i] = 0, v[i]))
+				rail_guard_give(v[i]);
+		return 0;
+	}
 	for (int i = 0; i < n; i++) {
-		taken[i] = v[i] && !atomic_load_explicit(&v[i]->in_call, memory_order_acquire);
+		taken[i] = v[i] && !atomic_load_explicit(&v[i]->in_call, memory_order_seq_cst);
 		if (v[i] && !taken[i])
 			rail_guard_give(v[i]);	/* NCCL is in a call on it */
 		got += taken[i];

@@ -104,8 +104,9 @@ struct rail_comm {
  * (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), one system call for a
  * batch of comms), then loads in_call. Either the owner sees mover or the
  * mover sees in_call: never both in. Whoever finds the other there backs
- * off. Without membarrier (an old kernel, a seccomp filter) both sides
- * use a full fence instead, chosen once at the first guarded comm
+ * off. Without membarrier (an old kernel, a seccomp filter) all four
+ * accesses are sequentially consistent instead (plain C11 Dekker: a locked
+ * exchange on x86), chosen once at the first guarded comm
  * (rail_guard_setup) and carried in each comm's guarded, so that the data
  * path reads no global.
  */
@@ -120,13 +121,16 @@ int rail_guard_setup(void);
  */
 int rail_guard_force_fence(int on);
 
-/* The owner's barrier between its store of in_call and its load of mover. */
-static inline void rail_guard_light(int guarded)
+/* The owner's half: in_call = 1, then whether the mover is there (nonzero: back off). */
+static inline int rail_guard_owner_in(struct rail_comm *c, int guarded)
 {
-	if (__builtin_expect(guarded == RAIL_GUARD_FENCE, 0))
-		atomic_thread_fence(memory_order_seq_cst);
-	else
-		atomic_signal_fence(memory_order_seq_cst);
+	if (__builtin_expect(guarded == RAIL_GUARD_FENCE, 0)) {
+		atomic_store_explicit(&c->in_call, 1, memory_order_seq_cst);
+		return atomic_load_explicit(&c->mover, memory_order_seq_cst);
+	}
+	atomic_store_explicit(&c->in_call, 1, memory_order_relaxed);
+	atomic_signal_fence(memory_order_seq_cst);	/* the compiler's order only: membarrier */
+	return atomic_load_explicit(&c->mover, memory_order_acquire);
 }
 
 /*

@@ -419,6 +419,8 @@ struct rail_ib_comm {
 	int vdev;
 	int ndevs;
 	struct rail_ib_devres res[RAIL_MAX_VDEV_DEVS];
+	/* res[m].dev, for regMr: NCCL registers on other threads, while a move may rebuild */
+	struct rail_ib_dev *_Atomic reg_dev[RAIL_MAX_VDEV_DEVS];
 	int remote_ndevs;
 	struct rail_ib_wire_dev remote[RAIL_MAX_VDEV_DEVS];
 	/* ECE per member (vendor_id 0: none): offered, then (sender) settled; the peer's */

@@ -54,7 +54,8 @@ struct rail_ib_mt {
 	struct rail_ib_comm *c;		/* NULL: unregistered, freed after the round */
 	struct rail_ib_mt *dead_next;
 	_Atomic uint64_t due;		/* look at it then (rail_now_ns); 0: on an event only */
-	unsigned seen_calls;		/* base.calls at the last look */
+	unsigned seen_calls;		/* base.calls, as first seen ... */
+	uint64_t seen_ns;		/* ... then */
 	int flagged;			/* an event for it: looked at in the next round */
 	int armed;			/* its socket waits in the epoll set */
 	int sock_gone;			/* end of file or an error there: not watched again */
@@ -109,36 +110,43 @@ static void arm(struct rail_ib_mt *e)
 		e->sock_gone = 1;	/* NCCL's calls find what is wrong with it */
 }
 
+/* A sender with pieces a move lost still to write again, CTS by CTS as they come. */
+static int pieces_left(const struct rail_ib_comm *c)
+{
+	return c->base.kind == RAIL_COMM_SEND && (c->rp_next != c->rp_end || c->batch_stale);
+}
+
 /*
- * One look at c, holding its guard (mt.lock not held): drive its move when
- * it has one and NCCL leaves it alone, then decide when to look again.
+ * One look at c, holding its guard (mt.lock not held). NCCL called it in
+ * the last TICK_NS (as far as the looks tell): its calls drive what there
+ * is to drive, and the thread only watches. Else the thread drives its
+ * move, or its lost pieces. Then: when to look again, and its socket armed
+ * again once it is idle.
  */
 static void look(struct rail_ib_mt *e, uint64_t now)
 {
 	struct rail_ib_comm *c = e->c;
 	unsigned calls = atomic_load_explicit(&c->base.calls, memory_order_relaxed);
-	int wanted = !c->error && rail_ib_move_wanted(c), pieces;
+	int called, wanted = !c->error && rail_ib_move_wanted(c), busy;
 	uint64_t due = 0;
 
-	if (wanted && calls != e->seen_calls) {
-		e->seen_calls = calls;	/* NCCL calls it: its calls drive the move */
-		atomic_store_explicit(&e->due, now + TICK_NS, memory_order_relaxed);
-		return;
+	if (calls != e->seen_calls) {
+		e->seen_calls = calls;
+		e->seen_ns = now;
 	}
-	e->seen_calls = calls;
-	if (wanted)
+	called = now - e->seen_ns < TICK_NS;
+	if (!called && wanted)
 		(void)c->on_move(c, rail_ib_move_trigger(c), "the move thread");
-	pieces = c->base.kind == RAIL_COMM_SEND && (c->rp_next != c->rp_end || c->batch_stale);
-	if (!c->mv && !c->error && pieces)
-		(void)rail_ib_send_progress(c);	/* lost pieces, CTS by CTS */
-	pieces = c->base.kind == RAIL_COMM_SEND && (c->rp_next != c->rp_end || c->batch_stale);
+	if (!called && !c->mv && !c->error && pieces_left(c))
+		(void)rail_ib_send_progress(c);
+	busy = c->mv || c->path_failed || pieces_left(c) || (called && wanted);
 	if (!c->error) {
-		due = c->mv || c->path_failed || pieces ? now + TICK_NS : rail_ib_move_back_due(c);
+		due = busy ? now + TICK_NS : rail_ib_move_back_due(c);
 		if (due && due <= now)
 			due = now + TICK_NS;	/* home is ready but the move did not start */
 	}
 	atomic_store_explicit(&e->due, due, memory_order_relaxed);
-	if (!c->error && !c->mv && !e->armed && !e->sock_gone)
+	if (!c->error && !busy && !e->armed && !e->sock_gone)
 		arm(e);
 }
 

@@ -350,10 +350,11 @@ static int reg_common(struct rail_comm *comm, void *data, size_t size, int type,
 	int gpu = (type & RAIL_PTR_CUDA) || fd >= 0, err;
 
 	for (int i = 0; i < c->ndevs; i++) {
-		const struct rail_ib_ladder *l = &c->res[i].dev->hca->ladder;
+		const struct rail_ib_ladder *l;
 
-		devs[i] = c->res[i].dev;
+		devs[i] = atomic_load(&c->reg_dev[i]);	/* a move rehomes it at its first use */
 		hcas[i] = devs[i]->hca;
+		l = &hcas[i]->ladder;
 		if (type & RAIL_PTR_CUDA && fd < 0 && !l->peermem) {
 			RAIL_WARN("regMr(%p, %zu bytes, CUDA) on %s for peer %s: GPU memory needs "
 				  "peermem, which is absent (%s); NCCL should have used DMA-BUF "

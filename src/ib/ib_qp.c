@@ -119,6 +119,7 @@ int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send)
 		int err;
 
 		c->res[m].dev = rail_ib_dev_get(v->devs[m]);
+		atomic_store(&c->reg_dev[m], c->res[m].dev);
 		c->ar = c->ar && c->res[m].dev->ar;
 		err = member_ready(c, m, is_send ? "connect" : "accept");
 		if (err)
@@ -769,6 +770,7 @@ int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d,
 	old->res[old->nres++] = *r;
 	memset(r, 0, sizeof(*r));
 	r->dev = d;
+	atomic_store(&c->reg_dev[m], d);	/* regMr, on NCCL's other threads */
 	err = member_ready(c, m, "move");
 	if (err)
 		return err;
