@@ -177,8 +177,8 @@ static void round_run(uint64_t now)
 {
 	int n = 0, scan = mt.scan;
 
-	if (grow_batch())
-		return;	/* no memory: the next wake-up tries again */
+	int nomem = grow_batch();
+
 	mt.scan = 0;
 	for (int i = 0; i < mt.n; i++) {
 		struct rail_ib_mt *e = mt.v[i];
@@ -189,6 +189,10 @@ static void round_run(uint64_t now)
 		if (!scan && !e->flagged && !(due && due <= now))
 			continue;
 		e->flagged = 0;
+		if (nomem) {	/* this round is lost: NCCL's calls move these comms */
+			atomic_store_explicit(&e->due, now + TICK_NS, memory_order_relaxed);
+			continue;
+		}
 		mt.batch[n] = e;
 		mt.comms[n++] = &e->c->base;
 	}
