@@ -22,9 +22,9 @@
  *     from home (when its home's hold-down ends).
  * An idle comm costs no wake-up. A look takes the comm (the guard,
  * transport.h; one membarrier for the whole batch of a round); one NCCL is
- * in a call on, or has called since the last look while it has a move to
- * make, is left to NCCL's calls, which drive the move, and looked at
- * again a tick later.
+ * in a call on, or has called within a tick, is left to NCCL's calls,
+ * which drive its move, and looked at again a tick later. The work runs
+ * one item at a time, outside the comm's guard.
  *
  * Locking: mt.lock guards the table, each entry's work and later, and the
  * eventfd; it is not held while a comm is looked at or its work runs, so
