@@ -28,6 +28,7 @@
 #                             (NCCL_RAIL_MLX5_LIB)
 #   test/fuzz/fuzz_*.c     -> build-fuzz/test/fuzz/fuzz_* (libFuzzer, clang;
 #                             make fuzz)
+#   test/scale/*.c         -> build/test/scale/* (benchmarks on the fake provider)
 
 CC      ?= gcc
 BUILD   ?= build
@@ -88,6 +89,7 @@ UNIT_SRCS   := $(sort $(wildcard test/unit/test_*.c))
 CONF_SRCS   := $(sort $(wildcard test/conformance/*.c))
 FAKEVERBS_SRCS := $(sort $(wildcard test/fakeverbs/*.c))
 FUZZ_SRCS   := $(sort $(wildcard test/fuzz/fuzz_*.c))
+SCALE_SRCS  := $(sort $(wildcard test/scale/*.c))
 
 CORE_OBJS   := $(CORE_SRCS:%.c=$(BUILD)/obj/%.o)
 PLUGIN_OBJS := $(PLUGIN_SRCS:%.c=$(BUILD)/obj/%.o)
@@ -102,6 +104,7 @@ CONFORMANCE := $(BUILD)/rail-conformance
 FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
 FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so $(BUILD)/test/fakeverbs/libfakemlx5old.so
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
+SCALE       := $(SCALE_SRCS:test/scale/%.c=$(BUILD)/test/scale/%)
 
 .PHONY: all plugin tools tests check test test-instr test-unit test-fosearch test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-rxe-smoke test-rxe2 test-rxe2-watchdog test-rxe2-failover test-tsan test-readme test-netns test-fresh \
@@ -111,7 +114,7 @@ all: plugin tools
 
 plugin: $(PLUGIN)
 tools: $(TOOLS)
-tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS) $(FAKEMLX5) $(PINGPONG)
+tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS) $(FAKEMLX5) $(PINGPONG) $(SCALE)
 
 # Every object depends on VERSION: the number is compiled in (src/rail.h).
 $(BUILD)/obj/%.o: %.c VERSION
@@ -140,6 +143,12 @@ $(TOOLS): $(BUILD)/%: $$(subst -,_,tools/%.c) $$(wildcard $$(subst -,_,tools/%)/
 
 # test/perf/pingpong.c: the verbs data path counted in instructions (test/perf/instr.sh).
 $(PINGPONG): test/perf/pingpong.c $(CORE_LIB) VERSION
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LD_LTO) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+
+# test/scale/*.c: what many connections cost, on the fake provider (scale_bench: idle CPU).
+$(SCALE): $(BUILD)/test/scale/%: test/scale/%.c $(CORE_LIB) VERSION
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LD_LTO) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)

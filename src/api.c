@@ -454,29 +454,6 @@ static int mr_publish(struct rail_comm *c, void *mh, const char *call, void **ou
 	return 0;
 }
 
-/*
- * regMr and deregMr run on NCCL's service thread. On a comm a transport
- * thread also works on (guarded: verbs failover) they take their turn like
- * the data calls, since a move rebuilds what they read (api_int.h).
- */
-static void turn_take(struct rail_comm *c)
-{
-	while (!comm_enter(c))
-		sched_yield();
-}
-
-static int reg_turn(struct rail_comm *c, void *data, size_t size, int type, int dmabuf,
-		    uint64_t offset, int fd, void **mh)
-{
-	int err;
-
-	turn_take(c);
-	err = dmabuf ? c->ops->reg_mr_dmabuf(c, data, size, type, offset, fd, mh)
-		     : c->ops->reg_mr(c, data, size, type, mh);
-	comm_leave(c);
-	return err;
-}
-
 ncclResult_t rail_net_reg_mr(void *comm, void *data, size_t size, int type, void **mhandle)
 {
 	struct rail_comm *c = data_comm_of(comm, "regMr");
@@ -492,7 +469,7 @@ ncclResult_t rail_net_reg_mr(void *comm, void *data, size_t size, int type, void
 			  RAIL_PTR_CUDA);
 		return ncclInternalError;
 	}
-	err = reg_turn(c, data, size, type, 0, 0, -1, &mh);
+	err = c->ops->reg_mr(c, data, size, type, &mh);
 	if (!err)
 		err = mr_publish(c, mh, "regMr", mhandle);
 	return rail_result(err);
@@ -514,9 +491,9 @@ ncclResult_t rail_net_reg_mr_dmabuf(void *comm, void *data, size_t size, int typ
 				  "DMA-BUF support", data, size, fd, c->ops->name);
 			return ncclInternalError;
 		}
-		err = reg_turn(c, data, size, type, 0, 0, -1, &mh);
+		err = c->ops->reg_mr(c, data, size, type, &mh);
 	} else {
-		err = reg_turn(c, data, size, type, 1, offset, fd, &mh);
+		err = c->ops->reg_mr_dmabuf(c, data, size, type, offset, fd, &mh);
 	}
 	if (!err)
 		err = mr_publish(c, mh, "regMrDmaBuf", mhandle);
@@ -528,7 +505,6 @@ ncclResult_t rail_net_dereg_mr(void *comm, void *mhandle)
 	struct rail_comm *c = data_comm_of(comm, "deregMr");
 	void *mh;
 	uint32_t k;
-	int err;
 
 	if (!c)
 		return ncclInternalError;
@@ -546,10 +522,7 @@ ncclResult_t rail_net_dereg_mr(void *comm, void *mhandle)
 		RAIL_WARN("deregMr(%p): deregistered by another thread meanwhile", mhandle);
 		return ncclInternalError;
 	}
-	turn_take(c);
-	err = c->ops->dereg_mr(c, mh);
-	comm_leave(c);
-	return rail_result(err);
+	return rail_result(c->ops->dereg_mr(c, mh));
 }
 
 /* The comm's counters, to the summary and the process total (NCCL_RAIL_STATS). */
@@ -571,8 +544,8 @@ static ncclResult_t close_comm(void *p, enum rail_comm_kind kind, const char *ca
 
 	if (!c)
 		return ncclInternalError;
-	if (kind != RAIL_COMM_LISTEN)
-		turn_take(c);	/* the transport's thread finishes its step; then it is ours */
+	while (kind != RAIL_COMM_LISTEN && !comm_enter(c))
+		sched_yield();	/* the transport's thread finishes its step; then it is ours */
 	rail_flight_call(&c->fl);
 	/* Registrations NCCL did not deregister go with the comm (their handles die too). */
 	while (rail_h_take_owned((uintptr_t)p, &mh)) {

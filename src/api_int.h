@@ -64,20 +64,28 @@ static inline int mrs_of(int n, void **in, void **out, const char *call)
 
 /*
  * A comm a transport thread may also work on (rail_comm.guarded): the data
- * call takes it for its duration; 0 when the thread has it now.
+ * call holds it for its duration; 0 when the thread has it now. The owner's
+ * half of the guard (transport.h): plain stores and loads, a compiler
+ * barrier, no locked instruction.
  */
 static inline int comm_enter(struct rail_comm *c)
 {
-	if (rail_likely(!c->guarded))
+	int guarded = c->guarded;
+
+	if (rail_likely(!guarded))
 		return 1;
-	atomic_fetch_add_explicit(&c->calls, 1, memory_order_relaxed);
-	return !atomic_flag_test_and_set_explicit(&c->busy, memory_order_acquire);
+	atomic_store_explicit(&c->calls, atomic_load_explicit(&c->calls, memory_order_relaxed) + 1,
+			      memory_order_relaxed);
+	if (rail_likely(!rail_guard_owner_in(c, guarded)))
+		return 1;
+	rail_guard_owner_out(c);
+	return 0;
 }
 
 static inline void comm_leave(struct rail_comm *c)
 {
 	if (c->guarded)
-		atomic_flag_clear_explicit(&c->busy, memory_order_release);
+		rail_guard_owner_out(c);
 }
 
 #endif

@@ -1,8 +1,12 @@
-/* nccl-net-rail: transport choice and comm bookkeeping. */
+/* nccl-net-rail: transport choice, comm bookkeeping, and the guard of a guarded comm. */
+#include <linux/membarrier.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include "log.h"
 #include "param.h"
@@ -27,6 +31,7 @@ int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
 	int err;
 
 	comm->kind = kind;
+	comm->closed = 0;
 	comm->dev = dev;
 	comm->ops = ops;
 	memset(&comm->st, 0, sizeof(comm->st));
@@ -50,10 +55,84 @@ void rail_comm_fini(struct rail_comm *comm)
 		rail_pool_destroy(&comm->reqs);
 	free(comm->prof);
 	comm->prof = NULL;
-	if (comm->kind != RAIL_COMM_DEAD)
-		atomic_fetch_sub(&comms_live, 1);
+	rail_comm_closed(comm);
 	comm->kind = RAIL_COMM_DEAD;
 }
+
+void rail_comm_closed(struct rail_comm *comm)
+{
+	if (comm->kind != RAIL_COMM_DEAD && !comm->closed)
+		atomic_fetch_sub(&comms_live, 1);
+	comm->closed = 1;
+}
+
+/* ---- the guard (transport.h) ------------------------------------------------ */
+
+atomic_int rail_guard_fence;
+static atomic_int guard_forced;		/* rail_guard_force_fence */
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+
+static long guard_membarrier(int cmd)
+{
+	return syscall(__NR_membarrier, cmd, 0, 0);
+}
+
+static void guard_setup_once(void)
+{
+	long cmds = guard_membarrier(MEMBARRIER_CMD_QUERY);
+	int ok = cmds > 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+		 guard_membarrier(MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED) == 0;
+
+	atomic_store(&rail_guard_fence, !ok || atomic_load(&guard_forced));
+	RAIL_INFO(RAIL_LOG_INIT, "guarded comms: %s",
+		  atomic_load(&rail_guard_fence)
+			  ? "a full fence per data call (membarrier(PRIVATE_EXPEDITED) unavailable)"
+			  : "membarrier(PRIVATE_EXPEDITED) on the transport's thread, none on the data path");
+}
+
+int rail_guard_setup(void)
+{
+	pthread_once(&guard_once, guard_setup_once);
+	return atomic_load(&rail_guard_fence) ? RAIL_GUARD_FENCE : RAIL_GUARD_LIGHT;
+}
+
+int rail_guard_force_fence(int on)
+{
+	rail_guard_setup();
+	atomic_store(&guard_forced, on);
+	atomic_store(&rail_guard_fence, on || guard_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED) != 0);
+	return rail_guard_setup();
+}
+
+int rail_guard_take(struct rail_comm *const *v, int n, unsigned char *taken)
+{
+	int got = 0;
+
+	/* sequentially consistent on this side in both modes: the rare path */
+	for (int i = 0; i < n; i++)
+		if (v[i])
+			atomic_store_explicit(&v[i]->mover, 1, memory_order_seq_cst);
+	/* a full barrier on every running thread, owners included (none in the fallback) */
+	if (!atomic_load_explicit(&rail_guard_fence, memory_order_relaxed) &&
+	    guard_membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED)) {
+		/* registered at setup, so this cannot fail; if it did, taking would be unsafe */
+		RAIL_WARN("membarrier(PRIVATE_EXPEDITED) failed: %s; the transport's thread "
+			  "leaves %d comms to NCCL's calls", RAIL_ERRSTR(-errno), n);
+		for (int i = 0; i < n; i++)
+			if ((taken[i] = 0, v[i]))
+				rail_guard_give(v[i]);
+		return 0;
+	}
+	for (int i = 0; i < n; i++) {
+		taken[i] = v[i] && !atomic_load_explicit(&v[i]->in_call, memory_order_seq_cst);
+		if (v[i] && !taken[i])
+			rail_guard_give(v[i]);	/* NCCL is in a call on it */
+		got += taken[i];
+	}
+	return got;
+}
+
+/* ---- choosing the transport ------------------------------------------------ */
 
 static const struct rail_transport_ops *try_init(const struct rail_transport_ops *ops, char *why,
 						 size_t why_len)

@@ -79,17 +79,77 @@ struct rail_comm {
 	struct rail_prof_req *prof;
 	/*
 	 * A transport's own thread may work on the comm between NCCL's calls
-	 * (verbs failover's move thread, src/ib/ib_move.c). With guarded set
-	 * (by the transport, before the comm is returned), each data call
-	 * (isend, irecv, iflush, test) takes busy for its whole duration,
-	 * flight record and counters included, and finding it taken answers
-	 * "not now"; calls counts them, so the thread can see a comm NCCL
-	 * leaves alone.
+	 * (verbs failover's move thread, src/ib/ib_move_thread.c). With guarded
+	 * set (by the transport, before the comm is returned), each data call
+	 * (isend, irecv, iflush, test) holds the comm for its whole duration,
+	 * flight record and counters included, and finding the thread on it
+	 * answers "not now" (the guard below). calls counts them, so the
+	 * thread can see a comm NCCL leaves alone; NCCL makes one call on a
+	 * comm at a time, so only the caller writes it (a load and a store).
 	 */
-	int guarded;
-	atomic_flag busy;
+	int guarded;		/* RAIL_GUARD_*: 0 for a comm only NCCL's calls touch */
+	atomic_int in_call;	/* NCCL's side (api_int.h comm_enter) holds it */
+	atomic_int mover;	/* the transport's thread wants it, or holds it */
 	atomic_uint calls;
+	int closed;		/* rail_comm_closed: no longer counted live */
 };
+
+/*
+ * The guard of a guarded comm: an asymmetric Dekker protocol between
+ * NCCL's calls (the owner, one call at a time) and the transport's thread
+ * (the mover). The owner stores in_call = 1, then loads mover, with only
+ * a compiler barrier between (rail_guard_light: no locked instruction on
+ * the data path); the mover stores mover = 1 on the comms it wants, then
+ * makes every running thread of the process execute a full barrier
+ * (membarrier(MEMBARRIER_CMD_PRIVATE_EXPEDITED), one system call for a
+ * batch of comms), then loads in_call. Either the owner sees mover or the
+ * mover sees in_call: never both in. Whoever finds the other there backs
+ * off. Without membarrier (an old kernel, a seccomp filter) all four
+ * accesses are sequentially consistent instead (plain C11 Dekker: a locked
+ * exchange on x86), chosen once at the first guarded comm
+ * (rail_guard_setup) and carried in each comm's guarded, so that the data
+ * path reads no global.
+ */
+enum { RAIL_GUARD_OFF, RAIL_GUARD_LIGHT, RAIL_GUARD_FENCE };
+extern atomic_int rail_guard_fence;	/* 1: no membarrier, the owner fences */
+
+/* Once per process, then what a new guarded comm's guarded is (RAIL_GUARD_LIGHT or _FENCE). */
+int rail_guard_setup(void);
+/*
+ * Tests, with no guarded comm live: 1 forces the fallback (full fences on
+ * both sides), 0 back to membarrier if it works. Returns rail_guard_setup's.
+ */
+int rail_guard_force_fence(int on);
+
+/* The owner's half: in_call = 1, then whether the mover is there (nonzero: back off). */
+static inline int rail_guard_owner_in(struct rail_comm *c, int guarded)
+{
+	if (__builtin_expect(guarded == RAIL_GUARD_FENCE, 0)) {
+		atomic_store_explicit(&c->in_call, 1, memory_order_seq_cst);
+		return atomic_load_explicit(&c->mover, memory_order_seq_cst);
+	}
+	atomic_store_explicit(&c->in_call, 1, memory_order_relaxed);
+	atomic_signal_fence(memory_order_seq_cst);	/* the compiler's order only: membarrier */
+	return atomic_load_explicit(&c->mover, memory_order_acquire);
+}
+
+/* The owner's half, leaving (a close that hands the comm to the mover uses it too). */
+static inline void rail_guard_owner_out(struct rail_comm *c)
+{
+	atomic_store_explicit(&c->in_call, 0, memory_order_release);
+}
+
+/*
+ * The mover takes what it can of the n comms in v (NULL entries skipped):
+ * taken[i] is 1 for each it now holds (release with rail_guard_give), 0
+ * where NCCL is in a call on it. Returns how many it took.
+ */
+int rail_guard_take(struct rail_comm *const *v, int n, unsigned char *taken);
+
+static inline void rail_guard_give(struct rail_comm *c)
+{
+	atomic_store_explicit(&c->mover, 0, memory_order_release);
+}
 
 enum rail_req_type {
 	RAIL_REQ_SEND = 1,
@@ -185,6 +245,11 @@ struct rail_transport_ops {
 int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
 		   const struct rail_transport_ops *ops);
 void rail_comm_fini(struct rail_comm *comm);
+/*
+ * Closed to NCCL but freed later by the transport's own thread (its
+ * rail_comm_fini then): no longer counted live, so finalize goes ahead.
+ */
+void rail_comm_closed(struct rail_comm *comm);
 /* Comms initialised and not yet finalised (listen, send, receive; any transport). */
 int rail_comm_live(void);
 

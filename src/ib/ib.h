@@ -212,6 +212,12 @@ int rail_ib_ladder_ptr_support(const struct rail_ib_ladder *l);
 int rail_ib_async_start(struct rail_ib_hca *hca);
 void rail_ib_async_stop(struct rail_ib_hca *hca);
 /*
+ * Called by the async threads after an event that may start or end a move
+ * (PORT_ERR, PORT_ACTIVE, DEVICE_FATAL, QP_FATAL); set by the move thread
+ * (ib_move_thread.c, above this layer), NULL to stop.
+ */
+void rail_ib_async_hook_set(void (*fn)(void));
+/*
  * New connections on dev (listen, connect, accept): -ENETDOWN, logged with
  * the call, the port and what to try, while its last event was PORT_ERR.
  */
@@ -422,6 +428,8 @@ struct rail_ib_comm {
 	int vdev;
 	int ndevs;
 	struct rail_ib_devres res[RAIL_MAX_VDEV_DEVS];
+	/* res[m].dev, for regMr: NCCL registers on other threads, while a move may rebuild */
+	struct rail_ib_dev *_Atomic reg_dev[RAIL_MAX_VDEV_DEVS];
 	int remote_ndevs;
 	struct rail_ib_wire_dev remote[RAIL_MAX_VDEV_DEVS];
 	/* ECE per member (vendor_id 0: none): offered, then (sender) settled; the peer's */
@@ -464,14 +472,14 @@ struct rail_ib_comm {
 	int (*on_move)(struct rail_ib_comm *c, int trigger, const char *call);
 	/* per member: the device the comm was made on; a member that moved moves back there */
 	struct rail_ib_dev *home[RAIL_MAX_VDEV_DEVS];
-	uint32_t res_gen;		/* member rebuilds so far: keys of an older one are stale */
+	_Atomic uint32_t res_gen;	/* member rebuilds so far: keys of an older one are stale */
 	uint32_t back_tick;		/* away from home: calls between looks at it */
 	int follows;			/* on the device it followed the peer to: no move back of its own */
 	int one_net;			/* made within one network (ib_move.c, at its first move) */
 	uint64_t move_ns[4];		/* when the last moves started (ring by epoch) */
 	uint64_t path_fail_ns;		/* the last move for a failed path with every port up */
-	/* the move thread (ib_move.c): base.calls at its last look */
-	unsigned seen_calls;
+	/* the move thread's record of it (ib_move_thread.c), NULL when not registered */
+	struct rail_ib_mt *mt;
 	struct rail_ib_move *mv;
 	uint32_t epoch;
 	int path_failed;
@@ -583,7 +591,8 @@ static inline int rail_ib_away(const struct rail_ib_comm *c)
  */
 static inline int rail_ib_mh_keys(const struct rail_ib_comm *c, struct rail_ib_mh *mh)
 {
-	return rail_likely(!mh || mh->gen == c->res_gen) ? 0 : rail_ib_comm_mh_rehome(c, mh);
+	return rail_likely(!mh || mh->gen == atomic_load_explicit(&c->res_gen, memory_order_relaxed))
+		       ? 0 : rail_ib_comm_mh_rehome(c, mh);
 }
 
 /*
@@ -642,6 +651,11 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send);
 /* An RC QP on member m, in INIT; NULL with *err (logged). */
 struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int recv_wr,
 			      int access, int *err);
+/*
+ * The peer's ECE (remote_ece) on QP i, where both sides have one; only a
+ * real failure fails (logged).
+ */
+int rail_ib_qp_ece_set(struct rail_ib_comm *c, int i);
 /* RTR + RTS of every QP, each after ibv_set_ece(the peer's ECE) where both sides have one. */
 int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns);
 /*
@@ -654,6 +668,12 @@ void rail_ib_local_wire_dev(const struct rail_ib_devres *r, uint32_t rkey,
 int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
 		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn,
 		       int flush);
+/*
+ * The same with no flight-record note: for the move thread, which connects
+ * a moving comm's QPs while NCCL's calls (the record's writer) go on.
+ */
+int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush);
 int rail_ib_comm_check(struct rail_ib_comm *c, const char *call);
 /*
  * Progress thread (rail_ib_comm_check): the registrations deregMr gave back
@@ -842,32 +862,62 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
  * records. Free: at close, a move in progress and the records.
  */
 void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover);
-void rail_ib_move_free(struct rail_ib_comm *c);
+/*
+ * 1 when the move thread is connecting c's new QPs right now: it calls
+ * later(c) when done, and c must not be freed before (close returns at
+ * once); else 0, the move's state freed.
+ */
+int rail_ib_move_free(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm *c));
 /*
  * Close (call: "closeSend", "closeRecv"): a move under way or due (not a
- * move back) and the sender's lost pieces, driven to their end, since NCCL
- * was told eager and early sends were done that may sit in the failed path.
- * Bounded (10 s, a WARN); over at once when the peer closed its socket.
- * 0, or the comm's error.
+ * move back) and the sender's lost pieces are driven to their end, since
+ * NCCL was told eager and early sends were done that may sit in the failed
+ * path. One step: 1 once nothing is left (or the peer closed its socket,
+ * or the comm failed), else 0. On the move thread when there is one (a
+ * closed comm handed to it: rail_ib_move_close), else here: settle loops,
+ * bounded by RAIL_IB_SETTLE_NS (settle_late: the WARN), 0 or the comm's
+ * error.
  */
+#define RAIL_IB_SETTLE_NS (10ull * 1000000000ull)
+int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call);
+void rail_ib_move_settle_late(struct rail_ib_comm *c, const char *call);
 int rail_ib_move_settle(struct rail_ib_comm *c, const char *call);
 /*
  * For the move thread: whether c has a move to start or drive (its port,
  * its device, a QP, the peer's MOVE waiting, home back, one under way), and
- * the trigger to hand to c->on_move.
+ * the trigger to hand to c->on_move; when home's hold-down ends for a comm
+ * away from it (rail_now_ns; 0: not by the clock alone).
  */
 int rail_ib_move_wanted(struct rail_ib_comm *c);
 int rail_ib_move_trigger(struct rail_ib_comm *c);
+uint64_t rail_ib_move_back_due(const struct rail_ib_comm *c);
 
 /*
  * ib_move_thread.c: one thread per process drives the moves of comms with
- * failover that NCCL does not call. Register at arm (starts the thread),
- * unregister at close (the thread no longer looks at c once it returns);
- * fini (ib_ops' fini) stops the thread.
+ * failover that NCCL does not call, woken by events only (an idle comm
+ * costs no wake-up). Register at arm (starts the thread), unregister at
+ * close: 1 when the thread runs c's work now and calls later(c) when done
+ * (else it no longer looks at c once this returns); fini (ib_ops' fini)
+ * stops the thread. Under c's guard: watch (a move NCCL's call started:
+ * the thread looks at it every tick until done) and work (fn(c) on the
+ * thread, without the guard: a move's slow verbs calls; 0 when there is
+ * no thread, then the caller runs it). Loops: the thread's wake-ups so far
+ * (tests).
  */
+struct rail_ib_mt;
 void rail_ib_move_register(struct rail_ib_comm *c);
-void rail_ib_move_unregister(struct rail_ib_comm *c);
+int rail_ib_move_unregister(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm *c));
 void rail_ib_move_fini(void);
+void rail_ib_move_watch(struct rail_ib_comm *c);
+int rail_ib_move_work(struct rail_ib_comm *c, void (*fn)(struct rail_ib_comm *c));
+/*
+ * Close with a move to finish (rail_ib_move_settle_step): 1 when the thread
+ * takes c, drives it to the end (bounded by RAIL_IB_SETTLE_NS) and then
+ * calls finish(c), which frees it (the thread's fini finishes the ones
+ * left); 0 without a thread (the caller settles it itself).
+ */
+int rail_ib_move_close(struct rail_ib_comm *c, void (*finish)(struct rail_ib_comm *c));
+uint64_t rail_ib_move_thread_loops(void);
 
 /* ib_conn.c */
 /* The ops table new comms carry (ib_ops.c, at init: the table is above this layer). */

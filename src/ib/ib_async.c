@@ -22,7 +22,8 @@
  * or warns that no usable GID is left.
  *
  * The thread waits in poll() on the async fd and a wake pipe, so fini
- * stops it at once.
+ * stops it at once. After an event that may start or end a move it wakes
+ * the move thread (the hook that thread sets: it is above this layer).
  */
 #include <fcntl.h>
 #include <poll.h>
@@ -171,6 +172,23 @@ int rail_ib_dev_port_up(const struct rail_ib_dev *dev, const char *call, const c
 	return -ENETDOWN;
 }
 
+/* The move thread's wake-up (rail_ib_async_hook_set): it looks at its comms once. */
+static void (*_Atomic move_hook)(void);
+
+void rail_ib_async_hook_set(void (*fn)(void))
+{
+	atomic_store(&move_hook, fn);
+}
+
+static void move_notify(enum ibv_event_type t)
+{
+	void (*fn)(void) = atomic_load(&move_hook);
+
+	if (fn && (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_PORT_ACTIVE ||
+		   t == IBV_EVENT_DEVICE_FATAL || t == IBV_EVENT_QP_FATAL))
+		fn();
+}
+
 static void handle_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 {
 	struct rail_ib_dev *d;
@@ -254,6 +272,7 @@ static void *async_main(void *arg)
 		if (rail_ibv.get_async_event(hca->ctx, &ev))
 			continue;	/* EAGAIN: the fd is non-blocking */
 		handle_event(hca, &ev);
+		move_notify(ev.event_type);
 		rail_ibv.ack_async_event(&ev);
 	}
 	return NULL;

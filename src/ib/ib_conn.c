@@ -111,7 +111,8 @@ void rail_ib_comm_free(struct rail_ib_comm *c)
 {
 	if (!c)
 		return;
-	rail_ib_move_free(c);
+	if (rail_ib_move_free(c, rail_ib_comm_free))
+		return;	/* the move thread is connecting its QPs: it frees c when done */
 	rail_ib_flush_fini(c);
 	rail_ib_comm_res_fini(c);
 	rail_ib_tags_free(&c->tags);
@@ -967,14 +968,40 @@ static void send_drain(struct rail_ib_comm *c)
 	}
 }
 
+static void send_finish(struct rail_ib_comm *c)
+{
+	if (!c->mv)	/* a move that failed or ran out of time: its old QPs are in error */
+		send_drain(c);
+	rail_ib_comm_free(c);
+}
+
+/*
+ * A comm closed during a move, or with one due, or with lost pieces still
+ * to write (sends NCCL was told were done may sit in the failed path; the
+ * peer's move needs this side): the move thread finishes it, then finish
+ * frees it; close returns at once (NCCL's proxy thread never waits for a
+ * move's RTR). Without the thread, here, bounded. 0: the caller frees.
+ */
+static int close_settle(struct rail_ib_comm *c, const char *call,
+			void (*finish)(struct rail_ib_comm *c))
+{
+	if (rail_ib_move_settle_step(c, call))
+		return 0;
+	if (rail_ib_move_close(c, finish)) {
+		rail_comm_closed(&c->base);	/* closed to NCCL (finalize): freed by the thread */
+		rail_guard_owner_out(&c->base);	/* close held it: the thread takes it now */
+		return 1;
+	}
+	(void)rail_ib_move_settle(c, call);
+	return 0;
+}
+
 int rail_ib_close_send(struct rail_comm *comm)
 {
 	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
 
-	(void)rail_ib_move_settle(c, "closeSend");
-	if (!c->mv)	/* a move that failed or ran out of time: its old QPs are in error */
-		send_drain(c);
-	rail_ib_comm_free(c);
+	if (!close_settle(c, "closeSend", send_finish))
+		send_finish(c);
 	return 0;
 }
 
@@ -982,7 +1009,7 @@ int rail_ib_close_recv(struct rail_comm *comm)
 {
 	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
 
-	(void)rail_ib_move_settle(c, "closeRecv");	/* the sender's move needs this side */
-	rail_ib_comm_free(c);
+	if (!close_settle(c, "closeRecv", rail_ib_comm_free))
+		rail_ib_comm_free(c);
 	return 0;
 }

@@ -56,9 +56,10 @@
  * (rail_ib_comm_write_off), which the replay covers as it covers flushed
  * ones, since what is written again is decided by the receiver's record,
  * not by the sender's completions. QP_REQ_ERR and QP_ACCESS_ERR (a bug)
- * still fail the comm. The QP transitions run in the calling thread (RTR
- * on RoCE resolves the peer's address in the kernel: a pause of the proxy
- * thread during a move, not an error).
+ * still fail the comm. The new QPs' RTR and RTS run on the move thread
+ * (rail_ib_move_work: RTR on RoCE resolves the peer's address in the
+ * kernel, up to a second), never on NCCL's proxy thread, whose calls see a
+ * move under way meanwhile.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -77,9 +78,9 @@
 #define DRAIN_NS (5ull * 1000000000ull)
 #define QUIET_NS (200ull * 1000000ull)	/* drain by time: a mark the provider refused */
 #define MOVES_NS (60ull * 1000000000ull)	/* at most 4 moves of a comm in this time */
-#define SETTLE_NS (10ull * 1000000000ull)	/* close: a move under way ends within this */
 
-enum mv_state { MV_DRAIN, MV_XCHG, MV_READY };
+enum mv_state { MV_DRAIN, MV_XCHG, MV_RTR, MV_READY };
+enum { RTR_NONE, RTR_PENDING, RTR_DONE };
 
 struct rail_ib_move {
 	enum mv_state state;
@@ -98,6 +99,8 @@ struct rail_ib_move {
 	int have_move, have_ready;
 	int follows;			/* to is where the peer went (follow_peer) */
 	int sock_err;			/* the error came from the handshake socket */
+	atomic_int rtr;			/* RTR_*: the move thread connects the new QPs (MV_RTR) */
+	int rtr_err;			/* ... its result, once RTR_DONE */
 	uint8_t tx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
 	size_t tx_len, tx_off;
 	uint8_t rx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
@@ -757,13 +760,33 @@ static int peer_move_check(struct rail_ib_comm *c, const struct rail_ib_msg *m)
 	return rail_ib_protocol_error(c, 0, what);
 }
 
-/* Both MOVEs are out: connect the new QPs to the peer's, get ready, say so. */
+/*
+ * RTR and RTS of every new QP: the move thread's work (rail_ib_move_work),
+ * without the comm's guard. It touches the QPs alone, and writes nothing
+ * but its result: NCCL's calls meanwhile stop at the move (step_ready).
+ */
+static void rtr_work(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+	int err = 0;
+
+	for (int i = 0; i < c->nqps && !err; i++) {
+		struct rail_ib_qp *q = &c->qps[i];
+
+		err = rail_ib_qp_ece_set(c, i);	/* the peer's offer, as at connect */
+		if (!err)
+			err = rail_ib_qp_connect(c, q->qp, c->res[q->member].dev,
+						 &c->remote[q->remote_member], q->remote_qpn, 0);
+	}
+	mv->rtr_err = err;
+	atomic_store_explicit(&mv->rtr, RTR_DONE, memory_order_release);
+}
+
+/* Both MOVEs are out: the new QPs connect to the peer's, on the move thread. */
 static int step_connect(struct rail_ib_comm *c)
 {
 	struct rail_ib_move *mv = c->mv;
 	const struct rail_ib_msg *p = &mv->peer;
-	struct rail_ib_msg m;
-	int err = 0;
 
 	for (int k = 0; k < p->ndevs; k++) {
 		c->remote[k] = p->devs[k];
@@ -774,13 +797,34 @@ static int step_connect(struct rail_ib_comm *c)
 	}
 	memset(c->remote_ece, 0, sizeof(c->remote_ece));
 	memcpy(c->remote_ece, p->ece, sizeof(p->ece[0]) * (size_t)p->nece);
-	/* ECE, RTR, RTS; each QP keeps its members on both sides (QP i: i % ndevs, i % remote_ndevs) */
-	err = rail_ib_comm_qps_connect(c, p->qpn);
+	/* each QP keeps its members on both sides (QP i: i % ndevs, i % remote_ndevs) */
+	for (int i = 0; i < c->nqps; i++)
+		c->qps[i].remote_qpn = p->qpn[i];
+	mv->state = MV_RTR;
+	atomic_store_explicit(&mv->rtr, RTR_PENDING, memory_order_relaxed);
+	if (!rail_ib_move_work(c, rtr_work))
+		rtr_work(c);	/* no move thread: here */
+	return 0;
+}
+
+/* The new QPs are connected: the receiver's receive WRs, then MOVE_READY. -EAGAIN before. */
+static int step_ready(struct rail_ib_comm *c)
+{
+	struct rail_ib_move *mv = c->mv;
+	struct rail_ib_msg m;
+	int err;
+
+	if (atomic_load_explicit(&mv->rtr, memory_order_acquire) != RTR_DONE)
+		return -EAGAIN;
+	if (mv->rtr_err)
+		return mv->rtr_err;
+	for (int i = 0; i < c->nqps; i++)
+		rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[i].qp->qp_num, IBV_QPS_RTS,
+				 "QP ready to send (RTS)");
 	memset(&m, 0, sizeof(m));
-	if (!err && !is_send(c) && rail_ib_ring_recheck(c))
+	if (!is_send(c) && rail_ib_ring_recheck(c))
 		m.flags = RAIL_IB_ORDER_SAFE;	/* the sender turns its ring too */
-	if (!err && !is_send(c))
-		err = rail_ib_recv_replay_prepare(c);
+	err = is_send(c) ? 0 : rail_ib_recv_replay_prepare(c);
 	if (err)
 		return err;
 	m.type = RAIL_IB_MSG_MOVE_READY;
@@ -852,6 +896,9 @@ static int move_step(struct rail_ib_comm *c)
 	struct rail_ib_move *mv = c->mv;
 	int err = 0;
 
+	/* the move thread connects the new QPs: nothing of the move is touched meanwhile */
+	if (mv->state == MV_RTR && atomic_load_explicit(&mv->rtr, memory_order_acquire) != RTR_DONE)
+		return -EAGAIN;
 	if (mv->state == MV_DRAIN) {
 		err = step_drain(c);
 		if (err)
@@ -869,8 +916,10 @@ static int move_step(struct rail_ib_comm *c)
 			return err;
 		mv->have_move = 1;
 	}
-	if (mv->state == MV_XCHG) {
-		err = step_connect(c);
+	if (mv->state == MV_XCHG && (err = step_connect(c)))
+		return err;
+	if (mv->state == MV_RTR) {
+		err = step_ready(c);
 		if (!err)
 			err = tx_flush(c);
 		if (err)
@@ -924,8 +973,11 @@ static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 
 	if (!c->mv && trigger == RAIL_IB_TRIG_BACK && !home_ready(c))
 		return 0;	/* home is down, or not up for the hold-down yet */
-	if (!c->mv)
+	if (!c->mv) {
 		err = move_start(c, trigger);
+		if (!err)
+			rail_ib_move_watch(c);	/* if NCCL stops calling, the thread goes on */
+	}
 	if (!err)
 		err = move_step(c);
 	if (err && err != -EAGAIN)
@@ -952,8 +1004,28 @@ int rail_ib_move_wanted(struct rail_ib_comm *c)
 	return move_due(c) || home_ready(c);
 }
 
+uint64_t rail_ib_move_back_due(const struct rail_ib_comm *c)
+{
+	uint64_t due = 0, hold = (uint64_t)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN) * 1000000000ull;
+
+	if (c->follows)
+		return 0;
+	for (int m = 0; m < c->ndevs; m++) {
+		const struct rail_ib_dev *h = c->home[m];
+		uint64_t up = atomic_load(&h->up_ns);
+
+		if (h == c->res[m].dev)
+			continue;
+		if (dev_down(h) || !up)
+			return 0;	/* its PORT_ACTIVE wakes the thread */
+		due = RAIL_MAX(due, up + hold);
+	}
+	return due;
+}
+
 /* What the move thread hands to on_move (a move under way ignores it). */
-int rail_ib_move_trigger(struct rail_ib_comm *c)
+/* The trigger of the move a failure calls for, or the peer's (never a move back). */
+static int failure_trigger(struct rail_ib_comm *c)
 {
 	if (c->path_failed)
 		return c->path_failed;	/* RAIL_IB_TRIG_WC or _STALL */
@@ -963,7 +1035,14 @@ int rail_ib_move_trigger(struct rail_ib_comm *c)
 		return RAIL_IB_TRIG_PORT;
 	if (atomic_load(&c->qp_event))
 		return RAIL_IB_TRIG_QP;
-	return home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : RAIL_IB_TRIG_OOB;
+	return RAIL_IB_TRIG_OOB;
+}
+
+int rail_ib_move_trigger(struct rail_ib_comm *c)
+{
+	int t = failure_trigger(c);
+
+	return t == RAIL_IB_TRIG_OOB && home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : t;
 }
 
 /* The sender's lost pieces not yet written again (CTS by CTS, as the receiver re-writes them). */
@@ -972,24 +1051,34 @@ static int replay_pending(const struct rail_ib_comm *c)
 	return is_send(c) && (c->rp_next != c->rp_end || c->batch_stale);
 }
 
+int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call)
+{
+	if (!c->failover || c->error || !(move_due(c) || replay_pending(c)) || rail_ib_oob_peek(c))
+		return 1;	/* nothing left, or the peer closed: nothing to finish with it */
+	if (move_due(c))
+		(void)on_move(c, failure_trigger(c), call);
+	else
+		(void)rail_ib_send_progress(c);
+	return 0;
+}
+
+void rail_ib_move_settle_late(struct rail_ib_comm *c, const char *call)
+{
+	RAIL_WARN("%s: connection to peer %s: a move to another path (%s) was not over within "
+		  "%llu s of the close; sends it owes the peer are lost", call, c->peer,
+		  c->mv ? c->mv->why : "lost pieces to write again",
+		  RAIL_IB_SETTLE_NS / 1000000000ull);
+}
+
 int rail_ib_move_settle(struct rail_ib_comm *c, const char *call)
 {
-	uint64_t end = rail_now_ns() + SETTLE_NS;
+	uint64_t end = rail_now_ns() + RAIL_IB_SETTLE_NS;
 
-	while (c->failover && !c->error && (move_due(c) || replay_pending(c))) {
-		if (rail_ib_oob_peek(c))
-			return 0;	/* the peer closed (or went silent): nothing to finish with it */
+	while (!rail_ib_move_settle_step(c, call)) {
 		if (rail_now_ns() > end) {
-			RAIL_WARN("%s: connection to peer %s: a move to another path (%s) was not over "
-				  "within %llu s of the close; sends it owes the peer are lost", call,
-				  c->peer, c->mv ? c->mv->why : "lost pieces to write again",
-				  SETTLE_NS / 1000000000ull);
+			rail_ib_move_settle_late(c, call);
 			return -ETIMEDOUT;
 		}
-		if (move_due(c))
-			(void)on_move(c, rail_ib_move_trigger(c), call);
-		else
-			(void)rail_ib_send_progress(c);
 	}
 	return c->error;
 }
@@ -1015,14 +1104,17 @@ void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover)
 			c->sent[k].num = UINT64_MAX;
 	}
 	c->failover = 1;
-	c->base.guarded = 1;	/* NCCL's calls and the move thread take turns (api.c) */
+	c->base.guarded = rail_guard_setup();	/* NCCL's calls and the move thread take turns */
 	rail_ib_move_register(c);
 }
 
-void rail_ib_move_free(struct rail_ib_comm *c)
+int rail_ib_move_free(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm *c))
 {
-	if (c->failover)
-		rail_ib_move_unregister(c);	/* the thread no longer looks at it after this */
+	/* the thread no longer looks at it after this, or is connecting its QPs */
+	if (c->failover && rail_ib_move_unregister(c, later)) {
+		rail_comm_closed(&c->base);	/* closed to NCCL (finalize): freed by the thread */
+		return 1;
+	}
 	if (c->mv) {
 		rail_ib_old_free(&c->mv->old);
 		free(c->mv);
@@ -1030,4 +1122,5 @@ void rail_ib_move_free(struct rail_ib_comm *c)
 	}
 	free(c->sent);
 	c->sent = NULL;
+	return 0;
 }

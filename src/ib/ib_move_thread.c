@@ -1,116 +1,537 @@
 /*
  * nccl-net-rail: the move thread of verbs failover (layer 4.3 of src/ib/,
  * above ib_move.c, whose moves it drives; docs/FAILOVER.md).
+ *
+ * A move needs both sides, and NCCL calls a comm only while it has
+ * requests on it: a sender whose last sends completed (eager, early) may
+ * not be called again until a later operation, while its peer waits for
+ * the data those sends lost in the failed path. So one thread per process
+ * drives the moves of the comms with failover that NCCL does not call. It
+ * sleeps in epoll_wait and wakes only for
+ *   - a comm's handshake socket turning readable: the peer's MOVE (each
+ *     idle comm's socket waits in the epoll set, one-shot, armed again
+ *     when the comm is idle again; one that reached end of file is not);
+ *   - an async event that may start or end moves (PORT_ERR, PORT_ACTIVE,
+ *     DEVICE_FATAL, QP_FATAL: ib_async.c calls the hook set here), after
+ *     which it looks at every comm once;
+ *   - a move NCCL's call started (rail_ib_move_watch), and a move's verbs
+ *     work handed to it (rail_ib_move_work: the RTR of the new QPs, which
+ *     on RoCE resolves the peer's address in the kernel, up to a second);
+ *   - a timer, for the comms that need one only: a move under way or lost
+ *     pieces still to write (every TICK_NS until done), and a comm away
+ *     from home (when its home's hold-down ends).
+ * An idle comm costs no wake-up. A look takes the comm (the guard,
+ * transport.h; one membarrier for the whole batch of a round); one NCCL is
+ * in a call on, or has called within a tick, is left to NCCL's calls,
+ * which drive its move, and looked at again a tick later. The work runs
+ * one item at a time, outside the comm's guard.
+ *
+ * Locking: mt.lock guards the table, each entry's work and later, and the
+ * eventfd; it is not held while a comm is looked at or its work runs, so
+ * connect and close never wait for a move. An entry's other fields are the
+ * thread's (NCCL's thread writes due only holding the comm's guard, as the
+ * thread does when it looks). A comm's entry lives until it unregisters;
+ * the thread frees it after its round, so no epoll event points to freed
+ * memory.
  */
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
 
 #include "ib/ib.h"
 #include "log.h"
 #include "rail.h"
 
-/*
- * A move needs both sides, and NCCL calls a comm only while it has
- * requests on it: a sender whose last sends completed (eager, early) may
- * not be called again until a later operation, while its peer waits for
- * the data those sends lost in the failed path. So one thread per process
- * looks every 20 ms at the comms with failover; one that NCCL has not
- * called since the last look and that has a move to make (its port went
- * down, a move in progress, the peer's MOVE waiting, lost pieces to write
- * again) is taken (rail_comm.busy: NCCL's data calls take it too, in
- * api.c, with their flight record and counters) and driven a step.
- */
-#define SCAN_NS (20ull * 1000000ull)
+#define TICK_NS (20ull * 1000000ull)	/* a comm with a move to drive: looked at this often */
+#define EVENTS 64
+
+enum { W_NONE, W_QUEUED, W_RUNNING };
+
+struct rail_ib_mt {
+	struct rail_ib_comm *c;		/* NULL: unregistered, freed after the round */
+	struct rail_ib_mt *dead_next;
+	_Atomic uint64_t due;		/* look at it then (rail_now_ns); 0: on an event only */
+	unsigned seen_calls;		/* base.calls, as first seen ... */
+	uint64_t seen_ns;		/* ... then */
+	int flagged;			/* an event for it: looked at in the next round */
+	int armed;			/* its socket waits in the epoll set */
+	int sock_gone;			/* end of file or an error there: not watched again */
+	int work;			/* W_*, with fn (mt.lock) */
+	void (*fn)(struct rail_ib_comm *c);
+	void (*later)(struct rail_ib_comm *c);	/* closed while its work ran (mt.lock) */
+	void (*closing)(struct rail_ib_comm *c);	/* closed with a move to finish: then this */
+	uint64_t close_end;		/* ... given up then */
+	int finish;			/* the look found it settled: closing(c) after the round's look */
+};
 
 static struct {
 	pthread_mutex_t lock;
 	pthread_t thread;
 	int started, stop;
+	int ep, evfd;
+	int scan;			/* an async event: look at every comm once */
 	int n, cap;
-	struct rail_ib_comm **v;
-} mt = { .lock = PTHREAD_MUTEX_INITIALIZER };
+	struct rail_ib_mt **v;
+	struct rail_ib_mt *dead;
+	/* the thread's round (grown under the lock, used without it) */
+	int bcap;
+	struct rail_ib_mt **batch;
+	struct rail_comm **comms;
+	unsigned char *taken;
+	atomic_ullong loops;
+} mt = { .lock = PTHREAD_MUTEX_INITIALIZER, .ep = -1, .evfd = -1 };
 
-static void drive(struct rail_ib_comm *c)
+/* Wake the thread (mt.lock held). */
+static void kick(void)
 {
-	unsigned calls = atomic_load_explicit(&c->base.calls, memory_order_relaxed);
+	uint64_t one = 1;
 
-	if (calls != c->seen_calls) {
-		c->seen_calls = calls;	/* NCCL calls it: its calls drive the move */
+	if (mt.evfd >= 0 && write(mt.evfd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		RAIL_WARN("move thread: write(eventfd) failed: %s", RAIL_ERRSTR(-errno));
+}
+
+/* The async threads' hook: an event that may start or end moves. */
+static void on_async(void)
+{
+	pthread_mutex_lock(&mt.lock);
+	mt.scan = 1;
+	kick();
+	pthread_mutex_unlock(&mt.lock);
+}
+
+/* Its socket back in the epoll set (one-shot): the next bytes wake the thread. */
+static void arm(struct rail_ib_mt *e)
+{
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = e };
+
+	if (epoll_ctl(mt.ep, EPOLL_CTL_MOD, e->c->oob_fd, &ev) == 0)
+		e->armed = 1;
+	else
+		e->sock_gone = 1;	/* NCCL's calls find what is wrong with it */
+}
+
+/* A sender with pieces a move lost still to write again, CTS by CTS as they come. */
+static int pieces_left(const struct rail_ib_comm *c)
+{
+	return c->base.kind == RAIL_COMM_SEND && (c->rp_next != c->rp_end || c->batch_stale);
+}
+
+/*
+ * One look at c, holding its guard (mt.lock not held). NCCL called it in
+ * the last TICK_NS (as far as the looks tell): its calls drive what there
+ * is to drive, and the thread only watches. Else the thread drives its
+ * move, or its lost pieces. Then: when to look again, and its socket armed
+ * again once it is idle.
+ */
+/* A comm NCCL closed with a move to finish: one step; settled, it is finished after the look. */
+static void look_closing(struct rail_ib_mt *e, uint64_t now)
+{
+	int done = rail_ib_move_settle_step(e->c, "close");
+
+	if (!done && now > e->close_end) {
+		rail_ib_move_settle_late(e->c, "close");
+		done = 1;
+	}
+	e->finish = done;
+	atomic_store_explicit(&e->due, done ? 0 : now + TICK_NS, memory_order_relaxed);
+}
+
+static void look(struct rail_ib_mt *e, uint64_t now)
+{
+	struct rail_ib_comm *c = e->c;
+	unsigned calls = atomic_load_explicit(&c->base.calls, memory_order_relaxed);
+	int called, wanted = !c->error && rail_ib_move_wanted(c), busy;
+	uint64_t due = 0;
+
+	if (e->closing) {
+		look_closing(e, now);
 		return;
 	}
-	if (atomic_flag_test_and_set_explicit(&c->base.busy, memory_order_acquire))
-		return;
-	if (!c->error && rail_ib_move_wanted(c))
+	if (calls != e->seen_calls) {
+		e->seen_calls = calls;
+		e->seen_ns = now;
+	}
+	called = now - e->seen_ns < TICK_NS;
+	if (!called && wanted)
 		(void)c->on_move(c, rail_ib_move_trigger(c), "the move thread");
-	if (!c->mv && !c->error && c->base.kind == RAIL_COMM_SEND && (c->rp_next != c->rp_end || c->batch_stale))
-		(void)rail_ib_send_progress(c);	/* lost pieces, CTS by CTS */
-	atomic_flag_clear_explicit(&c->base.busy, memory_order_release);
+	if (!called && !c->mv && !c->error && pieces_left(c))
+		(void)rail_ib_send_progress(c);
+	busy = c->mv || c->path_failed || pieces_left(c) || (called && wanted);
+	if (!c->error) {
+		due = busy ? now + TICK_NS : rail_ib_move_back_due(c);
+		if (due && due <= now)
+			due = now + TICK_NS;	/* home is ready but the move did not start */
+	}
+	atomic_store_explicit(&e->due, due, memory_order_relaxed);
+	if (!c->error && !busy && !e->armed && !e->sock_gone)
+		arm(e);
+}
+
+static int grow_batch(void)
+{
+	int cap = mt.cap;
+	void *b, *cm, *t;
+
+	if (mt.bcap >= cap)
+		return 0;
+	b = realloc(mt.batch, (size_t)cap * sizeof(*mt.batch));
+	if (b)
+		mt.batch = b;
+	cm = realloc(mt.comms, (size_t)cap * sizeof(*mt.comms));
+	if (cm)
+		mt.comms = cm;
+	t = realloc(mt.taken, (size_t)cap);
+	if (t)
+		mt.taken = t;
+	if (!b || !cm || !t)
+		return -ENOMEM;
+	mt.bcap = cap;
+	return 0;
+}
+
+/* Look at every comm flagged or due (all of them after an async event). mt.lock held. */
+static void round_run(uint64_t now)
+{
+	int n = 0, scan = mt.scan;
+
+	int nomem = grow_batch();
+
+	mt.scan = 0;
+	for (int i = 0; i < mt.n; i++) {
+		struct rail_ib_mt *e = mt.v[i];
+		uint64_t due = atomic_load_explicit(&e->due, memory_order_relaxed);
+
+		if (e->later || e->work != W_NONE)
+			continue;	/* closed, or its work queued or running */
+		if (!scan && !e->flagged && !(due && due <= now))
+			continue;
+		e->flagged = 0;
+		if (nomem) {	/* this round is lost: NCCL's calls move these comms */
+			atomic_store_explicit(&e->due, now + TICK_NS, memory_order_relaxed);
+			continue;
+		}
+		mt.batch[n] = e;
+		mt.comms[n++] = &e->c->base;
+	}
+	if (!n)
+		return;
+	rail_guard_take(mt.comms, n, mt.taken);
+	for (int i = 0; i < n; i++)	/* NCCL is in a call on it: again in a tick */
+		if (!mt.taken[i])
+			atomic_store_explicit(&mt.batch[i]->due, now + TICK_NS, memory_order_relaxed);
+	pthread_mutex_unlock(&mt.lock);
+	for (int i = 0; i < n; i++) {
+		struct rail_ib_mt *e = mt.batch[i];
+		struct rail_ib_comm *c = e->c;
+
+		if (!mt.taken[i])
+			continue;
+		look(e, now);
+		rail_guard_give(mt.comms[i]);	/* not touched after this: close may free it */
+		if (e->finish)
+			e->closing(c);	/* frees c (it unregisters: e is freed after the round) */
+	}
+	pthread_mutex_lock(&mt.lock);
+}
+
+/* Take e out of the table (mt.lock held); the thread frees it after its round. */
+static void drop(struct rail_ib_mt *e)
+{
+	for (int i = 0; i < mt.n; i++)
+		if (mt.v[i] == e) {
+			mt.v[i] = mt.v[--mt.n];
+			break;
+		}
+	e->c->mt = NULL;
+	e->c = NULL;
+	e->dead_next = mt.dead;
+	mt.dead = e;
+}
+
+/* The work handed over, each without mt.lock (re-taken between). mt.lock held. */
+static void run_work(void)
+{
+	for (int i = 0; i < mt.n; i++) {
+		struct rail_ib_mt *e = mt.v[i];
+		struct rail_ib_comm *c = e->c;
+
+		if (e->work != W_QUEUED)
+			continue;
+		e->work = W_RUNNING;
+		pthread_mutex_unlock(&mt.lock);
+		e->fn(c);
+		pthread_mutex_lock(&mt.lock);
+		e->work = W_NONE;
+		if (e->later) {
+			void (*later)(struct rail_ib_comm *c) = e->later;
+
+			drop(e);	/* closed meanwhile: it is freed now */
+			pthread_mutex_unlock(&mt.lock);
+			later(c);
+			pthread_mutex_lock(&mt.lock);
+		} else {
+			e->flagged = 1;	/* drive the rest of the move if NCCL does not */
+		}
+		i = -1;	/* the table may have changed: from the start */
+	}
+}
+
+static void on_event(const struct epoll_event *ev)
+{
+	struct rail_ib_mt *e = ev->data.ptr;
+	uint64_t n;
+
+	if (!e) {
+		if (read(mt.evfd, &n, sizeof(n)) < 0 && errno != EAGAIN)
+			RAIL_WARN("move thread: read(eventfd) failed: %s", RAIL_ERRSTR(-errno));
+		return;
+	}
+	if (!e->c)
+		return;	/* unregistered after epoll_wait returned */
+	e->armed = 0;
+	if (ev->events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR))
+		e->sock_gone = 1;
+	e->flagged = 1;
+}
+
+/* Milliseconds to the earliest due look, -1 for none (mt.lock held). */
+static int timeout_ms(uint64_t now)
+{
+	uint64_t first = 0;
+
+	if (mt.scan)
+		return 0;
+	for (int i = 0; i < mt.n; i++) {
+		uint64_t due = atomic_load_explicit(&mt.v[i]->due, memory_order_relaxed);
+
+		if (mt.v[i]->work == W_QUEUED || mt.v[i]->flagged)
+			return 0;
+		if (due && !mt.v[i]->later && (!first || due < first))
+			first = due;
+	}
+	if (!first)
+		return -1;
+	return first <= now ? 0 : (int)RAIL_MIN((first - now + 999999) / 1000000, 60000ull);
 }
 
 static void *move_thread(void *arg)
 {
+	struct epoll_event ev[EVENTS];
+
 	(void)arg;
 	pthread_mutex_lock(&mt.lock);
 	while (!mt.stop) {
-		struct timespec ts = { 0, (long)SCAN_NS };
+		int n, ms = timeout_ms(rail_now_ns());
 
-		for (int i = 0; i < mt.n; i++)
-			drive(mt.v[i]);
 		pthread_mutex_unlock(&mt.lock);
-		nanosleep(&ts, NULL);
+		n = epoll_wait(mt.ep, ev, EVENTS, ms);
 		pthread_mutex_lock(&mt.lock);
+		atomic_fetch_add_explicit(&mt.loops, 1, memory_order_relaxed);
+		for (int i = 0; i < n; i++)
+			on_event(&ev[i]);
+		run_work();
+		round_run(rail_now_ns());
+		while (mt.dead) {
+			struct rail_ib_mt *e = mt.dead;
+
+			mt.dead = e->dead_next;
+			free(e);
+		}
 	}
 	pthread_mutex_unlock(&mt.lock);
 	return NULL;
 }
 
+/* The thread and its epoll set (mt.lock held): 0, or -errno with the WARN given. */
+static int start(void)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+	int err;
+
+	mt.ep = epoll_create1(EPOLL_CLOEXEC);
+	mt.evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	err = mt.ep < 0 || mt.evfd < 0 || epoll_ctl(mt.ep, EPOLL_CTL_ADD, mt.evfd, &ev) ? -errno : 0;
+	if (!err)
+		err = -pthread_create(&mt.thread, NULL, move_thread, NULL);
+	if (!err) {
+		mt.started = 1;
+		rail_ib_async_hook_set(on_async);
+		return 0;
+	}
+	RAIL_WARN("no move thread (%s failed: %s): comms move to another path only while NCCL "
+		  "calls them", mt.ep < 0 ? "epoll_create1" : mt.evfd < 0 ? "eventfd"
+		  : "pthread_create", RAIL_ERRSTR(err));
+	if (mt.ep >= 0)
+		close(mt.ep);
+	if (mt.evfd >= 0)
+		close(mt.evfd);
+	mt.ep = mt.evfd = -1;
+	mt.stop = 1;	/* not tried again */
+	return err;
+}
+
 void rail_ib_move_register(struct rail_ib_comm *c)
 {
+	struct rail_ib_mt *e = calloc(1, sizeof(*e));
+	struct epoll_event ev = { .events = EPOLLIN | EPOLLRDHUP | EPOLLONESHOT, .data.ptr = e };
+
 	pthread_mutex_lock(&mt.lock);
+	if (!e || (!mt.started && (mt.stop || start())))
+		goto out;	/* this comm moves only when NCCL calls it */
 	if (mt.n == mt.cap) {
 		int cap = mt.cap ? 2 * mt.cap : 64;
-		struct rail_ib_comm **v = realloc(mt.v, (size_t)cap * sizeof(*v));
+		struct rail_ib_mt **v = realloc(mt.v, (size_t)cap * sizeof(*v));
 
-		if (!v) {
-			pthread_mutex_unlock(&mt.lock);
-			return;	/* this comm moves only when NCCL calls it */
-		}
+		if (!v)
+			goto out;
 		mt.v = v;
 		mt.cap = cap;
 	}
-	mt.v[mt.n++] = c;
-	if (!mt.started && !mt.stop) {
-		mt.started = pthread_create(&mt.thread, NULL, move_thread, NULL) == 0;
-		if (!mt.started)
-			RAIL_WARN("no move thread (pthread_create failed): comms move to another path "
-				  "only while NCCL calls them");
+	e->c = c;
+	if (epoll_ctl(mt.ep, EPOLL_CTL_ADD, c->oob_fd, &ev) == 0)
+		e->armed = 1;
+	else
+		e->sock_gone = 1;
+	mt.v[mt.n++] = e;
+	c->mt = e;
+	e = NULL;
+out:
+	pthread_mutex_unlock(&mt.lock);
+	free(e);
+}
+
+int rail_ib_move_unregister(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm *c))
+{
+	struct rail_ib_mt *e;
+
+	pthread_mutex_lock(&mt.lock);
+	e = c->mt;
+	if (!e) {
+		pthread_mutex_unlock(&mt.lock);
+		return 0;
+	}
+	if (!e->sock_gone)
+		(void)epoll_ctl(mt.ep, EPOLL_CTL_DEL, c->oob_fd, NULL);
+	e->sock_gone = 1;
+	if (e->work == W_RUNNING) {
+		e->later = later;	/* run_work calls it */
+		pthread_mutex_unlock(&mt.lock);
+		return 1;
+	}
+	drop(e);	/* its queued work, if any, goes with it */
+	pthread_mutex_unlock(&mt.lock);
+	return 0;
+}
+
+void rail_ib_move_watch(struct rail_ib_comm *c)
+{
+	uint64_t due = rail_now_ns() + TICK_NS;
+
+	pthread_mutex_lock(&mt.lock);
+	if (c->mt) {
+		uint64_t old = atomic_load_explicit(&c->mt->due, memory_order_relaxed);
+
+		if (!old || due < old) {
+			atomic_store_explicit(&c->mt->due, due, memory_order_relaxed);
+			kick();
+		}
 	}
 	pthread_mutex_unlock(&mt.lock);
 }
 
-void rail_ib_move_unregister(struct rail_ib_comm *c)
+int rail_ib_move_work(struct rail_ib_comm *c, void (*fn)(struct rail_ib_comm *c))
 {
+	int queued = 0;
+
 	pthread_mutex_lock(&mt.lock);
-	for (int i = 0; i < mt.n; i++)
-		if (mt.v[i] == c) {
-			mt.v[i] = mt.v[--mt.n];
-			break;
-		}
+	if (c->mt && mt.started && !mt.stop) {
+		c->mt->work = W_QUEUED;
+		c->mt->fn = fn;
+		kick();
+		queued = 1;
+	}
 	pthread_mutex_unlock(&mt.lock);
+	return queued;
+}
+
+int rail_ib_move_close(struct rail_ib_comm *c, void (*finish)(struct rail_ib_comm *c))
+{
+	int taken = 0;
+
+	pthread_mutex_lock(&mt.lock);
+	if (c->mt && mt.started && !mt.stop && !c->mt->later) {
+		c->mt->closing = finish;
+		c->mt->close_end = rail_now_ns() + RAIL_IB_SETTLE_NS;
+		c->mt->flagged = 1;
+		kick();
+		taken = 1;
+	}
+	pthread_mutex_unlock(&mt.lock);
+	return taken;
+}
+
+/* Fini: the closed comms the thread had not finished, settled and finished here. */
+static void finish_closing(void)
+{
+	for (;;) {
+		struct rail_ib_comm *c = NULL;
+		void (*finish)(struct rail_ib_comm *c) = NULL;
+
+		pthread_mutex_lock(&mt.lock);
+		for (int i = 0; i < mt.n && !c; i++)
+			if (mt.v[i]->closing) {
+				c = mt.v[i]->c;
+				finish = mt.v[i]->closing;
+				mt.v[i]->closing = NULL;
+			}
+		pthread_mutex_unlock(&mt.lock);
+		if (!c)
+			return;
+		(void)rail_ib_move_settle(c, "finalize");
+		finish(c);
+	}
+}
+
+uint64_t rail_ib_move_thread_loops(void)
+{
+	return atomic_load_explicit(&mt.loops, memory_order_relaxed);
 }
 
 void rail_ib_move_fini(void)
 {
+	rail_ib_async_hook_set(NULL);
 	pthread_mutex_lock(&mt.lock);
 	mt.stop = 1;
+	kick();
 	pthread_mutex_unlock(&mt.lock);
 	if (mt.started)
 		pthread_join(mt.thread, NULL);
+	finish_closing();
 	pthread_mutex_lock(&mt.lock);
+	while (mt.n)
+		drop(mt.v[mt.n - 1]);	/* comms NCCL never closed */
+	while (mt.dead) {
+		struct rail_ib_mt *e = mt.dead;
+
+		mt.dead = e->dead_next;
+		free(e);
+	}
 	free(mt.v);
-	mt.v = NULL;
-	mt.n = mt.cap = 0;
-	mt.started = mt.stop = 0;
+	free(mt.batch);
+	free(mt.comms);
+	free(mt.taken);
+	mt.v = mt.batch = NULL;
+	mt.comms = NULL;
+	mt.taken = NULL;
+	mt.n = mt.cap = mt.bcap = 0;
+	if (mt.ep >= 0)
+		close(mt.ep);
+	if (mt.evfd >= 0)
+		close(mt.evfd);
+	mt.ep = mt.evfd = -1;
+	mt.started = mt.stop = mt.scan = 0;
 	pthread_mutex_unlock(&mt.lock);
 }

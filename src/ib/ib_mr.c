@@ -341,7 +341,7 @@ int rail_ib_comm_mh_rehome(const struct rail_ib_comm *c, struct rail_ib_mh *mh)
 		err = rail_ib_mh_rehome(mh, m, c->res[m].dev, c->peer);
 	}
 	if (!err && !dead)
-		mh->gen = c->res_gen;
+		mh->gen = atomic_load_explicit(&c->res_gen, memory_order_relaxed);
 	return err;
 }
 
@@ -361,24 +361,29 @@ static int reg_common(struct rail_comm *comm, void *data, size_t size, int type,
 	struct rail_ib_dev *devs[RAIL_MAX_VDEV_DEVS];
 	struct rail_ib_hca *hcas[RAIL_MAX_VDEV_DEVS];
 	struct rail_ib_mh *mh;
+	/*
+	 * NCCL's service thread, beside the data calls and a move's rebuild: the
+	 * generation first, then the devices (reg_dev, stored by the rebuild
+	 * before it bumps res_gen), so a registration on a device a move is
+	 * leaving carries an old generation and re-homes at its first use
+	 * (rail_ib_mh_keys). A member whose HCA died (DEVICE_FATAL) before the
+	 * comm moved gets no registration there: the same first use registers it
+	 * where the member is then.
+	 */
+	uint32_t gen = atomic_load_explicit(&c->res_gen, memory_order_acquire);
 	int gpu = (type & RAIL_PTR_CUDA) || fd >= 0, dead = 0, err;
 
-	/*
-	 * The comm's turn (api.c): no move rebuilds res meanwhile. A member whose
-	 * HCA died (DEVICE_FATAL) before the comm moved gets no registration
-	 * there: the first use after the move registers it where the member is
-	 * then (rail_ib_mh_keys).
-	 */
 	for (int i = 0; i < c->ndevs; i++) {
-		const struct rail_ib_ladder *l = &c->res[i].dev->hca->ladder;
+		const struct rail_ib_ladder *l;
 
-		devs[i] = c->res[i].dev;
+		devs[i] = atomic_load(&c->reg_dev[i]);	/* a move rehomes it at its first use */
 		hcas[i] = devs[i]->hca;
 		if (atomic_load(&hcas[i]->fatal)) {
 			devs[i] = NULL;
 			dead = 1;
 			continue;
 		}
+		l = &hcas[i]->ladder;
 		if (type & RAIL_PTR_CUDA && fd < 0 && !l->peermem) {
 			RAIL_WARN("regMr(%p, %zu bytes, CUDA) on %s for peer %s: GPU memory needs "
 				  "peermem, which is absent (%s); NCCL should have used DMA-BUF "
@@ -399,7 +404,7 @@ static int reg_common(struct rail_comm *comm, void *data, size_t size, int type,
 	if (err)
 		return err;
 	mh->gpu = gpu || (c->flush_host && comm->kind == RAIL_COMM_RECV);
-	mh->gen = dead ? c->res_gen - 1 : c->res_gen;
+	mh->gen = dead ? gen - 1 : gen;
 	*mhandle = mh;
 	return 0;
 }

@@ -119,6 +119,7 @@ int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send)
 		int err;
 
 		c->res[m].dev = rail_ib_dev_get(v->devs[m]);
+		atomic_store(&c->reg_dev[m], c->res[m].dev);
 		c->ar = c->ar && c->res[m].dev->ar;
 		err = member_ready(c, m, is_send ? "connect" : "accept");
 		if (err)
@@ -389,6 +390,17 @@ static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
 		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush)
 {
+	int err = rail_ib_qp_connect(c, qp, d, remote, remote_qpn, flush);
+
+	if (!err)
+		rail_flight_note(&c->base.fl, RAIL_FEV_STATE, qp->qp_num, IBV_QPS_RTS,
+				 "QP ready to send (RTS)");
+	return err;
+}
+
+int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush)
+{
 	struct ibv_qp_attr a;
 	uint64_t t0;
 	int ret;
@@ -424,7 +436,6 @@ int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 				 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (ret)
 		return modify_warn(c, qp, d, "RTS", ret, remote);
-	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, qp->qp_num, IBV_QPS_RTS, "QP ready to send (RTS)");
 	return 0;
 }
 
@@ -465,8 +476,7 @@ int rail_ib_comm_ece_query(struct rail_ib_comm *c, struct rail_ib_ece *out)
 	return any ? c->ndevs : 0;
 }
 
-/* The peer's ECE on QP i, where both sides have one; only a real failure fails. */
-static int ece_set(struct rail_ib_comm *c, int i)
+int rail_ib_qp_ece_set(struct rail_ib_comm *c, int i)
 {
 	struct rail_ib_qp *q = &c->qps[i];
 	const struct rail_ib_ece *r = &c->remote_ece[q->remote_member];
@@ -499,7 +509,7 @@ int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns
 		int err;
 
 		q->remote_qpn = remote_qpns[i];
-		err = ece_set(c, i);
+		err = rail_ib_qp_ece_set(c, i);
 		if (err)
 			return err;
 		err = rail_ib_qp_rtr_rts(c, q->qp, c->res[q->member].dev, &c->remote[q->remote_member],
@@ -759,7 +769,10 @@ int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d,
 	old->res[old->nres++] = *r;
 	memset(r, 0, sizeof(*r));
 	r->dev = d;
-	c->res_gen++;	/* registrations re-home where their keys are next read */
+	atomic_store(&c->reg_dev[m], d);	/* regMr, on NCCL's other threads */
+	/* registrations re-home where their keys are next read; after reg_dev (regMr) */
+	atomic_store_explicit(&c->res_gen, atomic_load_explicit(&c->res_gen, memory_order_relaxed) + 1,
+			      memory_order_release);
 	err = member_ready(c, m, "move");
 	if (err)
 		return err;

@@ -66,6 +66,7 @@ struct fv_dev {
 	int ece;		/* 0: EOPNOTSUPP, else the vendor_id/options answered */
 	int retrying;		/* a WR to a QP that is gone never completes (still retrying) */
 	int retry_ms;		/* a held send WR fails after this long; -1: not given (200) */
+	int rtr_ms;		/* ibv_modify_qp to RTR toward another QP takes this long */
 	int hold;		/* fv_test_hold: every send WR of this device's QPs is held */
 	int dead;		/* DEVICE_FATAL injected: completes nothing, places nothing */
 	/* mlx5 Data Direct function, relative to /sys, as libmlx5 names it; "": none */

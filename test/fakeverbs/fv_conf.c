@@ -130,6 +130,7 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 	else if (!strcmp(k, "ece")) d->ece = (int)n;
 	else if (!strcmp(k, "retrying")) d->retrying = (int)n;
 	else if (!strcmp(k, "retry_ms") && n >= 0 && n <= 3600000) d->retry_ms = (int)n;
+	else if (!strcmp(k, "rtr_ms") && n >= 0 && n <= 60000) d->rtr_ms = (int)n;
 	else return EINVAL;
 	return 0;
 }

@@ -18,6 +18,13 @@
  * port is down and fails after retry_ms. An error completion moves the QP
  * to ERR and flushes it (fv_qp_error); a WR posted on a QP in ERR, send or
  * receive, completes with IBV_WC_WR_FLUSH_ERR at once.
+ *
+ * Bytes land as a NIC's DMA does (dma_copy): in address order, in
+ * release stores, so that the plugin's acquire loads of a polled word (a
+ * CTS entry's sequence number, a trailer, the credit word) order what
+ * came before it even when the fake runs in another thread than the
+ * poller (the move thread), and ThreadSanitizer sees DMA, not a plain
+ * memcpy racing with those loads.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -25,6 +32,27 @@
 #include <string.h>
 
 #include "fv.h"
+
+/* What a NIC's DMA does to dst: n bytes from src, in address order, each store a release. */
+static void dma_copy(char *dst, const char *src, size_t n)
+{
+	size_t i = 0;
+
+	if ((dst < src + n && src < dst + n) || !n) {
+		memmove(dst, src, n);	/* overlapping: a loopback copy within one buffer */
+		return;
+	}
+	for (; i < n && ((uintptr_t)(dst + i) & 7); i++)
+		__atomic_store_n((uint8_t *)(dst + i), (uint8_t)src[i], __ATOMIC_RELEASE);
+	for (; i + 8 <= n; i += 8) {
+		uint64_t w;
+
+		memcpy(&w, src + i, 8);
+		__atomic_store_n((uint64_t *)(void *)(dst + i), w, __ATOMIC_RELEASE);
+	}
+	for (; i < n; i++)
+		__atomic_store_n((uint8_t *)(dst + i), (uint8_t)src[i], __ATOMIC_RELEASE);
+}
 
 static const char *opname(enum ibv_wr_opcode op)
 {
@@ -68,7 +96,7 @@ static long gather(const struct fv_qp *q, const struct ibv_send_wr *wr, char *ds
 				return -1;
 		}
 		if (dst && !skip && !skip_dst)
-			memmove(dst + off, p, s->length);
+			dma_copy(dst + off, p, s->length);
 		off += s->length;
 	}
 	return (long)off;
@@ -96,7 +124,7 @@ void fv_place_held(const void *mr)
 			pp = &h->next;
 			continue;
 		}
-		memcpy(h->dst, h->data, h->len);
+		dma_copy(h->dst, h->data, h->len);
 		*pp = h->next;
 		free(h);
 	}
@@ -117,7 +145,7 @@ static int place_reordered(const struct fv_qp *q, const struct fv_dev *dev, cons
 	if (!h)
 		return -1;
 	gather(q, wr, h->data, 0);
-	memcpy(p + off, h->data + off, now);
+	dma_copy(p + off, h->data + off, now);
 	if (dev->reorder_head)
 		memmove(h->data, h->data + now, (size_t)n - now);
 	h->dst = p + (dev->reorder_head ? now : 0);
@@ -169,7 +197,7 @@ static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr,
 		    !(p = mr_addr(rm, wr->wr.rdma.remote_addr, wr->sg_list[0].length, &skip)))
 			return IBV_WC_REM_ACCESS_ERR;
 		if (!skip && !lskip)
-			memcpy(dst, p, wr->sg_list[0].length);
+			dma_copy(dst, p, wr->sg_list[0].length);
 		*len = wr->sg_list[0].length;
 		return IBV_WC_SUCCESS;
 	}

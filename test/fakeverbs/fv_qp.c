@@ -10,6 +10,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "fv.h"
 
@@ -110,6 +111,15 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 	const char *why = NULL;
 	struct sbuf b = { .n = 0 };
 
+	if (to == IBV_QPS_RTR && q->dev->rtr_ms && (mask & IBV_QP_DEST_QPN) &&
+	    a->dest_qp_num != qp->qp_num) {
+		/* RoCE: the kernel resolves the peer's address; the fake's other calls go on */
+		pthread_mutex_lock(&fv_lock);
+		fv_log("rtr_wait dev=%s qpn=0x%x ms=%d", q->dev->ibdev.name, qp->qp_num,
+		       q->dev->rtr_ms);
+		pthread_mutex_unlock(&fv_lock);
+		usleep((useconds_t)q->dev->rtr_ms * 1000);
+	}
 	pthread_mutex_lock(&fv_lock);
 	fv_progress();
 	add(&b, "ibv_modify_qp dev=%s qpn=0x%x state=%s mask=0x%x", q->dev->ibdev.name,
