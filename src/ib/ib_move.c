@@ -456,7 +456,9 @@ static int move_plan(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigge
 	int nowhere = -1;
 
 	mv->path = path_failed_here(c, trigger);
-	mv->avoid = mv->path && c->path_fail_ns && mv->start_ns - c->path_fail_ns < MOVES_NS;
+	/* not just after a probe found the way home working: the peer's move back fenced */
+	mv->avoid = mv->path && !c->back.verified && c->path_fail_ns &&
+		    mv->start_ns - c->path_fail_ns < MOVES_NS;
 	for (int m = 0; m < c->ndevs; m++) {
 		mv->from[m] = c->res[m].dev;
 		mv->to[m] = pick_target(c, m, mv->avoid, mv->fb_why, sizeof(mv->fb_why));

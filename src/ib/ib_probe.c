@@ -268,14 +268,16 @@ static void log_result(struct rail_ib_comm *c, const struct rail_ib_probe *p, in
 		       const char *why, uint64_t wait)
 {
 	double ms = (double)(rail_now_ns() - p->start_ns) / 1e6;
-	char path[160];
+	char path[160], after[48] = "";
 
 	snprintf(path, sizeof(path), "%s:%d qp 0x%x to the peer's port %u qp 0x%x", p->dev->hca->name,
 		 p->dev->port, p->qp ? p->qp->qp_num : 0, p->peer_port, p->peer_qpn);
+	if (c->back.fails)
+		snprintf(after, sizeof(after), ", after %d that failed", c->back.fails);
 	if (ok)
 		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s (send comm): the probe of the way home "
-			  "(an RDMA READ from %s) passed in %.1f ms, after %d failed: the connection "
-			  "moves back", c->peer, path, ms, c->back.fails);
+			  "(an RDMA READ from %s) passed in %.1f ms%s: the connection moves back",
+			  c->peer, path, ms, after);
 	else if (c->back.fails == 1)	/* one line per streak */
 		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s (send comm): the probe of the way home "
 			  "(an RDMA READ from %s) failed after %.1f ms: %s; it stays where it is and "
@@ -283,12 +285,14 @@ static void log_result(struct rail_ib_comm *c, const struct rail_ib_probe *p, in
 			  c->peer, path, ms, why, (unsigned long long)(wait / 1000000000ull));
 }
 
-/* The sender's probe is over: tell the receiver, tear down, and mark or reschedule. */
+/*
+ * The sender's probe is over: tell the receiver, tear down; passed: home
+ * is verified; failed: the next one after twice the last wait (to a cap).
+ */
 static int conclude(struct rail_ib_comm *c, int ok, const char *why)
 {
 	struct rail_ib_probe *p = c->back.p;
 	struct rail_ib_msg m;
-	uint64_t wait = c->back.wait_ns;
 
 	memset(&m, 0, sizeof(m));
 	m.type = RAIL_IB_MSG_PROBE_DONE;
@@ -299,13 +303,13 @@ static int conclude(struct rail_ib_comm *c, int ok, const char *why)
 		c->back.verified = 1;
 	} else {
 		c->back.fails++;
-		c->back.next_ns = rail_now_ns() + wait;
+		c->back.wait_ns = RAIL_MIN(2 * c->back.wait_ns,
+					   RAIL_MAX(PROBE_WAIT_MAX_NS, first_wait_ns()));
+		c->back.next_ns = rail_now_ns() + c->back.wait_ns;
 	}
-	log_result(c, p, ok, why, wait);
+	log_result(c, p, ok, why, c->back.wait_ns);
 	if (ok)
 		c->back.fails = 0;
-	else
-		c->back.wait_ns = RAIL_MIN(2 * wait, RAIL_MAX(PROBE_WAIT_MAX_NS, first_wait_ns()));
 	rail_ib_probe_stop(c);
 	return send_msg(c, &m);
 }
