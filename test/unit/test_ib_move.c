@@ -857,6 +857,41 @@ static void test_move_follows_rail(void **state)
 	loop_end(&L);
 }
 
+/*
+ * The fallback by the topology (src/topo): a GPU and three RoCE ports
+ * under one PCIe switch, the GPU's first choice mlx5_0 (the fastest), the
+ * other port of its card mlx5_1, another card mlx5_2; the peer on mlx5_3
+ * under another host bridge. mlx5_0 goes down: the prefix of the PCI paths
+ * says mlx5_1 (same card), the topology's fallback for the GPU mlx5_2 (as
+ * near, and it survives a card failure). The send comm moves to mlx5_2 and
+ * says why; fails with the prefix rule alone (it moves to mlx5_1).
+ */
+static void test_move_topo_fallback(void **state)
+{
+	static const char conf[] = "gpu 0000:00:01.0/0000:01:00.0/0000:02:00.0/0000:03:00.0\n"
+				   "device mlx5_0 pci=0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.0\n"
+				   "port 1 link=eth speed=ndr width=4x\n"
+				   "gid 1 ::ffff:10.1.0.1 type=v2\n"
+				   "device mlx5_1 pci=0000:00:01.0/0000:01:00.0/0000:02:01.0/0000:04:00.1\n"
+				   "port 1 link=eth speed=hdr width=4x\n"
+				   "gid 1 ::ffff:10.1.0.2 type=v2\n"
+				   "device mlx5_2 pci=0000:00:01.0/0000:01:00.0/0000:02:02.0/0000:05:00.0\n"
+				   "port 1 link=eth speed=hdr width=4x\n"
+				   "gid 1 ::ffff:10.1.0.3 type=v2\n"
+				   "device mlx5_3 pci=pci0000:80/0000:80:01.0/0000:81:00.0\n"
+				   "port 1 link=eth speed=ndr width=4x\n"
+				   "gid 1 ::ffff:10.1.0.4 type=v2\n";
+	struct loop L = { .fault_at = 20, .fault_dev = "mlx5_0" };
+	int mark;
+
+	(void)state;
+	mark = run_case(&L, conf, 3, 0, 60);	/* receiver on mlx5_3, sender on mlx5_0 */
+	assert_moved(mark, "(send comm) moved from mlx5_0:1 to mlx5_2:1 (the topology's fallback "
+		     "for GPU 0000:03:00.0: PIX, another card)", "PORT_ERR on mlx5_0:1");
+	assert_moved(mark, "(receive comm) moved from mlx5_3:1 to mlx5_3:1", "PORT_ERR on mlx5_0:1");
+	loop_end(&L);
+}
+
 /* No other port: the comm fails, and the WARN says there was nowhere to go. */
 static void test_move_nowhere(void **state)
 {
@@ -1106,6 +1141,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_fused_device_fatal, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_stall_twice, stall_teardown),
 		cmocka_unit_test_teardown(test_move_back_probe, probe_teardown),
+		cmocka_unit_test_teardown(test_move_topo_fallback, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_back_probe_fails, probe_teardown),
 	};
 
