@@ -30,7 +30,7 @@
  *   1.1  ib_init     discovery, the device table, properties, NIC fusion
  *   1.2  ib_async    the async-event thread of an HCA (finds its devices)
  *   1.2  ib_report   what rail-info prints about the verbs side
- *   1.3  ib_fallback  the device a comm's member moves to, devices on a peer's network
+ *   1.3  ib_move_rules  where a moving comm's member goes: home, a survivor, the fallback
  *   2.0  ib_qp       layer 2, a comm's resources: CQs, control regions, QPs
  *   2.0  ib_mr       the registration cache of an HCA, regMr and deregMr
  *   2.1  ib_flush    the self-connected QP: flushes and loopback copies
@@ -207,17 +207,16 @@ void rail_ib_hca_filter_load(void);
 /* The device list in NCCL's order (NCCL_IB_DEVICE_PCI_ORDER): a copy to free(), or NULL. */
 struct ibv_device **rail_ib_dev_order(struct ibv_device **list, int n);
 
-/* ---- where a moving comm's member goes (ib_fallback.c) ----------------- */
+/* ---- where a moving comm's member goes (ib_move_rules.c) ---------------- */
 /* d's port is down (its last port event was PORT_ERR) or its HCA is dead. */
 int rail_ib_dev_down(const struct rail_ib_dev *d);
 /* Of the n devices in v, the nearest to d on PCIe (longest common sysfs path); NULL if none. */
 struct rail_ib_dev *rail_ib_dev_nearest(const struct rail_ib_dev *d, struct rail_ib_dev *const *v,
 					int n);
 /*
- * Where a comm on d moves when d cannot serve: a usable port of d's link
- * layer, the topology model's fallback for the GPU whose first choice is d
- * (GPUDirect distance, another card, load, speed), else the nearest to d
- * by PCI path; why says which rule and why. NULL when no port is usable.
+ * Where a comm on d moves when d cannot serve, a usable port of d's link
+ * layer: the topology model's fallback for the GPU whose first choice is d,
+ * else the nearest to d by PCI path; why says which. NULL: none usable.
  */
 struct rail_ib_dev *rail_ib_dev_fallback(const struct rail_ib_dev *d, char *why, size_t len);
 /* 1 if d's GID is on the network of peer_gid (net: d's network, rail_ib_gid_net). */
@@ -226,6 +225,16 @@ int rail_ib_dev_reaches(const struct rail_ib_dev *d, const uint8_t *peer_gid,
 /* The usable port of to's link layer on peer_gid's network nearest to `to` (net: its), or NULL. */
 struct rail_ib_dev *rail_ib_dev_on_net(const struct rail_ib_dev *to, const uint8_t *peer_gid,
 				       struct rail_ib_gid_net *net);
+/* Member m of c: its port went down since it was built, or is down; any member. */
+int rail_ib_member_down(const struct rail_ib_comm *c, int m);
+int rail_ib_own_port_down(const struct rail_ib_comm *c);
+/* Seconds the homes of the members away have all been up (PORT_ACTIVE), -1: one down, none away. */
+int64_t rail_ib_home_up_s(const struct rail_ib_comm *c);
+/* Time to go home: the hold-down passed (not while following the peer), or a probe passed. */
+int rail_ib_home_ready(const struct rail_ib_comm *c);
+/* Where member m goes in a move (the rules: ib_move_rules.c; why: the fallback's), NULL: none. */
+struct rail_ib_dev *rail_ib_pick_target(const struct rail_ib_comm *c, int m, int avoid, char *why,
+					size_t len);
 
 /* ---- GPU memory ladder (ib_ladder.c) ----------------------------------- */
 void rail_ib_ladder_decide(struct rail_ib_hca *hca, struct rail_ib_ladder *out);
@@ -397,8 +406,8 @@ enum {
 };
 
 struct rail_ib_move;
-struct rail_ib_chan;
-struct rail_ib_probe;
+struct rail_ib_chan;	/* ib_chan.c */
+struct rail_ib_probe;	/* ib_probe.c */
 
 /*
  * Failover's move back after a move made with the port up (ib_probe.c): no
@@ -407,12 +416,10 @@ struct rail_ib_probe;
  * and a side is still away; the sender probes, the receiver answers.
  */
 struct rail_ib_back {
-	int due;
-	int verified;		/* the last probe passed: the sides away go home */
+	int due, verified;	/* verified: the last probe passed, the sides away go home */
 	int off;		/* closing: no probe started or answered */
 	int fails;		/* probes failed in a row (one INFO line per streak) */
-	uint64_t next_ns;	/* sender: the next probe */
-	uint64_t wait_ns;	/* ... and the wait after it fails (doubling, to a cap) */
+	uint64_t next_ns, wait_ns;	/* sender: the next probe; the wait after a failure */
 	uint64_t number;	/* sender: probes made (the messages carry the number) */
 	struct rail_ib_probe *p;	/* one under way, either side */
 };
@@ -688,17 +695,11 @@ struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int re
 /* The same on any device d with completions to cq (a probe's QP). */
 struct ibv_qp *rail_ib_qp_make(struct rail_ib_comm *c, struct rail_ib_dev *d, struct ibv_cq *cq,
 			       int send_wr, int recv_wr, int access, int *err);
-/*
- * How a QP reaches the peer: the local device and its GID, the traffic
- * class, the transport timer (ibv_qp_attr timeout and retry_cnt); quiet: a
- * failure is the caller's to log (a probe's, whose failure is expected).
- */
+/* How a QP reaches the peer: device, GID, traffic class, timer; quiet: the caller logs failures. */
 struct rail_ib_qp_path {
 	struct rail_ib_dev *dev;
 	const struct rail_ib_gid_choice *gid;
-	int tc;
-	int timeout, retry_cnt;
-	int quiet;
+	int tc, timeout, retry_cnt, quiet;
 };
 /* RTR + RTS of qp to the peer's remote_qpn on remote: 0 or -errno (logged unless quiet). */
 int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, const struct rail_ib_qp_path *p,
@@ -897,12 +898,11 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 		   const int *sizes, void **mhandles);
 
 /*
- * ib_chan.c: the framed messages of a comm with failover on its handshake
- * socket after connect (moves and probes). Open at arm, close at free. Put
- * queues a message (-EINVAL: it does not encode, logged); flush sends what
- * it can: 0 all sent, -EAGAIN, or the socket's error. Recv: 0 with *m,
- * -EAGAIN (partial: part of one is read), -EPROTO (a bad message, logged),
- * or the socket's error (sock_err then says so).
+ * ib_chan.c: framed messages on the handshake socket after connect (moves,
+ * probes), open at arm. Put queues one (-EINVAL: does not encode, logged);
+ * flush: 0 all sent, -EAGAIN, or the socket's error. Recv: 0 with *m,
+ * -EAGAIN (partial: part of one read), -EPROTO (bad, logged), or the
+ * socket's error (sock_err then says so).
  */
 int rail_ib_chan_open(struct rail_ib_comm *c);
 void rail_ib_chan_close(struct rail_ib_comm *c);
@@ -913,16 +913,14 @@ int rail_ib_chan_partial(const struct rail_ib_comm *c);
 int rail_ib_chan_sock_err(const struct rail_ib_comm *c);
 
 /*
- * ib_probe.c, driven by ib_move.c between moves. After each move: whether
- * a side left a device whose port is up (avoided: this side's or the
- * MOVE's flag) and whether a side is away (ditto); sets c->back's schedule
- * (first probe a hold-down later). Msg: a PROBE, PROBE_ACK or PROBE_DONE
- * read from the socket. Step: the sender starts a due probe, polls its
- * READ, times it out; the receiver times out an answer. Both return 0 or
- * the socket's error; a probe's own failure is not an error. Stop: tear a
- * probe down (a move starts; close), no message. Next: when the probe next
- * needs a look (a READ in flight: every 10 ms; its deadline; the next
- * probe), 0 none; wanted: that time has come.
+ * ib_probe.c, driven by ib_move.c between moves. After a move: did a side
+ * leave a device whose port is up, is a side away (this side's or the
+ * MOVE's flags); schedules c->back (first probe a hold-down later). Msg: a
+ * probe's message read. Step: the sender starts a due probe, polls its
+ * READ, times it out; the receiver times out an answer. 0 or the socket's
+ * error (a failed probe is no error). Stop: tear down, no message (a move,
+ * close). Next: when a probe next needs a look (READ in flight: 10 ms; a
+ * deadline; the next probe), 0 none; wanted: that time has come.
  */
 void rail_ib_back_after_move(struct rail_ib_comm *c, int avoided, int away);
 int rail_ib_probe_msg(struct rail_ib_comm *c, const struct rail_ib_msg *m);
@@ -956,14 +954,13 @@ int rail_ib_move_wanted(struct rail_ib_comm *c);
 int rail_ib_move_trigger(struct rail_ib_comm *c);
 /*
  * For an event-driven move thread: when c next needs a look for a reason
- * of time alone (rail_now_ns clock), 0 for none. The end of the hold-down
- * of a home that is up again (its PORT_ACTIVE stamp), the next probe of
- * the way home, a probe's deadline, and every 10 ms while a probe's READ is
- * in flight (its completion raises no event). Anything else that calls for
- * a look raises an event: the handshake socket readable (the peer's MOVE,
- * a probe's message), a port or device event (the async thread), NCCL's
- * calls. The time may be past (look now); after a look, ask again. Read
- * it with c taken (rail_comm.busy), as rail_ib_move_wanted.
+ * of time alone (rail_now_ns), 0 for none: the end of the hold-down of a
+ * home up again (its PORT_ACTIVE stamp), the next probe of the way home, a
+ * probe's deadline, every 10 ms while a probe's READ is in flight (its
+ * completion raises no event). Everything else raises an event: the
+ * handshake socket readable (a MOVE, a probe's message), the async
+ * thread's port or device event, NCCL's calls. May be past (look now);
+ * ask again after each look. Read with c taken, as rail_ib_move_wanted.
  */
 uint64_t rail_ib_move_next_ns(struct rail_ib_comm *c);
 

@@ -98,121 +98,12 @@ struct rail_ib_move {
 	struct rail_ib_msg peer;	/* its MOVE */
 	int have_move, have_ready;
 	int follows;			/* to is where the peer went (follow_peer) */
-	char fb_why[160];		/* which rule chose a fallback device (ib_fallback.c) */
+	char fb_why[160];		/* which rule chose a fallback device (ib_move_rules.c) */
 };
 
 static int is_send(const struct rail_ib_comm *c)
 {
 	return c->base.kind == RAIL_COMM_SEND;
-}
-
-/* ---- where a member goes ------------------------------------------------------ */
-
-/* Member m's port went down since it was built (PORT_ERR), or is down. */
-static int member_down(const struct rail_ib_comm *c, int m)
-{
-	const struct rail_ib_devres *r = &c->res[m];
-
-	return atomic_load(&r->dev->port_downs) != r->port_gen || atomic_load(&r->dev->port_err) ||
-	       atomic_load(&r->dev->hca->fatal);
-}
-
-static int own_port_down(const struct rail_ib_comm *c)
-{
-	for (int m = 0; m < c->ndevs; m++)
-		if (member_down(c, m))
-			return 1;
-	return 0;
-}
-
-/*
- * Seconds the homes of the members away from home have all been up (the
- * least), or -1 while one of them is down (or every member is at home).
- */
-static int64_t home_up_s(const struct rail_ib_comm *c)
-{
-	uint64_t now = rail_now_ns();
-	int64_t least = -1;
-
-	for (int m = 0; m < c->ndevs; m++) {
-		const struct rail_ib_dev *h = c->home[m];
-		uint64_t up = atomic_load(&h->up_ns);
-		int64_t s;
-
-		if (h == c->res[m].dev)
-			continue;
-		if (rail_ib_dev_down(h) || !up)
-			return -1;
-		s = (int64_t)((now - up) / 1000000000ull);
-		if (least < 0 || s < least)
-			least = s;
-	}
-	return least;
-}
-
-/*
- * Home is ready: every member away has had its home up for the hold-down
- * (its PORT_ACTIVE's stamp), not while the comm sits where it followed the
- * peer to (follow_peer: its home is fine, and the peer, whose own home may
- * still be down, is where this side can reach it; when the peer moves
- * back, this side follows); or a probe of the way home passed
- * (ib_probe.c: a move made with the port up has no port event to wait
- * for) and the comm is away.
- */
-static int home_ready(const struct rail_ib_comm *c)
-{
-	int64_t up;
-
-	if (c->back.verified) {
-		for (int m = 0; m < c->ndevs; m++)
-			if (rail_ib_dev_down(c->home[m]))
-				return 0;
-		return rail_ib_away(c);
-	}
-	up = home_up_s(c);
-	return !c->follows && up >= 0 && up >= rail_param_int(RAIL_P_FAILOVER_HOLDDOWN);
-}
-
-/*
- * A fused comm's member whose port is down: the device of a surviving
- * member (port up) nearest to d on PCIe (the other port of the card
- * first), where the comm's buffers are registered already. NULL if none.
- */
-static struct rail_ib_dev *survivor_dev(const struct rail_ib_comm *c, const struct rail_ib_dev *d)
-{
-	struct rail_ib_dev *v[RAIL_MAX_VDEV_DEVS];
-	int n = 0;
-
-	for (int k = 0; k < c->ndevs; k++)
-		if (c->res[k].dev != d && !member_down(c, k) && !rail_ib_dev_down(c->res[k].dev))
-			v[n++] = c->res[k].dev;
-	return rail_ib_dev_nearest(d, v, n);
-}
-
-/*
- * Where member m of this side goes: home once every member away has had
- * its home up for the hold-down, or a probe found the way home working;
- * else where it is while that works (avoid clear); else its home if it is
- * up at all (avoid clear); else a surviving member's device; else the
- * fallback of where it is (ib_fallback.c, why says which rule chose it);
- * else, avoiding a device whose port is up, that device after all (new
- * QPs, as the first time).
- */
-static struct rail_ib_dev *pick_target(const struct rail_ib_comm *c, int m, int avoid, char *why,
-				       size_t len)
-{
-	struct rail_ib_dev *d = c->res[m].dev, *s;
-
-	if (home_ready(c) && !rail_ib_dev_down(c->home[m]))
-		return c->home[m];
-	if (!member_down(c, m) && !avoid)
-		return d;
-	if (!avoid && c->home[m] != d && !rail_ib_dev_down(c->home[m]))
-		return c->home[m];
-	s = survivor_dev(c, d);
-	if (!s)
-		s = rail_ib_dev_fallback(d, why, len);
-	return s ? s : avoid && !member_down(c, m) ? d : NULL;
 }
 
 static void why_add(struct rail_ib_move *mv, const char *fmt, ...)
@@ -258,7 +149,7 @@ static void devs_str(struct rail_ib_dev *const *v, int n, unsigned mask, char *b
 static int path_failed_here(const struct rail_ib_comm *c, int trigger)
 {
 	return (trigger == RAIL_IB_TRIG_WC || trigger == RAIL_IB_TRIG_STALL ||
-		trigger == RAIL_IB_TRIG_QP) && !own_port_down(c);
+		trigger == RAIL_IB_TRIG_QP) && !rail_ib_own_port_down(c);
 }
 
 /*
@@ -300,7 +191,7 @@ static int avoid_with_peer(struct rail_ib_comm *c, struct rail_ib_move *mv)
 	    mv->start_ns - c->path_fail_ns >= MOVES_NS)
 		return 0;
 	for (int m = 0; m < c->ndevs; m++) {
-		to[m] = pick_target(c, m, 1, mv->fb_why, sizeof(mv->fb_why));
+		to[m] = rail_ib_pick_target(c, m, 1, mv->fb_why, sizeof(mv->fb_why));
 		if (!to[m])
 			return 0;	/* nowhere else: as the peer asked, on these devices */
 	}
@@ -421,7 +312,7 @@ static void move_why(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigge
 	char s[112];
 
 	for (int m = 0; m < c->ndevs; m++) {
-		down |= (unsigned)member_down(c, m) << m;
+		down |= (unsigned)rail_ib_member_down(c, m) << m;
 		back |= (unsigned)(mv->to[m] == c->home[m] && mv->to[m] != mv->from[m]) << m;
 	}
 	if (mv->dead) {
@@ -439,7 +330,7 @@ static void move_why(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigge
 	} else if (back) {
 		devs_str(mv->to, c->ndevs, back, s, sizeof(s));
 		snprintf(mv->why, sizeof(mv->why), "%s ACTIVE again for %lld s", s,
-			 (long long)home_up_s(c));
+			 (long long)rail_ib_home_up_s(c));
 	} else {
 		snprintf(mv->why, sizeof(mv->why), "%s", reason_text(mv->reason));
 	}
@@ -461,7 +352,7 @@ static int move_plan(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigge
 		    mv->start_ns - c->path_fail_ns < MOVES_NS;
 	for (int m = 0; m < c->ndevs; m++) {
 		mv->from[m] = c->res[m].dev;
-		mv->to[m] = pick_target(c, m, mv->avoid, mv->fb_why, sizeof(mv->fb_why));
+		mv->to[m] = rail_ib_pick_target(c, m, mv->avoid, mv->fb_why, sizeof(mv->fb_why));
 		if (!mv->to[m] && nowhere < 0)
 			nowhere = m;
 	}
@@ -895,7 +786,7 @@ static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 			return move_fail(c, got, call);
 	}
 	if (!c->mv && !got && (trigger == RAIL_IB_TRIG_OOB || trigger == RAIL_IB_TRIG_BACK)) {
-		if (c->back.off || !home_ready(c))
+		if (c->back.off || !rail_ib_home_ready(c))
 			return 0;	/* nothing from the peer; home down, held down or not probed */
 		trigger = RAIL_IB_TRIG_BACK;
 	}
@@ -917,14 +808,14 @@ static int move_due(struct rail_ib_comm *c)
 
 	if (!c->mv && atomic_load(&c->qp_event))
 		(void)rail_ib_qp_event_current(c);	/* drops one on a replaced QP */
-	return c->mv || c->path_failed || own_port_down(c) || atomic_load(&c->qp_event) ||
+	return c->mv || c->path_failed || rail_ib_own_port_down(c) || atomic_load(&c->qp_event) ||
 	       recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
 /* A move to start or drive on c (its port, its peer, home back, one under way), or a probe. */
 int rail_ib_move_wanted(struct rail_ib_comm *c)
 {
-	return move_due(c) || home_ready(c) || rail_ib_probe_wanted(c);
+	return move_due(c) || rail_ib_home_ready(c) || rail_ib_probe_wanted(c);
 }
 
 uint64_t rail_ib_move_next_ns(struct rail_ib_comm *c)
@@ -953,11 +844,11 @@ int rail_ib_move_trigger(struct rail_ib_comm *c)
 		return c->path_failed;	/* RAIL_IB_TRIG_WC or _STALL */
 	if (dead_members(c))
 		return RAIL_IB_TRIG_FATAL;
-	if (own_port_down(c))
+	if (rail_ib_own_port_down(c))
 		return RAIL_IB_TRIG_PORT;
 	if (atomic_load(&c->qp_event))
 		return RAIL_IB_TRIG_QP;
-	return home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : RAIL_IB_TRIG_OOB;
+	return rail_ib_home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : RAIL_IB_TRIG_OOB;
 }
 
 /* The sender's lost pieces not yet written again (CTS by CTS, as the receiver re-writes them). */
