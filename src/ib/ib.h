@@ -421,6 +421,7 @@ struct rail_ib_back {
 	int fails;		/* probes failed in a row (one INFO line per streak) */
 	uint64_t next_ns, wait_ns;	/* sender: the next probe; the wait after a failure */
 	uint64_t number;	/* sender: probes made (the messages carry the number) */
+	uint64_t looked_ns;	/* the socket last read between moves (ib_move.c) */
 	struct rail_ib_probe *p;	/* one under way, either side */
 };
 

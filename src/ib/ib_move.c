@@ -79,6 +79,7 @@
 #define QUIET_NS (200ull * 1000000ull)	/* drain by time: a mark the provider refused */
 #define MOVES_NS (60ull * 1000000000ull)	/* at most 4 moves of a comm in this time */
 #define SETTLE_NS (10ull * 1000000000ull)	/* close: a move under way ends within this */
+#define LOOK_NS 1000000ull	/* between moves, the socket is read at most this often on a tick */
 
 enum mv_state { MV_DRAIN, MV_XCHG, MV_READY };
 
@@ -778,12 +779,17 @@ static int look(struct rail_ib_comm *c, struct rail_ib_msg *m)
 static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 {
 	struct rail_ib_msg m;
+	uint64_t now = trigger == RAIL_IB_TRIG_BACK ? rail_now_ns() : 0;
 	int err = 0, got = 0;
 
-	if (!c->mv && c->chan) {
+	/* the 256th call's look reads the socket at most every LOOK_NS (a system call) */
+	if (!c->mv && c->chan && (!now || now - c->back.looked_ns >= LOOK_NS)) {
+		c->back.looked_ns = now;
 		got = look(c, &m);
 		if (got < 0)
 			return move_fail(c, got, call);
+		if (got && trigger == RAIL_IB_TRIG_BACK)
+			trigger = RAIL_IB_TRIG_OOB;	/* it joins the peer's move */
 	}
 	if (!c->mv && !got && (trigger == RAIL_IB_TRIG_OOB || trigger == RAIL_IB_TRIG_BACK)) {
 		if (c->back.off || !rail_ib_home_ready(c))

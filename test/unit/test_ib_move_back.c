@@ -110,6 +110,43 @@ static void test_move_back_probe_fails(void **state)
 	loop_end(&L);
 }
 
+/*
+ * Close with a probe in flight (its READ held on mlx5_0): each side's probe
+ * QP is destroyed at close (the fake's log), and the close does not wait
+ * for the probe's bound (1 s). Fails without the probe's teardown at close.
+ */
+static void test_move_back_probe_close(void **state)
+{
+	struct loop L = { .fault_at = -1, .hold_at = 20, .fault_dev = "mlx5_0" };
+	char line[FVH_LINE], sqpn[16], rqpn[16], pat[48];
+	uint64_t end, t0;
+	int mark, calls;
+
+	(void)state;
+	(void)stall_off_both(&L, &mark);
+	calls = fvh_calls_mark(L.F);
+	end = rail_now_ns() + 5000000000ull;
+	while (!fvh_calls(L.F, calls, "ibv_post_send", "dev=mlx5_0", "opcode=RDMA_READ", line) &&
+	       rail_now_ns() < end)
+		assert_int_equal(run_to(&L, L.sent + 5), 0);
+	if (!fvh_calls(L.F, calls, "ibv_post_send", "dev=mlx5_0", "opcode=RDMA_READ", line))
+		fail_msg("no probe's RDMA READ on mlx5_0 within 5 s of the move");
+	fvh_kv(line, "qpn", sqpn, sizeof(sqpn));
+	snprintf(pat, sizeof(pat), "qpn=%s state=RTR", sqpn);
+	assert_int_equal(fvh_calls(L.F, calls, "ibv_modify_qp", pat, NULL, line), 1);
+	fvh_kv(line, "dest_qpn", rqpn, sizeof(rqpn));
+	assert_int_equal(rail_net_dereg_mr(L.F->sc, L.smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(L.F->rc, L.rmh), ncclSuccess);
+	t0 = rail_now_ns();
+	fvh_close_comms(L.F);
+	assert_true(rail_now_ns() - t0 < 500000000ull);
+	snprintf(pat, sizeof(pat), "qpn=%s\n", sqpn);
+	assert_int_equal(fvh_calls(L.F, calls, "ibv_destroy_qp", "dev=mlx5_0", pat, NULL), 1);
+	snprintf(pat, sizeof(pat), "qpn=%s\n", rqpn);
+	assert_int_equal(fvh_calls(L.F, calls, "ibv_destroy_qp", "dev=mlx5_2", pat, NULL), 1);
+	fvh_stop(L.F);
+}
+
 static int probe_teardown(void **state)
 {
 	unsetenv("NCCL_RAIL_IB_STALL_TIMEOUT");
@@ -157,6 +194,7 @@ int main(void)
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_teardown(test_move_back_probe, probe_teardown),
 		cmocka_unit_test_teardown(test_move_back_probe_fails, probe_teardown),
+		cmocka_unit_test_teardown(test_move_back_probe_close, probe_teardown),
 		cmocka_unit_test_teardown(test_move_topo_fallback, fvh_teardown),
 	};
 
