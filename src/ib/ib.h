@@ -957,8 +957,9 @@ int rail_ib_move_trigger(struct rail_ib_comm *c);
  * For an event-driven move thread: when c next needs a look for a reason
  * of time alone (rail_now_ns), 0 for none: the end of the hold-down of a
  * home up again (its PORT_ACTIVE stamp), the next probe of the way home, a
- * probe's deadline, every 10 ms while a probe's READ is in flight (its
- * completion raises no event). Everything else raises an event: the
+ * probe's deadline; every 10 ms while a probe's READ is in flight, a move
+ * drains its old QPs or a sender writes lost pieces again (completions and
+ * clear-to-sends raise no event). Everything else raises an event: the
  * handshake socket readable (a MOVE, a probe's message), the async
  * thread's port or device event, NCCL's calls. May be past (look now);
  * ask again after each look. Read with c taken, as rail_ib_move_wanted.

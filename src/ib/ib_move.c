@@ -80,6 +80,7 @@
 #define MOVES_NS (60ull * 1000000000ull)	/* at most 4 moves of a comm in this time */
 #define SETTLE_NS (10ull * 1000000000ull)	/* close: a move under way ends within this */
 #define LOOK_NS 1000000ull	/* between moves, the socket is read at most this often on a tick */
+#define POLL_NS (10ull * 1000000ull)	/* a drain or a replay wants a look this often */
 
 enum mv_state { MV_DRAIN, MV_XCHG, MV_READY };
 
@@ -824,9 +825,19 @@ int rail_ib_move_wanted(struct rail_ib_comm *c)
 	return move_due(c) || rail_ib_home_ready(c) || rail_ib_probe_wanted(c);
 }
 
+/* The sender's lost pieces not yet written again (CTS by CTS, as the receiver re-writes them). */
+static int replay_pending(const struct rail_ib_comm *c)
+{
+	return is_send(c) && (c->rp_next != c->rp_end || c->batch_stale);
+}
+
 uint64_t rail_ib_move_next_ns(struct rail_ib_comm *c)
 {
 	uint64_t probe = rail_ib_probe_next_ns(c), hold = 0;
+
+	/* completions and clear-to-sends land in memory and raise no event: poll */
+	if ((c->mv && c->mv->state == MV_DRAIN) || (!c->mv && replay_pending(c)))
+		return rail_now_ns() + POLL_NS;
 
 	for (int m = 0; !c->mv && !c->follows && m < c->ndevs; m++) {
 		uint64_t up = atomic_load(&c->home[m]->up_ns);
@@ -855,12 +866,6 @@ int rail_ib_move_trigger(struct rail_ib_comm *c)
 	if (atomic_load(&c->qp_event))
 		return RAIL_IB_TRIG_QP;
 	return rail_ib_home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : RAIL_IB_TRIG_OOB;
-}
-
-/* The sender's lost pieces not yet written again (CTS by CTS, as the receiver re-writes them). */
-static int replay_pending(const struct rail_ib_comm *c)
-{
-	return is_send(c) && (c->rp_next != c->rp_end || c->batch_stale);
 }
 
 int rail_ib_move_settle(struct rail_ib_comm *c, const char *call)

@@ -137,7 +137,9 @@ static int build(struct rail_ib_comm *c, enum pr_state state, char *why, size_t 
 	}
 	p->qp = rail_ib_qp_make(c, d, p->cq, 1, 1, state == PR_ANSWERED ? IBV_ACCESS_REMOTE_READ : 0,
 				&err);
-	if (!p->qp)
+	if (p->qp)	/* not the comm's: an async event on it must not touch the comm */
+		p->qp->qp_context = NULL;
+	else
 		snprintf(why, len, "ibv_create_qp on %s:%d failed: %s", d->hca->name, d->port,
 			 RAIL_ERRSTR(err));
 	return err;

@@ -9,6 +9,8 @@
 #include <infiniband/verbs.h>
 
 #include "fv_harness.h"
+#include "handles.h"
+#include "ib/ib.h"
 #include "move_loop.h"
 
 /*
@@ -147,6 +149,72 @@ static void test_move_back_probe_close(void **state)
 	fvh_stop(L.F);
 }
 
+/* rail_ib_move_next_ns of a comm handle, taken as the move thread takes it. */
+static uint64_t next_ns(void *comm)
+{
+	uint32_t kind = 0;
+	struct rail_ib_comm *c = rail_h_get(RAIL_HT_COMM, (uintptr_t)comm, &kind);
+	uint64_t t;
+
+	assert_non_null(c);
+	while (atomic_flag_test_and_set_explicit(&c->base.busy, memory_order_acquire))
+		;
+	t = rail_ib_move_next_ns(c);
+	atomic_flag_clear_explicit(&c->base.busy, memory_order_release);
+	return t;
+}
+
+/*
+ * The contract for an event-driven move thread (rail_ib_move_next_ns): 0
+ * while nothing is due on time alone; after the move made with the port
+ * up, the sender's next probe a hold-down (1 s) later, nothing for the
+ * receiver (it answers on the socket's event); while the probe's READ is
+ * in flight, a look within 10 ms.
+ */
+static void test_move_next_ns(void **state)
+{
+	struct loop L = { .fault_at = -1, .hold_at = 20, .fault_dev = "mlx5_0" };
+	char line[FVH_LINE];
+	uint64_t now, t, end;
+	int mark, calls;
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_STALL_TIMEOUT", "1", 1);
+	setenv("NCCL_RAIL_FAILOVER_HOLDDOWN", "1", 1);
+	L.F = fvh_start(one_net);
+	fvh_connect(L.F, 2, 0, -1);
+	assert_int_equal(run_to(&L, 10), 0);
+	assert_true(next_ns(L.F->sc) == 0 && next_ns(L.F->rc) == 0);
+	fvh_stop(L.F);
+	memset(&L, 0, sizeof(L));
+	L.fault_at = -1;
+	L.hold_at = 20;
+	L.fault_dev = "mlx5_0";
+	(void)stall_off_both(&L, &mark);
+	calls = fvh_calls_mark(L.F);
+	now = rail_now_ns();
+	t = next_ns(L.F->sc);
+	if (t < now || t > now + 1000000000ull) {
+		fvh_log_dump();
+		fail_msg("the sender's next look %lld ms from now, not within the hold-down (1 s)",
+			 (long long)((int64_t)(t - now) / 1000000));
+	}
+	assert_true(next_ns(L.F->rc) == 0);
+	end = now + 3000000000ull;
+	while (!fvh_calls(L.F, calls, "ibv_post_send", "dev=mlx5_0", "opcode=RDMA_READ", line) &&
+	       rail_now_ns() < end)
+		assert_int_equal(run_to(&L, L.sent + 5), 0);
+	assert_true(fvh_calls(L.F, calls, "ibv_post_send", "dev=mlx5_0", "opcode=RDMA_READ", line));
+	t = next_ns(L.F->sc);
+	now = rail_now_ns();
+	if (t > now + 10000000ull) {
+		fvh_log_dump();
+		fail_msg("a probe's READ in flight: the next look %lld ms away, not within 10 ms",
+			 (long long)((int64_t)(t - now) / 1000000));
+	}
+	loop_end(&L);
+}
+
 static int probe_teardown(void **state)
 {
 	unsetenv("NCCL_RAIL_IB_STALL_TIMEOUT");
@@ -195,6 +263,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_back_probe, probe_teardown),
 		cmocka_unit_test_teardown(test_move_back_probe_fails, probe_teardown),
 		cmocka_unit_test_teardown(test_move_back_probe_close, probe_teardown),
+		cmocka_unit_test_teardown(test_move_next_ns, probe_teardown),
 		cmocka_unit_test_teardown(test_move_topo_fallback, fvh_teardown),
 	};
 
