@@ -723,7 +723,6 @@ static int move_step(struct rail_ib_comm *c)
 static int move_fail(struct rail_ib_comm *c, int err, const char *call)
 {
 	struct rail_ib_move *mv = c->mv;
-
 	int sock_err = rail_ib_chan_sock_err(c);
 
 	if (sock_err && (err == -RAIL_ECLOSED || err == -ECONNRESET || err == -EPIPE))
@@ -732,7 +731,7 @@ static int move_fail(struct rail_ib_comm *c, int err, const char *call)
 	else if (err == -ETIMEDOUT && sock_err)
 		RAIL_WARN("%s: connection to peer %s: its host stopped answering during a move "
 			  "(%s; NCCL_RAIL_PEER_TIMEOUT=%lld s); the connection fails", call, c->peer,
-			  mv->why, (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
+			  mv ? mv->why : "between moves", (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
 	else if (err != -ENETDOWN && err != -EPROTO)
 		RAIL_WARN("%s: connection to peer %s: the move to another path (%s%s%s) failed: "
 			  "%s; the connection fails (the WARN before names the call that failed)",
@@ -766,15 +765,14 @@ static int look(struct rail_ib_comm *c, struct rail_ib_msg *m)
 		if (!is_probe_msg(m->type))
 			return rail_ib_protocol_error(c, 0, "a handshake message that is neither a "
 						      "move's nor a probe's between moves");
-		err = rail_ib_probe_msg(c, m);
-		if (err)
-			break;
+		if (rail_ib_probe_msg(c, m))
+			return 0;	/* the socket failed */
 	}
 	if (err == -EPROTO)
 		return err;
-	if (!err || err == -EAGAIN)
-		err = rail_ib_probe_step(c);
-	return err == -ENOMEM ? err : 0;
+	if (err == -EAGAIN)
+		(void)rail_ib_probe_step(c);	/* only the socket can fail it */
+	return 0;
 }
 
 static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
