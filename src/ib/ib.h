@@ -232,6 +232,8 @@ int rail_ib_own_port_down(const struct rail_ib_comm *c);
 int64_t rail_ib_home_up_s(const struct rail_ib_comm *c);
 /* Time to go home: the hold-down passed (not while following the peer), or a probe passed. */
 int rail_ib_home_ready(const struct rail_ib_comm *c);
+#define RAIL_IB_VERIFIED_NS (10ull * 1000000000ull)	/* a probe that passed holds this long */
+int rail_ib_home_verified(const struct rail_ib_comm *c);
 /* Where member m goes in a move (the rules: ib_move_rules.c; why: the fallback's), NULL: none. */
 struct rail_ib_dev *rail_ib_pick_target(const struct rail_ib_comm *c, int m, int avoid, char *why,
 					size_t len);
@@ -416,7 +418,8 @@ struct rail_ib_probe;	/* ib_probe.c */
  * and a side is still away; the sender probes, the receiver answers.
  */
 struct rail_ib_back {
-	int due, verified;	/* verified: the last probe passed, the sides away go home */
+	int due;
+	uint64_t verified_ns;	/* the last probe passed then: the sides away go home (10 s) */
 	int off;		/* closing: no probe started or answered */
 	int fails;		/* probes failed in a row (one INFO line per streak) */
 	uint64_t next_ns, wait_ns;	/* sender: the next probe; the wait after a failure */
@@ -899,11 +902,10 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 		   const int *sizes, void **mhandles);
 
 /*
- * ib_chan.c: framed messages on the handshake socket after connect (moves,
- * probes), open at arm. Put queues one (-EINVAL: does not encode, logged);
- * flush: 0 all sent, -EAGAIN, or the socket's error. Recv: 0 with *m,
- * -EAGAIN (partial: part of one read), -EPROTO (bad, logged), or the
- * socket's error (sock_err then says so).
+ * ib_chan.c: framed messages on the handshake socket after connect. Put
+ * queues one (-EINVAL, logged); flush: 0 all sent, -EAGAIN or the socket's
+ * error; recv: 0 with *m, -EAGAIN (partial: part of one read), -EPROTO
+ * (logged) or the socket's error (then sock_err).
  */
 int rail_ib_chan_open(struct rail_ib_comm *c);
 void rail_ib_chan_close(struct rail_ib_comm *c);

@@ -326,7 +326,7 @@ static void move_why(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigge
 	} else if (down) {
 		devs_str(mv->from, c->ndevs, down, s, sizeof(s));
 		snprintf(mv->why, sizeof(mv->why), "PORT_ERR on %s", s);
-	} else if (back && c->back.verified) {
+	} else if (back && rail_ib_home_verified(c)) {
 		devs_str(mv->to, c->ndevs, back, s, sizeof(s));
 		snprintf(mv->why, sizeof(mv->why), "the probe of the way home to %s passed", s);
 	} else if (back) {
@@ -350,7 +350,7 @@ static int move_plan(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigge
 
 	mv->path = path_failed_here(c, trigger);
 	/* not just after a probe found the way home working: the peer's move back fenced */
-	mv->avoid = mv->path && !c->back.verified && c->path_fail_ns &&
+	mv->avoid = mv->path && !rail_ib_home_verified(c) && c->path_fail_ns &&
 		    mv->start_ns - c->path_fail_ns < MOVES_NS;
 	for (int m = 0; m < c->ndevs; m++) {
 		mv->from[m] = c->res[m].dev;
@@ -872,7 +872,8 @@ int rail_ib_move_settle(struct rail_ib_comm *c, const char *call)
 
 	rail_ib_probe_stop(c);	/* and none answered or started from now on */
 	c->back.off = 1;
-	c->back.due = c->back.verified = 0;
+	c->back.due = 0;
+	c->back.verified_ns = 0;
 	while (c->failover && !c->error && (move_due(c) || replay_pending(c))) {
 		if (rail_ib_oob_peek(c))
 			return 0;	/* the peer closed (or went silent): nothing to finish with it */

@@ -189,11 +189,16 @@ int64_t rail_ib_home_up_s(const struct rail_ib_comm *c)
  * (ib_probe.c: a move made with the port up has no port event to wait
  * for) and the comm is away.
  */
+int rail_ib_home_verified(const struct rail_ib_comm *c)
+{
+	return c->back.verified_ns && rail_now_ns() - c->back.verified_ns < RAIL_IB_VERIFIED_NS;
+}
+
 int rail_ib_home_ready(const struct rail_ib_comm *c)
 {
 	int64_t up;
 
-	if (c->back.verified) {
+	if (rail_ib_home_verified(c)) {
 		for (int m = 0; m < c->ndevs; m++)
 			if (rail_ib_dev_down(c->home[m]))
 				return 0;

@@ -231,7 +231,7 @@ static void answered(struct rail_ib_comm *c, const struct rail_ib_msg *m)
 	if (!p || p->state != PR_ANSWERED || p->number != m->nonce)
 		return;	/* an older probe's (this side answered a newer one) */
 	if (!m->refuse_code) {
-		c->back.verified = 1;
+		c->back.verified_ns = rail_now_ns();
 		RAIL_INFO(RAIL_LOG_NET, "connection from peer %s (receive comm): the peer's probe of "
 			  "the way home (an RDMA READ from its port %u qp 0x%x of %s:%d qp 0x%x) "
 			  "passed: the connection moves back", c->peer, p->peer_port, p->peer_qpn,
@@ -301,8 +301,9 @@ static int conclude(struct rail_ib_comm *c, int ok, const char *why)
 	m.nonce = p->number;
 	m.refuse_code = ok ? 0 : RAIL_IB_PROBE_FAILED;
 	rail_strlcpy(m.text, why, sizeof(m.text));
-	if (ok) {
-		c->back.verified = 1;
+	if (ok) {	/* no probe while that holds (the move back is due) */
+		c->back.verified_ns = rail_now_ns();
+		c->back.next_ns = c->back.verified_ns + RAIL_IB_VERIFIED_NS;
 	} else {
 		c->back.fails++;
 		c->back.wait_ns = RAIL_MIN(2 * c->back.wait_ns,
@@ -428,7 +429,7 @@ void rail_ib_back_after_move(struct rail_ib_comm *c, int avoided, int away)
 {
 	struct rail_ib_back *b = &c->back;
 
-	b->verified = 0;
+	b->verified_ns = 0;
 	if (c->ndevs != 1 || c->remote_ndevs != 1 || !away) {
 		b->due = 0;	/* both at home (or fused: not probed) */
 		return;
