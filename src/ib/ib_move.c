@@ -79,7 +79,7 @@
 #define QUIET_NS (200ull * 1000000ull)	/* drain by time: a mark the provider refused */
 #define MOVES_NS (60ull * 1000000000ull)	/* at most 4 moves of a comm in this time */
 #define SETTLE_NS (10ull * 1000000000ull)	/* close: a move under way ends within this */
-#define LOOK_NS 1000000ull	/* between moves, the socket is read at most this often on a tick */
+#define LOOK_NS (10ull * 1000000ull)	/* a probe due: the socket read this often on a tick */
 #define POLL_NS (10ull * 1000000ull)	/* a drain or a replay wants a look this often */
 
 enum mv_state { MV_DRAIN, MV_XCHG, MV_READY };
@@ -781,8 +781,12 @@ static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 	uint64_t now = trigger == RAIL_IB_TRIG_BACK ? rail_now_ns() : 0;
 	int err = 0, got = 0;
 
-	/* the 256th call's look reads the socket at most every LOOK_NS (a system call) */
-	if (!c->mv && c->chan && (!now || now - c->back.looked_ns >= LOOK_NS)) {
+	/*
+	 * The 256th call's look (trigger BACK) reads the socket only while a
+	 * probe is due, and at most every LOOK_NS (a system call); the engine's
+	 * look, the move thread and failures read it whenever they come.
+	 */
+	if (!c->mv && c->chan && (!now || (c->back.due && now - c->back.looked_ns >= LOOK_NS))) {
 		c->back.looked_ns = now;
 		got = look(c, &m);
 		if (got < 0)
