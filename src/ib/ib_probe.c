@@ -79,15 +79,11 @@ static uint64_t first_wait_ns(void)
 	return (uint64_t)(s > 0 ? s : 1) * 1000000000ull;
 }
 
-static int home_down(const struct rail_ib_dev *d)
-{
-	return atomic_load(&d->port_err) || atomic_load(&d->hca->fatal);
-}
-
 void rail_ib_probe_stop(struct rail_ib_comm *c)
 {
 	struct rail_ib_probe *p = c->back.p;
 	struct ibv_qp_attr a;
+	int ret;
 
 	if (!p)
 		return;
@@ -95,10 +91,11 @@ void rail_ib_probe_stop(struct rail_ib_comm *c)
 		memset(&a, 0, sizeof(a));
 		a.qp_state = IBV_QPS_ERR;
 		(void)rail_ibv.modify_qp(p->qp, &a, IBV_QP_STATE);
-		if (rail_ibv.destroy_qp(p->qp))
+		ret = rail_ibv.destroy_qp(p->qp);
+		if (ret)
 			RAIL_WARN("ibv_destroy_qp(probe qp 0x%x) on %s:%d, connection to peer %s, "
 				  "failed: %s", p->qp->qp_num, p->dev->hca->name, p->dev->port, c->peer,
-				  RAIL_ERRSTR(-errno));
+				  RAIL_ERRSTR(-rail_verbs_err(ret)));
 	}
 	if (p->mr)
 		rail_ibv.dereg_mr(p->mr);
@@ -127,7 +124,7 @@ static int build(struct rail_ib_comm *c, enum pr_state state, char *why, size_t 
 		snprintf(why, len, "no GID on %s:%d: %.100s", d->hca->name, d->port, p->gid.reason);
 		return err;
 	}
-	p->cq = rail_ibv.create_cq(d->hca->ctx, 4, c, NULL, 0);
+	p->cq = rail_ibv.create_cq(d->hca->ctx, 4, NULL, NULL, 0);	/* no comm's: ib_async.c */
 	p->mr = p->cq ? rail_ibv.reg_mr(d->hca->pd, p->buf, sizeof(p->buf), access) : NULL;
 	if (!p->mr) {
 		err = -(errno ? errno : EIO);
@@ -199,7 +196,7 @@ static int answer(struct rail_ib_comm *c, const struct rail_ib_msg *m)
 	a.nonce = m->nonce;
 	if (c->back.off || c->ndevs != 1 || c->remote_ndevs != 1)
 		snprintf(why, sizeof(why), "the connection is closing or fused");
-	else if (home_down(c->home[0]))
+	else if (rail_ib_dev_down(c->home[0]))
 		snprintf(why, sizeof(why), "its home port %s:%d is down", c->home[0]->hca->name,
 			 c->home[0]->port);
 	else if (!(err = build(c, PR_ANSWERED, why, sizeof(why))))
@@ -408,7 +405,7 @@ int rail_ib_probe_step(struct rail_ib_comm *c)
 	if (!p) {
 		if (!is_send(c) || !c->back.due || c->back.off || now < c->back.next_ns)
 			return 0;
-		if (home_down(c->home[0])) {	/* its port event will bring it home */
+		if (rail_ib_dev_down(c->home[0])) {	/* its port event will bring it home */
 			c->back.next_ns = now + c->back.wait_ns;
 			return 0;
 		}
