@@ -30,9 +30,12 @@
  *   1.1  ib_init     discovery, the device table, properties, NIC fusion
  *   1.2  ib_async    the async-event thread of an HCA (finds its devices)
  *   1.2  ib_report   what rail-info prints about the verbs side
+ *   1.3  ib_move_rules  where a moving comm's member goes: home, a survivor, the fallback
  *   2.0  ib_qp       layer 2, a comm's resources: CQs, control regions, QPs
  *   2.0  ib_mr       the registration cache of an HCA, regMr and deregMr
  *   2.1  ib_flush    the self-connected QP: flushes and loopback copies
+ *   2.2  ib_chan     framed messages on a comm's handshake socket after connect
+ *   2.3  ib_probe    the probe of a comm's way home (failover's move back)
  *   3.0  ib_engine   layer 3, the progress engine: posting, CQ poll, dispatch
  *   4.0  ib_eager    layer 4, send/receive: the eager ring, flow control
  *   4.1  ib_send     the send side: isend, CTS batches (the protocol: its top)
@@ -203,6 +206,37 @@ int rail_ib_port_check(struct ibv_context *ctx, const char *hca, int port,
 void rail_ib_hca_filter_load(void);
 /* The device list in NCCL's order (NCCL_IB_DEVICE_PCI_ORDER): a copy to free(), or NULL. */
 struct ibv_device **rail_ib_dev_order(struct ibv_device **list, int n);
+
+/* ---- where a moving comm's member goes (ib_move_rules.c) ---------------- */
+/* d's port is down (its last port event was PORT_ERR) or its HCA is dead. */
+int rail_ib_dev_down(const struct rail_ib_dev *d);
+/* Of the n devices in v, the nearest to d on PCIe (longest common sysfs path); NULL if none. */
+struct rail_ib_dev *rail_ib_dev_nearest(const struct rail_ib_dev *d, struct rail_ib_dev *const *v,
+					int n);
+/*
+ * Where a comm on d moves when d cannot serve, a usable port of d's link
+ * layer: the topology model's fallback for the GPU whose first choice is d,
+ * else the nearest to d by PCI path; why says which. NULL: none usable.
+ */
+struct rail_ib_dev *rail_ib_dev_fallback(const struct rail_ib_dev *d, char *why, size_t len);
+/* 1 if d's GID is on the network of peer_gid (net: d's network, rail_ib_gid_net). */
+int rail_ib_dev_reaches(const struct rail_ib_dev *d, const uint8_t *peer_gid,
+			struct rail_ib_gid_net *net);
+/* The usable port of to's link layer on peer_gid's network nearest to `to` (net: its), or NULL. */
+struct rail_ib_dev *rail_ib_dev_on_net(const struct rail_ib_dev *to, const uint8_t *peer_gid,
+				       struct rail_ib_gid_net *net);
+/* Member m of c: its port went down since it was built, or is down; any member. */
+int rail_ib_member_down(const struct rail_ib_comm *c, int m);
+int rail_ib_own_port_down(const struct rail_ib_comm *c);
+/* Seconds the homes of the members away have all been up (PORT_ACTIVE), -1: one down, none away. */
+int64_t rail_ib_home_up_s(const struct rail_ib_comm *c);
+/* Time to go home: the hold-down passed (not while following the peer), or a probe passed. */
+int rail_ib_home_ready(const struct rail_ib_comm *c);
+#define RAIL_IB_VERIFIED_NS (10ull * 1000000000ull)	/* a probe that passed holds this long */
+int rail_ib_home_verified(const struct rail_ib_comm *c);
+/* Where member m goes in a move (the rules: ib_move_rules.c; why: the fallback's), NULL: none. */
+struct rail_ib_dev *rail_ib_pick_target(const struct rail_ib_comm *c, int m, int avoid, char *why,
+					size_t len);
 
 /* ---- GPU memory ladder (ib_ladder.c) ----------------------------------- */
 void rail_ib_ladder_decide(struct rail_ib_hca *hca, struct rail_ib_ladder *out);
@@ -381,6 +415,25 @@ enum {
 };
 
 struct rail_ib_move;
+struct rail_ib_chan;	/* ib_chan.c */
+struct rail_ib_probe;	/* ib_probe.c */
+
+/*
+ * Failover's move back after a move made with the port up (ib_probe.c): no
+ * port event says when the way home works again, so a probe does. due: a
+ * side of the comm left a device whose port stayed up (MOVE's AVOID flag)
+ * and a side is still away; the sender probes, the receiver answers.
+ */
+struct rail_ib_back {
+	int due;
+	uint64_t verified_ns;	/* the last probe passed then: the sides away go home (10 s) */
+	int off;		/* closing: no probe started or answered */
+	int fails;		/* probes failed in a row (one INFO line per streak) */
+	uint64_t next_ns, wait_ns;	/* sender: the next probe; the wait after a failure */
+	uint64_t number;	/* sender: probes made (the messages carry the number) */
+	uint64_t looked_ns;	/* the socket last read between moves (ib_move.c) */
+	struct rail_ib_probe *p;	/* one under way, either side */
+};
 
 /* Per member device of a comm. */
 struct rail_ib_devres {
@@ -480,6 +533,8 @@ struct rail_ib_comm {
 	uint64_t path_fail_ns;		/* the last move for a failed path with every port up */
 	/* the move thread's record of it (ib_move_thread.c), NULL when not registered */
 	struct rail_ib_mt *mt;
+	struct rail_ib_chan *chan;	/* the socket's messages after connect (failover) */
+	struct rail_ib_back back;	/* the move back by probe */
 	struct rail_ib_move *mv;
 	uint32_t epoch;
 	int path_failed;
@@ -656,6 +711,24 @@ struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int re
  * real failure fails (logged).
  */
 int rail_ib_qp_ece_set(struct rail_ib_comm *c, int i);
+/* The same on any device d with completions to cq (a probe's QP). */
+struct ibv_qp *rail_ib_qp_make(struct rail_ib_comm *c, struct rail_ib_dev *d, struct ibv_cq *cq,
+			       int send_wr, int recv_wr, int access, int *err);
+/* How a QP reaches the peer: device, GID, traffic class, timer; quiet: the caller logs failures. */
+struct rail_ib_qp_path {
+	struct rail_ib_dev *dev;
+	const struct rail_ib_gid_choice *gid;
+	int tc, timeout, retry_cnt, quiet;
+};
+/*
+ * RTR + RTS of qp to the peer's remote_qpn on remote: 0 or -errno (logged
+ * unless quiet). No flight-record note: the move thread calls it too.
+ */
+int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, const struct rail_ib_qp_path *p,
+		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn);
+/* The same on the path of a comm's member device d (flush: the flush QP's traffic class). */
+int rail_ib_qp_connect_to(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+			  const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush);
 /* RTR + RTS of every QP, each after ibv_set_ece(the peer's ECE) where both sides have one. */
 int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns);
 /*
@@ -665,15 +738,14 @@ int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns
 int rail_ib_comm_ece_query(struct rail_ib_comm *c, struct rail_ib_ece *out);
 void rail_ib_local_wire_dev(const struct rail_ib_devres *r, uint32_t rkey,
 			    struct rail_ib_wire_dev *out);
+/*
+ * rail_ib_qp_connect_to and a flight-record note. The move thread, which
+ * connects a moving comm's QPs while NCCL's calls (the record's writer) go
+ * on, calls rail_ib_qp_connect_to.
+ */
 int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
 		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn,
 		       int flush);
-/*
- * The same with no flight-record note: for the move thread, which connects
- * a moving comm's QPs while NCCL's calls (the record's writer) go on.
- */
-int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
-		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush);
 int rail_ib_comm_check(struct rail_ib_comm *c, const char *call);
 /*
  * Progress thread (rail_ib_comm_check): the registrations deregMr gave back
@@ -856,6 +928,37 @@ int rail_ib_iflush(struct rail_comm *comm, struct rail_req *req, int n, void **d
 		   const int *sizes, void **mhandles);
 
 /*
+ * ib_chan.c: framed messages on the handshake socket after connect. Put
+ * queues one (-EINVAL, logged); flush: 0 all sent, -EAGAIN or the socket's
+ * error; recv: 0 with *m, -EAGAIN (partial: part of one read), -EPROTO
+ * (logged) or the socket's error (then sock_err).
+ */
+int rail_ib_chan_open(struct rail_ib_comm *c);
+void rail_ib_chan_close(struct rail_ib_comm *c);
+int rail_ib_chan_put(struct rail_ib_comm *c, const struct rail_ib_msg *m);
+int rail_ib_chan_flush(struct rail_ib_comm *c);
+int rail_ib_chan_recv(struct rail_ib_comm *c, struct rail_ib_msg *m);
+int rail_ib_chan_partial(const struct rail_ib_comm *c);
+int rail_ib_chan_sock_err(const struct rail_ib_comm *c);
+
+/*
+ * ib_probe.c, driven by ib_move.c between moves. After a move: did a side
+ * leave a device whose port is up, is a side away (this side's or the
+ * MOVE's flags); schedules c->back (first probe a hold-down later). Msg: a
+ * probe's message read. Step: the sender starts a due probe, polls its
+ * READ, times it out; the receiver times out an answer. 0 or the socket's
+ * error (a failed probe is no error). Stop: tear down, no message (a move,
+ * close). Next: when a probe next needs a look (READ in flight: 10 ms; a
+ * deadline; the next probe), 0 none; wanted: that time has come.
+ */
+void rail_ib_back_after_move(struct rail_ib_comm *c, int avoided, int away);
+int rail_ib_probe_msg(struct rail_ib_comm *c, const struct rail_ib_msg *m);
+int rail_ib_probe_step(struct rail_ib_comm *c);
+void rail_ib_probe_stop(struct rail_ib_comm *c);
+uint64_t rail_ib_probe_next_ns(const struct rail_ib_comm *c);
+int rail_ib_probe_wanted(const struct rail_ib_comm *c);
+
+/*
  * ib_move.c. Arm: set c->on_move, and with NCCL_RAIL_FAILOVER=1 on both
  * sides (peer_failover: the peer's handshake said so) turn failover on, for
  * comms of one device and of fused devices alike: the sender keeps its
@@ -890,7 +993,18 @@ int rail_ib_move_settle(struct rail_ib_comm *c, const char *call);
  */
 int rail_ib_move_wanted(struct rail_ib_comm *c);
 int rail_ib_move_trigger(struct rail_ib_comm *c);
-uint64_t rail_ib_move_back_due(const struct rail_ib_comm *c);
+/*
+ * For an event-driven move thread: when c next needs a look for a reason
+ * of time alone (rail_now_ns), 0 for none: the end of the hold-down of a
+ * home up again (its PORT_ACTIVE stamp), the next probe of the way home, a
+ * probe's deadline; every 10 ms while a probe's READ is in flight, a move
+ * drains its old QPs or a sender writes lost pieces again (completions and
+ * clear-to-sends raise no event). Everything else raises an event: the
+ * handshake socket readable (a MOVE, a probe's message), the async
+ * thread's port or device event, NCCL's calls. May be past (look now);
+ * ask again after each look. Read with c taken, as rail_ib_move_wanted.
+ */
+uint64_t rail_ib_move_next_ns(struct rail_ib_comm *c);
 
 /*
  * ib_move_thread.c: one thread per process drives the moves of comms with

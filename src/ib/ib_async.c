@@ -65,8 +65,8 @@ static void on_qp_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 	struct ibv_qp *qp = ev->element.qp;
 	struct rail_ib_comm *c = qp->qp_context;
 
-	if (ev->event_type != IBV_EVENT_QP_FATAL && ev->event_type != IBV_EVENT_QP_REQ_ERR &&
-	    ev->event_type != IBV_EVENT_QP_ACCESS_ERR) {
+	if (!c || (ev->event_type != IBV_EVENT_QP_FATAL && ev->event_type != IBV_EVENT_QP_REQ_ERR &&
+		   ev->event_type != IBV_EVENT_QP_ACCESS_ERR)) {	/* !c: a probe's (ib_probe.c) */
 		RAIL_INFO(RAIL_LOG_NET, "%s: async event %s on qp 0x%x", hca->name,
 			  rail_ibv_event_str(ev->event_type), qp->qp_num);
 		return;

@@ -63,6 +63,7 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -78,6 +79,8 @@
 #define DRAIN_NS (5ull * 1000000000ull)
 #define QUIET_NS (200ull * 1000000ull)	/* drain by time: a mark the provider refused */
 #define MOVES_NS (60ull * 1000000000ull)	/* at most 4 moves of a comm in this time */
+#define LOOK_NS (10ull * 1000000ull)	/* a probe due: the socket read this often on a tick */
+#define POLL_NS (10ull * 1000000ull)	/* a drain or a replay wants a look this often */
 
 enum mv_state { MV_DRAIN, MV_XCHG, MV_RTR, MV_READY };
 enum { RTR_NONE, RTR_PENDING, RTR_DONE };
@@ -85,7 +88,7 @@ enum { RTR_NONE, RTR_PENDING, RTR_DONE };
 struct rail_ib_move {
 	enum mv_state state;
 	int reason;			/* RAIL_IB_MOVE_* */
-	char why[160];
+	char why[320];
 	uint64_t start_ns, deadline_ns;
 	int refused_marks;
 	int path;			/* a path failure with every port of this side up */
@@ -98,14 +101,9 @@ struct rail_ib_move {
 	struct rail_ib_msg peer;	/* its MOVE */
 	int have_move, have_ready;
 	int follows;			/* to is where the peer went (follow_peer) */
-	int sock_err;			/* the error came from the handshake socket */
 	atomic_int rtr;			/* RTR_*: the move thread connects the new QPs (MV_RTR) */
 	int rtr_err;			/* ... its result, once RTR_DONE */
-	uint8_t tx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
-	size_t tx_len, tx_off;
-	uint8_t rx[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
-	size_t rx_off;
-	int rx_body;
+	char fb_why[160];		/* which rule chose a fallback device (ib_move_rules.c) */
 };
 
 static int is_send(const struct rail_ib_comm *c)
@@ -113,157 +111,18 @@ static int is_send(const struct rail_ib_comm *c)
 	return c->base.kind == RAIL_COMM_SEND;
 }
 
-/* ---- the fallback device ---------------------------------------------------- */
+static void why_add(struct rail_ib_move *mv, const char *fmt, ...)
+	__attribute__((format(printf, 2, 3)));
 
-static size_t common_prefix(const char *a, const char *b)
+/* Add to why the move is made (mv->why, for both sides' move lines). */
+static void why_add(struct rail_ib_move *mv, const char *fmt, ...)
 {
-	size_t n = 0;
+	size_t len = strlen(mv->why);
+	va_list ap;
 
-	while (a[n] && a[n] == b[n])
-		n++;
-	return n;
-}
-
-static int dev_down(const struct rail_ib_dev *d)
-{
-	return atomic_load(&d->port_err) || atomic_load(&d->hca->fatal);
-}
-
-/*
- * Of the n devices in v, the nearest to d on PCIe: the longest common
- * prefix of their sysfs paths (the other port of the card, then a device
- * under the same switch, the same root port...); the first on ties. NULL
- * when n is 0.
- */
-static struct rail_ib_dev *nearest(const struct rail_ib_dev *d, struct rail_ib_dev *const *v, int n)
-{
-	struct rail_ib_dev *best = NULL;
-	size_t best_len = 0;
-
-	for (int i = 0; i < n; i++) {
-		size_t len = common_prefix(v[i]->pci_path, d->pci_path);
-
-		if (!best || len > best_len) {
-			best = v[i];
-			best_len = len;
-		}
-	}
-	return best;
-}
-
-/*
- * The device a comm on d moves to: a usable port (ACTIVE as the async
- * thread last saw it) of the same link layer, nearest to d on PCIe (the
- * longest common prefix of their sysfs paths: the other port of the card,
- * then a device under the same switch, the same root port...), then in
- * table order. NULL when there is none.
- */
-static struct rail_ib_dev *fallback_dev(const struct rail_ib_dev *d)
-{
-	struct rail_ib_dev *v[RAIL_IB_MAX_DEVS];
-	int n = 0;
-
-	for (int i = 0; i < rail_ib_ndevs_phys() && n < RAIL_IB_MAX_DEVS; i++) {
-		struct rail_ib_dev *o = rail_ib_dev_get(i);
-
-		if (o && o != d && !dev_down(o) && o->link_layer == d->link_layer)
-			v[n++] = o;
-	}
-	return nearest(d, v, n);
-}
-
-/* Member m's port went down since it was built (PORT_ERR), or is down. */
-static int member_down(const struct rail_ib_comm *c, int m)
-{
-	const struct rail_ib_devres *r = &c->res[m];
-
-	return atomic_load(&r->dev->port_downs) != r->port_gen || atomic_load(&r->dev->port_err) ||
-	       atomic_load(&r->dev->hca->fatal);
-}
-
-static int own_port_down(const struct rail_ib_comm *c)
-{
-	for (int m = 0; m < c->ndevs; m++)
-		if (member_down(c, m))
-			return 1;
-	return 0;
-}
-
-/*
- * Seconds the homes of the members away from home have all been up (the
- * least), or -1 while one of them is down (or every member is at home).
- */
-static int64_t home_up_s(const struct rail_ib_comm *c)
-{
-	uint64_t now = rail_now_ns();
-	int64_t least = -1;
-
-	for (int m = 0; m < c->ndevs; m++) {
-		const struct rail_ib_dev *h = c->home[m];
-		uint64_t up = atomic_load(&h->up_ns);
-		int64_t s;
-
-		if (h == c->res[m].dev)
-			continue;
-		if (dev_down(h) || !up)
-			return -1;
-		s = (int64_t)((now - up) / 1000000000ull);
-		if (least < 0 || s < least)
-			least = s;
-	}
-	return least;
-}
-
-/*
- * Not while the comm sits where it followed the peer to (follow_peer): its
- * home is fine, and the peer, whose own home may still be down, is where
- * this side can reach it; when the peer moves back, this side follows.
- */
-static int home_ready(const struct rail_ib_comm *c)
-{
-	int64_t up = home_up_s(c);
-
-	return !c->follows && up >= 0 && up >= rail_param_int(RAIL_P_FAILOVER_HOLDDOWN);
-}
-
-/*
- * A fused comm's member whose port is down: the device of a surviving
- * member (port up) nearest to d on PCIe (the other port of the card
- * first), where the comm's buffers are registered already. NULL if none.
- */
-static struct rail_ib_dev *survivor_dev(const struct rail_ib_comm *c, const struct rail_ib_dev *d)
-{
-	struct rail_ib_dev *v[RAIL_MAX_VDEV_DEVS];
-	int n = 0;
-
-	for (int k = 0; k < c->ndevs; k++)
-		if (c->res[k].dev != d && !member_down(c, k) && !dev_down(c->res[k].dev))
-			v[n++] = c->res[k].dev;
-	return nearest(d, v, n);
-}
-
-/*
- * Where member m of this side goes: home once every member away has had
- * its home up for the hold-down; else where it is while that works (avoid
- * clear); else its home if it is up at all (avoid clear); else a surviving
- * member's device; else the fallback of where it is; else, avoiding a
- * device whose port is up, that device after all (new QPs, as the first
- * time).
- */
-static struct rail_ib_dev *pick_target(const struct rail_ib_comm *c, int m, int avoid)
-{
-	struct rail_ib_dev *d = c->res[m].dev, *s;
-
-	if (home_ready(c) && !dev_down(c->home[m]))
-		return c->home[m];
-	if (!member_down(c, m) && !avoid)
-		return d;
-	if (!avoid && c->home[m] != d && !dev_down(c->home[m]))
-		return c->home[m];
-	s = survivor_dev(c, d);
-	if (!s)
-		s = fallback_dev(d);
-	return s ? s : avoid && !member_down(c, m) ? d : NULL;
+	va_start(ap, fmt);
+	vsnprintf(mv->why + len, sizeof(mv->why) - len, fmt, ap);
+	va_end(ap);
 }
 
 /* "mlx5_0:1+mlx5_0:2": the devices v[k] for k < n with bit k of mask. */
@@ -295,7 +154,7 @@ static void devs_str(struct rail_ib_dev *const *v, int n, unsigned mask, char *b
 static int path_failed_here(const struct rail_ib_comm *c, int trigger)
 {
 	return (trigger == RAIL_IB_TRIG_WC || trigger == RAIL_IB_TRIG_STALL ||
-		trigger == RAIL_IB_TRIG_QP) && !own_port_down(c);
+		trigger == RAIL_IB_TRIG_QP) && !rail_ib_own_port_down(c);
 }
 
 /*
@@ -332,39 +191,25 @@ static void path_fail_note(struct rail_ib_comm *c, const struct rail_ib_move *mv
 static int avoid_with_peer(struct rail_ib_comm *c, struct rail_ib_move *mv)
 {
 	struct rail_ib_dev *to[RAIL_MAX_VDEV_DEVS];
-	size_t len;
 
 	if (mv->avoid || !path_reason(mv->peer.move.reason) || !c->path_fail_ns ||
 	    mv->start_ns - c->path_fail_ns >= MOVES_NS)
 		return 0;
 	for (int m = 0; m < c->ndevs; m++) {
-		to[m] = pick_target(c, m, 1);
+		to[m] = rail_ib_pick_target(c, m, 1, mv->fb_why, sizeof(mv->fb_why));
 		if (!to[m])
 			return 0;	/* nowhere else: as the peer asked, on these devices */
 	}
 	mv->avoid = 1;
 	memcpy(mv->to, to, sizeof(to[0]) * (size_t)c->ndevs);
 	devs_str(mv->to, c->ndevs, ~0u, mv->to_s, sizeof(mv->to_s));
-	len = strlen(mv->why);
-	snprintf(mv->why + len, sizeof(mv->why) - len, "; the path failed again within %llu s: "
-		 "off the device", MOVES_NS / 1000000000ull);
+	why_add(mv, "; the path failed again within %llu s: off the device",
+		MOVES_NS / 1000000000ull);
 	return 1;
 }
 
 
 /* ---- following the peer to its rail --------------------------------------------- */
-
-/* 1 if d's GID is on the network of the peer's GID (net: d's network). */
-static int dev_reaches(const struct rail_ib_dev *d, const uint8_t *peer_gid,
-		       struct rail_ib_gid_net *net)
-{
-	struct rail_ib_gid_choice g;
-
-	if (rail_ib_dev_gid_resolve(d, &g))
-		return 0;
-	rail_ib_gid_net(g.raw, d->link_layer != IBV_LINK_LAYER_ETHERNET, net);
-	return rail_ib_gid_in_net(net, peer_gid);
-}
 
 /*
  * Where a side that has the peer's MOVE before its rebuild goes, given
@@ -387,24 +232,13 @@ static struct rail_ib_dev *follow_peer(struct rail_ib_comm *c, struct rail_ib_de
 	struct rail_ib_move *mv = c->mv;
 	const struct rail_ib_wire_dev *p = &mv->peer.devs[0];
 	struct rail_ib_gid_net net, best_net;
-	struct rail_ib_dev *v[RAIL_IB_MAX_DEVS], *best;
+	struct rail_ib_dev *best;
 	char g[64], n[80];
-	int len, nv = 0;
 
 	/* a comm made across networks: the fabric routes between them, nothing to follow */
-	if (!c->one_net || p->link_layer != to->link_layer || dev_reaches(to, p->gid, &net))
+	if (!c->one_net || p->link_layer != to->link_layer || rail_ib_dev_reaches(to, p->gid, &net))
 		return to;
-	for (int i = 0; i < rail_ib_ndevs_phys() && nv < RAIL_IB_MAX_DEVS; i++) {
-		struct rail_ib_dev *o = rail_ib_dev_get(i);
-		struct rail_ib_gid_net on;
-
-		if (o && o != to && !dev_down(o) && o->link_layer == to->link_layer &&
-		    dev_reaches(o, p->gid, &on))
-			v[nv++] = o;
-	}
-	best = nearest(to, v, nv);
-	if (best)
-		(void)dev_reaches(best, p->gid, &best_net);
+	best = rail_ib_dev_on_net(to, p->gid, &best_net);
 	rail_ib_gid_str(p->gid, g, sizeof(g));
 	if (!best) {
 		RAIL_INFO(RAIL_LOG_NET, "connection to peer %s (%s comm): the peer moved to GID %s, "
@@ -414,9 +248,7 @@ static struct rail_ib_dev *follow_peer(struct rail_ib_comm *c, struct rail_ib_de
 			  rail_ib_gid_net_str(&net, n, sizeof(n)));
 		return to;
 	}
-	len = (int)strlen(mv->why);
-	snprintf(mv->why + len, sizeof(mv->why) - (size_t)len, "; follows the peer to %s",
-		 rail_ib_gid_net_str(&best_net, n, sizeof(n)));
+	why_add(mv, "; follows the peer to %s", rail_ib_gid_net_str(&best_net, n, sizeof(n)));
 	mv->follows = 1;
 	return best;
 }
@@ -425,59 +257,29 @@ static struct rail_ib_dev *follow_peer(struct rail_ib_comm *c, struct rail_ib_de
 
 static int tx_put(struct rail_ib_comm *c, const struct rail_ib_msg *m)
 {
-	int n = rail_ib_msg_encode(m, c->mv->tx, sizeof(c->mv->tx));
-
-	if (n < 0)
+	if (rail_ib_chan_put(c, m))
 		return rail_ib_protocol_error(c, 0, "cannot encode a move message");
-	c->mv->tx_len = (size_t)n;
-	c->mv->tx_off = 0;
 	return 0;
 }
 
-/* 0 sent (or nothing to send), -EAGAIN, or an error. */
-static int tx_flush(struct rail_ib_comm *c)
+static int is_probe_msg(int type)
 {
-	struct rail_ib_move *mv = c->mv;
-
-	int err;
-
-	if (mv->tx_off == mv->tx_len)
-		return 0;
-	err = rail_sock_send_nb(c->oob_fd, mv->tx, mv->tx_len, &mv->tx_off);
-	mv->sock_err = err && err != -EAGAIN;
-	return err;
+	return type == RAIL_IB_MSG_PROBE || type == RAIL_IB_MSG_PROBE_ACK ||
+	       type == RAIL_IB_MSG_PROBE_DONE;
 }
 
-/* 0 with *m, -EAGAIN, or an error (logged). */
+/*
+ * The next message of the move: 0 with *m, -EAGAIN, or an error (logged).
+ * A probe's, read meanwhile, is dropped: a move ends any probe, on both
+ * sides (each side's move starts with it).
+ */
 static int rx_msg(struct rail_ib_comm *c, struct rail_ib_msg *m)
 {
-	struct rail_ib_move *mv = c->mv;
-	char why[200];
-	int err, type;
+	int err;
 
-	if (mv->rx_body < 0) {
-		err = rail_sock_recv_nb(c->oob_fd, mv->rx, RAIL_IB_HDR_SIZE, &mv->rx_off);
-		mv->sock_err = err && err != -EAGAIN;
-		if (err)
-			return err;
-		mv->rx_body = rail_ib_msg_header(mv->rx, &type, why, sizeof(why));
-		if (mv->rx_body < 0)
-			goto bad;
-	}
-	err = rail_sock_recv_nb(c->oob_fd, mv->rx, RAIL_IB_HDR_SIZE + (size_t)mv->rx_body,
-				&mv->rx_off);
-	mv->sock_err = err && err != -EAGAIN;
-	if (err)
-		return err;
-	err = rail_ib_msg_decode(mv->rx, mv->rx_off, m, why, sizeof(why));
-	mv->rx_off = 0;
-	mv->rx_body = -1;
-	if (!err)
-		return 0;
-bad:
-	RAIL_WARN("connection to peer %s: a move message on the handshake socket is bad: %s",
-		  c->peer, why);
-	return -EPROTO;
+	while (!(err = rail_ib_chan_recv(c, m)) && is_probe_msg(m->type))
+		;
+	return err;
 }
 
 /* ---- the steps ---------------------------------------------------------------- */
@@ -515,7 +317,7 @@ static void move_why(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigge
 	char s[112];
 
 	for (int m = 0; m < c->ndevs; m++) {
-		down |= (unsigned)member_down(c, m) << m;
+		down |= (unsigned)rail_ib_member_down(c, m) << m;
 		back |= (unsigned)(mv->to[m] == c->home[m] && mv->to[m] != mv->from[m]) << m;
 	}
 	if (mv->dead) {
@@ -527,37 +329,35 @@ static void move_why(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigge
 	} else if (down) {
 		devs_str(mv->from, c->ndevs, down, s, sizeof(s));
 		snprintf(mv->why, sizeof(mv->why), "PORT_ERR on %s", s);
+	} else if (back && rail_ib_home_verified(c)) {
+		devs_str(mv->to, c->ndevs, back, s, sizeof(s));
+		snprintf(mv->why, sizeof(mv->why), "the probe of the way home to %s passed", s);
 	} else if (back) {
 		devs_str(mv->to, c->ndevs, back, s, sizeof(s));
 		snprintf(mv->why, sizeof(mv->why), "%s ACTIVE again for %lld s", s,
-			 (long long)home_up_s(c));
+			 (long long)rail_ib_home_up_s(c));
 	} else {
 		snprintf(mv->why, sizeof(mv->why), "%s", reason_text(mv->reason));
 	}
 }
 
-static int move_start(struct rail_ib_comm *c, int trigger)
+static int peer_move_check(struct rail_ib_comm *c, const struct rail_ib_msg *m);
+
+/*
+ * Where each member goes (mv->to) and why (mv->why); the first member with
+ * nowhere to go, or -1.
+ */
+static int move_plan(struct rail_ib_comm *c, struct rail_ib_move *mv, int trigger)
 {
-	struct rail_ib_move *mv = calloc(1, sizeof(*mv));
 	int nowhere = -1;
 
-	if (!mv)
-		return -ENOMEM;
-	c->mv = mv;
-	mv->rx_body = -1;
-	mv->start_ns = rail_now_ns();
-	mv->deadline_ns = mv->start_ns + DRAIN_NS;
-	mv->reason = trigger == RAIL_IB_TRIG_PORT ? RAIL_IB_MOVE_PORT_ERR
-		     : trigger == RAIL_IB_TRIG_WC ? RAIL_IB_MOVE_WC_ERR
-		     : trigger == RAIL_IB_TRIG_FATAL ? RAIL_IB_MOVE_FATAL
-		     : trigger == RAIL_IB_TRIG_QP ? RAIL_IB_MOVE_QP
-		     : trigger == RAIL_IB_TRIG_STALL ? RAIL_IB_MOVE_STALL
-		     : trigger == RAIL_IB_TRIG_BACK ? RAIL_IB_MOVE_BACK : RAIL_IB_MOVE_PEER;
 	mv->path = path_failed_here(c, trigger);
-	mv->avoid = mv->path && c->path_fail_ns && mv->start_ns - c->path_fail_ns < MOVES_NS;
+	/* not just after a probe found the way home working: the peer's move back fenced */
+	mv->avoid = mv->path && !rail_ib_home_verified(c) && c->path_fail_ns &&
+		    mv->start_ns - c->path_fail_ns < MOVES_NS;
 	for (int m = 0; m < c->ndevs; m++) {
 		mv->from[m] = c->res[m].dev;
-		mv->to[m] = pick_target(c, m, mv->avoid);
+		mv->to[m] = rail_ib_pick_target(c, m, mv->avoid, mv->fb_why, sizeof(mv->fb_why));
 		if (!mv->to[m] && nowhere < 0)
 			nowhere = m;
 	}
@@ -567,16 +367,41 @@ static int move_start(struct rail_ib_comm *c, int trigger)
 		struct rail_ib_gid_net net;
 
 		/* both as made */
-		c->one_net = dev_reaches(c->res[0].dev, c->remote[0].gid, &net);
+		c->one_net = rail_ib_dev_reaches(c->res[0].dev, c->remote[0].gid, &net);
 	}
 	mv->dead = dead_members(c);
 	move_why(c, mv, trigger);
-	if (mv->avoid) {
-		size_t len = strlen(mv->why);
+	if (mv->avoid)
+		why_add(mv, ", again within %llu s with the port up: off the device",
+			MOVES_NS / 1000000000ull);
+	return nowhere;
+}
 
-		snprintf(mv->why + len, sizeof(mv->why) - len, ", again within %llu s with the "
-			 "port up: off the device", MOVES_NS / 1000000000ull);
+/* peer: the peer's MOVE, read before this side's move started (it joins), or NULL. */
+static int move_start(struct rail_ib_comm *c, int trigger, const struct rail_ib_msg *peer)
+{
+	struct rail_ib_move *mv = calloc(1, sizeof(*mv));
+	int nowhere;
+
+	if (!mv)
+		return -ENOMEM;
+	c->mv = mv;
+	mv->start_ns = rail_now_ns();
+	mv->deadline_ns = mv->start_ns + DRAIN_NS;
+	mv->reason = trigger == RAIL_IB_TRIG_PORT ? RAIL_IB_MOVE_PORT_ERR
+		     : trigger == RAIL_IB_TRIG_WC ? RAIL_IB_MOVE_WC_ERR
+		     : trigger == RAIL_IB_TRIG_FATAL ? RAIL_IB_MOVE_FATAL
+		     : trigger == RAIL_IB_TRIG_QP ? RAIL_IB_MOVE_QP
+		     : trigger == RAIL_IB_TRIG_STALL ? RAIL_IB_MOVE_STALL
+		     : trigger == RAIL_IB_TRIG_BACK ? RAIL_IB_MOVE_BACK : RAIL_IB_MOVE_PEER;
+	if (peer) {
+		if (peer_move_check(c, peer))
+			return -EPROTO;
+		mv->peer = *peer;
+		mv->have_move = 1;
 	}
+	rail_ib_probe_stop(c);	/* the peer's move stops its side's */
+	nowhere = move_plan(c, mv, trigger);
 	/* a path that keeps failing (a flapping link, a fabric fault both ports survive) */
 	if (c->move_ns[c->epoch % 4] && mv->start_ns - c->move_ns[c->epoch % 4] < MOVES_NS) {
 		RAIL_WARN("connection to peer %s (%s comm) on %s: %s, its 5th move within %llu s; "
@@ -632,8 +457,6 @@ static void move_state(struct rail_ib_comm *c, struct rail_ib_move_state *s)
 		s->ans[q] = c->qps[q].ans_next;
 }
 
-static int peer_move_check(struct rail_ib_comm *c, const struct rail_ib_msg *m);
-
 /*
  * Before the rebuild: the peer's MOVE, if its bytes are on the socket (this
  * side joins the peer's move, the usual case; or both moved at once and the
@@ -648,16 +471,16 @@ static int peer_move_early(struct rail_ib_comm *c)
 	struct rail_ib_move *mv = c->mv;
 	int err;
 
-	if (mv->have_move)
-		return 0;
-	err = rx_msg(c, &mv->peer);
-	if (err == -EAGAIN && !mv->rx_off && mv->rx_body < 0)
-		return 0;
-	if (!err)
-		err = peer_move_check(c, &mv->peer);
-	if (err)
-		return err;
-	mv->have_move = 1;
+	if (!mv->have_move) {
+		err = rx_msg(c, &mv->peer);
+		if (err == -EAGAIN && !rail_ib_chan_partial(c))
+			return 0;
+		if (!err)
+			err = peer_move_check(c, &mv->peer);
+		if (err)
+			return err;
+		mv->have_move = 1;
+	}
 	(void)avoid_with_peer(c, mv);
 	if (c->ndevs == 1 && c->remote_ndevs == 1) {	/* fused comms keep their members' rails */
 		mv->to[0] = follow_peer(c, mv->to[0]);
@@ -735,6 +558,8 @@ static int step_drain(struct rail_ib_comm *c)
 		m.qpn[i] = c->qps[i].qp->qp_num;
 	rail_strlcpy(m.text, mv->why, sizeof(m.text));
 	move_state(c, &m.move);
+	m.move.flags = (uint8_t)((mv->avoid ? RAIL_IB_MOVE_F_AVOID : 0) |
+				 (rail_ib_away(c) ? RAIL_IB_MOVE_F_AWAY : 0));
 	/*
 	 * No deadline from here: the peer joins at its next call on the comm (an
 	 * idle comm waits, as it would without a move); a dead peer ends the
@@ -775,8 +600,8 @@ static void rtr_work(struct rail_ib_comm *c)
 
 		err = rail_ib_qp_ece_set(c, i);	/* the peer's offer, as at connect */
 		if (!err)
-			err = rail_ib_qp_connect(c, q->qp, c->res[q->member].dev,
-						 &c->remote[q->remote_member], q->remote_qpn, 0);
+			err = rail_ib_qp_connect_to(c, q->qp, c->res[q->member].dev,
+						    &c->remote[q->remote_member], q->remote_qpn, 0);
 	}
 	mv->rtr_err = err;
 	atomic_store_explicit(&mv->rtr, RTR_DONE, memory_order_release);
@@ -865,6 +690,9 @@ static int step_resume(struct rail_ib_comm *c)
 	c->epoch++;
 	c->follows = mv->follows && mv->to[0] != c->home[0];
 	path_fail_note(c, mv, ps->reason);
+	/* a side left a device whose port is up: probe the way home (ib_probe.c) */
+	rail_ib_back_after_move(c, mv->avoid || (ps->flags & RAIL_IB_MOVE_F_AVOID),
+				rail_ib_away(c) || (ps->flags & RAIL_IB_MOVE_F_AWAY));
 	ports[0] = '\0';
 	for (int k = 0; k < mv->peer.ndevs && off < sizeof(ports); k++) {
 		int w = snprintf(ports + off, sizeof(ports) - off, "%s%u", k ? "+" : "",
@@ -874,10 +702,11 @@ static int step_resume(struct rail_ib_comm *c)
 	}
 	back = mv->reason == RAIL_IB_MOVE_BACK || ps->reason == RAIL_IB_MOVE_BACK;
 	rail_log(back ? RAIL_LOG_INFO : RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__,
-		 "connection to peer %s (%s comm) moved%s from %s to %s: %s%s%s; the peer is on "
-		 "its port %s (GID index %u); %d %s and %d eager messages written again%s; "
+		 "connection to peer %s (%s comm) moved%s from %s to %s%s%s%s: %s%s%s; the peer is "
+		 "on its port %s (GID index %u); %d %s and %d eager messages written again%s; "
 		 "%.1f ms (move %u)", c->peer, is_send(c) ? "send" : "receive",
-		 back ? " back" : "", mv->from_s, mv->to_s, mv->why,
+		 back ? " back" : "", mv->from_s, mv->to_s, mv->fb_why[0] ? " (" : "", mv->fb_why,
+		 mv->fb_why[0] ? ")" : "", mv->why,
 		 mv->peer.text[0] ? "; the peer's side: " : "", mv->peer.text, ports,
 		 mv->peer.devs[0].gid_index, again,
 		 is_send(c) ? "lost pieces" : "clear-to-sends", eager > 0 ? eager : 0,
@@ -904,7 +733,7 @@ static int move_step(struct rail_ib_comm *c)
 		if (err)
 			return err;
 	}
-	err = tx_flush(c);
+	err = rail_ib_chan_flush(c);
 	if (err)
 		return err;
 	while (mv->state == MV_XCHG && !mv->have_move) {
@@ -921,7 +750,7 @@ static int move_step(struct rail_ib_comm *c)
 	if (mv->state == MV_RTR) {
 		err = step_ready(c);
 		if (!err)
-			err = tx_flush(c);
+			err = rail_ib_chan_flush(c);
 		if (err)
 			return err;
 	}
@@ -943,14 +772,15 @@ static int move_step(struct rail_ib_comm *c)
 static int move_fail(struct rail_ib_comm *c, int err, const char *call)
 {
 	struct rail_ib_move *mv = c->mv;
+	int sock_err = rail_ib_chan_sock_err(c);
 
-	if (mv && mv->sock_err && (err == -RAIL_ECLOSED || err == -ECONNRESET || err == -EPIPE))
+	if (sock_err && (err == -RAIL_ECLOSED || err == -ECONNRESET || err == -EPIPE))
 		RAIL_WARN("%s: connection to peer %s: the peer closed its socket during a move (its "
 			  "process exited or failed); the connection fails", call, c->peer);
-	else if (err == -ETIMEDOUT && mv && mv->sock_err)
+	else if (err == -ETIMEDOUT && sock_err)
 		RAIL_WARN("%s: connection to peer %s: its host stopped answering during a move "
 			  "(%s; NCCL_RAIL_PEER_TIMEOUT=%lld s); the connection fails", call, c->peer,
-			  mv->why, (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
+			  mv ? mv->why : "between moves", (long long)rail_param_int(RAIL_P_PEER_TIMEOUT));
 	else if (err != -ENETDOWN && err != -EPROTO)
 		RAIL_WARN("%s: connection to peer %s: the move to another path (%s%s%s) failed: "
 			  "%s; the connection fails (the WARN before names the call that failed)",
@@ -967,14 +797,59 @@ static int move_fail(struct rail_ib_comm *c, int err, const char *call)
 	return c->error;
 }
 
+/*
+ * No move under way: the messages on the handshake socket (a probe's go to
+ * ib_probe.c; the peer's MOVE ends the look), then the probe's step. 1
+ * with *m the peer's MOVE, 0, or an error that fails the comm (a bad
+ * message). A socket that failed is left to the watchdog
+ * (rail_ib_peer_check), which names it.
+ */
+static int look(struct rail_ib_comm *c, struct rail_ib_msg *m)
+{
+	int err;
+
+	while (!(err = rail_ib_chan_recv(c, m))) {
+		if (m->type == RAIL_IB_MSG_MOVE)
+			return 1;
+		if (!is_probe_msg(m->type))
+			return rail_ib_protocol_error(c, 0, "a handshake message that is neither a "
+						      "move's nor a probe's between moves");
+		if (rail_ib_probe_msg(c, m))
+			return 0;	/* the socket failed */
+	}
+	if (err == -EPROTO)
+		return err;
+	if (err == -EAGAIN)
+		(void)rail_ib_probe_step(c);	/* only the socket can fail it */
+	return 0;
+}
+
 static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 {
-	int err = 0;
+	struct rail_ib_msg m;
+	uint64_t now = trigger == RAIL_IB_TRIG_BACK ? rail_now_ns() : 0;
+	int err = 0, got = 0;
 
-	if (!c->mv && trigger == RAIL_IB_TRIG_BACK && !home_ready(c))
-		return 0;	/* home is down, or not up for the hold-down yet */
+	/*
+	 * The 256th call's look (trigger BACK) reads the socket only while a
+	 * probe is due, and at most every LOOK_NS (a system call); the engine's
+	 * look, the move thread and failures read it whenever they come.
+	 */
+	if (!c->mv && c->chan && (!now || (c->back.due && now - c->back.looked_ns >= LOOK_NS))) {
+		c->back.looked_ns = now;
+		got = look(c, &m);
+		if (got < 0)
+			return move_fail(c, got, call);
+		if (got && trigger == RAIL_IB_TRIG_BACK)
+			trigger = RAIL_IB_TRIG_OOB;	/* it joins the peer's move */
+	}
+	if (!c->mv && !got && (trigger == RAIL_IB_TRIG_OOB || trigger == RAIL_IB_TRIG_BACK)) {
+		if (c->back.off || !rail_ib_home_ready(c))
+			return 0;	/* nothing from the peer; home down, held down or not probed */
+		trigger = RAIL_IB_TRIG_BACK;
+	}
 	if (!c->mv) {
-		err = move_start(c, trigger);
+		err = move_start(c, trigger, got ? &m : NULL);
 		if (!err)
 			rail_ib_move_watch(c);	/* if NCCL stops calling, the thread goes on */
 	}
@@ -994,33 +869,43 @@ static int move_due(struct rail_ib_comm *c)
 
 	if (!c->mv && atomic_load(&c->qp_event))
 		(void)rail_ib_qp_event_current(c);	/* drops one on a replaced QP */
-	return c->mv || c->path_failed || own_port_down(c) || atomic_load(&c->qp_event) ||
+	return c->mv || c->path_failed || rail_ib_own_port_down(c) || atomic_load(&c->qp_event) ||
 	       recv(c->oob_fd, &b, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
 }
 
-/* A move to start or drive on c (its port, its peer, home back, one under way). */
+/* A move to start or drive on c (its port, its peer, home back, one under way), or a probe. */
 int rail_ib_move_wanted(struct rail_ib_comm *c)
 {
-	return move_due(c) || home_ready(c);
+	return move_due(c) || rail_ib_home_ready(c) || rail_ib_probe_wanted(c);
 }
 
-uint64_t rail_ib_move_back_due(const struct rail_ib_comm *c)
+/* The sender's lost pieces not yet written again (CTS by CTS, as the receiver re-writes them). */
+static int replay_pending(const struct rail_ib_comm *c)
 {
-	uint64_t due = 0, hold = (uint64_t)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN) * 1000000000ull;
+	return is_send(c) && (c->rp_next != c->rp_end || c->batch_stale);
+}
 
-	if (c->follows)
-		return 0;
-	for (int m = 0; m < c->ndevs; m++) {
-		const struct rail_ib_dev *h = c->home[m];
-		uint64_t up = atomic_load(&h->up_ns);
+uint64_t rail_ib_move_next_ns(struct rail_ib_comm *c)
+{
+	uint64_t probe = rail_ib_probe_next_ns(c), hold = 0;
 
-		if (h == c->res[m].dev)
+	/* completions and clear-to-sends land in memory and raise no event: poll */
+	if ((c->mv && c->mv->state == MV_DRAIN) || (!c->mv && replay_pending(c)))
+		return rail_now_ns() + POLL_NS;
+
+	for (int m = 0; !c->mv && !c->follows && m < c->ndevs; m++) {
+		uint64_t up = atomic_load(&c->home[m]->up_ns);
+
+		if (c->home[m] == c->res[m].dev)
 			continue;
-		if (dev_down(h) || !up)
-			return 0;	/* its PORT_ACTIVE wakes the thread */
-		due = RAIL_MAX(due, up + hold);
+		if (!up || rail_ib_dev_down(c->home[m])) {
+			hold = 0;	/* a PORT_ACTIVE (the async thread) starts the hold-down */
+			break;
+		}
+		hold = RAIL_MAX(hold, up + (uint64_t)rail_param_int(RAIL_P_FAILOVER_HOLDDOWN) *
+					       1000000000ull);
 	}
-	return due;
+	return !probe ? hold : !hold ? probe : RAIL_MIN(probe, hold);
 }
 
 /* What the move thread hands to on_move (a move under way ignores it). */
@@ -1031,7 +916,7 @@ static int failure_trigger(struct rail_ib_comm *c)
 		return c->path_failed;	/* RAIL_IB_TRIG_WC or _STALL */
 	if (dead_members(c))
 		return RAIL_IB_TRIG_FATAL;
-	if (own_port_down(c))
+	if (rail_ib_own_port_down(c))
 		return RAIL_IB_TRIG_PORT;
 	if (atomic_load(&c->qp_event))
 		return RAIL_IB_TRIG_QP;
@@ -1042,17 +927,17 @@ int rail_ib_move_trigger(struct rail_ib_comm *c)
 {
 	int t = failure_trigger(c);
 
-	return t == RAIL_IB_TRIG_OOB && home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : t;
-}
-
-/* The sender's lost pieces not yet written again (CTS by CTS, as the receiver re-writes them). */
-static int replay_pending(const struct rail_ib_comm *c)
-{
-	return is_send(c) && (c->rp_next != c->rp_end || c->batch_stale);
+	return t == RAIL_IB_TRIG_OOB && rail_ib_home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : t;
 }
 
 int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call)
 {
+	if (!c->back.off) {	/* closing: no probe, no move back from now on */
+		rail_ib_probe_stop(c);
+		c->back.off = 1;
+		c->back.due = 0;
+		c->back.verified_ns = 0;
+	}
 	if (!c->failover || c->error || !(move_due(c) || replay_pending(c)) || rail_ib_oob_peek(c))
 		return 1;	/* nothing left, or the peer closed: nothing to finish with it */
 	if (move_due(c))
@@ -1096,6 +981,8 @@ void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover)
 			  c->peer);
 		return;
 	}
+	if (rail_ib_chan_open(c))
+		return;	/* no room for the messages: no failover for this comm */
 	if (is_send(c)) {
 		c->sent = calloc(RAIL_IB_SLOTS, sizeof(*c->sent));
 		if (!c->sent)
@@ -1120,6 +1007,9 @@ int rail_ib_move_free(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm 
 		free(c->mv);
 		c->mv = NULL;
 	}
+	rail_ib_probe_stop(c);
+	if (c->chan)
+		rail_ib_chan_close(c);
 	free(c->sent);
 	c->sent = NULL;
 	return 0;

@@ -161,7 +161,7 @@ static void look(struct rail_ib_mt *e, uint64_t now)
 		(void)rail_ib_send_progress(c);
 	busy = c->mv || c->path_failed || pieces_left(c) || (called && wanted);
 	if (!c->error) {
-		due = busy ? now + TICK_NS : rail_ib_move_back_due(c);
+		due = busy ? now + TICK_NS : rail_ib_move_next_ns(c);
 		if (due && due <= now)
 			due = now + TICK_NS;	/* home is ready but the move did not start */
 	}

@@ -209,16 +209,15 @@ static int qp_init(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev
 	return 0;
 }
 
-struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int recv_wr,
-			      int access, int *err)
+struct ibv_qp *rail_ib_qp_make(struct rail_ib_comm *c, struct rail_ib_dev *d, struct ibv_cq *cq,
+			       int send_wr, int recv_wr, int access, int *err)
 {
-	struct rail_ib_dev *d = c->res[m].dev;
 	struct ibv_qp_init_attr a;
 	struct ibv_qp *qp;
 
 	memset(&a, 0, sizeof(a));
 	a.qp_context = c;
-	a.send_cq = a.recv_cq = c->res[m].cq;
+	a.send_cq = a.recv_cq = cq;
 	a.qp_type = IBV_QPT_RC;
 	a.cap.max_send_wr = (uint32_t)send_wr;
 	a.cap.max_recv_wr = (uint32_t)recv_wr;
@@ -240,6 +239,12 @@ struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int re
 		return NULL;
 	}
 	return qp;
+}
+
+struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int recv_wr,
+			      int access, int *err)
+{
+	return rail_ib_qp_make(c, c->res[m].dev, c->res[m].cq, send_wr, recv_wr, access, err);
 }
 
 static int cq_create(struct rail_ib_comm *c, int m, int qps_on_member, int is_send)
@@ -336,9 +341,10 @@ static int rtr_tc(const struct rail_ib_comm *c, const struct rail_ib_dev *d, int
  * service level is the connection's (NCCL_IB_SL, else the traffic class).
  */
 static void fill_ah(struct rail_ib_comm *c, struct ibv_qp *qp, struct ibv_qp_attr *a,
-		    const struct rail_ib_dev *d, const struct rail_ib_wire_dev *remote, int tc)
+		    const struct rail_ib_qp_path *path, const struct rail_ib_wire_dev *remote)
 {
-	const struct rail_ib_gid_choice *g = comm_gid(c, d);
+	const struct rail_ib_dev *d = path->dev;
+	const struct rail_ib_gid_choice *g = path->gid;
 	unsigned local_subnet = rail_ib_gid_subnet(g->raw);
 	unsigned remote_subnet = rail_ib_gid_subnet(remote->gid);
 
@@ -346,7 +352,7 @@ static void fill_ah(struct rail_ib_comm *c, struct ibv_qp *qp, struct ibv_qp_att
 	a->ah_attr.sl = (uint8_t)c->sl;
 	if (d->link_layer == IBV_LINK_LAYER_ETHERNET) {
 		fill_grh(a, g, remote);
-		a->ah_attr.grh.traffic_class = (uint8_t)tc;
+		a->ah_attr.grh.traffic_class = (uint8_t)path->tc;
 		return;
 	}
 	a->ah_attr.dlid = remote->lid;
@@ -367,13 +373,16 @@ static void fill_ah(struct rail_ib_comm *c, struct ibv_qp *qp, struct ibv_qp_att
 	}
 }
 
-static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, const struct rail_ib_qp_path *path,
 		       const char *state, int ret, const struct rail_ib_wire_dev *remote)
 {
-	const struct rail_ib_gid_choice *lg = comm_gid(c, d);
+	const struct rail_ib_dev *d = path->dev;
+	const struct rail_ib_gid_choice *lg = path->gid;
 	char g[64], rg[64];
 	int err = rail_verbs_err(ret);
 
+	if (path->quiet)
+		return -err;
 	if (d->link_layer == IBV_LINK_LAYER_ETHERNET)
 		RAIL_WARN("ibv_modify_qp(%s) on %s:%d qp 0x%x to peer %s (GID %s) failed: %s; check "
 			  "NCCL_IB_GID_INDEX (chosen %d %s: %s) and the route between the two GIDs",
@@ -387,25 +396,15 @@ static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 	return -err;
 }
 
-int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
-		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush)
+int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, const struct rail_ib_qp_path *p,
+		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn)
 {
-	int err = rail_ib_qp_connect(c, qp, d, remote, remote_qpn, flush);
-
-	if (!err)
-		rail_flight_note(&c->base.fl, RAIL_FEV_STATE, qp->qp_num, IBV_QPS_RTS,
-				 "QP ready to send (RTS)");
-	return err;
-}
-
-int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
-		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush)
-{
+	struct rail_ib_dev *d = p->dev;
 	struct ibv_qp_attr a;
 	uint64_t t0;
 	int ret;
 
-	/* The flush QP differs only in its traffic class: max_dest_rd_atomic 1 serves its reads. */
+	/* max_dest_rd_atomic 1 serves the flush QP's reads and a probe's */
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = (enum ibv_mtu)RAIL_MIN((int)d->mtu, (int)remote->mtu);
@@ -413,13 +412,13 @@ int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 	a.rq_psn = 0;
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = 12;
-	fill_ah(c, qp, &a, d, remote, rtr_tc(c, d, flush));
+	fill_ah(c, qp, &a, p, remote);
 	t0 = rail_now_ns();
 	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
 				 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
 				 IBV_QP_MIN_RNR_TIMER);
 	if (ret)
-		return modify_warn(c, qp, d, "RTR", ret, remote);
+		return modify_warn(c, qp, p, "RTR", ret, remote);
 	t0 = rail_now_ns() - t0;
 	if (t0 > 100000000ull)
 		RAIL_INFO(RAIL_LOG_NET, "ibv_modify_qp(RTR) on %s:%d qp 0x%x to peer %s took %llu ms "
@@ -427,16 +426,37 @@ int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib
 			  qp->qp_num, c->peer, (unsigned long long)(t0 / 1000000));
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
-	a.timeout = (uint8_t)rail_param_int(RAIL_P_IB_TIMEOUT);
-	a.retry_cnt = (uint8_t)rail_param_int(RAIL_P_IB_RETRY_CNT);
+	a.timeout = (uint8_t)p->timeout;
+	a.retry_cnt = (uint8_t)p->retry_cnt;
 	a.rnr_retry = 7;
 	a.sq_psn = 0;
 	a.max_rd_atomic = 1;
 	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
 				 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
 	if (ret)
-		return modify_warn(c, qp, d, "RTS", ret, remote);
+		return modify_warn(c, qp, p, "RTS", ret, remote);
 	return 0;
+}
+
+int rail_ib_qp_connect_to(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+			  const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush)
+{
+	struct rail_ib_qp_path p = { d, comm_gid(c, d), rtr_tc(c, d, flush),
+				     (int)rail_param_int(RAIL_P_IB_TIMEOUT),
+				     (int)rail_param_int(RAIL_P_IB_RETRY_CNT), 0 };
+
+	return rail_ib_qp_connect(c, qp, &p, remote, remote_qpn);
+}
+
+int rail_ib_qp_rtr_rts(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
+		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn, int flush)
+{
+	int err = rail_ib_qp_connect_to(c, qp, d, remote, remote_qpn, flush);
+
+	if (!err)
+		rail_flight_note(&c->base.fl, RAIL_FEV_STATE, qp->qp_num, IBV_QPS_RTS,
+				 "QP ready to send (RTS)");
+	return err;
 }
 
 /* ---- ECE (enhanced connection establishment), as NCCL (connect.cc) ----- */
@@ -660,8 +680,12 @@ int rail_ib_comm_check(struct rail_ib_comm *c, const char *call)
 			return c->error;
 		}
 	}
-	/* moved away: now and then, whether home is back (and has stayed up) */
-	if (rail_unlikely(c->failover && rail_ib_away(c)) && (++c->back_tick & 255) == 0)
+	/*
+	 * Moved away, or a probe of the way home due (ib_probe.c): now and then,
+	 * whether home is back (and has stayed up), and the probe's steps.
+	 */
+	if (rail_unlikely(c->failover && (rail_ib_away(c) || c->back.due)) &&
+	    (++c->back_tick & 255) == 0)
 		return c->on_move(c, RAIL_IB_TRIG_BACK, call);
 	return 0;
 }

@@ -10,7 +10,7 @@
 #define DEV_SIZE 28
 #define FIXED_SIZE 52
 #define ECE_SIZE 12
-#define MOVE_FIXED 28	/* epoch, role, reason, nans, seq, e_seen, e_head */
+#define MOVE_FIXED 28	/* epoch, role, reason, nans, seq, e_seen, e_head, flags */
 
 static int has_move(int type)
 {
@@ -31,7 +31,7 @@ static uint8_t *move_put(const struct rail_ib_move_state *s, uint8_t *p)
 	rail_put_u64(p + 8, s->seq);
 	rail_put_u32(p + 16, s->e_seen);
 	rail_put_u32(p + 20, s->e_head);
-	rail_put_u32(p + 24, 0);
+	rail_put_u32(p + 24, s->flags);
 	p += MOVE_FIXED;
 	for (int i = 0; i < s->nans; i++, p += 8)
 		rail_put_u64(p, s->ans[i]);
@@ -51,7 +51,8 @@ static int move_get(const uint8_t *p, size_t left, struct rail_ib_move_state *s,
 	s->seq = rail_get_u64(p + 8);
 	s->e_seen = rail_get_u32(p + 16);
 	s->e_head = rail_get_u32(p + 20);
-	if (s->role > 1 || s->nans > RAIL_IB_WIRE_MAX_QPS ||
+	s->flags = p[24];
+	if (s->role > 1 || rail_get_u32(p + 24) > 0xff || s->nans > RAIL_IB_WIRE_MAX_QPS ||
 	    left != MOVE_FIXED + (size_t)s->nans * 8)
 		goto bad;
 	p += MOVE_FIXED;
@@ -141,7 +142,7 @@ int rail_ib_msg_header(const uint8_t *hdr, int *type, char *why, size_t why_len)
 			 RAIL_IB_WIRE_VERSION);
 		return -EPROTONOSUPPORT;
 	}
-	if (t < RAIL_IB_MSG_HELLO || t > RAIL_IB_MSG_MOVE_READY || body < FIXED_SIZE + 2 ||
+	if (t < RAIL_IB_MSG_HELLO || t > RAIL_IB_MSG_LAST || body < FIXED_SIZE + 2 ||
 	    body > RAIL_IB_BODY_MAX) {
 		snprintf(why, why_len, "handshake header corrupt (type %u, length %u)", t, body);
 		return -EBADMSG;
@@ -169,6 +170,36 @@ static int decode_devs(const uint8_t *p, struct rail_ib_msg *m, char *why, size_
 		}
 	}
 	return 0;
+}
+
+static int is_probe(int type)
+{
+	return type == RAIL_IB_MSG_PROBE || type == RAIL_IB_MSG_PROBE_ACK ||
+	       type == RAIL_IB_MSG_PROBE_DONE;
+}
+
+/*
+ * Devices and QPs a message of its type must carry: none for REFUSE,
+ * MOVE_READY, PROBE_DONE and a refused PROBE_ACK; one and one for PROBE and
+ * an answering PROBE_ACK; else at least one device and (but HELLO) QP.
+ */
+static int check_shape(const struct rail_ib_msg *m, char *why, size_t why_len)
+{
+	int none = m->type == RAIL_IB_MSG_REFUSE || m->type == RAIL_IB_MSG_MOVE_READY ||
+		   m->type == RAIL_IB_MSG_PROBE_DONE ||
+		   (m->type == RAIL_IB_MSG_PROBE_ACK && m->refuse_code);
+	int bad;
+
+	if (is_probe(m->type))
+		bad = m->refuse_code > RAIL_IB_PROBE_FAILED || m->nece ||
+		      (none ? m->ndevs || m->nqps : m->ndevs != 1 || m->nqps != 1 || m->refuse_code);
+	else
+		bad = !none && (m->ndevs < 1 || (m->type != RAIL_IB_MSG_HELLO && m->nqps < 1) ||
+				(m->type == RAIL_IB_MSG_HELLO && m->qps_per_dev < 1));
+	if (bad)
+		snprintf(why, why_len, "handshake type %d with %d devices, %d QPs, %d QPs/device, "
+			 "code %u", m->type, m->ndevs, m->nqps, m->qps_per_dev, m->refuse_code);
+	return bad ? -EBADMSG : 0;
 }
 
 /* The eager ring an ACCEPT offers, and the credit word a READY names. */
@@ -255,14 +286,9 @@ int rail_ib_msg_decode(const uint8_t *buf, size_t len, struct rail_ib_msg *m, ch
 			 "bytes)", out.nece, out.ndevs, body);
 		return -EBADMSG;
 	}
-	if (out.type != RAIL_IB_MSG_REFUSE && out.type != RAIL_IB_MSG_MOVE_READY &&
-	    (out.ndevs < 1 || (out.type != RAIL_IB_MSG_HELLO && out.nqps < 1) ||
-	     (out.type == RAIL_IB_MSG_HELLO && out.qps_per_dev < 1))) {
-		snprintf(why, why_len, "handshake type %d with %d devices, %d QPs, %d QPs/device",
-			 out.type, out.ndevs, out.nqps, out.qps_per_dev);
-		return -EBADMSG;
-	}
-	err = check_eager(&out, why, why_len);
+	err = check_shape(&out, why, why_len);
+	if (!err)
+		err = check_eager(&out, why, why_len);
 	if (!err)
 		err = decode_devs(p + FIXED_SIZE, &out, why, why_len);
 	if (err)

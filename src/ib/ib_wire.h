@@ -59,9 +59,10 @@
 /*
  * 3: order-safe eager ring, ECE; 4: eager refusal; 5: LL words for small
  * order-safe messages; 6: MOVE and MOVE_READY (a comm moves to another path); 7: ECE in
- * MOVE, MOVE_READY says the ring turned order-safe
+ * MOVE, MOVE_READY says the ring turned order-safe; 8: MOVE's flags (left a device whose
+ * port is up, away from home), PROBE, PROBE_ACK and PROBE_DONE (the move back's probe)
  */
-#define RAIL_IB_WIRE_VERSION 7
+#define RAIL_IB_WIRE_VERSION 8
 #define RAIL_IB_HDR_SIZE 16
 #define RAIL_IB_BODY_MAX 2048
 #define RAIL_IB_WIRE_MAX_QPS 128
@@ -80,7 +81,27 @@ enum rail_ib_msg_type {
 	 */
 	RAIL_IB_MSG_MOVE = 5,
 	RAIL_IB_MSG_MOVE_READY = 6,
+	/*
+	 * The probe of the way home after a move made with the port up
+	 * (ib_probe.c), same socket, between moves. PROBE, sender -> receiver:
+	 * nonce = the probe's number, devs[0] = the sender's home device, qpn[0]
+	 * = its probe QP there. PROBE_ACK, receiver -> sender: nonce, and
+	 * refuse_code 0 with devs[0] = the receiver's home device (ctrl_rkey:
+	 * the rkey of its probe buffer), qpn[0] = its probe QP, ctrl_addr = the
+	 * buffer, aux_addr = the 8 bytes the buffer holds; or refuse_code
+	 * RAIL_IB_PROBE_REFUSED, no device, text = why. PROBE_DONE, sender ->
+	 * receiver: nonce, refuse_code 0 the RDMA READ of that buffer gave those
+	 * bytes (the way home works), else RAIL_IB_PROBE_FAILED and text = why.
+	 */
+	RAIL_IB_MSG_PROBE = 7,
+	RAIL_IB_MSG_PROBE_ACK = 8,
+	RAIL_IB_MSG_PROBE_DONE = 9,
+	RAIL_IB_MSG_LAST = RAIL_IB_MSG_PROBE_DONE,
 };
+
+/* PROBE_ACK and PROBE_DONE refuse_code: the probe was not answered, or did not pass. */
+#define RAIL_IB_PROBE_REFUSED 1
+#define RAIL_IB_PROBE_FAILED 2
 
 enum rail_ib_refuse_code {
 	RAIL_IB_REFUSE_NONCE = 1,
@@ -121,12 +142,21 @@ struct rail_ib_move_state {
 	uint32_t epoch;		/* the comm's moves, this one included */
 	uint8_t role;		/* 0 sender, 1 receiver */
 	uint8_t reason;		/* RAIL_IB_MOVE_* */
+	uint8_t flags;		/* RAIL_IB_MOVE_F_* */
 	uint64_t seq;		/* sender: next CTS to take; receiver: next CTS to write */
 	uint32_t e_seen;	/* receiver: eager messages placed or seen; sender: written */
 	uint32_t e_head;	/* receiver: eager messages consumed */
 	int nans;		/* receiver: nqps; sender: 0 */
 	uint64_t ans[RAIL_IB_WIRE_MAX_QPS];
 };
+
+/*
+ * MOVE flags. AVOID: this side leaves a device whose port is up (a path that
+ * failed again: no port event will say when it works). AWAY: after this
+ * move this side is on another device than the one the comm was made on.
+ */
+#define RAIL_IB_MOVE_F_AVOID 1u
+#define RAIL_IB_MOVE_F_AWAY 2u
 
 enum rail_ib_move_reason {
 	RAIL_IB_MOVE_PORT_ERR = 1,	/* the side's own port went down */

@@ -202,6 +202,20 @@ int rail_topo_rail_of_model(const struct rail_topo *t, const char *ibdev, int po
 			    int *plane);
 
 /*
+ * Where a connection on RDMA port ibdev:port goes when that port fails, by
+ * the model (topo_fallback.c's rules: GPUDirect distance, another card,
+ * load, speed): the fallback of the GPU whose first choice it is, gpu (a
+ * PCI address, the process's GPU) when that one's, else the first such GPU
+ * by PCI address. why: which GPU and why, for a log line. -ENOENT when no
+ * GPU's first choice is that port or that GPU has no fallback.
+ */
+int rail_topo_fallback_of(const char *ibdev, int port, const char *gpu, char *fb_ibdev,
+			  size_t len, int *fb_port, char *why, size_t why_len);
+int rail_topo_fallback_of_model(const struct rail_topo *t, const char *ibdev, int port,
+				const char *gpu, char *fb_ibdev, size_t len, int *fb_port,
+				char *why, size_t why_len);
+
+/*
  * The real sysfs path of the PCI function behind an RDMA device or a
  * netdev ("/sys/devices/pci0000:15/0000:15:01.0/.../0000:18:00.0"), the
  * form NCCL wants in pciPath; the sysfs root is not part of it. -ENODEV

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rail.h"
 #include "topo/topo_internal.h"
 
 /* The card of a NIC: its (physical function's) PCI address without the function. */
@@ -150,4 +151,53 @@ int rail_topo_fallbacks(struct rail_topo *t)
 		fallback_one(t, g, fb);
 	free(fb);
 	return 0;
+}
+
+/* GPU g's first choice is port `port` of NIC `name` and it has a fallback. */
+static int falls_from(const struct rail_topo *t, int g, const char *name, int port)
+{
+	const struct rail_topo_choice *ch = &t->choice[g];
+	const struct rail_topo_nic *n;
+
+	if (!ch->npicks || !ch->has_fallback)
+		return 0;
+	n = &t->nics[ch->picks[0].nic];
+	return !strcmp(n->name, name) && n->ports[ch->picks[0].port_idx].port == port;
+}
+
+int rail_topo_fallback_of_model(const struct rail_topo *t, const char *ibdev, int port,
+				const char *gpu, char *fb_ibdev, size_t len, int *fb_port,
+				char *why, size_t why_len)
+{
+	int g = gpu && t ? rail_topo_gpu_index(t, gpu) : -1;
+	const struct rail_topo_choice *ch;
+	const struct rail_topo_nic *first, *fb;
+	char c1[RAIL_TOPO_BDF_LEN + RAIL_TOPO_NAME_LEN], c2[sizeof(c1)];
+
+	if (!t)
+		return -ENOENT;
+	if (g < 0 || !falls_from(t, g, ibdev, port))
+		for (g = 0; g < t->ngpus && !falls_from(t, g, ibdev, port); g++)
+			;
+	if (g >= t->ngpus)
+		return -ENOENT;
+	ch = &t->choice[g];
+	first = &t->nics[ch->picks[0].nic];
+	fb = &t->nics[ch->fallback.nic];
+	if (strlen(fb->name) >= len)
+		return -ENAMETOOLONG;
+	card_of(first, c1, sizeof(c1));
+	card_of(fb, c2, sizeof(c2));
+	rail_strlcpy(fb_ibdev, fb->name, len);
+	*fb_port = fb->ports[ch->fallback.port_idx].port;
+	snprintf(why, why_len, "the topology's fallback for GPU %s: %s, %s", t->gpus[g].bdf,
+		 rail_topo_rel_name(ch->fallback.rel), strcmp(c1, c2) ? "another card" : "same card");
+	return 0;
+}
+
+int rail_topo_fallback_of(const char *ibdev, int port, const char *gpu, char *fb_ibdev,
+			  size_t len, int *fb_port, char *why, size_t why_len)
+{
+	return rail_topo_fallback_of_model(rail_topo_get(), ibdev, port, gpu, fb_ibdev, len, fb_port,
+					   why, why_len);
 }

@@ -53,7 +53,7 @@ struct fv_port {
 
 struct fv_dev {
 	struct ibv_device ibdev;	/* first: the pointer handed out */
-	char pci[32];
+	char pci[256];		/* PCI path below the host bridge, the function last */
 	uint64_t sys_image_guid, node_guid;
 	uint32_t vendor_part_id;
 	int max_qp, max_cqe, max_qp_wr, max_inline;
@@ -75,9 +75,13 @@ struct fv_dev {
 	struct fv_port ports[FV_MAX_PORTS];
 };
 
+#define FV_MAX_GPUS 8
+
 struct fv_conf {
 	int ndevs;
 	struct fv_dev devs[FV_MAX_DEVS];
+	int ngpus;
+	char gpus[FV_MAX_GPUS][256];	/* GPUs' PCI paths, as a device's pci= */
 	int speed_ex;		/* query_port fills active_speed_ex (rdma-core 48+) */
 	int port_speed;		/* ibv_query_port_speed answers (IBVERBS_1.16) */
 };
@@ -89,6 +93,8 @@ extern pthread_mutex_t fv_lock;
 int fv_conf_load(void);
 /* Write the sysfs files the plugin reads under RAIL_FAKEVERBS_SYSFS, if set. */
 void fv_sysfs_write(void);
+/* The port's state files again (fv_test_port_state). */
+void fv_sysfs_port(const struct fv_dev *dev, int port);
 const char *fv_gid_str(const union ibv_gid *g, char *buf, size_t len);
 
 /* fv_log.c: one line per event, "call key=value ...". */

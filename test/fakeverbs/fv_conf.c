@@ -97,6 +97,8 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 	int err;
 
 	if (!strcmp(k, "pci")) {
+		if (strlen(v) >= sizeof(d->pci))
+			return EINVAL;
 		snprintf(d->pci, sizeof(d->pci), "%s", v);
 		return 0;
 	}
@@ -293,6 +295,14 @@ static int parse_line(struct parse *p, char *line)
 	}
 	if (!strcmp(kw, "gid"))
 		return gid_line(p, save);
+	if (!strcmp(kw, "gpu")) {
+		char *path = strtok_r(NULL, " \t\r\n", &save);
+
+		if (!path || fv_conf.ngpus == FV_MAX_GPUS || strlen(path) >= sizeof(fv_conf.gpus[0]))
+			return bad(p, "expected 'gpu PCI-PATH' (at most 8 GPUs), got", path ? path : "");
+		snprintf(fv_conf.gpus[fv_conf.ngpus++], sizeof(fv_conf.gpus[0]), "%s", path);
+		return 0;
+	}
 	return bad(p, "unknown keyword", kw);
 }
 
@@ -388,11 +398,53 @@ static void gid_sysfs(const char *base, int pn, const struct fv_port *pt, int i)
 		unlink(path);	/* reading an empty entry's type fails */
 }
 
+/* "400 Gb/sec (4X NDR)", as the kernel writes ports/<p>/rate. */
+static void rate_text(const struct fv_port *pt, char *out, size_t len)
+{
+	static const struct { uint32_t code; double gbps; const char *name; } lanes[] = {
+		{ 1, 2.5, "SDR" }, { 2, 5, "DDR" }, { 4, 10, "QDR" }, { 8, 10, "FDR10" },
+		{ 16, 14, "FDR" }, { 32, 25, "EDR" }, { 64, 50, "HDR" }, { 128, 100, "NDR" },
+		{ 256, 200, "XDR" },
+	};
+	static const int widths_x[] = { 0, 1, 4, 0, 8, 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 2 };
+	int w = pt->width > 0 && pt->width <= 16 ? widths_x[pt->width] : 0;
+
+	for (size_t i = 0; i < sizeof(lanes) / sizeof(lanes[0]); i++)
+		if (lanes[i].code == pt->speed && w) {
+			snprintf(out, len, "%g Gb/sec (%dX %s)\n", lanes[i].gbps * w, w, lanes[i].name);
+			return;
+		}
+	snprintf(out, len, "0 Gb/sec\n");
+}
+
+static void port_state_sysfs(const char *base, int pn, const struct fv_port *pt)
+{
+	static const char *const names[] = { "NOP", "DOWN", "INIT", "ARMED", "ACTIVE" };
+	char dir[PATH_MAX + 32], path[PATH_MAX + 64], text[64];
+	int st = pt->state >= 0 && pt->state <= 4 ? pt->state : 0;
+
+	snprintf(dir, sizeof(dir), "%s/ports/%d", base, pn);
+	mkdirs(dir);
+	snprintf(path, sizeof(path), "%s/state", dir);
+	snprintf(text, sizeof(text), "%d: %s\n", st, names[st]);
+	put(path, text);
+	snprintf(path, sizeof(path), "%s/phys_state", dir);
+	put(path, st == IBV_PORT_ACTIVE ? "5: LinkUp\n" : "3: Disabled\n");
+}
+
 static void port_sysfs(const char *base, int pn, const struct fv_port *pt)
 {
+	char path[PATH_MAX + 64], text[64];
+
 	for (int i = 0; i < FV_MAX_GIDS; i++)
 		if (pt->gids[i].valid)
 			gid_sysfs(base, pn, pt, i);
+	port_state_sysfs(base, pn, pt);
+	snprintf(path, sizeof(path), "%s/ports/%d/link_layer", base, pn);
+	put(path, pt->link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet\n" : "InfiniBand\n");
+	snprintf(path, sizeof(path), "%s/ports/%d/rate", base, pn);
+	rate_text(pt, text, sizeof(text));
+	put(path, text);
 }
 
 void fv_sysfs_gid(const struct fv_dev *dev, int port, int index)
@@ -406,23 +458,71 @@ void fv_sysfs_gid(const struct fv_dev *dev, int port, int index)
 	gid_sysfs(base, port, &dev->ports[port - 1], index);
 }
 
-void fv_sysfs_write(void)
+void fv_sysfs_port(const struct fv_dev *dev, int port)
 {
 	const char *root = getenv("RAIL_FAKEVERBS_SYSFS");
-	char base[PATH_MAX], path[PATH_MAX + 64], text[64];
+	char base[PATH_MAX];
 
 	if (!root || !root[0])
 		return;
+	snprintf(base, sizeof(base), "%s/sys/class/infiniband/%s", root, dev->ibdev.name);
+	port_state_sysfs(base, port, &dev->ports[port - 1]);
+}
+
+/* A PCI path of the description below /sys/devices: "pci0000:00/" unless it names its host. */
+static void pci_rel(const char *pci, char *out, size_t len)
+{
+	snprintf(out, len, "%s%s", strncmp(pci, "pci", 3) ? "pci0000:00/" : "", pci);
+}
+
+/* The PCI function at rel: its directory, vendor, device and class, /sys/bus/pci/devices/<bdf>. */
+static void pci_function(const char *root, const char *rel, unsigned vendor, unsigned device,
+			 unsigned cls)
+{
+	const char *bdf = strrchr(rel, '/') ? strrchr(rel, '/') + 1 : rel;
+	char dir[PATH_MAX], path[PATH_MAX + 32], text[PATH_MAX];
+
+	snprintf(dir, sizeof(dir), "%s/sys/devices/%s", root, rel);
+	mkdirs(dir);
+	snprintf(path, sizeof(path), "%s/vendor", dir);
+	snprintf(text, sizeof(text), "0x%04x\n", vendor);
+	put(path, text);
+	snprintf(path, sizeof(path), "%s/device", dir);
+	snprintf(text, sizeof(text), "0x%04x\n", device);
+	put(path, text);
+	snprintf(path, sizeof(path), "%s/class", dir);
+	snprintf(text, sizeof(text), "0x%06x\n", cls);
+	put(path, text);
+	snprintf(dir, sizeof(dir), "%s/sys/bus/pci/devices", root);
+	mkdirs(dir);
+	snprintf(path, sizeof(path), "%s/%s", dir, bdf);
+	unlink(path);
+	snprintf(text, sizeof(text), "../../../devices/%s", rel);
+	if (symlink(text, path))
+		fprintf(stderr, "fakeverbs: symlink %s: %s\n", path, strerror(errno));
+}
+
+void fv_sysfs_write(void)
+{
+	const char *root = getenv("RAIL_FAKEVERBS_SYSFS");
+	char base[PATH_MAX], path[PATH_MAX + 64], text[PATH_MAX], rel[300];
+
+	if (!root || !root[0])
+		return;
+	for (int g = 0; g < fv_conf.ngpus; g++) {	/* NVIDIA H100, 3D controller */
+		pci_rel(fv_conf.gpus[g], rel, sizeof(rel));
+		pci_function(root, rel, 0x10de, 0x2330, 0x030200);
+	}
 	for (int d = 0; d < fv_conf.ndevs; d++) {
 		const struct fv_dev *dev = &fv_conf.devs[d];
 
-		snprintf(base, sizeof(base), "%s/sys/devices/pci0000:00/%s", root, dev->pci);
-		mkdirs(base);
+		pci_rel(dev->pci, rel, sizeof(rel));
+		pci_function(root, rel, 0x15b3, 0x1021, 0x020700);	/* ConnectX-7 */
 		snprintf(base, sizeof(base), "%s/sys/class/infiniband/%s", root, dev->ibdev.name);
 		mkdirs(base);
 		snprintf(path, sizeof(path), "%s/device", base);
 		unlink(path);
-		snprintf(text, sizeof(text), "../../../devices/pci0000:00/%s", dev->pci);
+		snprintf(text, sizeof(text), "../../../devices/%s", rel);
 		if (symlink(text, path))
 			fprintf(stderr, "fakeverbs: symlink %s: %s\n", path, strerror(errno));
 		snprintf(path, sizeof(path), "%s/sys_image_guid", base);

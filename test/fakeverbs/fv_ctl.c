@@ -148,6 +148,7 @@ int fv_test_port_state(const char *dev, int port, int state)
 		return -ENODEV;
 	}
 	p->state = state;
+	fv_sysfs_port(d, port);
 	n = queue_event(d, port, state == IBV_PORT_ACTIVE ? IBV_EVENT_PORT_ACTIVE
 							 : IBV_EVENT_PORT_ERR);
 	pthread_mutex_unlock(&fv_lock);

@@ -118,6 +118,48 @@ static int handle_seeds(const char *dir)
 	return put(dir, "fuzz_handle", "ib-v6-payload", b, sizeof(b));
 }
 
+/* After the handshake: a MOVE with its state and flags, MOVE_READY, the probe's three. */
+static int ib_move_seeds(const char *dir)
+{
+	static uint8_t b[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
+	static const char *const names[] = { "msg-move", "msg-move-ready", "msg-probe",
+					     "msg-probe-ack", "msg-probe-ack-refused",
+					     "msg-probe-done" };
+	static const int types[] = { RAIL_IB_MSG_MOVE, RAIL_IB_MSG_MOVE_READY, RAIL_IB_MSG_PROBE,
+				     RAIL_IB_MSG_PROBE_ACK, RAIL_IB_MSG_PROBE_ACK,
+				     RAIL_IB_MSG_PROBE_DONE };
+	struct rail_ib_msg m;
+	int n;
+
+	for (int i = 0; i < (int)(sizeof(types) / sizeof(types[0])); i++) {
+		int one = types[i] == RAIL_IB_MSG_PROBE || (types[i] == RAIL_IB_MSG_PROBE_ACK && i == 3);
+
+		memset(&m, 0, sizeof(m));
+		m.type = types[i];
+		m.nonce = 7;
+		m.ndevs = m.nqps = types[i] == RAIL_IB_MSG_MOVE ? 2 : one;
+		m.qpn[0] = 0x11;
+		m.qpn[1] = 0x12;
+		m.devs[0].port = m.devs[1].port = 1;
+		m.devs[0].link_layer = m.devs[1].link_layer = 2;
+		m.devs[0].mtu = m.devs[1].mtu = 5;
+		m.devs[0].gid[15] = 1;
+		m.ctrl_addr = 0x7f0000003000ull;
+		m.aux_addr = 0x1122334455667788ull;
+		m.refuse_code = i == 4 ? RAIL_IB_PROBE_REFUSED : 0;
+		if (types[i] == RAIL_IB_MSG_MOVE) {
+			m.move = (struct rail_ib_move_state){ .epoch = 1, .role = 1, .reason = 7,
+							      .flags = RAIL_IB_MOVE_F_AVOID,
+							      .seq = 9, .nans = 2 };
+			snprintf(m.text, sizeof(m.text), "stall");
+		}
+		n = rail_ib_msg_encode(&m, b, sizeof(b));
+		if (n < 0 || put(dir, "fuzz_ib_wire", names[i], b, (size_t)n))
+			return -1;
+	}
+	return 0;
+}
+
 static int ib_seeds(const char *dir)
 {
 	static uint8_t b[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
@@ -149,6 +191,8 @@ static int ib_seeds(const char *dir)
 		if (n < 0 || put(dir, "fuzz_ib_wire", name, b, (size_t)n))
 			return -1;
 	}
+	if (ib_move_seeds(dir))
+		return -1;
 	memset(b, 0, RAIL_IB_CTS_SIZE);
 	rail_ib_cts_encode(&c, b);
 	return put(dir, "fuzz_ib_wire", "cts", b, RAIL_IB_CTS_SIZE);

@@ -163,7 +163,8 @@ static void test_idle_port_err(void **state)
 	F = start_pair(roce_two);
 	mark = fvh_log_mark();
 	assert_int_equal(F->port_state("mlx5_0", 1, IBV_PORT_DOWN), 1);
-	wait_moved(mark, NCCL_LOG_WARN, "from mlx5_0:1 to mlx5_1:1: PORT_ERR on mlx5_0:1",
+	wait_moved(mark, NCCL_LOG_WARN,
+		   "from mlx5_0:1 to mlx5_1:1 (the nearest to mlx5_0:1 by PCI path): PORT_ERR",
 		   "from mlx5_1:1 to mlx5_1:1: joins");
 	one_message(F, 8, 3);
 	one_message(F, 100000, 4);
@@ -179,7 +180,8 @@ static void test_idle_device_fatal(void **state)
 	F = start_pair(roce_two);
 	mark = fvh_log_mark();
 	assert_true(F->event("mlx5_0", 1, IBV_EVENT_DEVICE_FATAL) >= 1);
-	wait_moved(mark, NCCL_LOG_WARN, "from mlx5_0:1 to mlx5_1:1: DEVICE_FATAL on mlx5_0:1",
+	wait_moved(mark, NCCL_LOG_WARN,
+		   "from mlx5_0:1 to mlx5_1:1 (the nearest to mlx5_0:1 by PCI path): DEVICE_FATAL",
 		   "DEVICE_FATAL");
 	one_message(F, 8, 3);
 	one_message(F, 100000, 4);

@@ -126,6 +126,106 @@ static void test_msg_rejects(void **state)
 	assert_int_equal(rail_ib_msg_encode(&m, buf, sizeof(buf)), -EINVAL);
 }
 
+/* Encode m, decode it: the decoder's result (out, why on failure). */
+static int roundtrip(const struct rail_ib_msg *m, struct rail_ib_msg *out, char *why, size_t len)
+{
+	static uint8_t buf[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
+	int n = rail_ib_msg_encode(m, buf, sizeof(buf));
+
+	assert_true(n > RAIL_IB_HDR_SIZE);
+	return rail_ib_msg_decode(buf, (size_t)n, out, why, len);
+}
+
+/* A MOVE keeps its state and flags; a flags word with more than 8 bits is refused. */
+static void test_msg_move(void **state)
+{
+	uint8_t buf[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
+	struct rail_ib_msg m = sample(RAIL_IB_MSG_MOVE), out;
+	char why[200] = "";
+	int len;
+
+	(void)state;
+	m.move = (struct rail_ib_move_state){ .epoch = 3, .role = 1, .reason = 7,
+					      .flags = RAIL_IB_MOVE_F_AVOID | RAIL_IB_MOVE_F_AWAY,
+					      .seq = 99, .e_seen = 5, .e_head = 4, .nans = 4 };
+	for (int i = 0; i < 4; i++)
+		m.move.ans[i] = 90u + (uint64_t)i;
+	assert_int_equal(roundtrip(&m, &out, why, sizeof(why)), 0);
+	assert_int_equal(out.move.flags, RAIL_IB_MOVE_F_AVOID | RAIL_IB_MOVE_F_AWAY);
+	assert_int_equal(out.move.reason, 7);
+	assert_true(out.move.seq == 99 && out.move.ans[3] == 93);
+	len = rail_ib_msg_encode(&m, buf, sizeof(buf));
+	/* the flags' u32 sits 24 bytes into the move block, which ends with the 4 answers */
+	buf[len - 4 * 8 - 4 + 1] = 1;
+	rail_put_u32(buf + 12, rail_fnv1a(buf + RAIL_IB_HDR_SIZE, (size_t)len - RAIL_IB_HDR_SIZE));
+	assert_int_equal(rail_ib_msg_decode(buf, (size_t)len, &out, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "move message corrupt"));
+}
+
+static struct rail_ib_msg probe(int type, uint32_t code)
+{
+	struct rail_ib_msg m = sample(type);
+
+	m.ndevs = m.nqps = 1;
+	m.nonce = 17;
+	m.refuse_code = code;
+	if (type == RAIL_IB_MSG_PROBE_DONE || code)
+		m.ndevs = m.nqps = 0;
+	if (type == RAIL_IB_MSG_PROBE_ACK && !code) {
+		m.aux_addr = 0x1122334455667788ull;
+		m.devs[0].ctrl_rkey = 0x4242;
+	}
+	if (code)
+		snprintf(m.text, sizeof(m.text), "its home port mlx5_2:1 is down");
+	return m;
+}
+
+/* The probe's messages: one device and one QP (an answer: none when refused); nothing else. */
+static void test_msg_probe(void **state)
+{
+	struct rail_ib_msg out, bad;
+	char why[200] = "";
+
+	(void)state;
+	bad = probe(RAIL_IB_MSG_PROBE, 0);
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), 0);
+	assert_true(out.type == RAIL_IB_MSG_PROBE && out.nonce == 17 && out.ndevs == 1 &&
+		    out.nqps == 1 && out.qpn[0] == bad.qpn[0]);
+	assert_memory_equal(&out.devs[0], &bad.devs[0], sizeof(bad.devs[0]));
+	bad = probe(RAIL_IB_MSG_PROBE_ACK, 0);
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), 0);
+	assert_true(out.aux_addr == 0x1122334455667788ull && out.devs[0].ctrl_rkey == 0x4242 &&
+		    out.ctrl_addr == bad.ctrl_addr);
+	bad = probe(RAIL_IB_MSG_PROBE_ACK, RAIL_IB_PROBE_REFUSED);
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), 0);
+	assert_string_equal(out.text, "its home port mlx5_2:1 is down");
+	bad = probe(RAIL_IB_MSG_PROBE_DONE, 0);
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), 0);
+	bad = probe(RAIL_IB_MSG_PROBE_DONE, RAIL_IB_PROBE_FAILED);
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), 0);
+	assert_int_equal(out.refuse_code, RAIL_IB_PROBE_FAILED);
+	/* refused: the shapes that do not fit */
+	bad = probe(RAIL_IB_MSG_PROBE, 0);
+	bad.ndevs = 2;
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), -EBADMSG);
+	bad = probe(RAIL_IB_MSG_PROBE, RAIL_IB_PROBE_FAILED);
+	bad.ndevs = bad.nqps = 1;
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), -EBADMSG);
+	bad = probe(RAIL_IB_MSG_PROBE_ACK, RAIL_IB_PROBE_REFUSED);
+	bad.ndevs = bad.nqps = 1;
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), -EBADMSG);
+	bad = probe(RAIL_IB_MSG_PROBE_DONE, 3);
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), -EBADMSG);
+	bad = probe(RAIL_IB_MSG_PROBE_DONE, 0);
+	bad.nqps = 1;
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "handshake type 9"));
+	bad = probe(RAIL_IB_MSG_PROBE_DONE, 0);
+	bad.type = RAIL_IB_MSG_LAST + 1;
+	assert_int_equal(roundtrip(&bad, &out, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "header corrupt"));
+}
+
 /* An ACCEPT's eager ring and a READY's credit word are checked like every field. */
 static void test_msg_eager_rejects(void **state)
 {
@@ -491,7 +591,8 @@ int main(void)
 		cmocka_unit_test(test_cts_fuzz),	  cmocka_unit_test(test_imm),
 		cmocka_unit_test(test_sizes),		  cmocka_unit_test(test_eager_trailer),
 		cmocka_unit_test(test_eager_fuzz),	  cmocka_unit_test(test_want_credit),
-		cmocka_unit_test(test_ll),
+		cmocka_unit_test(test_ll),		  cmocka_unit_test(test_msg_move),
+		cmocka_unit_test(test_msg_probe),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
