@@ -808,6 +808,13 @@ int rail_ib_sq_mark(struct rail_ib_comm *c, int qpi);
  * to c->on_answer and c->on_loop.
  */
 int rail_ib_poll(struct rail_ib_comm *c);
+/*
+ * The stall watchdog's look for the move thread at a comm NCCL has stopped
+ * calling (its last sends completed at post, their writes owed), last: the
+ * thread's previous look at it (NCCL's calls make theirs in
+ * rail_ib_peer_check). Sets path_failed when it fires.
+ */
+void rail_ib_stall_look(struct rail_ib_comm *c, uint64_t last);
 /* Every ~100 ms of waiting: -ECONNRESET (logged) once the peer closed its socket. */
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call);
 /*

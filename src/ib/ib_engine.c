@@ -484,6 +484,14 @@ static void stall_check(struct rail_ib_comm *c, uint64_t now, uint64_t last, con
 		stall_probe(c);
 }
 
+void rail_ib_stall_look(struct rail_ib_comm *c, uint64_t last)
+{
+	uint64_t now = rail_now_ns();
+
+	if (!rail_ib_oob_peek(c))	/* a peer that closed is the watchdog's, not a stall */
+		stall_check(c, now, last, "the move thread");
+}
+
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 {
 	uint64_t now, last;
@@ -521,7 +529,8 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 	/* End of file: the peer closed (its process exited), which "reset" would misreport. */
 	c->error = err == -RAIL_ECLOSED ? -RAIL_ECLOSED : -ECONNRESET;
 	RAIL_WARN("%s on %s:%d qp 0x%x: the connection to peer %s is gone (%s): the peer process "
-		  "exited or crashed while this side still waits", call, c->res[0].dev->hca->name,
+		  "exited or crashed, or its side of the connection failed (its log says why), while "
+		  "this side still waits", call, c->res[0].dev->hca->name,
 		  c->res[0].dev->port, c->qps[0].qp->qp_num, c->peer,
 		  err == -RAIL_ECLOSED ? "it closed its socket" : RAIL_ERRSTR(err));
 	watchdog_fired(c, call);

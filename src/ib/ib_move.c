@@ -489,6 +489,39 @@ static int peer_move_early(struct rail_ib_comm *c)
 	return 0;
 }
 
+/*
+ * Before the rebuild: a target whose port went down or whose HCA died since
+ * the move was planned (the card of the other port failing too, say) is
+ * replaced as the plan chose it, or the move fails, named, when none is left.
+ */
+static int retarget(struct rail_ib_comm *c, struct rail_ib_move *mv)
+{
+	int changed = 0;
+
+	for (int k = 0; k < c->ndevs; k++) {
+		const struct rail_ib_dev *was = mv->to[k];
+
+		if (!rail_ib_dev_down(was))
+			continue;
+		mv->to[k] = rail_ib_pick_target(c, k, mv->avoid, mv->fb_why, sizeof(mv->fb_why));
+		if (!mv->to[k]) {
+			RAIL_WARN("connection to peer %s (%s comm) on %s: %s; %s:%d, where it was "
+				  "moving, went down too, and no other usable port (ACTIVE, %s) is "
+				  "left; the connection fails. Check the links (ibstat, ip link) and "
+				  "NCCL_IB_HCA", c->peer, is_send(c) ? "send" : "receive", mv->from_s,
+				  mv->why, was->hca->name, was->port,
+				  rail_link_layer_str(was->link_layer));
+			return -ENETDOWN;
+		}
+		changed = 1;
+	}
+	if (changed) {
+		devs_str(mv->to, c->ndevs, ~0u, mv->to_s, sizeof(mv->to_s));
+		why_add(mv, "; the first target went down during the move");
+	}
+	return 0;
+}
+
 /* Drained: build the new path and say so (MOVE). 0, -EAGAIN, or an error. */
 static int step_drain(struct rail_ib_comm *c)
 {
@@ -530,7 +563,9 @@ static int step_drain(struct rail_ib_comm *c)
 			  DRAIN_NS / 1000000000ull, c->marks_left, c->rq_marks_left);
 		return -ETIMEDOUT;
 	}
-	err = peer_move_early(c);
+	err = retarget(c, mv);
+	if (!err)
+		err = peer_move_early(c);
 	if (err)
 		return err;
 	c->fencing = 0;
@@ -776,7 +811,8 @@ static int move_fail(struct rail_ib_comm *c, int err, const char *call)
 
 	if (sock_err && (err == -RAIL_ECLOSED || err == -ECONNRESET || err == -EPIPE))
 		RAIL_WARN("%s: connection to peer %s: the peer closed its socket during a move (its "
-			  "process exited or failed); the connection fails", call, c->peer);
+			  "process exited, or its side of the move failed: its log says why); the "
+			  "connection fails", call, c->peer);
 	else if (err == -ETIMEDOUT && sock_err)
 		RAIL_WARN("%s: connection to peer %s: its host stopped answering during a move "
 			  "(%s; NCCL_RAIL_PEER_TIMEOUT=%lld s); the connection fails", call, c->peer,
@@ -788,6 +824,9 @@ static int move_fail(struct rail_ib_comm *c, int err, const char *call)
 			  mv ? mv->to_s : "", RAIL_ERRSTR(err));
 	if (!c->error)
 		c->error = err;
+	/* the peer, waiting in its move or for data, sees the socket close: it fails too, named */
+	if (c->oob_fd >= 0)
+		(void)shutdown(c->oob_fd, SHUT_RDWR);
 	c->fencing = 0;
 	if (mv) {
 		rail_ib_old_free(&mv->old);

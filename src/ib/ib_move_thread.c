@@ -43,6 +43,7 @@
 
 #include "ib/ib.h"
 #include "log.h"
+#include "param.h"
 #include "rail.h"
 
 #define TICK_NS (20ull * 1000000ull)	/* a comm with a move to drive: looked at this often */
@@ -65,6 +66,8 @@ struct rail_ib_mt {
 	void (*closing)(struct rail_ib_comm *c);	/* closed with a move to finish: then this */
 	uint64_t close_end;		/* ... given up then */
 	int finish;			/* the look found it settled: closing(c) after the round's look */
+	unsigned sweep_calls;		/* base.calls at the last sweep ... */
+	uint64_t stall_last;		/* ... and the last look of the stall watchdog here */
 };
 
 static struct {
@@ -73,6 +76,7 @@ static struct {
 	int started, stop;
 	int ep, evfd;
 	int scan;			/* an async event: look at every comm once */
+	uint64_t sweep_ns;		/* the next sweep (the stall watchdog of comms NCCL left) */
 	int n, cap;
 	struct rail_ib_mt **v;
 	struct rail_ib_mt *dead;
@@ -155,6 +159,11 @@ static void look(struct rail_ib_mt *e, uint64_t now)
 		e->seen_ns = now;
 	}
 	called = now - e->seen_ns < TICK_NS;
+	if (!called && !c->mv && !c->error && !c->path_failed) {
+		rail_ib_stall_look(c, e->stall_last);	/* its writes owed, NCCL not calling */
+		e->stall_last = now;
+		wanted = wanted || c->path_failed;
+	}
 	if (!called && wanted)
 		(void)c->on_move(c, rail_ib_move_trigger(c), "the move thread");
 	if (!called && !c->mv && !c->error && pieces_left(c))
@@ -297,10 +306,39 @@ static void on_event(const struct epoll_event *ev)
 	e->flagged = 1;
 }
 
+/* Half the stall timeout: how often the comms NCCL has left are swept; 0: never. */
+static uint64_t sweep_every(void)
+{
+	return (uint64_t)rail_param_int(RAIL_P_IB_STALL_TIMEOUT) * 500000000ull;
+}
+
+/*
+ * The stall watchdog runs in NCCL's calls; a sender whose last sends
+ * completed at post (eager, inline) is not called again, while their writes
+ * may sit in a stalled path and its peer waits. Every half stall timeout
+ * the comms NCCL has not called since the last sweep are looked at (one
+ * wake-up for all of them, one membarrier), and the look runs their
+ * watchdog (mt.lock held).
+ */
+static void sweep(uint64_t now)
+{
+	if (!sweep_every() || now < mt.sweep_ns)
+		return;
+	mt.sweep_ns = now + sweep_every();
+	for (int i = 0; i < mt.n; i++) {
+		struct rail_ib_mt *e = mt.v[i];
+		unsigned calls = atomic_load_explicit(&e->c->base.calls, memory_order_relaxed);
+
+		if (calls == e->sweep_calls && !e->closing)
+			e->flagged = 1;
+		e->sweep_calls = calls;
+	}
+}
+
 /* Milliseconds to the earliest due look, -1 for none (mt.lock held). */
 static int timeout_ms(uint64_t now)
 {
-	uint64_t first = 0;
+	uint64_t first = mt.n && sweep_every() ? RAIL_MAX(mt.sweep_ns, 1) : 0;
 
 	if (mt.scan)
 		return 0;
@@ -333,6 +371,7 @@ static void *move_thread(void *arg)
 		for (int i = 0; i < n; i++)
 			on_event(&ev[i]);
 		run_work();
+		sweep(rail_now_ns());
 		round_run(rail_now_ns());
 		while (mt.dead) {
 			struct rail_ib_mt *e = mt.dead;

@@ -626,6 +626,46 @@ static void test_flush_host_buffers_move(void **state)
 	fvh_stop(F);
 }
 
+/*
+ * The sender's path stalls with no port event (its NIC holds its writes)
+ * right after eager sends that NCCL was told are done; NCCL never calls the
+ * send comm again. The move thread runs its stall watchdog: the comm moves
+ * and the receiver gets the messages (NCCL_RAIL_IB_STALL_TIMEOUT=1).
+ */
+static void test_stall_of_idle_sender(void **state)
+{
+	struct fvh *F;
+	void *smh, *rmh;
+	int r[2];
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_STALL_TIMEOUT", "1", 1);
+	F = begin(three, NULL);
+	unsetenv("NCCL_RAIL_IB_STALL_TIMEOUT");
+	smh = reg(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST);
+	rmh = reg(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST);
+	assert_true(F->hold("mlx5_0", 1) >= 0);
+	fill(sbuf[0], 1000, 14);
+	fill(sbuf[1], 3000, 15);
+	(void)send_req(F, sbuf[0], 1000, 7, smh);
+	(void)send_req(F, sbuf[1], 3000, 7, smh);
+	wait_all();	/* eager: done at once, the writes held in mlx5_0 */
+	nrq = 0;
+	r[0] = recv1(F, rbuf[0], 4096, 7, rmh);
+	r[1] = recv1(F, rbuf[1], 4096, 7, rmh);
+	wait_all();	/* only the receiver is called */
+	assert_size(r[0], 1000);
+	assert_size(r[1], 3000);
+	check(rbuf[0], 1000, 14, "the first eager message");
+	check(rbuf[1], 3000, 15, "the second eager message");
+	if (!fvh_log_count(NCCL_LOG_WARN, "the move thread on mlx5_0:1", "completions owed")) {
+		fvh_log_dump();
+		fail_msg("no stall WARN from the move thread");
+	}
+	assert_true(F->hold("mlx5_0", 0) >= 0);
+	fvh_stop(F);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -640,6 +680,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_replayed_cts_lands_in_parts, fvh_teardown),
 		cmocka_unit_test_teardown(test_resiliency_vars_named, fvh_teardown),
 		cmocka_unit_test_teardown(test_flush_host_buffers_move, fvh_teardown),
+		cmocka_unit_test_teardown(test_stall_of_idle_sender, fvh_teardown),
 	};
 
 	if (!fvh_find_lib()) {
