@@ -357,6 +357,8 @@ struct rail_ib_tag {
 	uint32_t want;		/* CTS asked (sender) / owed (receiver) up to this ordinal */
 	int wanted;		/* want is set */
 	int cts_big;		/* sender: its last CTS entry was larger than the ring takes */
+	uint32_t blk_ord;	/* sender: the send of this tag refused since blk_ns (a want's delay) */
+	uint64_t blk_ns;
 };
 struct rail_ib_tags {
 	int n, cap;
@@ -573,9 +575,6 @@ struct rail_ib_comm {
 	uint32_t e_credit;		/* eager messages the receiver consumed (as last told) */
 	uint16_t want_seq, want_ack;	/* wants sent / acknowledged */
 	int ring_ready;			/* the receiver's QPs are ready (its first credit word) */
-	int32_t blk_tag;		/* the send last refused, since blk_ns */
-	uint32_t blk_ord;
-	uint64_t blk_ns;
 	/* receiver */
 	uint8_t *cmpl;			/* records, want word, eager ring */
 	uint8_t *cts_stage;		/* CTS entries, credit staging */
@@ -989,6 +988,8 @@ int rail_ib_move_free(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm 
  * error.
  */
 #define RAIL_IB_SETTLE_NS (10ull * 1000000000ull)
+/* Whether a close has a move to finish (under way or due, lost pieces left); no action. */
+int rail_ib_move_close_due(struct rail_ib_comm *c);
 int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call);
 void rail_ib_move_settle_late(struct rail_ib_comm *c, const char *call);
 int rail_ib_move_settle(struct rail_ib_comm *c, const char *call);

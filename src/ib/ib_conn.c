@@ -938,9 +938,11 @@ int rail_ib_close_listen(struct rail_comm *comm)
  * forever for a message the sender already reported done. Bounded, since a
  * dead peer never acknowledges, and over as soon as the receiver has closed:
  * its QP is gone, so the hardware retries our writes for seconds, and NCCL
- * closes hundreds of comms at teardown.
+ * closes hundreds of comms at teardown. 1 when a move came due meanwhile
+ * (the path failed under those writes, or the peer moves): the caller
+ * finishes it, then drains again.
  */
-static void send_drain(struct rail_ib_comm *c)
+static int send_drain(struct rail_ib_comm *c)
 {
 	uint64_t deadline = rail_now_ns() + 1000000000ull;
 	unsigned turns = 0;
@@ -948,30 +950,35 @@ static void send_drain(struct rail_ib_comm *c)
 	/* The last writes may have gone unsignaled (rail_ib_ctl_write): one signaled write each. */
 	for (int i = 0; i < c->nqps && !c->error; i++)
 		if (c->qps[i].sq_posted != c->qps[i].sq_retired && rail_ib_sq_mark(c, i))
-			return;
+			return 0;
 	while (!c->error) {
 		int left = 0;
 
 		for (int i = 0; i < c->nqps && !left; i++)
 			left = c->qps[i].sq_posted != c->qps[i].sq_retired;
 		if (!left)
-			return;
+			return 0;
 		if ((++turns & 63) == 0 && rail_ib_oob_peek(c))
-			return;
+			return 0;
+		/* the path failed under these writes, or the peer moves: a move first */
+		if (c->path_failed || ((turns & 63) == 0 && rail_ib_move_close_due(c)))
+			return 1;
 		if (rail_now_ns() > deadline) {
 			RAIL_INFO(RAIL_LOG_NET, "closing the connection to peer %s with inline sends "
 				  "still unacknowledged after 1 s", c->peer);
-			return;
+			return 0;
 		}
 		if (rail_ib_poll(c))
-			return;
+			return 0;
 	}
+	return 0;
 }
 
+/* The move thread's end of a close (or without it, here): drained, a move the drain found first. */
 static void send_finish(struct rail_ib_comm *c)
 {
-	if (!c->mv)	/* a move that failed or ran out of time: its old QPs are in error */
-		send_drain(c);
+	for (int i = 0; i < 3 && !c->mv && send_drain(c); i++)
+		(void)rail_ib_move_settle(c, "closeSend");
 	rail_ib_comm_free(c);
 }
 
@@ -1000,7 +1007,11 @@ int rail_ib_close_send(struct rail_comm *comm)
 {
 	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
 
-	if (!close_settle(c, "closeSend", send_finish))
+	if (close_settle(c, "closeSend", send_finish))
+		return 0;
+	if (c->mv || !send_drain(c))
+		rail_ib_comm_free(c);
+	else if (!close_settle(c, "closeSend", send_finish))
 		send_finish(c);
 	return 0;
 }

@@ -291,12 +291,12 @@ int rail_ib_want_maybe(struct rail_ib_comm *c, struct rail_ib_tag *t, size_t siz
 		if (!c->ring_ready)
 			return 0;	/* its QPs may not take writes yet */
 	}
-	if (c->blk_tag != t->tag || c->blk_ord != t->next || !c->blk_ns) {
-		c->blk_tag = t->tag;
-		c->blk_ord = t->next;
-		c->blk_ns = rail_now_ns();
+	/* per tag: sends of other tags refused in turn must not restart this one's delay */
+	if (t->blk_ord != t->next || !t->blk_ns) {
+		t->blk_ord = t->next;
+		t->blk_ns = rail_now_ns();
 	}
-	if (delay && rail_now_ns() - c->blk_ns < delay)
+	if (delay && rail_now_ns() - t->blk_ns < delay)
 		return 0;
 	if (c->want_seq != c->want_ack) {
 		rail_ib_credit_refresh(c, c->e_credit);

@@ -969,6 +969,11 @@ int rail_ib_move_trigger(struct rail_ib_comm *c)
 	return t == RAIL_IB_TRIG_OOB && rail_ib_home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : t;
 }
 
+int rail_ib_move_close_due(struct rail_ib_comm *c)
+{
+	return c->failover && !c->error && (move_due(c) || replay_pending(c));
+}
+
 int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call)
 {
 	if (!c->back.off) {	/* closing: no probe, no move back from now on */
@@ -977,7 +982,7 @@ int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call)
 		c->back.due = 0;
 		c->back.verified_ns = 0;
 	}
-	if (!c->failover || c->error || !(move_due(c) || replay_pending(c)) || rail_ib_oob_peek(c))
+	if (!rail_ib_move_close_due(c) || rail_ib_oob_peek(c))
 		return 1;	/* nothing left, or the peer closed: nothing to finish with it */
 	if (move_due(c))
 		(void)on_move(c, failure_trigger(c), call);

@@ -666,6 +666,56 @@ static void test_stall_of_idle_sender(void **state)
 	fvh_stop(F);
 }
 
+/*
+ * Not a failover case; found by the failover search. A sender of GPU memory
+ * (no eager) whose sends of two tags wait for clear-to-sends that small
+ * host receives get only when asked: each tag's "want" waits 2 ms when the
+ * tag's receives were large, and the refused sends of the two tags, tried
+ * in turn as NCCL's channels do, restarted each other's wait for ever.
+ */
+static void test_wants_of_two_tags(void **state)
+{
+	struct fvh *F;
+	void *smh, *rmh, *sreq[2] = { NULL, NULL };
+	uint64_t end;
+	int r[2];
+
+	(void)state;
+	F = begin(three, peermem);
+	smh = reg(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_CUDA);
+	rmh = reg(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST);
+	for (int tag = 1; tag <= 2; tag++) {	/* large receives first: the tags' CTSes are big */
+		r[0] = recv1(F, rbuf[tag - 1], BIG, tag, rmh);
+		(void)send_req(F, sbuf[tag - 1], BIG, tag, smh);
+	}
+	wait_all();
+	nrq = 0;
+	r[0] = recv1(F, rbuf[0], 100, 1, rmh);
+	r[1] = recv1(F, rbuf[1], 100, 2, rmh);
+	fill(sbuf[0], 100, 16);
+	fill(sbuf[1], 100, 17);
+	end = rail_now_ns() + WAIT_NS;
+	while (!sreq[0] || !sreq[1]) {	/* the two channels' isends in turn */
+		for (int k = 0; k < 2; k++)
+			if (!sreq[k])
+				assert_int_equal(rail_net_isend(F->sc, sbuf[k], 100, k + 1, smh, &sreq[k]),
+						 ncclSuccess);
+		poke();
+		if (rail_now_ns() > end) {
+			fvh_log_dump();
+			fail_msg("the sends of two tags waited 20 s for their clear-to-sends");
+		}
+	}
+	(void)track(sreq[0]);
+	(void)track(sreq[1]);
+	wait_all();
+	assert_size(r[0], 100);
+	assert_size(r[1], 100);
+	check(rbuf[0], 100, 16, "tag 1");
+	check(rbuf[1], 100, 17, "tag 2");
+	fvh_stop(F);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -681,6 +731,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_resiliency_vars_named, fvh_teardown),
 		cmocka_unit_test_teardown(test_flush_host_buffers_move, fvh_teardown),
 		cmocka_unit_test_teardown(test_stall_of_idle_sender, fvh_teardown),
+		cmocka_unit_test_teardown(test_wants_of_two_tags, fvh_teardown),
 	};
 
 	if (!fvh_find_lib()) {
