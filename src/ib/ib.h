@@ -990,9 +990,12 @@ int rail_ib_move_free(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm 
 #define RAIL_IB_SETTLE_NS (10ull * 1000000000ull)
 /* Whether a close has a move to finish (under way or due, lost pieces left); no action. */
 int rail_ib_move_close_due(struct rail_ib_comm *c);
-int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call);
+/* The WARN when settling ran out of time (what was lost). */
 void rail_ib_move_settle_late(struct rail_ib_comm *c, const char *call);
-int rail_ib_move_settle(struct rail_ib_comm *c, const char *call);
+/* A move under way, or one a failure calls for (its port, its peer, a QP, a completion). */
+int rail_ib_move_due(struct rail_ib_comm *c);
+/* The trigger of the move a failure calls for, or the peer's (never a move back). */
+int rail_ib_move_failure_trigger(struct rail_ib_comm *c);
 /*
  * For the move thread: whether c has a move to start or drive (its port,
  * its device, a QP, the peer's MOVE waiting, home back, one under way), and
@@ -1039,6 +1042,9 @@ int rail_ib_move_work(struct rail_ib_comm *c, void (*fn)(struct rail_ib_comm *c)
  * left); 0 without a thread (the caller settles it itself).
  */
 int rail_ib_move_close(struct rail_ib_comm *c, void (*finish)(struct rail_ib_comm *c));
+/* The steps of a close's move (ib_move.c's comment on RAIL_IB_SETTLE_NS). */
+int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call);
+int rail_ib_move_settle(struct rail_ib_comm *c, const char *call);
 uint64_t rail_ib_move_thread_loops(void);
 
 /* ib_conn.c */

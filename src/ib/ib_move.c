@@ -901,8 +901,7 @@ static int on_move(struct rail_ib_comm *c, int trigger, const char *call)
 
 /* ---- what the move thread (ib_move_thread.c) asks ---------------------------------- */
 
-/* A move under way, or one a failure calls for (its port, its peer, a QP, a completion). */
-static int move_due(struct rail_ib_comm *c)
+int rail_ib_move_due(struct rail_ib_comm *c)
 {
 	char b;
 
@@ -915,7 +914,7 @@ static int move_due(struct rail_ib_comm *c)
 /* A move to start or drive on c (its port, its peer, home back, one under way), or a probe. */
 int rail_ib_move_wanted(struct rail_ib_comm *c)
 {
-	return move_due(c) || rail_ib_home_ready(c) || rail_ib_probe_wanted(c);
+	return rail_ib_move_due(c) || rail_ib_home_ready(c) || rail_ib_probe_wanted(c);
 }
 
 /* The sender's lost pieces not yet written again (CTS by CTS, as the receiver re-writes them). */
@@ -947,9 +946,7 @@ uint64_t rail_ib_move_next_ns(struct rail_ib_comm *c)
 	return !probe ? hold : !hold ? probe : RAIL_MIN(probe, hold);
 }
 
-/* What the move thread hands to on_move (a move under way ignores it). */
-/* The trigger of the move a failure calls for, or the peer's (never a move back). */
-static int failure_trigger(struct rail_ib_comm *c)
+int rail_ib_move_failure_trigger(struct rail_ib_comm *c)
 {
 	if (c->path_failed)
 		return c->path_failed;	/* RAIL_IB_TRIG_WC or _STALL */
@@ -964,31 +961,14 @@ static int failure_trigger(struct rail_ib_comm *c)
 
 int rail_ib_move_trigger(struct rail_ib_comm *c)
 {
-	int t = failure_trigger(c);
+	int t = rail_ib_move_failure_trigger(c);
 
 	return t == RAIL_IB_TRIG_OOB && rail_ib_home_ready(c) && !c->mv ? RAIL_IB_TRIG_BACK : t;
 }
 
 int rail_ib_move_close_due(struct rail_ib_comm *c)
 {
-	return c->failover && !c->error && (move_due(c) || replay_pending(c));
-}
-
-int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call)
-{
-	if (!c->back.off) {	/* closing: no probe, no move back from now on */
-		rail_ib_probe_stop(c);
-		c->back.off = 1;
-		c->back.due = 0;
-		c->back.verified_ns = 0;
-	}
-	if (!rail_ib_move_close_due(c) || rail_ib_oob_peek(c))
-		return 1;	/* nothing left, or the peer closed: nothing to finish with it */
-	if (move_due(c))
-		(void)on_move(c, failure_trigger(c), call);
-	else
-		(void)rail_ib_send_progress(c);
-	return 0;
+	return c->failover && !c->error && (rail_ib_move_due(c) || replay_pending(c));
 }
 
 void rail_ib_move_settle_late(struct rail_ib_comm *c, const char *call)
@@ -997,19 +977,6 @@ void rail_ib_move_settle_late(struct rail_ib_comm *c, const char *call)
 		  "%llu s of the close; sends it owes the peer are lost", call, c->peer,
 		  c->mv ? c->mv->why : "lost pieces to write again",
 		  RAIL_IB_SETTLE_NS / 1000000000ull);
-}
-
-int rail_ib_move_settle(struct rail_ib_comm *c, const char *call)
-{
-	uint64_t end = rail_now_ns() + RAIL_IB_SETTLE_NS;
-
-	while (!rail_ib_move_settle_step(c, call)) {
-		if (rail_now_ns() > end) {
-			rail_ib_move_settle_late(c, call);
-			return -ETIMEDOUT;
-		}
-	}
-	return c->error;
 }
 
 void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover)

@@ -130,6 +130,38 @@ static int pieces_left(const struct rail_ib_comm *c)
  * move, or its lost pieces. Then: when to look again, and its socket armed
  * again once it is idle.
  */
+/* ---- a close with a move to finish (ib.h, RAIL_IB_SETTLE_NS) -------------- */
+
+int rail_ib_move_settle_step(struct rail_ib_comm *c, const char *call)
+{
+	if (!c->back.off) {	/* closing: no probe, no move back from now on */
+		rail_ib_probe_stop(c);
+		c->back.off = 1;
+		c->back.due = 0;
+		c->back.verified_ns = 0;
+	}
+	if (!rail_ib_move_close_due(c) || rail_ib_oob_peek(c))
+		return 1;	/* nothing left, or the peer closed: nothing to finish with it */
+	if (rail_ib_move_due(c))
+		(void)c->on_move(c, rail_ib_move_failure_trigger(c), call);
+	else
+		(void)rail_ib_send_progress(c);
+	return 0;
+}
+
+int rail_ib_move_settle(struct rail_ib_comm *c, const char *call)
+{
+	uint64_t end = rail_now_ns() + RAIL_IB_SETTLE_NS;
+
+	while (!rail_ib_move_settle_step(c, call)) {
+		if (rail_now_ns() > end) {
+			rail_ib_move_settle_late(c, call);
+			return -ETIMEDOUT;
+		}
+	}
+	return c->error;
+}
+
 /* A comm NCCL closed with a move to finish: one step; settled, it is finished after the look. */
 static void look_closing(struct rail_ib_mt *e, uint64_t now)
 {
