@@ -76,8 +76,11 @@ static inline int comm_enter(struct rail_comm *c)
 		return 1;
 	atomic_store_explicit(&c->calls, atomic_load_explicit(&c->calls, memory_order_relaxed) + 1,
 			      memory_order_relaxed);
-	if (rail_likely(!rail_guard_owner_in(c, guarded)))
+	if (rail_likely(!rail_guard_owner_in(c, guarded))) {
+		if (rail_unlikely(atomic_load_explicit(&c->quiet, memory_order_relaxed)))
+			rail_comm_woken(c);	/* the thread stopped looking: it looks again */
 		return 1;
+	}
 	rail_guard_owner_out(c);
 	return 0;
 }

@@ -104,6 +104,22 @@ int rail_guard_force_fence(int on)
 	return rail_guard_setup();
 }
 
+static void (*_Atomic comm_wake)(void);
+
+void rail_comm_wake_set(void (*fn)(void))
+{
+	atomic_store(&comm_wake, fn);
+}
+
+void rail_comm_woken(struct rail_comm *c)
+{
+	void (*fn)(void) = atomic_load(&comm_wake);
+
+	atomic_store_explicit(&c->quiet, 0, memory_order_relaxed);
+	if (fn)
+		fn();
+}
+
 int rail_guard_take(struct rail_comm *const *v, int n, unsigned char *taken)
 {
 	int got = 0;

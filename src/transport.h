@@ -91,6 +91,12 @@ struct rail_comm {
 	atomic_int in_call;	/* NCCL's side (api_int.h comm_enter) holds it */
 	atomic_int mover;	/* the transport's thread wants it, or holds it */
 	atomic_uint calls;
+	/*
+	 * The thread found nothing owed on it and stopped looking: the next
+	 * data call clears it and wakes the thread (rail_comm_woken), so an
+	 * idle comm costs the thread no timer.
+	 */
+	atomic_int quiet;
 	int closed;		/* rail_comm_closed: no longer counted live */
 };
 
@@ -145,6 +151,14 @@ static inline void rail_guard_owner_out(struct rail_comm *c)
  * where NCCL is in a call on it. Returns how many it took.
  */
 int rail_guard_take(struct rail_comm *const *v, int n, unsigned char *taken);
+
+/*
+ * The transport thread's wake-up for a quiet comm NCCL calls again (set once
+ * by the thread's start, NULL at its end): called by the data call that
+ * finds quiet set, after clearing it; cheap and non-blocking.
+ */
+void rail_comm_wake_set(void (*fn)(void));
+void rail_comm_woken(struct rail_comm *c);
 
 static inline void rail_guard_give(struct rail_comm *c)
 {

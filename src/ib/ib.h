@@ -811,9 +811,19 @@ int rail_ib_poll(struct rail_ib_comm *c);
  * The stall watchdog's look for the move thread at a comm NCCL has stopped
  * calling (its last sends completed at post, their writes owed), last: the
  * thread's previous look at it (NCCL's calls make theirs in
- * rail_ib_peer_check). Sets path_failed when it fires.
+ * rail_ib_peer_check). It polls first. Sets path_failed when it fires;
+ * returns 1 when it posted a probe behind a tail of unsignaled writes
+ * (polled again later, the comm may then be quiet), else 0. watched: the
+ * caller's epoll set would have told of the peer closing its socket (no
+ * peek before a probe).
  */
-void rail_ib_stall_look(struct rail_ib_comm *c, uint64_t last);
+int rail_ib_stall_look(struct rail_ib_comm *c, uint64_t last, int watched);
+/*
+ * Nothing for the stall watchdog to watch until NCCL calls c again: no
+ * request in flight and every write posted has retired (the stall probe
+ * made a tail of unsignaled ones owe a completion, and it was polled).
+ */
+int rail_ib_stall_quiet(const struct rail_ib_comm *c);
 /* Every ~100 ms of waiting: -ECONNRESET (logged) once the peer closed its socket. */
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call);
 /*

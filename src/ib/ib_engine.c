@@ -399,7 +399,7 @@ static uint64_t cqes_owed(const struct rail_ib_comm *c)
 {
 	uint64_t owed = 0;
 
-	for (uint32_t i = 0; i < c->base.reqs.capacity; i++) {
+	for (uint32_t i = 0; rail_pool_in_use(&c->base.reqs) && i < c->base.reqs.capacity; i++) {
 		const struct rail_ib_req *r = rail_pool_at(&c->base.reqs, i);
 
 		if (r->base.magic != RAIL_REQ_MAGIC || r->done || r->error)
@@ -441,14 +441,20 @@ static void stall_fire(struct rail_ib_comm *c, uint64_t now, uint64_t owed, cons
  * signaled zero-byte write behind such a tail makes it owed (at most one
  * per idle spell: after its completion the tail is gone).
  */
-static void stall_probe(struct rail_ib_comm *c)
+static int stall_probe(struct rail_ib_comm *c, int watched)
 {
+	int peeked = 0;
+
 	for (int i = 0; i < c->nqps; i++) {
 		const struct rail_ib_qp *q = &c->qps[i];
 
-		if (q->sq_posted != q->sq_signaled && q->sq_posted - q->sq_retired < 16)
-			(void)rail_ib_sq_mark(c, i);	/* a failed post is the comm's error */
+		if (q->sq_posted == q->sq_signaled || q->sq_posted - q->sq_retired >= 16)
+			continue;
+		if (!peeked++ && !watched && rail_ib_oob_peek(c))
+			return 0;	/* a peer that closed its socket is not probed */
+		(void)rail_ib_sq_mark(c, i);	/* a failed post is the comm's error */
 	}
+	return peeked;
 }
 
 /*
@@ -462,34 +468,50 @@ static void stall_probe(struct rail_ib_comm *c)
  * not call, nothing was polled, the clock starts again). Before it fires it
  * polls: NCCL may be calling only isend or irecv, which need not poll.
  */
-static void stall_check(struct rail_ib_comm *c, uint64_t now, uint64_t last, const char *call)
+static int stall_check(struct rail_ib_comm *c, uint64_t now, uint64_t last, const char *call,
+		       int watched)
 {
 	uint64_t t = (uint64_t)rail_param_int(RAIL_P_IB_STALL_TIMEOUT) * 1000000000ull, owed;
 
 	if (!t || !c->failover || c->mv || c->fencing || c->path_failed || c->error)
-		return;
+		return 0;
 	owed = cqes_owed(c);
 	if (c->stall_ns && now - last <= t && cqes_polled(c) == c->stall_cqes && owed) {
 		if (now - c->stall_ns < t || rail_ib_poll(c) || c->path_failed)
-			return;
+			return 0;
 		owed = cqes_owed(c);
 		if (owed && cqes_polled(c) == c->stall_cqes) {
-			stall_fire(c, now, owed, call);
-			return;
+			if (!rail_ib_oob_peek(c))	/* a peer that closed is the watchdog's */
+				stall_fire(c, now, owed, call);
+			return 0;
 		}
 	}
 	c->stall_cqes = cqes_polled(c);	/* progress, nothing owed, or not called: again */
 	c->stall_ns = now;
-	if (!owed)
-		stall_probe(c);
+	return owed ? 0 : stall_probe(c, watched);
 }
 
-void rail_ib_stall_look(struct rail_ib_comm *c, uint64_t last)
+int rail_ib_stall_look(struct rail_ib_comm *c, uint64_t last, int watched)
 {
 	uint64_t now = rail_now_ns();
 
-	if (!rail_ib_oob_peek(c))	/* a peer that closed is the watchdog's, not a stall */
-		stall_check(c, now, last, "the move thread");
+	/*
+	 * What completed is polled first: only a path that completes nothing
+	 * looks stalled, and a comm whose last writes completed is quiet at once.
+	 */
+	if (!rail_ib_stall_quiet(c) && (rail_ib_poll(c) || c->path_failed))
+		return 0;
+	return stall_check(c, now, last, "the move thread", watched);
+}
+
+int rail_ib_stall_quiet(const struct rail_ib_comm *c)
+{
+	if (rail_pool_in_use(&c->base.reqs))
+		return 0;
+	for (int i = 0; i < c->nqps; i++)
+		if (c->qps[i].sq_posted != c->qps[i].sq_retired)
+			return 0;
+	return 1;
 }
 
 int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
@@ -506,7 +528,7 @@ int rail_ib_peer_check(struct rail_ib_comm *c, const char *call)
 	c->oob_checked_ns = now;
 	err = rail_ib_oob_peek(c);
 	if (!err)	/* a peer that closed its socket is reported as gone, not probed */
-		stall_check(c, now, last, call);
+		stall_check(c, now, last, call, 0);
 	if (!err && c->failover && !c->mv && oob_has_bytes(c)) {
 		/* the peer's path failed: it moves, and this side joins */
 		err = c->on_move(c, RAIL_IB_TRIG_OOB, call);

@@ -66,6 +66,8 @@ struct rail_ib_mt {
 	void (*closing)(struct rail_ib_comm *c);	/* closed with a move to finish: then this */
 	uint64_t close_end;		/* ... given up then */
 	int finish;			/* the look found it settled: closing(c) after the round's look */
+	int swept;			/* the sweep asks a look of the stall watchdog only */
+	int probed;			/* ... which posted a probe: polled at the round's end */
 	unsigned sweep_calls;		/* base.calls at the last sweep ... */
 	uint64_t stall_last;		/* ... and the last look of the stall watchdog here */
 };
@@ -86,6 +88,7 @@ static struct {
 	struct rail_comm **comms;
 	unsigned char *taken;
 	atomic_ullong loops;
+	atomic_int woken;		/* a quiet comm called again: the eventfd written */
 } mt = { .lock = PTHREAD_MUTEX_INITIALIZER, .ep = -1, .evfd = -1 };
 
 /* Wake the thread (mt.lock held). */
@@ -104,6 +107,20 @@ static void on_async(void)
 	mt.scan = 1;
 	kick();
 	pthread_mutex_unlock(&mt.lock);
+}
+
+/*
+ * NCCL's call on a quiet comm (rail_comm_woken, any thread, no lock): one
+ * eventfd write for any number of them until the thread wakes; the thread
+ * then sweeps again (the quiet flags it reads come with the exchange).
+ */
+static void on_woken(void)
+{
+	uint64_t one = 1;
+
+	if (!atomic_exchange(&mt.woken, 1) && write(mt.evfd, &one, sizeof(one)) < 0 &&
+	    errno != EAGAIN)
+		RAIL_WARN("move thread: write(eventfd) failed: %s", RAIL_ERRSTR(-errno));
 }
 
 /* Its socket back in the epoll set (one-shot): the next bytes wake the thread. */
@@ -175,27 +192,73 @@ static void look_closing(struct rail_ib_mt *e, uint64_t now)
 	atomic_store_explicit(&e->due, done ? 0 : now + TICK_NS, memory_order_relaxed);
 }
 
+/*
+ * A sweep's look (nothing else due): the stall watchdog of a comm NCCL has
+ * not called since the last sweep; 1 when the comm needs the full look (the
+ * watchdog fired). No system call unless the watchdog acts: an idle comm's
+ * socket waits in the epoll set. A comm with nothing left to watch is
+ * quiet: no sweep looks at it until NCCL calls it again.
+ */
+static void quiet_set(struct rail_ib_comm *c)
+{
+	atomic_store_explicit(&c->base.quiet,
+			      c->error || !c->failover || (!c->fencing && rail_ib_stall_quiet(c)),
+			      memory_order_relaxed);	/* NCCL's next call sees it (the guard) */
+}
+
+static int look_stall(struct rail_ib_mt *e, uint64_t now)
+{
+	struct rail_ib_comm *c = e->c;
+
+	if (c->mv || c->path_failed)
+		return 0;
+	if (!c->error) {
+		/* its writes owed, NCCL not calling */
+		e->probed = rail_ib_stall_look(c, e->stall_last, e->armed && !e->sock_gone);
+		e->stall_last = now;
+	}
+	if (c->path_failed)
+		return 1;
+	quiet_set(c);
+	return 0;
+}
+
+/*
+ * A probe posted in this round has had the round's other looks to complete
+ * (microseconds on a healthy path): polled now, the comm is quiet at once,
+ * not a stall timeout later. Still held; given back here.
+ */
+static void probe_end(struct rail_ib_mt *e, struct rail_comm *held)
+{
+	struct rail_ib_comm *c = e->c;
+
+	e->probed = 0;
+	if (!rail_ib_poll(c) && !c->path_failed)
+		quiet_set(c);
+	rail_guard_give(held);
+}
+
 static void look(struct rail_ib_mt *e, uint64_t now)
 {
 	struct rail_ib_comm *c = e->c;
 	unsigned calls = atomic_load_explicit(&c->base.calls, memory_order_relaxed);
-	int called, wanted = !c->error && rail_ib_move_wanted(c), busy;
+	int called, wanted, busy, swept = e->swept;
 	uint64_t due = 0;
 
+	e->swept = 0;
+	atomic_store_explicit(&c->base.quiet, 0, memory_order_relaxed);
 	if (e->closing) {
 		look_closing(e, now);
 		return;
 	}
+	if (swept && !look_stall(e, now))
+		return;	/* the sweep only: nothing else was due (due and armed unchanged) */
+	wanted = !c->error && rail_ib_move_wanted(c);
 	if (calls != e->seen_calls) {
 		e->seen_calls = calls;
 		e->seen_ns = now;
 	}
 	called = now - e->seen_ns < TICK_NS;
-	if (!called && !c->mv && !c->error && !c->path_failed) {
-		rail_ib_stall_look(c, e->stall_last);	/* its writes owed, NCCL not calling */
-		e->stall_last = now;
-		wanted = wanted || c->path_failed;
-	}
 	if (!called && wanted)
 		(void)c->on_move(c, rail_ib_move_trigger(c), "the move thread");
 	if (!called && !c->mv && !c->error && pieces_left(c))
@@ -247,8 +310,10 @@ static void round_run(uint64_t now)
 
 		if (e->later || e->work != W_NONE)
 			continue;	/* closed, or its work queued or running */
-		if (!scan && !e->flagged && !(due && due <= now))
+		if (!scan && !e->flagged && !(due && due <= now) && !e->swept)
 			continue;
+		if (scan || e->flagged || (due && due <= now))
+			e->swept = 0;	/* a full look */
 		e->flagged = 0;
 		if (nomem) {	/* this round is lost: NCCL's calls move these comms */
 			atomic_store_explicit(&e->due, now + TICK_NS, memory_order_relaxed);
@@ -271,10 +336,15 @@ static void round_run(uint64_t now)
 		if (!mt.taken[i])
 			continue;
 		look(e, now);
+		if (e->probed)
+			continue;	/* held until its probe is polled, below */
 		rail_guard_give(mt.comms[i]);	/* not touched after this: close may free it */
 		if (e->finish)
 			e->closing(c);	/* frees c (it unregisters: e is freed after the round) */
 	}
+	for (int i = 0; i < n; i++)
+		if (mt.taken[i] && mt.batch[i]->probed)
+			probe_end(mt.batch[i], mt.comms[i]);
 	pthread_mutex_lock(&mt.lock);
 }
 
@@ -338,7 +408,10 @@ static void on_event(const struct epoll_event *ev)
 	e->flagged = 1;
 }
 
-/* Half the stall timeout: how often the comms NCCL has left are swept; 0: never. */
+/*
+ * Half the stall timeout: how often the comms NCCL has left are swept, while
+ * one is not quiet; 0: never.
+ */
 static uint64_t sweep_every(void)
 {
 	return (uint64_t)rail_param_int(RAIL_P_IB_STALL_TIMEOUT) * 500000000ull;
@@ -354,34 +427,48 @@ static uint64_t sweep_every(void)
  */
 static void sweep(uint64_t now)
 {
-	if (!sweep_every() || now < mt.sweep_ns)
+	if (!mt.sweep_ns || now < mt.sweep_ns)
 		return;
 	mt.sweep_ns = now + sweep_every();
 	for (int i = 0; i < mt.n; i++) {
 		struct rail_ib_mt *e = mt.v[i];
 		unsigned calls = atomic_load_explicit(&e->c->base.calls, memory_order_relaxed);
 
+		if (atomic_load_explicit(&e->c->base.quiet, memory_order_relaxed))
+			continue;	/* called again, it is not: this sweep counts its calls */
 		if (calls == e->sweep_calls && !e->closing)
-			e->flagged = 1;
+			e->swept = 1;
 		e->sweep_calls = calls;
 	}
 }
 
-/* Milliseconds to the earliest due look, -1 for none (mt.lock held). */
+/*
+ * Milliseconds to the earliest due look, -1 for none (mt.lock held). The
+ * sweep's timer runs while a comm is not quiet: started a sweep period
+ * from now, stopped when every comm is.
+ */
 static int timeout_ms(uint64_t now)
 {
-	uint64_t first = mt.n && sweep_every() ? RAIL_MAX(mt.sweep_ns, 1) : 0;
+	uint64_t first = 0;
+	int loud = 0;
 
 	if (mt.scan)
 		return 0;
 	for (int i = 0; i < mt.n; i++) {
 		uint64_t due = atomic_load_explicit(&mt.v[i]->due, memory_order_relaxed);
 
-		if (mt.v[i]->work == W_QUEUED || mt.v[i]->flagged)
+		if (mt.v[i]->work == W_QUEUED || mt.v[i]->flagged || mt.v[i]->swept)
 			return 0;
 		if (due && !mt.v[i]->later && (!first || due < first))
 			first = due;
+		loud = loud || !atomic_load_explicit(&mt.v[i]->c->base.quiet, memory_order_relaxed);
 	}
+	if (!loud || !sweep_every())
+		mt.sweep_ns = 0;
+	else if (!mt.sweep_ns)
+		mt.sweep_ns = now + sweep_every();
+	if (mt.sweep_ns && (!first || mt.sweep_ns < first))
+		first = mt.sweep_ns;
 	if (!first)
 		return -1;
 	return first <= now ? 0 : (int)RAIL_MIN((first - now + 999999) / 1000000, 60000ull);
@@ -398,6 +485,7 @@ static void *move_thread(void *arg)
 
 		pthread_mutex_unlock(&mt.lock);
 		n = epoll_wait(mt.ep, ev, EVENTS, ms);
+		(void)atomic_exchange(&mt.woken, 0);	/* every quiet flag cleared before it is seen */
 		pthread_mutex_lock(&mt.lock);
 		atomic_fetch_add_explicit(&mt.loops, 1, memory_order_relaxed);
 		for (int i = 0; i < n; i++)
@@ -430,6 +518,7 @@ static int start(void)
 	if (!err) {
 		mt.started = 1;
 		rail_ib_async_hook_set(on_async);
+		rail_comm_wake_set(on_woken);
 		return 0;
 	}
 	RAIL_WARN("no move thread (%s failed: %s): comms move to another path only while NCCL "
@@ -574,6 +663,7 @@ uint64_t rail_ib_move_thread_loops(void)
 void rail_ib_move_fini(void)
 {
 	rail_ib_async_hook_set(NULL);
+	rail_comm_wake_set(NULL);
 	pthread_mutex_lock(&mt.lock);
 	mt.stop = 1;
 	kick();

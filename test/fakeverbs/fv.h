@@ -121,6 +121,7 @@ struct fv_mr {
 	uint64_t iova;
 	int dmabuf;		/* no host mapping: data is not copied */
 	struct fv_mr *next;
+	struct fv_mr *hnext;	/* its lkey's bucket (fv_mr_by_key) */
 };
 
 struct fv_cq {
@@ -151,6 +152,7 @@ struct fv_qp {
 	struct fv_recv *rq;
 	struct fv_swr *sq, **sq_tail;	/* held send WRs, in posting order (fv_hold.c) */
 	struct fv_qp *next;
+	struct fv_qp *hnext;	/* its number's bucket (fv_qp_by_num) */
 };
 
 struct fv_dev *fv_ctx_dev(struct ibv_context *ctx);

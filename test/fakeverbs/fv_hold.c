@@ -47,6 +47,9 @@ uint64_t fv_now_ns(void)
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
+/* Send WRs held on every QP of the process (fv_lock): none, no QP to walk. */
+static long held_wrs;
+
 static int port_active(const struct fv_dev *d, int port)
 {
 	if (port < 1 || port > d->nports)
@@ -105,6 +108,7 @@ int fv_hold_push(struct fv_qp *q, const struct ibv_send_wr *wr, const char *why)
 		p += wr->sg_list[i].length;
 	}
 	h->since_ns = fv_now_ns();
+	held_wrs++;
 	if (!q->sq)
 		q->sq_tail = &q->sq;
 	*q->sq_tail = h;
@@ -118,6 +122,7 @@ static struct fv_swr *pop(struct fv_qp *q)
 {
 	struct fv_swr *h = q->sq;
 
+	held_wrs--;
 	q->sq = h->next;
 	if (!q->sq)
 		q->sq_tail = &q->sq;
@@ -163,7 +168,7 @@ void fv_progress(void)
 	uint64_t now = 0;
 
 	fv_place_held(NULL);
-	for (struct fv_qp *q = fv_qp_list(); q; q = q->next) {
+	for (struct fv_qp *q = held_wrs ? fv_qp_list() : NULL; q; q = q->next) {
 		if (!q->sq)
 			continue;
 		if (!now)

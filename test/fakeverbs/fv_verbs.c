@@ -18,6 +18,16 @@ pthread_mutex_t fv_lock = PTHREAD_MUTEX_INITIALIZER;
 static int open_ctxs;
 struct fv_ctx *fv_ctxs;
 static uint32_t next_qpn = 0x100, next_key = 0x1000;
+
+/*
+ * Registrations by lkey and QPs by number, hashed: a post looks both up,
+ * and a walk of every one of thousands of connections per post would make
+ * the fake, not the plugin, what a benchmark of many connections measures.
+ * An rkey is its lkey + 1 (fv_mr_new). Under fv_lock.
+ */
+#define FV_BUCKETS 4096u
+static struct fv_mr *mr_bucket[FV_BUCKETS];
+static struct fv_qp *qp_bucket[FV_BUCKETS];
 static struct fv_mr *mrs;
 static struct fv_qp *qps;
 
@@ -402,6 +412,8 @@ struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t
 	m->dmabuf = fd >= 0;
 	m->next = mrs;
 	mrs = m;
+	m->hnext = mr_bucket[m->mr.lkey % FV_BUCKETS];
+	mr_bucket[m->mr.lkey % FV_BUCKETS] = m;
 	if (fd >= 0)
 		fv_log("%s dev=%s offset=0x%llx len=%zu iova=0x%llx fd=%d access=0x%x%s lkey=0x%x "
 		       "rkey=0x%x", call, ctx_name(pd->context), (unsigned long long)offset, len,
@@ -449,6 +461,12 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 			struct fv_mr *m = *p;
 
 			*p = m->next;
+			for (struct fv_mr **h = &mr_bucket[mr->lkey % FV_BUCKETS]; *h;
+			     h = &(*h)->hnext)
+				if (*h == m) {
+					*h = m->hnext;
+					break;
+				}
 			fv_log("ibv_dereg_mr dev=%s lkey=0x%x", ctx_name(mr->context), mr->lkey);
 			free(m);
 			break;
@@ -461,7 +479,9 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 /* Under fv_lock. remote: match the rkey, else the lkey. */
 struct fv_mr *fv_mr_by_key(uint32_t key, int remote)
 {
-	for (struct fv_mr *m = mrs; m; m = m->next)
+	uint32_t lkey = remote ? key - 1 : key;
+
+	for (struct fv_mr *m = mr_bucket[lkey % FV_BUCKETS]; m; m = m->hnext)
 		if ((remote ? m->mr.rkey : m->mr.lkey) == key)
 			return m;
 	return NULL;
@@ -567,6 +587,8 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 	q->qp.handle = q->qp.qp_num;
 	q->next = qps;
 	qps = q;
+	q->hnext = qp_bucket[q->qp.qp_num % FV_BUCKETS];
+	qp_bucket[q->qp.qp_num % FV_BUCKETS] = q;
 	fv_log("ibv_create_qp dev=%s qpn=0x%x type=RC max_send_wr=%u max_recv_wr=%u "
 	       "max_send_sge=%u max_recv_sge=%u max_inline=%u sq_sig_all=%d", d->ibdev.name,
 	       q->qp.qp_num, a->cap.max_send_wr, a->cap.max_recv_wr, a->cap.max_send_sge,
@@ -588,6 +610,11 @@ int ibv_destroy_qp(struct ibv_qp *qp)
 			break;
 		}
 	}
+	for (struct fv_qp **h = &qp_bucket[qp->qp_num % FV_BUCKETS]; *h; h = &(*h)->hnext)
+		if (*h == q) {
+			*h = q->hnext;
+			break;
+		}
 	fv_log("ibv_destroy_qp dev=%s qpn=0x%x", q->dev->ibdev.name, qp->qp_num);
 	pthread_mutex_unlock(&fv_lock);
 	free(q->rq);
@@ -604,7 +631,7 @@ struct fv_qp *fv_qp_list(void)
 /* Under fv_lock. */
 struct fv_qp *fv_qp_by_num(uint32_t qpn)
 {
-	for (struct fv_qp *q = qps; q; q = q->next)
+	for (struct fv_qp *q = qp_bucket[qpn % FV_BUCKETS]; q; q = q->hnext)
 		if (q->qp.qp_num == qpn)
 			return q;
 	return NULL;

@@ -8,9 +8,11 @@
  * (failover, N) combination runs in a child process of its own, so the
  * parameters are read fresh.
  *
- *   scale_bench [-n N[,N...]] [-t SECONDS] [-f 1,0]
+ *   scale_bench [-n N[,N...]] [-t SECONDS] [-f 1,0] [-r REPEATS]
  *
- * Defaults: -n 1,64,256,1024 -t 5 -f 1,0. RAIL_FAKEVERBS_LIB names the fake
+ * Defaults: -n 1,64,256,1024 -t 5 -f 1,0 -r 1 (each N REPEATS times, the -f
+ * values taken in turn: a virtual machine's CPU accounting of a thread's
+ * wake-up varies by tens of milliseconds). RAIL_FAKEVERBS_LIB names the fake
  * libibverbs (default: beside this binary, ../fakeverbs/libfakeverbs.so).
  */
 #include <errno.h>
@@ -275,23 +277,25 @@ static int fake_env(char *dir, size_t len)
 
 int main(int argc, char **argv)
 {
-	int ns[64] = { 1, 64, 256, 1024 }, nn = 4, fs[4] = { 1, 0 }, nf = 2, opt, bad = 0;
+	int ns[64] = { 1, 64, 256, 1024 }, nn = 4, fs[4] = { 1, 0 }, nf = 2, reps = 1, opt, bad = 0;
 	double secs = 5;
 	char dir[64], cmd[96];
 	struct rlimit rl;
 
-	while ((opt = getopt(argc, argv, "n:t:f:")) != -1) {
+	while ((opt = getopt(argc, argv, "n:t:f:r:")) != -1) {
 		if (opt == 'n')
 			bad |= (nn = parse_list(optarg, ns, 64)) <= 0;
 		else if (opt == 'f')
 			bad |= (nf = parse_list(optarg, fs, 4)) <= 0;
 		else if (opt == 't')
 			bad |= (secs = atof(optarg)) <= 0;
+		else if (opt == 'r')
+			bad |= (reps = atoi(optarg)) <= 0;
 		else
 			bad = 1;
 	}
 	if (bad || optind != argc) {
-		fprintf(stderr, "usage: scale_bench [-n N[,N...]] [-t SECONDS] [-f 1,0]\n");
+		fprintf(stderr, "usage: scale_bench [-n N[,N...]] [-t SECONDS] [-f 1,0] [-r REPEATS]\n");
 		return 2;
 	}
 	if (fake_env(dir, sizeof(dir)))
@@ -304,13 +308,13 @@ int main(int argc, char **argv)
 	printf("%8s %9s %7s %10s %8s %8s %10s\n", "failover", "pairs", "idle_s", "cpu_ms", "cpu_%",
 	       "threads", "ctx_sw");
 	fflush(stdout);
-	for (int i = 0; i < nn; i++) {
+	for (int i = 0; i < nn * reps; i++) {	/* each size reps times, the -f values interleaved */
 		for (int j = 0; j < nf; j++) {
 			pid_t pid = fork();
 			int st = 0;
 
 			if (pid == 0)
-				_exit(run(ns[i], fs[j], secs, dir));
+				_exit(run(ns[i / reps], fs[j], secs, dir));
 			if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
 				bad = 1;
 		}

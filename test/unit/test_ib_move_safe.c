@@ -23,6 +23,8 @@
 
 #include "fv_harness.h"
 
+uint64_t rail_ib_move_thread_loops(void);	/* src/ib/ib_move_thread.c, for tests */
+
 /* Three RoCE ports on one network: the sender on mlx5_0, the receiver on mlx5_1, a spare. */
 static const char three[] = "device mlx5_0 pci=0000:1a:00.0\n"
 			    "port 1 link=eth speed=ndr width=4x\n"
@@ -667,6 +669,61 @@ static void test_stall_of_idle_sender(void **state)
 }
 
 /*
+ * The sweep stops once every comm is quiet (nothing owed, no request, the
+ * tail of unsignaled writes probed and polled): with the stall timeout at
+ * 1 s (a sweep every 0.5 s), the move thread must stop waking within 4 s of
+ * the last call, and stay asleep for 2 s. NCCL's next call on a quiet comm
+ * wakes it: a stall behind that sender, which NCCL then leaves alone, is
+ * still found (without the wake-up, the sweep's timer stays off).
+ */
+static void test_stall_after_quiet(void **state)
+{
+	struct fvh *F;
+	void *smh, *rmh;
+	uint64_t end, l0 = 0;
+	int r, still = 0;
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_STALL_TIMEOUT", "1", 1);
+	F = begin(three, NULL);
+	unsetenv("NCCL_RAIL_IB_STALL_TIMEOUT");
+	smh = reg(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST);
+	rmh = reg(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST);
+	fill(sbuf[0], 1000, 17);
+	r = recv1(F, rbuf[0], 4096, 7, rmh);
+	(void)send_req(F, sbuf[0], 1000, 7, smh);
+	wait_all();
+	assert_size(r, 1000);
+	check(rbuf[0], 1000, 17, "the message before the quiet");
+	end = rail_now_ns() + 4000000000ull;
+	while (still < 10 && rail_now_ns() < end) {	/* 10 x 0.2 s without a wake-up */
+		uint64_t l = rail_ib_move_thread_loops();
+
+		still = l == l0 ? still + 1 : 0;
+		l0 = l;
+		usleep(200000);
+	}
+	if (still < 10)
+		fail_msg("the move thread still woke 4 s after the last call (sweeps of quiet comms)");
+	assert_true(F->hold("mlx5_0", 1) >= 0);
+	fill(sbuf[1], 2000, 18);
+	nrq = 0;
+	(void)send_req(F, sbuf[1], 2000, 7, smh);
+	wait_all();	/* eager: done at once, the writes held in mlx5_0 */
+	nrq = 0;
+	r = recv1(F, rbuf[1], 4096, 7, rmh);
+	wait_all();	/* only the receiver is called */
+	assert_size(r, 2000);
+	check(rbuf[1], 2000, 18, "the message after the quiet");
+	if (!fvh_log_count(NCCL_LOG_WARN, "the move thread on mlx5_0:1", "completions owed")) {
+		fvh_log_dump();
+		fail_msg("no stall WARN from the move thread after the quiet");
+	}
+	assert_true(F->hold("mlx5_0", 0) >= 0);
+	fvh_stop(F);
+}
+
+/*
  * Not a failover case; found by the failover search. A sender of GPU memory
  * (no eager) whose sends of two tags wait for clear-to-sends that small
  * host receives get only when asked: each tag's "want" waits 2 ms when the
@@ -731,6 +788,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_resiliency_vars_named, fvh_teardown),
 		cmocka_unit_test_teardown(test_flush_host_buffers_move, fvh_teardown),
 		cmocka_unit_test_teardown(test_stall_of_idle_sender, fvh_teardown),
+		cmocka_unit_test_teardown(test_stall_after_quiet, fvh_teardown),
 		cmocka_unit_test_teardown(test_wants_of_two_tags, fvh_teardown),
 	};
 
