@@ -8,11 +8,15 @@
  * (failover, N) combination runs in a child process of its own, so the
  * parameters are read fresh.
  *
- *   scale_bench [-n N[,N...]] [-t SECONDS] [-f 1,0] [-r REPEATS]
+ *   scale_bench [-n N[,N...]] [-t SECONDS] [-f 1,0] [-r REPEATS] [-w SECONDS]
  *
- * Defaults: -n 1,64,256,1024 -t 5 -f 1,0 -r 1 (each N REPEATS times, the -f
- * values taken in turn: a virtual machine's CPU accounting of a thread's
- * wake-up varies by tens of milliseconds). RAIL_FAKEVERBS_LIB names the fake
+ * Defaults: -n 1,64,256,1024 -t 5 -f 1,0 -r 1 -w 0: each N REPEATS times,
+ * the -f values taken in turn (a virtual machine's CPU accounting of one
+ * thread's wake-up in a large process can reach tens of milliseconds); the
+ * window starts -w seconds after the last message (0: the cost of going
+ * idle included; 20, past the two sweeps of the move thread that find the
+ * comms quiet, at most 15 s with NCCL_RAIL_IB_STALL_TIMEOUT=10: the cost of
+ * staying idle). RAIL_FAKEVERBS_LIB names the fake
  * libibverbs (default: beside this binary, ../fakeverbs/libfakeverbs.so).
  */
 #include <errno.h>
@@ -168,12 +172,20 @@ static double cpu_s(const struct rusage *u)
 	       (double)u->ru_stime.tv_sec + (double)u->ru_stime.tv_usec / 1e6;
 }
 
-/* The child: N pairs with failover on or off, idle for secs; one result line. */
-static int run(int n, int failover, double secs, const char *dir)
+static struct timespec ts_of(double secs)
+{
+	return (struct timespec){ (time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9) };
+}
+
+/*
+ * The child: N pairs with failover on or off, idle for wait seconds, then
+ * measured over secs; one result line.
+ */
+static int run(int n, int failover, double wait, double secs, const char *dir)
 {
 	struct pairs P = { .n = n };
 	struct rusage u0, u1;
-	struct timespec idle = { (time_t)secs, (long)((secs - (double)(time_t)secs) * 1e9) };
+	struct timespec idle = ts_of(secs), before = ts_of(wait);
 	double t0, t1;
 	int ndev, nthreads;
 
@@ -194,6 +206,8 @@ static int run(int n, int failover, double secs, const char *dir)
 		memcpy(P.h[i], P.h[0], RAIL_HANDLE_SIZE);
 	connect_all(&P);
 	one_message_each(&P);
+	while (nanosleep(&before, &before) && errno == EINTR)
+		;
 	nthreads = threads();
 	getrusage(RUSAGE_SELF, &u0);
 	t0 = now_s();
@@ -278,24 +292,27 @@ static int fake_env(char *dir, size_t len)
 int main(int argc, char **argv)
 {
 	int ns[64] = { 1, 64, 256, 1024 }, nn = 4, fs[4] = { 1, 0 }, nf = 2, reps = 1, opt, bad = 0;
-	double secs = 5;
+	double secs = 5, wait = 0;
 	char dir[64], cmd[96];
 	struct rlimit rl;
 
-	while ((opt = getopt(argc, argv, "n:t:f:r:")) != -1) {
+	while ((opt = getopt(argc, argv, "n:t:f:r:w:")) != -1) {
 		if (opt == 'n')
 			bad |= (nn = parse_list(optarg, ns, 64)) <= 0;
 		else if (opt == 'f')
 			bad |= (nf = parse_list(optarg, fs, 4)) <= 0;
 		else if (opt == 't')
 			bad |= (secs = atof(optarg)) <= 0;
+		else if (opt == 'w')
+			bad |= (wait = atof(optarg)) < 0;
 		else if (opt == 'r')
 			bad |= (reps = atoi(optarg)) <= 0;
 		else
 			bad = 1;
 	}
 	if (bad || optind != argc) {
-		fprintf(stderr, "usage: scale_bench [-n N[,N...]] [-t SECONDS] [-f 1,0] [-r REPEATS]\n");
+		fprintf(stderr, "usage: scale_bench [-n N[,N...]] [-t SECONDS] [-f 1,0] [-r REPEATS] "
+			"[-w SECONDS]\n");
 		return 2;
 	}
 	if (fake_env(dir, sizeof(dir)))
@@ -314,7 +331,7 @@ int main(int argc, char **argv)
 			int st = 0;
 
 			if (pid == 0)
-				_exit(run(ns[i / reps], fs[j], secs, dir));
+				_exit(run(ns[i / reps], fs[j], wait, secs, dir));
 			if (pid < 0 || waitpid(pid, &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
 				bad = 1;
 		}
