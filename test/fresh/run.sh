@@ -23,10 +23,11 @@
 #    and tools must be built, and libcmocka-dev not installed. `sudo .ci/run`
 #    runs only for the suites in FRESH_CI_SUITES (default: bookworm; e.g.
 #    FRESH_CI_SUITES="bookworm jammy noble"), with RAIL_CI_TARGET="check
-#    test-rxe-smoke" (kept through sudo by the root's sudoers): it installs
-#    every test dependency and the Soft-RoCE kernel, as on CI, then runs the
-#    quick tests and boots the Soft-RoCE guest once, not the whole of make
-#    test (which would start this test again).
+#    test-rxe-smoke" and FOSEARCH_SEEDS=200 (kept through sudo by the root's
+#    sudoers): it installs every test dependency and the Soft-RoCE kernel, as
+#    on CI, then runs the quick tests (the failover search with 200 seeds:
+#    the host's make check runs 2,000) and boots the Soft-RoCE guest once,
+#    not the whole of make test (which would start this test again).
 # 3. package (bookworm): a second fresh root gets build/pkg/nccl-net-rail_*.deb
 #    with `apt-get install ./file.deb` only, then: rail-info --version;
 #    rail-info --check with NCCL_NET_PLUGIN=rail must find the plugin NCCL
@@ -206,7 +207,7 @@ new_root() {
 		die "cannot install sudo in the fresh root"
 	in_root "$root" root "useradd -m -s /bin/bash $USER_NAME &&
 		echo '$USER_NAME ALL=(ALL) NOPASSWD:ALL' >/etc/sudoers.d/$USER_NAME &&
-		echo 'Defaults env_keep += \"RAIL_CI_TARGET\"' >/etc/sudoers.d/rail-ci &&
+		echo 'Defaults env_keep += \"RAIL_CI_TARGET FOSEARCH_SEEDS\"' >/etc/sudoers.d/rail-ci &&
 		chmod 0440 /etc/sudoers.d/$USER_NAME /etc/sudoers.d/rail-ci"
 }
 
@@ -284,8 +285,8 @@ quickstart() {
 			[ "$quick" = 1 ] && { echo "SKIP: quick-start line $n ($line): --quick"; continue; }
 			[[ $CI_SUITES == *" $suite "* ]] ||
 				{ echo "SKIP: quick-start line $n ($line): $suite is not in FRESH_CI_SUITES"; continue; }
-			echo "== quick-start line $n: $line   (RAIL_CI_TARGET=check test-rxe-smoke)"
-			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && export RAIL_CI_TARGET='check test-rxe-smoke' && $line"
+			echo "== quick-start line $n: $line   (RAIL_CI_TARGET=check test-rxe-smoke, FOSEARCH_SEEDS=200)"
+			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && export RAIL_CI_TARGET='check test-rxe-smoke' FOSEARCH_SEEDS=200 && $line"
 			;;
 		*)
 			echo "== quick-start line $n: $line"
