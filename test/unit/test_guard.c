@@ -65,8 +65,10 @@ static void *owner(void *p)
 {
 	struct owner_arg *a = p;
 	uint32_t s = a->seed;
+	uint64_t end = rail_now_ns() + 30000000000ull;
 
-	for (unsigned long i = 0; i < iters || !atomic_load(&mover_done); i++) {
+	/* iters entries, not attempts: on a loaded machine the mover may hold it for many */
+	while ((a->g->owner_in < iters || !atomic_load(&mover_done)) && rail_now_ns() < end) {
 		if (!comm_enter(&a->g->c)) {
 			if (rnd(&s) % 4 == 0)
 				sched_yield();	/* NCCL answered "not now": it comes back */
