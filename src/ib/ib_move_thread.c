@@ -91,7 +91,7 @@ static struct {
 	atomic_int woken;		/* a quiet comm called again: the eventfd written */
 } mt = { .lock = PTHREAD_MUTEX_INITIALIZER, .ep = -1, .evfd = -1 };
 
-/* Wake the thread (mt.lock held). */
+/* Wake the thread (mt.lock held, or the thread running: mt.evfd stays open). */
 static void kick(void)
 {
 	uint64_t one = 1;
@@ -116,11 +116,8 @@ static void on_async(void)
  */
 static void on_woken(void)
 {
-	uint64_t one = 1;
-
-	if (!atomic_exchange(&mt.woken, 1) && write(mt.evfd, &one, sizeof(one)) < 0 &&
-	    errno != EAGAIN)
-		RAIL_WARN("move thread: write(eventfd) failed: %s", RAIL_ERRSTR(-errno));
+	if (!atomic_exchange(&mt.woken, 1))
+		kick();
 }
 
 /* Its socket back in the epoll set (one-shot): the next bytes wake the thread. */
@@ -192,13 +189,6 @@ static void look_closing(struct rail_ib_mt *e, uint64_t now)
 	atomic_store_explicit(&e->due, done ? 0 : now + TICK_NS, memory_order_relaxed);
 }
 
-/*
- * A sweep's look (nothing else due): the stall watchdog of a comm NCCL has
- * not called since the last sweep; 1 when the comm needs the full look (the
- * watchdog fired). No system call unless the watchdog acts: an idle comm's
- * socket waits in the epoll set. A comm with nothing left to watch is
- * quiet: no sweep looks at it until NCCL calls it again.
- */
 static void quiet_set(struct rail_ib_comm *c)
 {
 	atomic_store_explicit(&c->base.quiet,
@@ -206,6 +196,13 @@ static void quiet_set(struct rail_ib_comm *c)
 			      memory_order_relaxed);	/* NCCL's next call sees it (the guard) */
 }
 
+/*
+ * A sweep's look (nothing else due): the stall watchdog of a comm NCCL has
+ * not called since the last sweep; 1 when the comm needs the full look (the
+ * watchdog fired). No system call unless the watchdog acts: an idle comm's
+ * socket waits in the epoll set. A comm with nothing left to watch is
+ * quiet: no sweep looks at it until NCCL calls it again.
+ */
 static int look_stall(struct rail_ib_mt *e, uint64_t now)
 {
 	struct rail_ib_comm *c = e->c;
@@ -326,8 +323,10 @@ static void round_run(uint64_t now)
 		return;
 	rail_guard_take(mt.comms, n, mt.taken);
 	for (int i = 0; i < n; i++)	/* NCCL is in a call on it: again in a tick */
-		if (!mt.taken[i])
+		if (!mt.taken[i]) {
 			atomic_store_explicit(&mt.batch[i]->due, now + TICK_NS, memory_order_relaxed);
+			mt.batch[i]->swept = 0;	/* else the next round tries at once, and again */
+		}
 	pthread_mutex_unlock(&mt.lock);
 	for (int i = 0; i < n; i++) {
 		struct rail_ib_mt *e = mt.batch[i];
