@@ -328,11 +328,55 @@ static void test_fault_modify_qp(void **state)
 	(void)state;
 	if (!have_rdma())
 		skip();
-	/* Receiver INIT (1), sender INIT (2), sender RTR (3). */
+	/* Receiver INIT (1), sender INIT (2), sender RTR (3). EINVAL is not retried. */
 	connect_fails("ibv_modify_qp:EINVAL:3", "ibv_modify_qp(RTR)", "Invalid argument");
 	unit_log_capture();
 	unit_log_release();
+	/* One attempt (NCCL_IB_MQP_RETRY_CNT=0): a single ETIMEDOUT fails the connect, named. */
+	setenv("NCCL_IB_MQP_RETRY_CNT", "0", 1);
 	connect_fails("ibv_modify_qp:ETIMEDOUT:1", "ibv_modify_qp(INIT)", "timed out");
+	unsetenv("NCCL_IB_MQP_RETRY_CNT");
+}
+
+/*
+ * With the default retries (NCCL_IB_MQP_RETRY_*), an ETIMEDOUT of the
+ * sender's RTR that clears on the next try costs a retry, logged, not the
+ * connection; a message then goes through.
+ */
+static void test_fault_modify_qp_retried(void **state)
+{
+	uint8_t sbuf[64], rbuf[64];
+	void *smh = NULL, *rmh = NULL;
+	struct live L;
+
+	(void)state;
+	if (!have_rdma())
+		skip();
+	setenv("NCCL_IB_MQP_RETRY_SLEEP_MSEC", "10", 1);
+	live_init(&L, "ibv_modify_qp:ETIMEDOUT:3");
+	live_connect(&L);
+	unsetenv("NCCL_IB_MQP_RETRY_SLEEP_MSEC");
+	if (!L.sc || !L.rc) {
+		unit_log_dump();
+		fail_msg("an ETIMEDOUT of the RTR that clears failed the connect (%d, %d)",
+			 L.conn_res, L.acc_res);
+	}
+	unit_assert_logged2(RAIL_LOG_INFO, "ibv_modify_qp(RTR)", "attempt 1/35, retrying in 10 ms");
+	unit_assert_logged2(RAIL_LOG_INFO, "ibv_modify_qp(RTR)", "succeeded at attempt 2");
+	fill(sbuf, sizeof(sbuf), 5);
+	assert_int_equal(rail_net_reg_mr(L.sc, sbuf, sizeof(sbuf), RAIL_PTR_HOST, &smh), ncclSuccess);
+	assert_int_equal(rail_net_reg_mr(L.rc, rbuf, sizeof(rbuf), RAIL_PTR_HOST, &rmh), ncclSuccess);
+	{
+		void *rr = post_until(0, &L, rbuf, sizeof(rbuf), 1, rmh);
+		void *sr = post_until(1, &L, sbuf, sizeof(sbuf), 1, smh);
+
+		assert_int_equal(wait_req(sr, NULL), ncclSuccess);
+		assert_int_equal(wait_req(rr, NULL), ncclSuccess);
+	}
+	assert_memory_equal(sbuf, rbuf, sizeof(sbuf));
+	assert_int_equal(rail_net_dereg_mr(L.sc, smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(L.rc, rmh), ncclSuccess);
+	live_fini(&L);
 }
 
 static void test_fault_post_send(void **state)
@@ -921,6 +965,7 @@ int main(void)
 		cmocka_unit_test(test_fault_reg_mr),
 		cmocka_unit_test(test_fault_create_qp),
 		cmocka_unit_test(test_fault_modify_qp),
+		cmocka_unit_test(test_fault_modify_qp_retried),
 		cmocka_unit_test(test_fault_post_send),
 		cmocka_unit_test(test_fault_post_send_data),
 		cmocka_unit_test(test_eager_mixed),
