@@ -942,6 +942,8 @@ int rail_ib_close_listen(struct rail_comm *comm)
 {
 	struct rail_ib_listen *l = (struct rail_ib_listen *)comm;
 
+	for (int i = 0; i < l->npending; i++)
+		atomic_store(&l->pending[i]->cancel, 1);	/* their helpers stop at once, together */
 	while (l->npending)
 		pending_drop(l, l->npending - 1);
 	close(l->fd);

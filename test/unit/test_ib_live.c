@@ -341,12 +341,10 @@ static void test_fault_modify_qp(void **state)
 /*
  * With the default retries (NCCL_IB_MQP_RETRY_*), an ETIMEDOUT of the
  * sender's RTR that clears on the next try costs a retry, logged, not the
- * connection; a message then goes through.
+ * connection (test_ib_mqp.c has the rest, on the fake provider).
  */
 static void test_fault_modify_qp_retried(void **state)
 {
-	uint8_t sbuf[64], rbuf[64];
-	void *smh = NULL, *rmh = NULL;
 	struct live L;
 
 	(void)state;
@@ -356,26 +354,12 @@ static void test_fault_modify_qp_retried(void **state)
 	live_init(&L, "ibv_modify_qp:ETIMEDOUT:3");
 	live_connect(&L);
 	unsetenv("NCCL_IB_MQP_RETRY_SLEEP_MSEC");
-	if (!L.sc || !L.rc) {
+	if (!L.sc || !L.rc)
 		unit_log_dump();
-		fail_msg("an ETIMEDOUT of the RTR that clears failed the connect (%d, %d)",
-			 L.conn_res, L.acc_res);
-	}
+	assert_non_null(L.sc);
+	assert_non_null(L.rc);
 	unit_assert_logged2(RAIL_LOG_INFO, "ibv_modify_qp(RTR)", "attempt 1/35, retrying in 10 ms");
 	unit_assert_logged2(RAIL_LOG_INFO, "ibv_modify_qp(RTR)", "succeeded at attempt 2");
-	fill(sbuf, sizeof(sbuf), 5);
-	assert_int_equal(rail_net_reg_mr(L.sc, sbuf, sizeof(sbuf), RAIL_PTR_HOST, &smh), ncclSuccess);
-	assert_int_equal(rail_net_reg_mr(L.rc, rbuf, sizeof(rbuf), RAIL_PTR_HOST, &rmh), ncclSuccess);
-	{
-		void *rr = post_until(0, &L, rbuf, sizeof(rbuf), 1, rmh);
-		void *sr = post_until(1, &L, sbuf, sizeof(sbuf), 1, smh);
-
-		assert_int_equal(wait_req(sr, NULL), ncclSuccess);
-		assert_int_equal(wait_req(rr, NULL), ncclSuccess);
-	}
-	assert_memory_equal(sbuf, rbuf, sizeof(sbuf));
-	assert_int_equal(rail_net_dereg_mr(L.sc, smh), ncclSuccess);
-	assert_int_equal(rail_net_dereg_mr(L.rc, rmh), ncclSuccess);
 	live_fini(&L);
 }
 
