@@ -25,6 +25,7 @@
  *   0.0  ib_verbs    layer 0, the library: libibverbs through dlopen (rail_ibv)
  *   0.0  ib_fault    fault injection into that table (NCCL_RAIL_IB_FAULT)
  *   0.0  ib_wire     every format exchanged with the peer: pure codecs
+ *   0.1  ib_mqp      ibv_modify_qp retried as NCCL does, on the handshake's thread only
  *   1.0  ib_gid      layer 1, devices: RoCE GID choice from the sysfs table
  *   1.0  ib_ladder   the GPU-memory ladder of an HCA
  *   1.1  ib_init     discovery, the device table, properties, NIC fusion
@@ -697,6 +698,29 @@ static inline void rail_ib_split_piece(size_t size, int j, int count, size_t *of
 	*off = RAIL_MIN((size_t)j * chunk, size);
 	*len = RAIL_MIN(chunk, size - *off);
 }
+
+/* ib_mqp.c: ibv_modify_qp retried as NCCL does (NCCL_IB_MQP_RETRY_*), on the handshake's thread only */
+struct rail_ib_mqp_retry {
+	uint64_t deadline_ns;		/* no try after it (0: none): NCCL_RAIL_CONNECT_TIMEOUT */
+	const atomic_int *cancel;	/* set: the handshake was abandoned, stop at once */
+};
+/* The calling thread's policy (NULL: one attempt, the default of every thread). */
+void rail_ib_mqp_retry_set(const struct rail_ib_mqp_retry *r);
+/* One ibv_modify_qp to state, named in the INFO line of each retry. */
+struct rail_ib_mqp_call {
+	const struct rail_ib_dev *dev;
+	const char *state;	/* "INIT", "RTR", "RTS" */
+	const char *peer;
+	int quiet;		/* a probe's: never retried */
+	int attempts;		/* out: the calls made */
+	char note[192];		/* out: "" or " after N attempts in T s (why no more)", for the WARN */
+};
+/*
+ * 0, or the positive errno of the last attempt (not logged: the caller's
+ * WARN adds x->note). Retries only where the thread has a policy.
+ */
+int rail_ib_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask,
+		      struct rail_ib_mqp_call *x);
 
 /* ib_qp.c */
 int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send);

@@ -24,6 +24,8 @@
  * thread (joined before the call that sees it finish returns): on RoCE the
  * kernel resolves the peer's address inside ibv_modify_qp(RTR), which can
  * take a second, and connect/accept must not block NCCL's proxy thread.
+ * There alone a failed ibv_modify_qp is tried again (NCCL_IB_MQP_RETRY_*,
+ * ib_mqp.c); freeing the handshake cuts its sleep short.
  */
 #include <poll.h>
 #include <pthread.h>
@@ -94,6 +96,8 @@ struct rail_ib_hs {
 	int worker_started;
 	atomic_int worker_done;
 	int worker_err;
+	atomic_int cancel;	/* hs_free: a retrying ibv_modify_qp stops (ib_mqp.c) */
+	struct rail_ib_mqp_retry retry;
 };
 
 struct rail_ib_listen {
@@ -169,19 +173,32 @@ static void *hs_worker_main(void *arg)
 	return NULL;
 }
 
+/* The helper thread, the only one whose ibv_modify_qp retries and sleeps. */
+static void *hs_thread_main(void *arg)
+{
+	struct rail_ib_hs *hs = arg;
+
+	rail_ib_mqp_retry_set(&hs->retry);
+	return hs_worker_main(hs);
+}
+
 /* Run work(hs) in a helper thread; the handshake goes to state next after it. */
 static void hs_spawn(struct rail_ib_hs *hs, int (*work)(struct rail_ib_hs *hs),
 		     enum hs_state next)
 {
+	int64_t limit = rail_param_int(RAIL_P_CONNECT_TIMEOUT);
+
 	hs->work = work;
 	hs->after = next;
 	hs->state = HS_WORKING;
+	hs->retry.deadline_ns = limit > 0 ? hs->start_ns + (uint64_t)limit * 1000000000ull : 0;
+	hs->retry.cancel = &hs->cancel;
 	atomic_store(&hs->worker_done, 0);
-	if (pthread_create(&hs->worker, NULL, hs_worker_main, hs) == 0) {
+	if (pthread_create(&hs->worker, NULL, hs_thread_main, hs) == 0) {
 		hs->worker_started = 1;
 		return;
 	}
-	hs_worker_main(hs);	/* no thread: do it here */
+	hs_worker_main(hs);	/* no thread: do it here, NCCL's thread, without retries */
 }
 
 static void hs_join(struct rail_ib_hs *hs)
@@ -206,6 +223,7 @@ static int hs_wait(struct rail_ib_hs *hs)
 
 static void hs_free(struct rail_ib_hs *hs)
 {
+	atomic_store(&hs->cancel, 1);	/* a helper asleep between retries ends within 50 ms */
 	hs_join(hs);
 	if (hs->fd >= 0)
 		close(hs->fd);
@@ -924,6 +942,8 @@ int rail_ib_close_listen(struct rail_comm *comm)
 {
 	struct rail_ib_listen *l = (struct rail_ib_listen *)comm;
 
+	for (int i = 0; i < l->npending; i++)
+		atomic_store(&l->pending[i]->cancel, 1);	/* their helpers stop at once, together */
 	while (l->npending)
 		pending_drop(l, l->npending - 1);
 	close(l->fd);

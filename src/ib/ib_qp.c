@@ -189,6 +189,7 @@ void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 static int qp_init(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
 		   int access)
 {
+	struct rail_ib_mqp_call x = { .dev = d, .state = "INIT", .peer = c->peer };
 	struct ibv_qp_attr a;
 	int ret;
 
@@ -197,13 +198,12 @@ static int qp_init(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev
 	a.pkey_index = (uint16_t)rail_param_int(RAIL_P_IB_PKEY);
 	a.port_num = (uint8_t)d->port;
 	a.qp_access_flags = (unsigned)access;
-	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				 IBV_QP_ACCESS_FLAGS);
+	ret = rail_ib_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+				IBV_QP_ACCESS_FLAGS, &x);
 	if (ret) {
-		ret = rail_verbs_err(ret);
-		RAIL_WARN("ibv_modify_qp(INIT) on %s:%d qp 0x%x to peer %s failed: %s; check "
+		RAIL_WARN("ibv_modify_qp(INIT) on %s:%d qp 0x%x to peer %s failed%s: %s; check "
 			  "NCCL_IB_PKEY (index %d)", d->hca->name, d->port, qp->qp_num, c->peer,
-			  RAIL_ERRSTR(-ret), a.pkey_index);
+			  x.note, RAIL_ERRSTR(-ret), a.pkey_index);
 		return -ret;
 	}
 	return 0;
@@ -373,26 +373,53 @@ static void fill_ah(struct rail_ib_comm *c, struct ibv_qp *qp, struct ibv_qp_att
 	}
 }
 
-static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, const struct rail_ib_qp_path *path,
-		       const char *state, int ret, const struct rail_ib_wire_dev *remote)
+/*
+ * An RTR that times out on RoCE: the kernel found no way to the peer's
+ * GID (no neighbour entry, no route), often a rail-only fabric where the
+ * NICs of two rails do not reach each other.
+ */
+static void modify_warn_timeout(struct rail_ib_comm *c, struct ibv_qp *qp,
+				const struct rail_ib_qp_path *path, const char *state,
+				const char *note, const struct rail_ib_wire_dev *remote)
 {
 	const struct rail_ib_dev *d = path->dev;
 	const struct rail_ib_gid_choice *lg = path->gid;
 	char g[64], rg[64];
-	int err = rail_verbs_err(ret);
+
+	rail_ib_gid_str(lg->raw, g, sizeof(g));
+	rail_ib_gid_str(remote->gid, rg, sizeof(rg));
+	RAIL_WARN("ibv_modify_qp(%s) on %s:%d qp 0x%x to peer %s (GID %s) failed%s: %s; the "
+		  "kernel could not resolve the peer's address: check that GID %s reaches GID %s "
+		  "(routes, neighbour/ARP entries, VLAN), NCCL_IB_GID_INDEX (chosen %d: %s), and, "
+		  "where the NICs of different rails do not reach each other, NCCL_CROSS_NIC=0 "
+		  "(each connection on one rail); NCCL_IB_MQP_RETRY_CNT and "
+		  "NCCL_IB_MQP_RETRY_SLEEP_MSEC give a slow start-up longer", state, d->hca->name,
+		  d->port, qp->qp_num, c->peer, rg, note, RAIL_ERRSTR(-ETIMEDOUT), g, rg, lg->index,
+		  lg->reason);
+}
+
+static int modify_warn(struct rail_ib_comm *c, struct ibv_qp *qp, const struct rail_ib_qp_path *path,
+		       const char *state, int err, const char *note,
+		       const struct rail_ib_wire_dev *remote)
+{
+	const struct rail_ib_dev *d = path->dev;
+	const struct rail_ib_gid_choice *lg = path->gid;
+	char g[64], rg[64];
 
 	if (path->quiet)
 		return -err;
-	if (d->link_layer == IBV_LINK_LAYER_ETHERNET)
-		RAIL_WARN("ibv_modify_qp(%s) on %s:%d qp 0x%x to peer %s (GID %s) failed: %s; check "
+	if (d->link_layer == IBV_LINK_LAYER_ETHERNET && err == ETIMEDOUT)
+		modify_warn_timeout(c, qp, path, state, note, remote);
+	else if (d->link_layer == IBV_LINK_LAYER_ETHERNET)
+		RAIL_WARN("ibv_modify_qp(%s) on %s:%d qp 0x%x to peer %s (GID %s) failed%s: %s; check "
 			  "NCCL_IB_GID_INDEX (chosen %d %s: %s) and the route between the two GIDs",
 			  state, d->hca->name, d->port, qp->qp_num, c->peer,
-			  rail_ib_gid_str(remote->gid, rg, sizeof(rg)), RAIL_ERRSTR(-err),
+			  rail_ib_gid_str(remote->gid, rg, sizeof(rg)), note, RAIL_ERRSTR(-err),
 			  lg->index, rail_ib_gid_str(lg->raw, g, sizeof(g)), lg->reason);
 	else
-		RAIL_WARN("ibv_modify_qp(%s) on %s:%d qp 0x%x to peer %s (LID %u) failed: %s; check "
+		RAIL_WARN("ibv_modify_qp(%s) on %s:%d qp 0x%x to peer %s (LID %u) failed%s: %s; check "
 			  "the subnet manager and NCCL_IB_SL", state, d->hca->name, d->port,
-			  qp->qp_num, c->peer, remote->lid, RAIL_ERRSTR(-err));
+			  qp->qp_num, c->peer, remote->lid, note, RAIL_ERRSTR(-err));
 	return -err;
 }
 
@@ -400,6 +427,7 @@ int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, const struct r
 		       const struct rail_ib_wire_dev *remote, uint32_t remote_qpn)
 {
 	struct rail_ib_dev *d = p->dev;
+	struct rail_ib_mqp_call x = { .dev = d, .state = "RTR", .peer = c->peer, .quiet = p->quiet };
 	struct ibv_qp_attr a;
 	uint64_t t0;
 	int ret;
@@ -414,13 +442,13 @@ int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, const struct r
 	a.min_rnr_timer = 12;
 	fill_ah(c, qp, &a, p, remote);
 	t0 = rail_now_ns();
-	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
-				 IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-				 IBV_QP_MIN_RNR_TIMER);
+	ret = rail_ib_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+				IBV_QP_DEST_QPN | IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
+				IBV_QP_MIN_RNR_TIMER, &x);
 	if (ret)
-		return modify_warn(c, qp, p, "RTR", ret, remote);
+		return modify_warn(c, qp, p, "RTR", ret, x.note, remote);
 	t0 = rail_now_ns() - t0;
-	if (t0 > 100000000ull)
+	if (t0 > 100000000ull && x.attempts == 1)
 		RAIL_INFO(RAIL_LOG_NET, "ibv_modify_qp(RTR) on %s:%d qp 0x%x to peer %s took %llu ms "
 			  "(the kernel resolves the peer's address)", d->hca->name, d->port,
 			  qp->qp_num, c->peer, (unsigned long long)(t0 / 1000000));
@@ -431,10 +459,11 @@ int rail_ib_qp_connect(struct rail_ib_comm *c, struct ibv_qp *qp, const struct r
 	a.rnr_retry = 7;
 	a.sq_psn = 0;
 	a.max_rd_atomic = 1;
-	ret = rail_ibv.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-				 IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
+	x.state = "RTS";
+	ret = rail_ib_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+				IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC, &x);
 	if (ret)
-		return modify_warn(c, qp, p, "RTS", ret, remote);
+		return modify_warn(c, qp, p, "RTS", ret, x.note, remote);
 	return 0;
 }
 

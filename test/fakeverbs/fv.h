@@ -69,6 +69,8 @@ struct fv_dev {
 	int rtr_ms;		/* ibv_modify_qp to RTR toward another QP takes this long */
 	int hold;		/* fv_test_hold: every send WR of this device's QPs is held */
 	int dead;		/* DEVICE_FATAL injected: completes nothing, places nothing */
+	/* fv_test_modify_fail: the next fail_left ibv_modify_qp to fail_state return fail_err */
+	int fail_state, fail_err, fail_left;
 	/* mlx5 Data Direct function, relative to /sys, as libmlx5 names it; "": none */
 	char data_direct[128];
 	int nports;
@@ -251,6 +253,12 @@ int fv_test_hold(const char *dev, int on);
  * Returns its QP number, or -ENODEV.
  */
 int fv_test_qp_fatal(const char *dev);
+/*
+ * The next count ibv_modify_qp to state (enum ibv_qp_state) on dev's QPs
+ * fail with err (a positive errno), as the kernel's address resolution
+ * timing out at RTR; count 0 disarms. 0, or -ENODEV.
+ */
+int fv_test_modify_fail(const char *dev, int state, int err, int count);
 /* fv_conf.c: rewrite one GID's sysfs files (gone: the kernel's all-zero entry, no type). */
 void fv_sysfs_gid(const struct fv_dev *dev, int port, int index);
 

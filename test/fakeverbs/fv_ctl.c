@@ -5,9 +5,10 @@
  * table ibv_query_gid and the RTR check read, and its sysfs files), and
  * take a port down or up (ibv_query_port's state, with PORT_ERR or
  * PORT_ACTIVE, as the kernel does; the data path holds the send WRs of
- * QPs on a port that is not ACTIVE, fv_hold.c), and hold every send WR of a
- * device (fv_test_hold: data in flight). A GID change raises no event by
- * itself: the test says when the kernel's GID_CHANGE arrives.
+ * QPs on a port that is not ACTIVE, fv_hold.c), hold every send WR of a
+ * device (fv_test_hold: data in flight), and make the next QP state
+ * changes of a device fail (fv_test_modify_fail). A GID change raises no
+ * event by itself: the test says when the kernel's GID_CHANGE arrives.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -174,6 +175,27 @@ int fv_test_hold(const char *dev, int on)
 		d->hold = on != 0;
 		n = fv_hold_count(d, !on);
 		fv_log("test_hold dev=%s on=%d held=%d", dev, d->hold, n);
+		break;
+	}
+	pthread_mutex_unlock(&fv_lock);
+	return n;
+}
+
+int fv_test_modify_fail(const char *dev, int state, int err, int count)
+{
+	int n = -ENODEV;
+
+	pthread_mutex_lock(&fv_lock);
+	for (int i = 0; i < fv_conf.ndevs; i++) {
+		struct fv_dev *d = &fv_conf.devs[i];
+
+		if (strcmp(d->ibdev.name, dev))
+			continue;
+		d->fail_state = state;
+		d->fail_err = err;
+		d->fail_left = count > 0 ? count : 0;
+		fv_log("test_modify_fail dev=%s state=%d err=%d count=%d", dev, state, err, count);
+		n = 0;
 		break;
 	}
 	pthread_mutex_unlock(&fv_lock);

@@ -130,6 +130,16 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 		why = "bad port";
 	if (!why && (mask & IBV_QP_AV))
 		why = check_av(q, a, mask);
+	if (!why && q->dev->fail_left > 0 && to == q->dev->fail_state) {
+		int err = q->dev->fail_err;
+
+		q->dev->fail_left--;
+		fv_log("%s ret=%s modify_fail left=%d", b.s, err == ETIMEDOUT ? "ETIMEDOUT"
+			       : err == EINVAL ? "EINVAL" : "error", q->dev->fail_left);
+		pthread_mutex_unlock(&fv_lock);
+		errno = err;
+		return err;
+	}
 	if (why) {
 		fv_log("%s ret=EINVAL why=\"%s\"", b.s, why);
 		pthread_mutex_unlock(&fv_lock);

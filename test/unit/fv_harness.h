@@ -43,6 +43,8 @@ struct fvh {
 	int (*port_state)(const char *dev, int port, int state);
 	int (*hold)(const char *dev, int on);	/* fv_test_hold: sends held in flight */
 	int (*qp_fatal)(const char *dev);	/* fv_test_qp_fatal: a QP of dev fails */
+	/* fv_test_modify_fail: the next count ibv_modify_qp to state on dev fail with err */
+	int (*modify_fail)(const char *dev, int state, int err, int count);
 };
 
 static char fvh_lib[PATH_MAX];
@@ -216,6 +218,7 @@ static inline struct fvh *fvh_start_with(const char *conf, const char *const *fi
 	*(void **)&F->port_state = dlsym(F->lib, "fv_test_port_state");
 	*(void **)&F->hold = dlsym(F->lib, "fv_test_hold");
 	*(void **)&F->qp_fatal = dlsym(F->lib, "fv_test_qp_fatal");
+	*(void **)&F->modify_fail = dlsym(F->lib, "fv_test_modify_fail");
 	if (!F->event || !F->set_gid || !F->port_state || !F->hold)
 		fail_msg("%s lacks the fv_test_* controls: rebuild it (make tests)", fvh_lib);
 	return F;

@@ -328,11 +328,39 @@ static void test_fault_modify_qp(void **state)
 	(void)state;
 	if (!have_rdma())
 		skip();
-	/* Receiver INIT (1), sender INIT (2), sender RTR (3). */
+	/* Receiver INIT (1), sender INIT (2), sender RTR (3). EINVAL is not retried. */
 	connect_fails("ibv_modify_qp:EINVAL:3", "ibv_modify_qp(RTR)", "Invalid argument");
 	unit_log_capture();
 	unit_log_release();
+	/* One attempt (NCCL_IB_MQP_RETRY_CNT=0): a single ETIMEDOUT fails the connect, named. */
+	setenv("NCCL_IB_MQP_RETRY_CNT", "0", 1);
 	connect_fails("ibv_modify_qp:ETIMEDOUT:1", "ibv_modify_qp(INIT)", "timed out");
+	unsetenv("NCCL_IB_MQP_RETRY_CNT");
+}
+
+/*
+ * With the default retries (NCCL_IB_MQP_RETRY_*), an ETIMEDOUT of the
+ * sender's RTR that clears on the next try costs a retry, logged, not the
+ * connection (test_ib_mqp.c has the rest, on the fake provider).
+ */
+static void test_fault_modify_qp_retried(void **state)
+{
+	struct live L;
+
+	(void)state;
+	if (!have_rdma())
+		skip();
+	setenv("NCCL_IB_MQP_RETRY_SLEEP_MSEC", "10", 1);
+	live_init(&L, "ibv_modify_qp:ETIMEDOUT:3");
+	live_connect(&L);
+	unsetenv("NCCL_IB_MQP_RETRY_SLEEP_MSEC");
+	if (!L.sc || !L.rc)
+		unit_log_dump();
+	assert_non_null(L.sc);
+	assert_non_null(L.rc);
+	unit_assert_logged2(RAIL_LOG_INFO, "ibv_modify_qp(RTR)", "attempt 1/35, retrying in 10 ms");
+	unit_assert_logged2(RAIL_LOG_INFO, "ibv_modify_qp(RTR)", "succeeded at attempt 2");
+	live_fini(&L);
 }
 
 static void test_fault_post_send(void **state)
@@ -921,6 +949,7 @@ int main(void)
 		cmocka_unit_test(test_fault_reg_mr),
 		cmocka_unit_test(test_fault_create_qp),
 		cmocka_unit_test(test_fault_modify_qp),
+		cmocka_unit_test(test_fault_modify_qp_retried),
 		cmocka_unit_test(test_fault_post_send),
 		cmocka_unit_test(test_fault_post_send_data),
 		cmocka_unit_test(test_eager_mixed),

@@ -5,7 +5,10 @@
 # verbs call, the errno text, the device:port and the peer, and must not hang.
 # Each role is its own process with its own call counts: a connection makes
 # 3 ibv_reg_mr (2 control regions, then the first buffer), 1 ibv_create_qp
-# and 3 ibv_modify_qp (INIT, RTR, RTS) per role.
+# and 3 ibv_modify_qp (INIT, RTR, RTS) per role. A failed ibv_modify_qp of a
+# connection is tried again only after ETIMEDOUT (NCCL_IB_MQP_RETRY_ALL=0),
+# each retry a call of its own: EINVAL fails at once; ETIMEDOUT from the RTR
+# on fails after 1 + NCCL_IB_MQP_RETRY_CNT attempts.
 # rxe-timeout: 300
 set -uo pipefail
 
@@ -32,5 +35,9 @@ expect_named() {
 expect_named "ibv_reg_mr:ENOMEM:3" "ibv_reg_mr" "Cannot allocate memory"
 expect_named "ibv_create_qp:ENOSPC:1" "ibv_create_qp" "No space left on device"
 expect_named "ibv_modify_qp:EINVAL:2" "ibv_modify_qp(RTR)" "Invalid argument"
+export NCCL_IB_MQP_RETRY_CNT=2 NCCL_IB_MQP_RETRY_SLEEP_MSEC=10
+expect_named "ibv_modify_qp:ETIMEDOUT:2+" "ibv_modify_qp(RTR)" \
+    "(1 + NCCL_IB_MQP_RETRY_CNT=2): Connection timed out"
+unset NCCL_IB_MQP_RETRY_CNT NCCL_IB_MQP_RETRY_SLEEP_MSEC
 expect_named "ibv_post_send:EIO:2" "ibv_post_send" "Input/output error"
 exit $((fails > 0))
