@@ -122,7 +122,8 @@ int rail_param_parse(enum rail_param_id id, const char *text, int64_t *out, char
 	const struct rail_param_desc *d = &rail_param_table[id];
 	int64_t v = 0;
 	int err = 0;
-	int is_auto = !strcasecmp(text, "auto");
+	/* NCCL's -2 ("not set: the library decides") is its auto. */
+	int is_auto = !strcasecmp(text, "auto") || !strcmp(text, "-2");
 
 	switch (d->type) {
 	case RAIL_PT_STR:

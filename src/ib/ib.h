@@ -71,6 +71,8 @@
 #define RAIL_IB_MAX_DEVS 64
 #define RAIL_IB_MAX_VDEVS 128
 #define RAIL_IB_NAME_MAX 64
+/* NCCL_IB_AR_THRESHOLD left at auto (NCCL 2.30: -2): NCCL's 8192 bytes. */
+#define RAIL_IB_AR_THRESHOLD_AUTO 8192
 #define RAIL_IB_CQ_POLL 16	/* CQEs per ibv_poll_cq */
 
 /* GPU memory: the ladder decided per HCA at init (ib_ladder.c). */

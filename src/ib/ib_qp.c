@@ -114,7 +114,8 @@ int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send)
 	c->ndevs = v->ndevs;
 	/* NCCL (connect.cc): adaptive routing when every fused device has it. */
 	c->ar = 1;
-	c->ar_threshold = (uint64_t)rail_param_int(RAIL_P_IB_AR_THRESHOLD);
+	c->ar_threshold = rail_param_int(RAIL_P_IB_AR_THRESHOLD) == RAIL_PARAM_AUTO
+		? RAIL_IB_AR_THRESHOLD_AUTO : (uint64_t)rail_param_int(RAIL_P_IB_AR_THRESHOLD);
 	for (int m = 0; m < v->ndevs; m++) {
 		int err;
 

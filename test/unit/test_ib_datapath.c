@@ -119,6 +119,18 @@ static void test_ar_ib_threshold(void **state)
 	F = send_one(ib_dev, 4097);
 	check_ar_form(F, 4097, 1);
 	fake_stop(F);
+	/* -2, NCCL's own default since 2.30.3: 8192, taken without a warning. */
+	setenv("NCCL_IB_AR_THRESHOLD", "-2", 1);
+	unit_log_capture();
+	rail_params_reload();
+	assert_false(unit_log_has(RAIL_LOG_WARN, "NCCL_IB_AR_THRESHOLD"));
+	unit_log_release();
+	F = send_one(ib_dev, 8193);
+	check_ar_form(F, 8193, 1);
+	fake_stop(F);
+	F = send_one(ib_dev, 8192);
+	check_ar_form(F, 8192, 0);
+	fake_stop(F);
 }
 
 /* RoCE: off by default, on when NCCL_IB_ADAPTIVE_ROUTING=1; IB: off with 0. */

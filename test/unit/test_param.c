@@ -221,6 +221,11 @@ static void test_autoint(void **state)
 	expect_ok(RAIL_P_SOCKET_NTHREADS, "Auto", RAIL_PARAM_AUTO);
 	expect_ok(RAIL_P_SOCKET_NTHREADS, "4", 4);
 	expect_ok(RAIL_P_SOCKET_NTHREADS, "16", 16);
+	/* NCCL's -2, "not set", wherever auto is: its default of these variables */
+	expect_ok(RAIL_P_SOCKET_NTHREADS, "-2", RAIL_PARAM_AUTO);
+	expect_ok(RAIL_P_IB_AR_THRESHOLD, "-2", RAIL_PARAM_AUTO);
+	expect_bad(RAIL_P_TCP_MIN_CHUNK, "-2");	/* a size without auto */
+	expect_bad(RAIL_P_IB_ADAPTIVE_ROUTING, "-3");
 	expect_bad(RAIL_P_SOCKET_NTHREADS, "0");
 	expect_bad(RAIL_P_SOCKET_NTHREADS, "17");
 	expect_bad(RAIL_P_SOCKET_NTHREADS, "-1"); /* the auto value itself is not accepted as a number */
