@@ -146,6 +146,7 @@ struct rail_ib_dev {
 	 */
 	int data_direct;
 	int rail, plane;	/* from NCCL_IB_HCA, -1 unset */
+	int plane_bit;		/* its plane's bit in a fused NIC's planeId (plane_bits) */
 	int ar;			/* adaptive routing: NCCL_IB_ADAPTIVE_ROUTING, else IB only */
 	/* async thread: the last port event was PORT_ERR (new connections refused) */
 	atomic_int port_err;
@@ -159,6 +160,7 @@ struct rail_ib_vdev {
 	char name[RAIL_IB_NAME_MAX * 2];
 	int ndevs;
 	int devs[RAIL_MAX_VDEV_DEVS];
+	int plane;		/* v12 planeId: the device's, or fused (vdev_plane) */
 };
 
 /* ---- device table (ib_init.c) ------------------------------------------ */

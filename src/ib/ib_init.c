@@ -271,6 +271,59 @@ static void nccl_ports(void)
 }
 
 /*
+ * v12 planeId of a fused NIC, as NCCL 2.30.7 (init.cc ncclIbGetPlaneIndex,
+ * ncclIbMakeVDeviceInternal): bit 14 marks it fused, and each member sets
+ * its plane's bit: bit 0 for no plane, then one bit per distinct plane in
+ * device order (so the same on identical nodes), at most 12.
+ * NCCL refuses to start its IB transport past that, or for a plane that
+ * has bit 14 set (it would read as a fused NIC); so do we.
+ */
+#define PLANE_FUSED (1 << 14)
+#define PLANE_BITS 13	/* bit 0: no plane; 1..12: the planes */
+
+static int plane_bits(char *why, size_t why_len)
+{
+	int planes[PLANE_BITS] = { -1 }, n = 1;
+
+	for (int i = 0; i < ib.ndev; i++) {
+		struct rail_ib_dev *d = &ib.devs[i];
+		const char *dma = d->data_direct ? "_dma" : "";
+		int b = 0;
+
+		while (b < n && planes[b] != d->plane)
+			b++;
+		if (b == n && n == PLANE_BITS)
+			snprintf(why, why_len, "NCCL_IB_HCA puts %s%s:%d on a 13th distinct plane "
+				 "(%d); a fused NIC's planeId has room for 12", d->hca->name, dma,
+				 d->port, d->plane);
+		else if (b == n && (d->plane & PLANE_FUSED))
+			snprintf(why, why_len, "NCCL_IB_HCA gives %s%s:%d plane %d, which has bit 14 "
+				 "set, the mark of a fused NIC; planes go up to 16383", d->hca->name,
+				 dma, d->port, d->plane);
+		else {
+			if (b == n)
+				planes[n++] = d->plane;
+			d->plane_bit = b;
+			continue;
+		}
+		RAIL_WARN("%s (NCCL refuses the same): the verbs transport is not used", why);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static int vdev_plane(int n, const int *devs)
+{
+	int plane = PLANE_FUSED;
+
+	if (n == 1)
+		return ib.devs[devs[0]].plane;
+	for (int i = 0; i < n; i++)
+		plane |= 1 << ib.devs[devs[i]].plane_bit;
+	return plane;
+}
+
+/*
  * NCCL's sort key (init.cc ncclIbCompareDevs, misc/utils.cc pciPathToInt64):
  * the last component of the device's full PCI path ("0000:1b:00.1") read as
  * one hex number, ':' and '.' skipped, up to the first other character.
@@ -731,10 +784,13 @@ int rail_ib_devices_init(char *why, size_t why_len)
 		return 0;
 	}
 	nccl_ports();
+	if (plane_bits(why, why_len))
+		return 0;
 	oob_fate_check();
 	for (int i = 0; i < ib.ndev; i++) {
 		ib.vdevs[i].ndevs = 1;
 		ib.vdevs[i].devs[0] = i;
+		ib.vdevs[i].plane = ib.devs[i].plane;
 		rail_strlcpy(ib.vdevs[i].name, ib.devs[i].name, sizeof(ib.vdevs[i].name));
 	}
 	atomic_store(&ib.nvdev, ib.ndev);
@@ -772,13 +828,11 @@ static void props_fill_member(struct rail_props *props, const struct rail_ib_dev
 		props->ptr_support = ptr;
 		props->max_comms = d->hca->attr.max_qp;
 		props->rail_id = d->rail;
-		props->plane_id = d->plane;
 	} else {
 		props->ptr_support &= ptr;
 		props->max_comms = RAIL_MIN(props->max_comms, d->hca->attr.max_qp);
 		if (props->rail_id != d->rail)
 			props->rail_id = -1;
-		props->plane_id = -1;
 	}
 	props->speed += d->speed;
 	/* NCCL (init.cc): forceFlush for Data Direct; of a fused NIC, any member's. */
@@ -796,6 +850,7 @@ int rail_ib_get_props(int vdev, struct rail_props *props)
 	props->force_flush = 0;
 	for (int i = 0; i < v->ndevs; i++)
 		props_fill_member(props, &ib.devs[v->devs[i]], i == 0);
+	props->plane_id = v->plane;
 	props->reg_is_global = 1;
 	props->latency = 0;
 	props->max_recvs = RAIL_MAX_RECVS;
@@ -883,9 +938,10 @@ int rail_ib_make_vdevice(int n, const int *devs, int *vdev)
 		off = RAIL_MIN(sizeof(v->name) - 1, off + (size_t)(w > 0 ? w : 0));
 		v->devs[i] = devs[i];
 	}
+	v->plane = vdev_plane(n, devs);
 	atomic_store(&ib.nvdev, idx + 1);
-	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "virtual device %d = %s (%d devices fused)", idx,
-		  v->name, n);
+	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "virtual device %d = %s (%d devices fused, "
+		  "planeId %d)", idx, v->name, n, v->plane);
 	*vdev = idx;
 out:
 	pthread_mutex_unlock(&ib.lock);

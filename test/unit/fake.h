@@ -86,8 +86,8 @@ static inline void fake_write_file(const char *path, const char *text)
 	fclose(f);
 }
 
-/* Start the plugin on the devices `conf` describes. */
-static inline struct fake *fake_start(const char *conf)
+/* The devices `conf` describes and the environment, without starting the plugin. */
+static inline struct fake *fake_prepare(const char *conf)
 {
 	struct fake *F = &fk;
 
@@ -114,6 +114,14 @@ static inline struct fake *fake_start(const char *conf)
 	rail_sysfs_set_root(F->dir);	/* read once per process otherwise */
 	unit_log_capture();
 	fk_live = 1;
+	return F;
+}
+
+/* Start the plugin on the devices `conf` describes. */
+static inline struct fake *fake_start(const char *conf)
+{
+	struct fake *F = fake_prepare(conf);
+
 	assert_int_equal(rail_net_init(&F->ctx, 1, -1, NULL, FAKE_NET_ABI), ncclSuccess);
 	assert_int_equal(rail_net_devices(&F->ndev), ncclSuccess);
 	return F;
