@@ -180,6 +180,8 @@ void rail_ib_describe(char *buf, size_t len);
 int rail_ib_make_vdevice(int n, const int *devs, int *vdev);
 int rail_ib_ndevs_phys(void);
 struct rail_ib_dev *rail_ib_dev_get(int dev);
+/* d's number (NCCL's device index), -1 if d is not in the table. */
+int rail_ib_dev_num(const struct rail_ib_dev *d);
 /* NULL if vdev does not exist. */
 const struct rail_ib_vdev *rail_ib_vdev_get(int vdev);
 /* The OOB address (listen sockets bind it). */
@@ -765,6 +767,12 @@ int rail_ib_comm_qps_connect(struct rail_ib_comm *c, const uint32_t *remote_qpns
 int rail_ib_comm_ece_query(struct rail_ib_comm *c, struct rail_ib_ece *out);
 void rail_ib_local_wire_dev(const struct rail_ib_devres *r, uint32_t rkey,
 			    struct rail_ib_wire_dev *out);
+/*
+ * NCCL_IB_WARN_RAIL_LOCAL=1: one INFO line when the peer's devices (m, its
+ * handshake message) are not the comm's own, by device number: the
+ * connection leaves its rail (NCCL: connect.cc ncclIbCheckVProps).
+ */
+void rail_ib_rail_local_note(const struct rail_ib_comm *c, const struct rail_ib_msg *m);
 /*
  * rail_ib_qp_connect_to and a flight-record note. The move thread, which
  * connects a moving comm's QPs while NCCL's calls (the record's writer) go

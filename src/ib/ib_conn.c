@@ -336,6 +336,7 @@ static void remote_devs(struct rail_ib_comm *c, const struct rail_ib_msg *m)
 {
 	c->remote_ndevs = m->ndevs;
 	memcpy(c->remote, m->devs, sizeof(m->devs[0]) * (size_t)m->ndevs);
+	rail_ib_rail_local_note(c, m);
 }
 
 static int qp_count(int ndevs, int remote_ndevs, int qpd_remote)

@@ -38,6 +38,11 @@ int rail_ib_ndevs_phys(void)
 	return ib.ndev;
 }
 
+int rail_ib_dev_num(const struct rail_ib_dev *d)
+{
+	return d >= ib.devs && d < ib.devs + ib.ndev ? (int)(d - ib.devs) : -1;
+}
+
 struct rail_ib_dev *rail_ib_dev_get(int dev)
 {
 	return dev >= 0 && dev < ib.ndev ? &ib.devs[dev] : NULL;

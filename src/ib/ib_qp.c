@@ -581,8 +581,48 @@ void rail_ib_local_wire_dev(const struct rail_ib_devres *r, uint32_t rkey,
 	out->link_layer = (uint8_t)d->link_layer;
 	out->mtu = (uint8_t)d->mtu;
 	out->gid_index = (uint8_t)r->gid.index;
+	out->devnum = (uint16_t)(rail_ib_dev_num(d) + 1);
 	out->ctrl_rkey = rkey;
 	memcpy(out->gid, r->gid.raw, 16);
+}
+
+/* "n,m,...": device numbers, from 0. */
+static void devnums_str(const int *nums, int n, char *out, size_t len)
+{
+	size_t off = 0;
+
+	out[0] = '\0';
+	for (int i = 0; i < n && off < len; i++) {
+		int w = snprintf(out + off, len - off, "%s%d", i ? "," : "", nums[i]);
+
+		off += w > 0 ? (size_t)w : 0;
+	}
+}
+
+void rail_ib_rail_local_note(const struct rail_ib_comm *c, const struct rail_ib_msg *m)
+{
+	int mine[RAIL_MAX_VDEV_DEVS], theirs[RAIL_MAX_VDEV_DEVS], common = 0;
+	char a[96], b[96];
+
+	if (!rail_param_int(RAIL_P_IB_WARN_RAIL_LOCAL))
+		return;
+	for (int i = 0; i < c->ndevs; i++)
+		mine[i] = rail_ib_dev_num(c->res[i].dev);
+	for (int j = 0; j < m->ndevs; j++) {
+		if (!m->devs[j].devnum)
+			return;	/* a peer that does not say */
+		theirs[j] = m->devs[j].devnum - 1;
+		for (int i = 0; i < c->ndevs; i++)
+			common += mine[i] == theirs[j];
+	}
+	if (common >= RAIL_MAX(c->ndevs, m->ndevs))
+		return;
+	devnums_str(mine, c->ndevs, a, sizeof(a));
+	devnums_str(theirs, m->ndevs, b, sizeof(b));
+	RAIL_INFO(RAIL_LOG_NET, "connection %s peer %s: not the same devices on both sides, "
+		  "local (%s) and remote (%s): it leaves its rail (NCCL_IB_HCA's order and the "
+		  "cabling decide; NCCL_IB_WARN_RAIL_LOCAL=0 silences this)",
+		  c->base.kind == RAIL_COMM_SEND ? "to" : "from", c->peer, a, b);
 }
 
 /* ---- deregistered handles (deregMr in ib_mr.c pushes them on dead_mhs) ---- */

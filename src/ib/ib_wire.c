@@ -101,7 +101,7 @@ int rail_ib_msg_encode(const struct rail_ib_msg *m, uint8_t *buf, size_t len)
 		p[3] = d->link_layer;
 		p[4] = d->mtu;
 		p[5] = d->gid_index;
-		rail_put_u16(p + 6, 0);
+		rail_put_u16(p + 6, d->devnum);
 		rail_put_u32(p + 8, d->ctrl_rkey);
 		memcpy(p + 12, d->gid, 16);
 	}
@@ -161,6 +161,7 @@ static int decode_devs(const uint8_t *p, struct rail_ib_msg *m, char *why, size_
 		d->link_layer = p[3];
 		d->mtu = p[4];
 		d->gid_index = p[5];
+		d->devnum = rail_get_u16(p + 6);
 		d->ctrl_rkey = rail_get_u32(p + 8);
 		memcpy(d->gid, p + 12, 16);
 		if (d->mtu < 1 || d->mtu > 5 || d->link_layer < 1 || d->link_layer > 2) {

@@ -12,8 +12,8 @@
  *   u64 nonce, u8 ndevs, u8 qps_per_dev, u8 tc, u8 sl, u16 nqps, u16 flags,
  *   u64 ctrl_addr, u32 refuse_code,
  *   u64 eager_addr, u64 aux_addr, u32 eager_slot_bytes, u16 eager_slots, u16 0,
- *   ndevs x {u16 lid, u8 port, u8 link_layer, u8 mtu, u8 gid_index, u16 0,
- *            u32 ctrl_rkey, u8 gid[16]},
+ *   ndevs x {u16 lid, u8 port, u8 link_layer, u8 mtu, u8 gid_index,
+ *            u16 devnum, u32 ctrl_rkey, u8 gid[16]},
  *   nqps x u32 qpn, u8 text_len, text,
  *   u8 nece (0 or ndevs), nece x {u32 vendor_id, u32 options, u32 comp_mask}.
  * ACCEPT: eager_addr = the receiver's eager ring (eager_slots slots of
@@ -121,6 +121,7 @@ struct rail_ib_wire_dev {
 	uint8_t link_layer;
 	uint8_t mtu;		/* enum ibv_mtu */
 	uint8_t gid_index;
+	uint16_t devnum;	/* its side's device number + 1; 0: unknown (older peers sent 0) */
 	uint32_t ctrl_rkey;
 	uint8_t gid[16];
 };

@@ -47,6 +47,7 @@ static const char *const fake_vars[] = {
 	"NCCL_RAIL_IB_EAGER", "NCCL_IB_SL", "NCCL_IB_PCI_RELAXED_ORDERING",
 	"NCCL_RAIL_IB_EAGER_ORDER", "NCCL_RAIL_MLX5_LIB", "NCCL_IB_DATA_DIRECT",
 	"NCCL_IB_TC", "NCCL_IB_FIFO_TC", "NCCL_IB_DEVICE_PCI_ORDER", "NCCL_IB_HCA",
+	"NCCL_IB_WARN_RAIL_LOCAL",
 };
 
 static inline int fake_find_lib(void)

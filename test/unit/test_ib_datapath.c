@@ -382,6 +382,43 @@ static void test_ece_off(void **state)
 	fake_stop(F);
 }
 
+/*
+ * NCCL_IB_WARN_RAIL_LOCAL=1 (NCCL connect.cc ncclIbCheckVProps): one INFO
+ * line when the two sides' NICs, as device numbers, are not the same set:
+ * a connection that leaves its rail.
+ */
+static void test_warn_rail_local(void **state)
+{
+	static const char *const line = "not the same devices";
+	struct fake *F;
+	int devs[2] = { 0, 1 }, v = -1;
+
+	(void)state;
+	F = fake_start(ece_2dev);	/* unset: nothing said */
+	fake_connect(F, 0, 1, -1);
+	assert_false(unit_log_has(RAIL_LOG_INFO, line));
+	fake_stop(F);
+	setenv("NCCL_IB_WARN_RAIL_LOCAL", "1", 1);
+	F = fake_start(ece_2dev);	/* one rail: nothing said */
+	fake_connect(F, 1, 1, -1);
+	assert_false(unit_log_has(RAIL_LOG_INFO, line));
+	fake_stop(F);
+	setenv("NCCL_IB_WARN_RAIL_LOCAL", "1", 1);	/* fake_stop unset it */
+	F = fake_start(ece_2dev);	/* device 1 to device 0: both sides say it */
+	fake_connect(F, 0, 1, -1);
+	assert_int_equal(unit_log_count2(RAIL_LOG_INFO, line, "local (1) and remote (0)"), 1);
+	assert_int_equal(unit_log_count2(RAIL_LOG_INFO, line, "local (0) and remote (1)"), 1);
+	assert_true(unit_log_has(RAIL_LOG_INFO, "NCCL_IB_WARN_RAIL_LOCAL=0"));
+	fake_stop(F);
+	setenv("NCCL_IB_WARN_RAIL_LOCAL", "1", 1);
+	F = fake_start(ece_2dev);	/* a fused NIC of 0 and 1 to device 1 */
+	assert_int_equal(rail_net_make_vdevice(&v, 2, devs, 8), ncclSuccess);
+	fake_connect(F, 1, v, -1);
+	assert_int_equal(unit_log_count2(RAIL_LOG_INFO, line, "local (0,1) and remote (1)"), 1);
+	assert_int_equal(fake_xfer(F, sbuf, NULL, 0, rbuf, NULL, 0, 1), 0);
+	fake_stop(F);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -389,6 +426,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_ar_ib_threshold, fake_teardown),
 		cmocka_unit_test_teardown(test_ar_variable, fake_teardown),
 		cmocka_unit_test_teardown(test_fused_striped, fake_teardown),
+		cmocka_unit_test_teardown(test_warn_rail_local, fake_teardown),
 		cmocka_unit_test_teardown(test_fused_small, fake_teardown),
 		cmocka_unit_test_teardown(test_small_gpu_send_no_wait, fake_teardown),
 		cmocka_unit_test_teardown(test_ece_negotiated, fake_teardown),

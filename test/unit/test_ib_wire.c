@@ -36,6 +36,7 @@ static struct rail_ib_msg sample(int type)
 		m.devs[i].link_layer = 2;
 		m.devs[i].mtu = 3;
 		m.devs[i].gid_index = (uint8_t)i;
+		m.devs[i].devnum = (uint16_t)(4 - i);	/* device 3, then 2 (+ 1) */
 		m.devs[i].ctrl_rkey = 0x1000u + (uint32_t)i;
 		m.devs[i].gid[10] = m.devs[i].gid[11] = 0xff;
 		m.devs[i].gid[15] = (uint8_t)(1 + i);
