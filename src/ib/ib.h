@@ -32,6 +32,7 @@
  *   1.2  ib_async    the async-event thread of an HCA (finds its devices)
  *   1.2  ib_report   what rail-info prints about the verbs side
  *   1.3  ib_move_rules  where a moving comm's member goes: home, a survivor, the fallback
+ *   1.4  ib_subnet   a new connection's device on the peer's subnet (NCCL_IB_SUBNET_AWARE_ROUTING)
  *   2.0  ib_qp       layer 2, a comm's resources: CQs, control regions, QPs
  *   2.0  ib_mr       the registration cache of an HCA, regMr and deregMr
  *   2.1  ib_flush    the self-connected QP: flushes and loopback copies

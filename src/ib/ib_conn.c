@@ -36,6 +36,7 @@
 
 #include "handle.h"
 #include "ib/ib.h"
+#include "ib/ib_subnet.h"
 #include "log.h"
 #include "param.h"
 #include "rail.h"
@@ -545,7 +546,8 @@ static int connect_start(int vdev, const struct rail_conn_opts *opts, const void
 		snprintf(hs->release_note, sizeof(hs->release_note), " (the listener runs "
 			 "nccl-net-rail %s, this node %s: use one release on every node)", h.release,
 			 RAIL_VERSION_STRING);
-	hs->comm = comm_new(vdev, 1, hs->peer, &err);
+	/* NCCL_IB_SUBNET_AWARE_ROUTING: on the listener's subnet (ib_subnet.c) */
+	hs->comm = comm_new(rail_ib_subnet_connect_dev(vdev, &h, hs->peer), 1, hs->peer, &err);
 	if (hs->comm)
 		err = rail_sock_connect_start(&h.addr, &hs->fd);
 	if (err) {
@@ -699,7 +701,9 @@ static int receiver_on_hello(struct rail_ib_hs *hs, uint64_t nonce, const struct
 	}
 	hs->hello_ok = 1;
 	hs->peer_failover = !!(m->flags & RAIL_IB_FLAG_FAILOVER);
-	hs->comm = c = comm_new(hs->vdev, 0, hs->peer, &err);
+	/* NCCL_IB_SUBNET_AWARE_ROUTING: on the connector's subnet (ib_subnet.c) */
+	hs->comm = c = comm_new(rail_ib_subnet_accept_dev(hs->vdev, m, hs->peer), 0, hs->peer,
+				&err);
 	if (!c)
 		return err;
 	if (check_link_layers(c, m, why, sizeof(why)))
@@ -928,6 +932,7 @@ int rail_ib_listen(int dev, void *handle, struct rail_comm **listen_comm)
 	l->nonce = rail_random64();
 	h.transport = RAIL_TRANSPORT_IB;
 	h.nonce = l->nonce;
+	rail_ib_subnet_handle(dev, &h);	/* NCCL_IB_SUBNET_AWARE_ROUTING */
 	err = rail_handle_encode(&h, handle, RAIL_HANDLE_SIZE);
 	if (err) {
 		close(l->fd);
