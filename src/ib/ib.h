@@ -32,6 +32,7 @@
  *   1.2  ib_async    the async-event thread of an HCA (finds its devices)
  *   1.2  ib_report   what rail-info prints about the verbs side
  *   1.3  ib_move_rules  where a moving comm's member goes: home, a survivor, the fallback
+ *   1.4  ib_subnet   a new connection's device on the peer's subnet (NCCL_IB_SUBNET_AWARE_ROUTING)
  *   2.0  ib_qp       layer 2, a comm's resources: CQs, control regions, QPs
  *   2.0  ib_mr       the registration cache of an HCA, regMr and deregMr
  *   2.1  ib_flush    the self-connected QP: flushes and loopback copies
@@ -43,7 +44,8 @@
  *   4.1  ib_recv     the receive side: irecv, CTS writes, answers
  *   4.2  ib_move     a comm's move to another path (failover, docs/FAILOVER.md)
  *   4.3  ib_move_thread  the thread driving the moves of comms NCCL does not call
- *   5.0  ib_conn     layer 5, connection setup: handshake, comms, close
+ *   5.0  ib_conn     layer 5, connection setup: handshake, comms, the listen comm's close
+ *   5.1  ib_close    closing a send or receive comm: the last sends drained, a move settled
  *   6.0  ib_ops      layer 6, the ops table (src/transport.c); init and fini
  *
  *   allow  ib_verbs -> ib_fault  one unit: unloading the table disarms its faults
@@ -1100,10 +1102,12 @@ int rail_ib_listen(int dev, void *handle, struct rail_comm **listen_comm);
 int rail_ib_connect(int dev, const struct rail_conn_opts *opts, void *handle,
 		    struct rail_comm **send_comm);
 int rail_ib_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm);
-int rail_ib_close_send(struct rail_comm *comm);
-int rail_ib_close_recv(struct rail_comm *comm);
 int rail_ib_close_listen(struct rail_comm *comm);
 void rail_ib_comm_free(struct rail_ib_comm *c);
+
+/* ib_close.c */
+int rail_ib_close_send(struct rail_comm *comm);
+int rail_ib_close_recv(struct rail_comm *comm);
 
 /* ib_ops.c: test, the op both sides share */
 int rail_ib_test(struct rail_req *req, int *done, size_t *sizes);

@@ -36,6 +36,7 @@
 
 #include "handle.h"
 #include "ib/ib.h"
+#include "ib/ib_subnet.h"
 #include "log.h"
 #include "param.h"
 #include "rail.h"
@@ -546,7 +547,8 @@ static int connect_start(int vdev, const struct rail_conn_opts *opts, const void
 		snprintf(hs->release_note, sizeof(hs->release_note), " (the listener runs "
 			 "nccl-net-rail %s, this node %s: use one release on every node)", h.release,
 			 RAIL_VERSION_STRING);
-	hs->comm = comm_new(vdev, 1, hs->peer, &err);
+	/* NCCL_IB_SUBNET_AWARE_ROUTING: on the listener's subnet (ib_subnet.c) */
+	hs->comm = comm_new(rail_ib_subnet_connect_dev(vdev, &h, hs->peer), 1, hs->peer, &err);
 	if (hs->comm)
 		err = rail_sock_connect_start(&h.addr, &hs->fd);
 	if (err) {
@@ -700,7 +702,9 @@ static int receiver_on_hello(struct rail_ib_hs *hs, uint64_t nonce, const struct
 	}
 	hs->hello_ok = 1;
 	hs->peer_failover = !!(m->flags & RAIL_IB_FLAG_FAILOVER);
-	hs->comm = c = comm_new(hs->vdev, 0, hs->peer, &err);
+	/* NCCL_IB_SUBNET_AWARE_ROUTING: on the connector's subnet (ib_subnet.c) */
+	hs->comm = c = comm_new(rail_ib_subnet_accept_dev(hs->vdev, m, hs->peer), 0, hs->peer,
+				&err);
 	if (!c)
 		return err;
 	if (check_link_layers(c, m, why, sizeof(why)))
@@ -929,6 +933,7 @@ int rail_ib_listen(int dev, void *handle, struct rail_comm **listen_comm)
 	l->nonce = rail_random64();
 	h.transport = RAIL_TRANSPORT_IB;
 	h.nonce = l->nonce;
+	rail_ib_subnet_handle(dev, &h);	/* NCCL_IB_SUBNET_AWARE_ROUTING */
 	err = rail_handle_encode(&h, handle, RAIL_HANDLE_SIZE);
 	if (err) {
 		close(l->fd);
@@ -950,98 +955,5 @@ int rail_ib_close_listen(struct rail_comm *comm)
 	close(l->fd);
 	rail_comm_fini(&l->base);
 	free(l);
-	return 0;
-}
-
-/*
- * Sends completed early (inline or eager) may still sit in the send queue:
- * let them reach the peer before the QPs go, or the receiver would wait
- * forever for a message the sender already reported done. Bounded, since a
- * dead peer never acknowledges, and over as soon as the receiver has closed:
- * its QP is gone, so the hardware retries our writes for seconds, and NCCL
- * closes hundreds of comms at teardown. 1 when a move came due meanwhile
- * (the path failed under those writes, or the peer moves): the caller
- * finishes it, then drains again.
- */
-static int send_drain(struct rail_ib_comm *c)
-{
-	uint64_t deadline = rail_now_ns() + 1000000000ull;
-	unsigned turns = 0;
-
-	/* The last writes may have gone unsignaled (rail_ib_ctl_write): one signaled write each. */
-	for (int i = 0; i < c->nqps && !c->error; i++)
-		if (c->qps[i].sq_posted != c->qps[i].sq_retired && rail_ib_sq_mark(c, i))
-			return 0;
-	while (!c->error) {
-		int left = 0;
-
-		for (int i = 0; i < c->nqps && !left; i++)
-			left = c->qps[i].sq_posted != c->qps[i].sq_retired;
-		if (!left)
-			return 0;
-		if ((++turns & 63) == 0 && rail_ib_oob_peek(c))
-			return 0;
-		/* the path failed under these writes, or the peer moves: a move first */
-		if (c->path_failed || ((turns & 63) == 0 && rail_ib_move_close_due(c)))
-			return 1;
-		if (rail_now_ns() > deadline) {
-			RAIL_INFO(RAIL_LOG_NET, "closing the connection to peer %s with inline sends "
-				  "still unacknowledged after 1 s", c->peer);
-			return 0;
-		}
-		if (rail_ib_poll(c))
-			return 0;
-	}
-	return 0;
-}
-
-/* The move thread's end of a close (or without it, here): drained, a move the drain found first. */
-static void send_finish(struct rail_ib_comm *c)
-{
-	for (int i = 0; i < 3 && !c->mv && send_drain(c); i++)
-		(void)rail_ib_move_settle(c, "closeSend");
-	rail_ib_comm_free(c);
-}
-
-/*
- * A comm closed during a move, or with one due, or with lost pieces still
- * to write (sends NCCL was told were done may sit in the failed path; the
- * peer's move needs this side): the move thread finishes it, then finish
- * frees it; close returns at once (NCCL's proxy thread never waits for a
- * move's RTR). Without the thread, here, bounded. 0: the caller frees.
- */
-static int close_settle(struct rail_ib_comm *c, const char *call,
-			void (*finish)(struct rail_ib_comm *c))
-{
-	if (rail_ib_move_settle_step(c, call))
-		return 0;
-	if (rail_ib_move_close(c, finish)) {
-		rail_comm_closed(&c->base);	/* closed to NCCL (finalize): freed by the thread */
-		rail_guard_owner_out(&c->base);	/* close held it: the thread takes it now */
-		return 1;
-	}
-	(void)rail_ib_move_settle(c, call);
-	return 0;
-}
-
-int rail_ib_close_send(struct rail_comm *comm)
-{
-	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
-
-	if (close_settle(c, "closeSend", send_finish))
-		return 0;
-	if (c->mv || !send_drain(c))
-		rail_ib_comm_free(c);
-	else if (!close_settle(c, "closeSend", send_finish))
-		send_finish(c);
-	return 0;
-}
-
-int rail_ib_close_recv(struct rail_comm *comm)
-{
-	struct rail_ib_comm *c = (struct rail_ib_comm *)comm;
-
-	if (!close_settle(c, "closeRecv", rail_ib_comm_free))
-		rail_ib_comm_free(c);
 	return 0;
 }

@@ -88,14 +88,23 @@ static int in_range(const struct rail_ib_gid_entry *e, const struct rail_ib_gid_
 	return prefix_match(e->raw, p->range_addr, p->range_bits);
 }
 
-static void classify(struct rail_ib_gid_entry *e)
+int rail_ib_gid_is_v4(const uint8_t raw[16])
+{
+	return !memcmp(raw, v4_prefix, sizeof(v4_prefix));
+}
+
+int rail_ib_gid_valid(const uint8_t raw[16])
 {
 	static const uint8_t zero[16];
 
-	e->family = memcmp(e->raw, v4_prefix, sizeof(v4_prefix)) ? AF_INET6 : AF_INET;
-	e->valid = memcmp(e->raw, zero, 16) != 0 &&
-		   !(e->raw[0] == 0xfe && (e->raw[1] & 0xc0) == 0x80 &&
-		     !memcmp(e->raw + 2, zero, 6));
+	return memcmp(raw, zero, 16) != 0 &&
+	       !(raw[0] == 0xfe && (raw[1] & 0xc0) == 0x80 && !memcmp(raw + 2, zero, 6));
+}
+
+static void classify(struct rail_ib_gid_entry *e)
+{
+	e->family = rail_ib_gid_is_v4(e->raw) ? AF_INET : AF_INET6;
+	e->valid = rail_ib_gid_valid(e->raw);
 }
 
 static int read_type(const char *dev, int port, int index, int *version)
@@ -290,21 +299,35 @@ static int if_prefix(int family, const uint8_t *a)
 	return bits;
 }
 
-void rail_ib_gid_net(const uint8_t raw[16], int infiniband, struct rail_ib_gid_net *out)
+/* out: raw's first bits bits (over the 16 bytes), the rest cleared. */
+static void net_set(const uint8_t raw[16], int bits, int assumed, struct rail_ib_gid_net *out)
 {
-	int v4 = !infiniband && !memcmp(raw, v4_prefix, sizeof(v4_prefix));
-	int bits = infiniband ? 64 : if_prefix(v4 ? AF_INET : AF_INET6, v4 ? raw + 12 : raw);
-
-	out->assumed = bits < 0;
-	if (bits < 0)
-		bits = v4 ? 24 : 64;
-	out->bits = v4 ? 96 + bits : bits;
+	out->assumed = assumed;
+	out->bits = bits;
 	memset(out->raw, 0, sizeof(out->raw));
 	for (int k = 0; k < 16; k++) {
-		int b = out->bits - 8 * k;
+		int b = bits - 8 * k;
 
 		out->raw[k] = b >= 8 ? raw[k] : b > 0 ? (uint8_t)(raw[k] & (0xff << (8 - b))) : 0;
 	}
+}
+
+void rail_ib_gid_net(const uint8_t raw[16], int infiniband, struct rail_ib_gid_net *out)
+{
+	int v4 = !infiniband && rail_ib_gid_is_v4(raw);
+	int bits = infiniband ? 64 : if_prefix(v4 ? AF_INET : AF_INET6, v4 ? raw + 12 : raw);
+	int assumed = bits < 0;
+
+	if (assumed)
+		bits = v4 ? 24 : 64;
+	net_set(raw, v4 ? 96 + bits : bits, assumed, out);
+}
+
+void rail_ib_gid_routing_net(const uint8_t raw[16], int v4_bits, struct rail_ib_gid_net *out)
+{
+	int v4 = rail_ib_gid_is_v4(raw);
+
+	net_set(raw, v4 ? 96 + v4_bits : 64, 0, out);
 }
 
 int rail_ib_gid_in_net(const struct rail_ib_gid_net *n, const uint8_t raw[16])

@@ -69,6 +69,11 @@ void rail_ib_gid_choose(const struct rail_ib_gid_entry *tab, int n,
  */
 int rail_ib_gid_select(const char *dev, int port, int tbl_len, struct rail_ib_gid_choice *out);
 
+/* 1 for an IPv4-mapped GID (::ffff:a.b.c.d). */
+int rail_ib_gid_is_v4(const uint8_t raw[16]);
+/* 1 unless all-zero or link-local (fe80::/64): NCCL's validGid. */
+int rail_ib_gid_valid(const uint8_t raw[16]);
+
 /* "::ffff:192.0.2.1" style text of a raw GID. */
 const char *rail_ib_gid_str(const uint8_t raw[16], char *buf, size_t len);
 
@@ -88,6 +93,12 @@ struct rail_ib_gid_net {
 };
 
 void rail_ib_gid_net(const uint8_t raw[16], int infiniband, struct rail_ib_gid_net *out);
+/*
+ * The subnet NCCL_IB_SUBNET_AWARE_ROUTING compares (NCCL's rule, connect.cc
+ * gidSameSubnet): an IPv4-mapped GID's address under v4_bits
+ * (NCCL_IB_SUBNET_PREFIX_LEN, 1..32), any other GID's first 64 bits.
+ */
+void rail_ib_gid_routing_net(const uint8_t raw[16], int v4_bits, struct rail_ib_gid_net *out);
 /* 1 if raw is on the network n. */
 int rail_ib_gid_in_net(const struct rail_ib_gid_net *n, const uint8_t raw[16]);
 /* "192.0.4.0/24", "fd00:1::/64" (IPv6 and InfiniBand prefixes). */

@@ -622,3 +622,20 @@ void rail_ib_credit_decode(const uint8_t *p, uint32_t *consumed, uint16_t *want_
 	*want_ack = rail_get_u16(b + 4);
 	*flags = rail_get_u16(b + 6);
 }
+
+/* ---- the handle's payload ------------------------------------------------ */
+
+size_t rail_ib_handle_gids_encode(const uint8_t (*gids)[16], int n, uint8_t *payload)
+{
+	n = RAIL_MAX(0, RAIL_MIN(n, RAIL_IB_HANDLE_GIDS));
+	memcpy(payload, gids, 16 * (size_t)n);
+	return 16 * (size_t)n;
+}
+
+int rail_ib_handle_gids_decode(const uint8_t *payload, size_t len, uint8_t (*gids)[16])
+{
+	if (len % 16 || len > 16 * RAIL_IB_HANDLE_GIDS)
+		return -EBADMSG;
+	memcpy(gids, payload, len);
+	return (int)(len / 16);
+}

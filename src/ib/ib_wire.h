@@ -354,4 +354,17 @@ void rail_ib_credit_encode(uint32_t consumed, uint16_t want_ack, uint16_t flags,
 void rail_ib_credit_decode(const uint8_t *p, uint32_t *consumed, uint16_t *want_ack,
 			   uint16_t *flags);
 
+/*
+ * The connection handle's payload (handle.h, outside this wire's version):
+ * n x 16 bytes, the GIDs of the listener's RoCE ports (at most
+ * RAIL_IB_HANDLE_GIDS, NCCL's two) with NCCL_IB_SUBNET_AWARE_ROUTING on, for
+ * the connector's choice of device (ib_subnet.c); empty otherwise, and from
+ * releases before it.
+ */
+#define RAIL_IB_HANDLE_GIDS 2
+/* Writes min(n, RAIL_IB_HANDLE_GIDS) GIDs; returns the payload's length. */
+size_t rail_ib_handle_gids_encode(const uint8_t (*gids)[16], int n, uint8_t *payload);
+/* The number of GIDs, or -EBADMSG for a length that is not 16 x 0..RAIL_IB_HANDLE_GIDS. */
+int rail_ib_handle_gids_decode(const uint8_t *payload, size_t len, uint8_t (*gids)[16]);
+
 #endif

@@ -2,9 +2,9 @@
  * libFuzzer target: every decoder of bytes a verbs peer sends or writes
  * (src/ib/ib_wire.c): the handshake header and message, a clear-to-send
  * entry, the immediate, a completion record, the eager trailer, the want
- * and credit words. The first bytes pick the expected sequence numbers. A
- * decoded handshake message re-encodes to bytes that decode and encode
- * the same again.
+ * and credit words, a handle's payload of GIDs. The first bytes pick the
+ * expected sequence numbers. A decoded handshake message re-encodes to
+ * bytes that decode and encode the same again.
  */
 #include <stdint.h>
 #include <string.h>
@@ -39,7 +39,7 @@ static void fuzz_msg(const uint8_t *data, size_t size)
 /* The fixed-size records, from a zero-padded copy of the input. */
 static void fuzz_records(const uint8_t *data, size_t size)
 {
-	uint8_t b[RAIL_IB_CTS_SIZE + 4 * 64];
+	uint8_t b[RAIL_IB_CTS_SIZE + 4 * 64], gids[RAIL_IB_HANDLE_GIDS][16];
 	uint32_t sizes[64], seq, consumed;
 	struct rail_ib_cts c;
 	struct rail_ib_eager_hdr e;
@@ -61,6 +61,7 @@ static void fuzz_records(const uint8_t *data, size_t size)
 				   sizeof(why));
 	(void)rail_ib_want_decode(b, rail_get_u32(b + 12), &w);
 	rail_ib_credit_decode(b, &consumed, &ack, &flags);
+	(void)rail_ib_handle_gids_decode(b, b[2] % 64, gids);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)

@@ -269,6 +269,57 @@ static void test_gid_net(void **state)
 	assert_string_equal(rail_ib_gid_net_str(&n, t, sizeof(t)), "127.0.0.0/8");
 }
 
+/*
+ * The subnet of NCCL_IB_SUBNET_AWARE_ROUTING (ib_subnet.c): IPv4-mapped
+ * GIDs under the prefix length given, whatever the interfaces say (the
+ * loopback's /8 is not used); IPv6 ones by their first 64 bits. And
+ * NCCL's validGid.
+ */
+static void test_gid_routing_net(void **state)
+{
+	struct rail_ib_gid_net n;
+	uint8_t a[16], b[16];
+	char t[80];
+
+	(void)state;
+	gid_of("::ffff:127.0.0.1", a);
+	rail_ib_gid_routing_net(a, 24, &n);
+	assert_int_equal(n.assumed, 0);
+	assert_string_equal(rail_ib_gid_net_str(&n, t, sizeof(t)), "127.0.0.0/24");
+	gid_of("::ffff:127.0.1.1", b);
+	assert_false(rail_ib_gid_in_net(&n, b));
+	rail_ib_gid_routing_net(a, 16, &n);
+	assert_true(rail_ib_gid_in_net(&n, b));
+	rail_ib_gid_routing_net(a, 32, &n);
+	assert_string_equal(rail_ib_gid_net_str(&n, t, sizeof(t)), "127.0.0.1/32");
+	gid_of("::ffff:127.0.0.2", b);
+	assert_false(rail_ib_gid_in_net(&n, b));
+	rail_ib_gid_routing_net(a, 1, &n);
+	gid_of("::ffff:100.0.0.1", b);
+	assert_true(rail_ib_gid_in_net(&n, b));
+	gid_of("::ffff:128.0.0.1", b);
+	assert_false(rail_ib_gid_in_net(&n, b));
+	/* IPv6: 64 bits, the prefix length has no part */
+	gid_of("fd00:1:2:3::1", a);
+	rail_ib_gid_routing_net(a, 8, &n);
+	assert_string_equal(rail_ib_gid_net_str(&n, t, sizeof(t)), "fd00:1:2:3::/64");
+	gid_of("fd00:1:2:3:ffff::9", b);
+	assert_true(rail_ib_gid_in_net(&n, b));
+	gid_of("fd00:1:2:4::1", b);
+	assert_false(rail_ib_gid_in_net(&n, b));
+	/* valid: neither all-zero nor link-local */
+	gid_of("::", a);
+	assert_false(rail_ib_gid_valid(a));
+	gid_of("fe80::1", a);
+	assert_false(rail_ib_gid_valid(a));
+	gid_of("fe80:0:0:1::1", a);
+	assert_true(rail_ib_gid_valid(a));
+	gid_of("::ffff:10.0.0.1", a);
+	assert_true(rail_ib_gid_valid(a) && rail_ib_gid_is_v4(a));
+	gid_of("fd00::1", a);
+	assert_true(rail_ib_gid_valid(a) && !rail_ib_gid_is_v4(a));
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -285,6 +336,7 @@ int main(void)
 		cmocka_unit_test_setup_teardown(test_choose_pure, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_range_parse, setup, teardown),
 		cmocka_unit_test_setup_teardown(test_gid_net, setup, teardown),
+		cmocka_unit_test_setup_teardown(test_gid_routing_net, setup, teardown),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);

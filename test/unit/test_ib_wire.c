@@ -583,6 +583,23 @@ static void test_want_credit(void **state)
 		    flags == (RAIL_IB_CREDIT_READY | RAIL_IB_CREDIT_SAFE));
 }
 
+/* The handle's payload: the listener's GIDs (NCCL_IB_SUBNET_AWARE_ROUTING), at most two. */
+static void test_handle_gids(void **state)
+{
+	uint8_t in[3][16], out[RAIL_IB_HANDLE_GIDS][16], payload[64];
+
+	(void)state;
+	for (int i = 0; i < 3; i++)
+		memset(in[i], 0x11 * (i + 1), 16);
+	assert_int_equal(rail_ib_handle_gids_encode(in, 3, payload), 32);
+	assert_int_equal(rail_ib_handle_gids_decode(payload, 32, out), 2);
+	assert_memory_equal(out, in, 32);
+	assert_int_equal(rail_ib_handle_gids_encode(in, 0, payload), 0);
+	assert_int_equal(rail_ib_handle_gids_decode(payload, 0, out), 0);
+	assert_int_equal(rail_ib_handle_gids_decode(payload, 17, out), -EBADMSG);
+	assert_int_equal(rail_ib_handle_gids_decode(payload, 48, out), -EBADMSG);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -593,7 +610,7 @@ int main(void)
 		cmocka_unit_test(test_sizes),		  cmocka_unit_test(test_eager_trailer),
 		cmocka_unit_test(test_eager_fuzz),	  cmocka_unit_test(test_want_credit),
 		cmocka_unit_test(test_ll),		  cmocka_unit_test(test_msg_move),
-		cmocka_unit_test(test_msg_probe),
+		cmocka_unit_test(test_msg_probe),	  cmocka_unit_test(test_handle_gids),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
