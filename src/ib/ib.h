@@ -122,7 +122,11 @@ struct rail_ib_dev {
 	enum ibv_mtu mtu;	/* active */
 	uint16_t lid;
 	uint8_t port_flags;	/* ibv_port_attr.flags: IBV_QPF_GRH_REQUIRED */
-	int speed;		/* Mbps */
+	/*
+	 * Mbps, what getProperties reports: read at init, again by the async
+	 * thread on DEVICE_SPEED_CHANGE and PORT_ACTIVE (rail_ib_port_speed_read).
+	 */
+	atomic_int speed;
 	int gid_tbl_len;
 	/*
 	 * The GID chosen at init, updated by the async thread on GID_CHANGE
@@ -203,10 +207,18 @@ struct rail_ib_port_info {
 		struct ibv_port_attr attr;
 		struct rail_port_attr attr_ext;	/* with active_speed_ex */
 	};
-	int speed;		/* Mbps, rail_ib_port_mbps */
+	int speed;		/* Mbps, by NCCL's rule (ib_init.c port_mbps) */
 	int kept;
 	char why[160];		/* why not kept */
 };
+/*
+ * The port's speed now, by init's rule (NCCL's: ibv_query_port_speed, else
+ * the table), in *mbps, and its state (enum ibv_port_state) in *state; 0 or
+ * a negative errno (ibv_query_port failed).
+ */
+int rail_ib_port_speed_read(struct ibv_context *ctx, int port, int *mbps, int *state);
+/* "DOWN", "ACTIVE", ... for an enum ibv_port_state. */
+const char *rail_ib_port_state_str(int state);
 /* Query one port and decide whether to use it (state, link layer, NCCL_IB_HCA). */
 int rail_ib_port_check(struct ibv_context *ctx, const char *hca, int port,
 		       struct rail_ib_port_info *out, const struct rail_match_entry **entry);

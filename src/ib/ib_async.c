@@ -21,6 +21,11 @@
  * re-selects the port's GID by the same rules and says old -> new (INFO),
  * or warns that no usable GID is left.
  *
+ * DEVICE_SPEED_CHANGE (a RoCE LAG member down or up; Linux 6.19) and
+ * PORT_ACTIVE read the port's speed again, so that getProperties reports
+ * the speed now (a drop is a WARN). The QP error events' WARN carries the
+ * QP's state and PSNs (ibv_query_qp), as NCCL 2.30's does.
+ *
  * The thread waits in poll() on the async fd and a wake pipe, so fini
  * stops it at once. After an event that may start or end a move it wakes
  * the move thread (the hook that thread sets: it is above this layer).
@@ -60,32 +65,140 @@ static struct rail_ib_dev *port_dev(struct rail_ib_hca *hca, int port)
 	return port_dev_next(hca, port, &i);
 }
 
+/*
+ * What ibv_query_qp says of a QP an error event named, as NCCL 2.30 puts in
+ * its WARN (state, sq_psn, rq_psn), with the peer's QP number; *port is the
+ * QP's port, 0 when unknown. The event is not acked yet, so the QP cannot
+ * be destroyed meanwhile (ibv_destroy_qp waits for it).
+ */
+static void qp_describe(struct ibv_qp *qp, int *port, char *buf, size_t len)
+{
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	int ret;
+
+	*port = 0;
+	if (!rail_ibv.query_qp) {
+		snprintf(buf, len, "state unknown: libibverbs lacks ibv_query_qp");
+		return;
+	}
+	memset(&a, 0, sizeof(a));
+	ret = rail_ibv.query_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_RQ_PSN |
+				IBV_QP_PORT | IBV_QP_DEST_QPN, &ia);
+	if (ret) {
+		snprintf(buf, len, "state unknown: ibv_query_qp failed: %s",
+			 RAIL_ERRSTR(-rail_verbs_err(ret)));
+		return;
+	}
+	*port = a.port_num;
+	snprintf(buf, len, "state=%s sq_psn=%u rq_psn=%u, remote qp 0x%x",
+		 rail_ibv_qp_state_str((int)a.qp_state), a.sq_psn, a.rq_psn, a.dest_qp_num);
+}
+
+static const char *qp_event_name(enum ibv_event_type t)
+{
+	return t == IBV_EVENT_QP_FATAL ? "QP_FATAL" : t == IBV_EVENT_QP_REQ_ERR ? "QP_REQ_ERR"
+						  : "QP_ACCESS_ERR";
+}
+
 static void on_qp_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 {
 	struct ibv_qp *qp = ev->element.qp;
 	struct rail_ib_comm *c = qp->qp_context;
+	enum ibv_event_type t = ev->event_type;
+	char at[RAIL_IB_NAME_MAX + 16], st[128];
+	int port;
 
-	if (!c || (ev->event_type != IBV_EVENT_QP_FATAL && ev->event_type != IBV_EVENT_QP_REQ_ERR &&
-		   ev->event_type != IBV_EVENT_QP_ACCESS_ERR)) {	/* !c: a probe's (ib_probe.c) */
+	if (!c || (t != IBV_EVENT_QP_FATAL && t != IBV_EVENT_QP_REQ_ERR &&
+		   t != IBV_EVENT_QP_ACCESS_ERR)) {	/* !c: a probe's (ib_probe.c) */
 		RAIL_INFO(RAIL_LOG_NET, "%s: async event %s on qp 0x%x", hca->name,
-			  rail_ibv_event_str(ev->event_type), qp->qp_num);
+			  rail_ibv_event_str(t), qp->qp_num);
 		return;
 	}
-	if (c && c->failover && ev->event_type == IBV_EVENT_QP_FATAL) {
+	qp_describe(qp, &port, st, sizeof(st));
+	if (port > 0)
+		snprintf(at, sizeof(at), "%s:%d", hca->name, port);
+	else
+		snprintf(at, sizeof(at), "%s", hca->name);
+	if (c->failover && t == IBV_EVENT_QP_FATAL) {
 		/* the QP went to error on its own: the path failed, not the plugin */
 		atomic_store(&c->qp_event, qp->qp_num + 1);
-		RAIL_WARN("%s: async event %s on qp 0x%x (connection to peer %s): the connection "
-			  "moves to new QPs (NCCL_RAIL_FAILOVER)", hca->name,
-			  rail_ibv_event_str(ev->event_type), qp->qp_num, c->peer);
+		RAIL_WARN("%s: async event %s (%s) on qp 0x%x (%s; connection to peer %s): the "
+			  "connection moves to new QPs (NCCL_RAIL_FAILOVER)", at, qp_event_name(t),
+			  rail_ibv_event_str(t), qp->qp_num, st, c->peer);
 		return;
 	}
-	if (c)
-		atomic_store(&c->fatal, (int)ev->event_type + 1);
-	RAIL_WARN("%s: async event %s on qp 0x%x (connection to peer %s): the communicator fails "
-		  "from now on; %s", hca->name, rail_ibv_event_str(ev->event_type), qp->qp_num,
-		  c ? c->peer : "?", ev->event_type == IBV_EVENT_QP_ACCESS_ERR
-		  ? "a remote access was refused (bad rkey or buffer freed while registered?)"
-		  : "check the link and the peer process");
+	atomic_store(&c->fatal, (int)t + 1);
+	RAIL_WARN("%s: async event %s (%s) on qp 0x%x (%s; connection to peer %s): the "
+		  "communicator fails from now on; %s", at, qp_event_name(t),
+		  rail_ibv_event_str(t), qp->qp_num, st, c->peer,
+		  t == IBV_EVENT_QP_ACCESS_ERR
+			  ? "a remote access was refused (bad rkey or buffer freed while registered?)"
+			  : "check the link and the peer process");
+}
+
+/*
+ * Read the speed of port d->port again, by init's rule, into every device
+ * entry of the port (with NCCL_IB_DATA_DIRECT=2 a port is two): getProperties
+ * reports it from then on, and NCCL asks it again for each communicator it
+ * creates (its topology), so later communicators plan with the new speed.
+ * A port that is not ACTIVE keeps its speed (a down link has none to read):
+ * PORT_ACTIVE reads it again. loud: say so even when nothing changed (the
+ * speed event); PORT_ACTIVE is quiet unless the speed changed.
+ */
+static void speed_reread(struct rail_ib_hca *hca, struct rail_ib_dev *d, const char *why,
+			 int loud)
+{
+	int old = atomic_load(&d->speed), now = 0, state = 0;
+	int err = rail_ib_port_speed_read(hca->ctx, d->port, &now, &state);
+	int i = (int)(d - rail_ib_dev_get(0));
+	struct rail_ib_dev *o;
+
+	if (err) {
+		RAIL_WARN("%s:%d: %s: ibv_query_port failed: %s; getProperties keeps reporting "
+			  "%d Mbps", hca->name, d->port, why, RAIL_ERRSTR(err), old);
+		return;
+	}
+	if (state != IBV_PORT_ACTIVE) {
+		if (loud)
+			RAIL_INFO(RAIL_LOG_NET, "%s:%d: %s while the port is not ACTIVE (%s): "
+				  "getProperties keeps reporting %d Mbps; the speed is read again "
+				  "when the port is ACTIVE", hca->name, d->port, why,
+				  rail_ib_port_state_str(state), old);
+		return;
+	}
+	while ((o = port_dev_next(hca, d->port, &i)))
+		atomic_store(&o->speed, now);
+	if (now < old)
+		RAIL_WARN("%s:%d: port speed fell, %d -> %d Mbps (%s): getProperties reports the "
+			  "new speed, which communicators created from now on plan with (those "
+			  "created before keep their plan). Check the link and, for a bond, its "
+			  "members (ibstat, ethtool)", hca->name, d->port, old, now, why);
+	else if (now > old)
+		RAIL_INFO(RAIL_LOG_NET, "%s:%d: port speed rose, %d -> %d Mbps (%s): getProperties "
+			  "reports the new speed to communicators created from now on", hca->name,
+			  d->port, old, now, why);
+	else if (loud)
+		RAIL_INFO(RAIL_LOG_NET, "%s:%d: %s: port speed %d Mbps, unchanged", hca->name,
+			  d->port, why, now);
+}
+
+/* DEVICE_SPEED_CHANGE names no port (mlx5: port_num 0): every port of the HCA in use. */
+static void on_speed_change(struct rail_ib_hca *hca)
+{
+	int any = 0;
+
+	for (int p = 1; p <= hca->attr.phys_port_cnt; p++) {
+		struct rail_ib_dev *d = port_dev(hca, p);
+
+		if (d) {
+			speed_reread(hca, d, "async event DEVICE_SPEED_CHANGE", 1);
+			any = 1;
+		}
+	}
+	if (!any)
+		RAIL_INFO(RAIL_LOG_NET, "%s: async event DEVICE_SPEED_CHANGE (no port of it is "
+			  "used by this process)", hca->name);
 }
 
 static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event *ev)
@@ -133,6 +246,8 @@ static void on_port_event(struct rail_ib_hca *hca, const struct ibv_async_event 
 		RAIL_INFO(RAIL_LOG_NET, "%s:%d: port ACTIVE again: new connections on it are "
 			  "accepted (communicators that failed with it stay failed)", hca->name,
 			  d->port);
+	/* the link may have come back at another speed (no DEVICE_SPEED_CHANGE before Linux 6.19) */
+	speed_reread(hca, d, "async event PORT_ACTIVE", 0);
 }
 
 static void on_gid_change(struct rail_ib_dev *d)
@@ -193,7 +308,8 @@ static void handle_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 {
 	struct rail_ib_dev *d;
 
-	switch (ev->event_type) {
+	/* (int): older verbs.h have no enumerator for DEVICE_SPEED_CHANGE (-Wswitch) */
+	switch ((int)ev->event_type) {
 	case IBV_EVENT_DEVICE_FATAL:
 		atomic_store(&hca->fatal, 1);
 		RAIL_WARN("%s: async event %s: the device failed; every communicator on it %s "
@@ -239,6 +355,9 @@ static void handle_event(struct rail_ib_hca *hca, struct ibv_async_event *ev)
 		} else
 			RAIL_INFO(RAIL_LOG_NET, "%s:%d: GID table changed (a port this process does "
 				  "not use)", hca->name, ev->element.port_num);
+		break;
+	case RAIL_IBV_EVENT_DEVICE_SPEED_CHANGE:
+		on_speed_change(hca);
 		break;
 	default:
 		RAIL_INFO(RAIL_LOG_NET, "%s: async event %s", hca->name,

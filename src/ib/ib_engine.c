@@ -331,13 +331,6 @@ static void watchdog_fired(struct rail_ib_comm *c, const char *call)
 	rail_flight_dump(&c->base, why);
 }
 
-static const char *qp_state_name(int s)
-{
-	static const char *const names[] = { "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR" };
-
-	return s >= 0 && s < (int)(sizeof(names) / sizeof(names[0])) ? names[s] : "?";
-}
-
 void rail_ib_describe_comm(struct rail_comm *base, int detail, char *buf, size_t len)
 {
 	struct rail_ib_comm *c = (struct rail_ib_comm *)base;
@@ -369,7 +362,7 @@ void rail_ib_describe_comm(struct rail_comm *base, int detail, char *buf, size_t
 		if (rail_ibv.query_qp) {
 			memset(&a, 0, sizeof(a));
 			st = rail_ibv.query_qp(c->qps[i].qp, &a, IBV_QP_STATE, &ia) == 0
-				     ? qp_state_name((int)a.qp_state) : "state query failed";
+				     ? rail_ibv_qp_state_str((int)a.qp_state) : "state query failed";
 		}
 		PUT("%s qp 0x%x->0x%x %s", i ? ";" : ",", c->qps[i].qp->qp_num,
 		    c->qps[i].remote_qpn, st);

@@ -112,12 +112,26 @@ static int port_mbps(struct ibv_context *ctx, int port, const struct rail_port_a
 	return rail_ib_port_speed(ex ? ex : a->attr.active_speed, a->attr.active_width);
 }
 
+int rail_ib_port_speed_read(struct ibv_context *ctx, int port, int *mbps, int *state)
+{
+	struct rail_port_attr a;
+	int ret;
+
+	memset(&a, 0, sizeof(a));
+	ret = rail_ibv.query_port(ctx, (uint8_t)port, &a);
+	if (ret)
+		return -rail_verbs_err(ret);
+	*state = a.attr.state;
+	*mbps = port_mbps(ctx, port, &a);
+	return 0;
+}
+
 int rail_ib_mtu_bytes(enum ibv_mtu mtu)
 {
 	return mtu >= IBV_MTU_256 && mtu <= IBV_MTU_4096 ? 128 << mtu : 0;
 }
 
-static const char *port_state_str(int s)
+const char *rail_ib_port_state_str(int s)
 {
 	static const char *const names[] = { "NOP", "DOWN", "INIT", "ARMED", "ACTIVE",
 					     "ACTIVE_DEFER" };
@@ -142,7 +156,7 @@ int rail_ib_port_check(struct ibv_context *ctx, const char *hca, int port,
 	out->speed = port_mbps(ctx, port, &out->attr_ext);
 	if (out->attr.state != IBV_PORT_ACTIVE) {
 		snprintf(out->why, sizeof(out->why), "port state %s, not ACTIVE",
-			 port_state_str(out->attr.state));
+			 rail_ib_port_state_str(out->attr.state));
 		return 0;
 	}
 	if (out->attr.link_layer != IBV_LINK_LAYER_INFINIBAND &&
@@ -429,7 +443,7 @@ static void dev_fill(struct rail_ib_dev *dev, struct rail_ib_hca *hca,
 	dev->mtu = pi->attr.active_mtu;
 	dev->lid = pi->attr.lid;
 	dev->port_flags = pi->attr.flags;
-	dev->speed = pi->speed;
+	atomic_store(&dev->speed, pi->speed);
 	dev->gid_tbl_len = pi->attr.gid_tbl_len;
 	dev->guid = hca->attr.sys_image_guid;
 	/* NCCL (init.cc): on for InfiniBand by default, else as the variable says. */
@@ -839,7 +853,7 @@ static void props_fill_member(struct rail_props *props, const struct rail_ib_dev
 		if (props->rail_id != d->rail)
 			props->rail_id = -1;
 	}
-	props->speed += d->speed;
+	props->speed += atomic_load(&d->speed);	/* the async thread may change it */
 	/* NCCL (init.cc): forceFlush for Data Direct; of a fused NIC, any member's. */
 	props->force_flush |= d->data_direct;
 }
@@ -876,7 +890,7 @@ void rail_ib_describe(char *buf, size_t len)
 		int w = snprintf(buf + off, len - off, "%s[%d]%s%s:%d/%s/%dMbps/%s", i ? " " : "",
 				 i, d->hca->name, d->data_direct ? "_dma" : "", d->port,
 				 rail_link_layer_str(d->link_layer),
-				 d->speed, d->hca->ladder.summary);
+				 atomic_load(&d->speed), d->hca->ladder.summary);
 
 		off += w > 0 ? (size_t)w : 0;
 	}

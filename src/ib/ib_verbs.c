@@ -487,3 +487,10 @@ const char *rail_ibv_event_str(enum ibv_event_type type)
 {
 	return rail_ibv.event_type_str ? rail_ibv.event_type_str(type) : "unknown event";
 }
+
+const char *rail_ibv_qp_state_str(int state)
+{
+	static const char *const names[] = { "RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR" };
+
+	return state >= 0 && state < (int)(sizeof(names) / sizeof(names[0])) ? names[state] : "?";
+}

@@ -158,5 +158,16 @@ int rail_verbs_err(int ret);
 
 const char *rail_ibv_wc_status_str(enum ibv_wc_status status);
 const char *rail_ibv_event_str(enum ibv_event_type type);
+/* "RESET" ... "ERR" for an enum ibv_qp_state, "?" for anything else. */
+const char *rail_ibv_qp_state_str(int state);
+
+/*
+ * IBV_EVENT_DEVICE_SPEED_CHANGE (rdma-core 62, Linux 6.19): the effective
+ * speed of the device's ports changed (a RoCE LAG member went down or up).
+ * It follows IBV_EVENT_WQ_FATAL in enum ibv_event_type (the kernel's number,
+ * passed through); older verbs.h lack the name, so it is taken by number.
+ * mlx5 raises it for the whole device: element.port_num is 0.
+ */
+#define RAIL_IBV_EVENT_DEVICE_SPEED_CHANGE ((int)IBV_EVENT_WQ_FATAL + 1)
 
 #endif

@@ -28,6 +28,7 @@
 #define FV_MAX_PORTS 4
 #define FV_MAX_GIDS 16
 #define FV_NAME 64
+#define FV_PSN_MASK 0xffffffu	/* PSNs are 24 bits */
 
 /* rdma-core 48+ appends u32 active_speed_ex after port_cap_flags2. */
 #define FV_SPEED_EX_OFF ((offsetof(struct ibv_port_attr, port_cap_flags2) + 2 + 3) & ~(size_t)3)
@@ -95,7 +96,7 @@ extern pthread_mutex_t fv_lock;
 int fv_conf_load(void);
 /* Write the sysfs files the plugin reads under RAIL_FAKEVERBS_SYSFS, if set. */
 void fv_sysfs_write(void);
-/* The port's state files again (fv_test_port_state). */
+/* The port's state and rate files again (fv_test_port_state, fv_test_port_speed). */
 void fv_sysfs_port(const struct fv_dev *dev, int port);
 const char *fv_gid_str(const union ibv_gid *g, char *buf, size_t len);
 
@@ -148,6 +149,13 @@ struct fv_qp {
 	int access;
 	int sq_sig_all;
 	uint32_t max_inline;
+	int path_mtu;		/* enum ibv_mtu, set at RTR (0: none yet) */
+	/*
+	 * The next PSN to send and the next one expected (24 bits), as set at
+	 * RTS and RTR; each request carried out advances its sender's sq_psn and
+	 * its destination's rq_psn by one per path-MTU packet (at least one).
+	 */
+	uint32_t sq_psn, rq_psn;
 	int ece_set;		/* ibv_set_ece was called: ece_options is the settled set */
 	uint32_t ece_options;
 	int rcap, rhead, rcount;
@@ -248,6 +256,17 @@ int fv_test_set_gid(const char *dev, int port, int index, const char *addr, int 
 int fv_test_port_state(const char *dev, int port, int state);
 int fv_test_hold(const char *dev, int on);
 /*
+ * The port's speed changes: active_speed code (0 keeps it), active_width
+ * code (0 keeps it) and what ibv_query_port_speed answers (100 Mb/s units;
+ * -1: speed x width, -2: EOPNOTSUPP); the sysfs rate file follows. event 1
+ * also queues FV_EVENT_DEVICE_SPEED_CHANGE on the device's contexts with
+ * element.port_num 0, as mlx5 raises it for the whole device; 0 raises
+ * nothing (a link that came back at another speed, on a kernel without the
+ * event). The number of contexts the event went to (0 without it), or -ENODEV.
+ */
+int fv_test_port_speed(const char *dev, int port, unsigned speed, int width, long port_speed,
+		       int event);
+/*
  * QP_FATAL on the first connected QP in RTS of dev: the QP goes to ERR (its
  * WRs flushed, as hardware does) and the event is queued on its context.
  * Returns its QP number, or -ENODEV.
@@ -261,6 +280,12 @@ int fv_test_qp_fatal(const char *dev);
 int fv_test_modify_fail(const char *dev, int state, int err, int count);
 /* fv_conf.c: rewrite one GID's sysfs files (gone: the kernel's all-zero entry, no type). */
 void fv_sysfs_gid(const struct fv_dev *dev, int port, int index);
+
+/*
+ * IBV_EVENT_DEVICE_SPEED_CHANGE (rdma-core 62, Linux 6.19), the value after
+ * IBV_EVENT_WQ_FATAL; older verbs.h lack the name.
+ */
+#define FV_EVENT_DEVICE_SPEED_CHANGE ((int)IBV_EVENT_WQ_FATAL + 1)
 
 /* Not in every verbs.h (rdma-core adds it with IBVERBS_1.16). */
 int ibv_query_port_speed(struct ibv_context *context, uint32_t port_num, uint64_t *port_speed);

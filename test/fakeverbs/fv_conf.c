@@ -432,9 +432,18 @@ static void port_state_sysfs(const char *base, int pn, const struct fv_port *pt)
 	put(path, st == IBV_PORT_ACTIVE ? "5: LinkUp\n" : "3: Disabled\n");
 }
 
-static void port_sysfs(const char *base, int pn, const struct fv_port *pt)
+static void port_rate_sysfs(const char *base, int pn, const struct fv_port *pt)
 {
 	char path[PATH_MAX + 64], text[64];
+
+	snprintf(path, sizeof(path), "%s/ports/%d/rate", base, pn);
+	rate_text(pt, text, sizeof(text));
+	put(path, text);
+}
+
+static void port_sysfs(const char *base, int pn, const struct fv_port *pt)
+{
+	char path[PATH_MAX + 64];
 
 	for (int i = 0; i < FV_MAX_GIDS; i++)
 		if (pt->gids[i].valid)
@@ -442,9 +451,7 @@ static void port_sysfs(const char *base, int pn, const struct fv_port *pt)
 	port_state_sysfs(base, pn, pt);
 	snprintf(path, sizeof(path), "%s/ports/%d/link_layer", base, pn);
 	put(path, pt->link_layer == IBV_LINK_LAYER_ETHERNET ? "Ethernet\n" : "InfiniBand\n");
-	snprintf(path, sizeof(path), "%s/ports/%d/rate", base, pn);
-	rate_text(pt, text, sizeof(text));
-	put(path, text);
+	port_rate_sysfs(base, pn, pt);
 }
 
 void fv_sysfs_gid(const struct fv_dev *dev, int port, int index)
@@ -467,6 +474,7 @@ void fv_sysfs_port(const struct fv_dev *dev, int port)
 		return;
 	snprintf(base, sizeof(base), "%s/sys/class/infiniband/%s", root, dev->ibdev.name);
 	port_state_sysfs(base, port, &dev->ports[port - 1]);
+	port_rate_sysfs(base, port, &dev->ports[port - 1]);
 }
 
 /* A PCI path of the description below /sys/devices: "pci0000:00/" unless it names its host. */

@@ -7,8 +7,10 @@
  * PORT_ACTIVE, as the kernel does; the data path holds the send WRs of
  * QPs on a port that is not ACTIVE, fv_hold.c), hold every send WR of a
  * device (fv_test_hold: data in flight), and make the next QP state
- * changes of a device fail (fv_test_modify_fail). A GID change raises no
- * event by itself: the test says when the kernel's GID_CHANGE arrives.
+ * changes of a device fail (fv_test_modify_fail), change a port's speed
+ * (fv_test_port_speed, with or without DEVICE_SPEED_CHANGE). A GID change
+ * raises no event by itself: the test says when the kernel's GID_CHANGE
+ * arrives.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -94,7 +96,8 @@ int fv_test_qp_fatal(const char *dev)
 				c->evq_n--;
 		}
 		n = (int)q->qp.qp_num;
-		fv_log("test_qp_fatal dev=%s qpn=0x%x", dev, q->qp.qp_num);
+		fv_log("test_qp_fatal dev=%s qpn=0x%x sq_psn=%u rq_psn=%u", dev, q->qp.qp_num,
+		       q->sq_psn, q->rq_psn);
 		break;
 	}
 	pthread_mutex_unlock(&fv_lock);
@@ -152,6 +155,33 @@ int fv_test_port_state(const char *dev, int port, int state)
 	fv_sysfs_port(d, port);
 	n = queue_event(d, port, state == IBV_PORT_ACTIVE ? IBV_EVENT_PORT_ACTIVE
 							 : IBV_EVENT_PORT_ERR);
+	pthread_mutex_unlock(&fv_lock);
+	return n;
+}
+
+int fv_test_port_speed(const char *dev, int port, unsigned speed, int width, long port_speed,
+		       int event)
+{
+	struct fv_dev *d = NULL;
+	struct fv_port *p;
+	int n = 0;
+
+	pthread_mutex_lock(&fv_lock);
+	p = find_port(dev, port, &d);
+	if (!p) {
+		pthread_mutex_unlock(&fv_lock);
+		return -ENODEV;
+	}
+	if (speed)
+		p->speed = speed;
+	if (width)
+		p->width = width;
+	p->port_speed = port_speed < -2 ? -1 : port_speed;
+	fv_sysfs_port(d, port);
+	fv_log("set_speed dev=%s port=%d speed=0x%x width=%d port_speed=%ld event=%d", dev, port,
+	       p->speed, p->width, p->port_speed, event);
+	if (event)	/* mlx5 raises it for the device: element.port_num 0 */
+		n = queue_event(d, 0, FV_EVENT_DEVICE_SPEED_CHANGE);
 	pthread_mutex_unlock(&fv_lock);
 	return n;
 }

@@ -293,6 +293,23 @@ void fv_send_complete(struct fv_qp *q, uint64_t wr_id, enum ibv_wr_opcode op, in
 	fv_cq_push((struct fv_cq *)(void *)q->qp.send_cq, &wc);
 }
 
+/*
+ * A request of len bytes went through: it took one PSN per path-MTU packet
+ * (at least one) on the sender's send queue and on its destination's
+ * receive queue, as ibv_query_qp then tells (sq_psn, rq_psn).
+ */
+static void psn_advance(struct fv_qp *q, uint32_t len)
+{
+	struct fv_qp *d = fv_qp_by_num(q->dest_qpn);
+	uint32_t mtu = q->path_mtu >= IBV_MTU_256 && q->path_mtu <= IBV_MTU_4096
+			       ? 128u << q->path_mtu : 4096u;
+	uint32_t n = len ? (len + mtu - 1) / mtu : 1;
+
+	q->sq_psn = (q->sq_psn + n) & FV_PSN_MASK;
+	if (d)
+		d->rq_psn = (d->rq_psn + n) & FV_PSN_MASK;
+}
+
 void fv_send_run(struct fv_qp *q, const struct ibv_send_wr *wr)
 {
 	uint32_t len = 0;
@@ -304,6 +321,8 @@ void fv_send_run(struct fv_qp *q, const struct ibv_send_wr *wr)
 		       q->qp.qp_num, (unsigned long long)wr->wr_id);
 		return;
 	}
+	if (st == IBV_WC_SUCCESS)
+		psn_advance(q, len);
 	fv_send_complete(q, wr->wr_id, wr->opcode, (wr->send_flags & IBV_SEND_SIGNALED) != 0, st,
 			 len);
 	if (st != IBV_WC_SUCCESS)

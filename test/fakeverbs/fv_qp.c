@@ -153,6 +153,12 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 		q->access = (int)a->qp_access_flags;
 	if (mask & IBV_QP_DEST_QPN)
 		q->dest_qpn = a->dest_qp_num;
+	if (mask & IBV_QP_PATH_MTU)
+		q->path_mtu = (int)a->path_mtu;
+	if (mask & IBV_QP_SQ_PSN)
+		q->sq_psn = a->sq_psn & FV_PSN_MASK;
+	if (mask & IBV_QP_RQ_PSN)
+		q->rq_psn = a->rq_psn & FV_PSN_MASK;
 	if (to == IBV_QPS_RESET) {
 		q->rcount = 0;
 		fv_hold_drop(q);
@@ -165,7 +171,10 @@ int ibv_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask)
 	return 0;
 }
 
-/* Only the state, which the plugin's flight record asks for. */
+/*
+ * The state, port, destination QP, path MTU and PSNs (whatever the mask
+ * asks: a real provider may fill more than it is asked for).
+ */
 int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask, struct ibv_qp_init_attr *ia)
 {
 	struct fv_qp *q = (struct fv_qp *)(void *)qp;
@@ -179,9 +188,13 @@ int ibv_query_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask, struct ibv_
 	a->cur_qp_state = a->qp_state;
 	a->port_num = (uint8_t)q->port;
 	a->dest_qp_num = q->dest_qpn;
-	fv_log("ibv_query_qp dev=%s qpn=0x%x mask=0x%x state=%s ret=0", q->dev->ibdev.name,
-	       qp->qp_num, mask, q->state >= 0 && q->state <= IBV_QPS_ERR ? state_names[q->state]
-									  : "?");
+	a->path_mtu = (enum ibv_mtu)q->path_mtu;
+	a->sq_psn = q->sq_psn;
+	a->rq_psn = q->rq_psn;
+	fv_log("ibv_query_qp dev=%s qpn=0x%x mask=0x%x state=%s sq_psn=%u rq_psn=%u ret=0",
+	       q->dev->ibdev.name, qp->qp_num, mask,
+	       q->state >= 0 && q->state <= IBV_QPS_ERR ? state_names[q->state] : "?", q->sq_psn,
+	       q->rq_psn);
 	pthread_mutex_unlock(&fv_lock);
 	return 0;
 }

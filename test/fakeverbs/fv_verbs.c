@@ -326,6 +326,8 @@ void ibv_ack_async_event(struct ibv_async_event *ev)
 
 const char *ibv_event_type_str(enum ibv_event_type type)
 {
+	if ((int)type == FV_EVENT_DEVICE_SPEED_CHANGE)
+		return "device speed change";
 	switch (type) {
 	case IBV_EVENT_DEVICE_FATAL: return "local catastrophic error";
 	case IBV_EVENT_PORT_ACTIVE: return "port active";

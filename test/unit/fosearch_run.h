@@ -245,7 +245,7 @@ static void fo_last_warn(char *buf, size_t len, const char *any)
 			break;
 		}
 		if (!strstr(t, "went down") && !strstr(t, "the device failed") &&
-		    !strstr(t, "moved from") && !strstr(t, "catastrophic error on qp") &&
+		    !strstr(t, "moved from") && !strstr(t, "async event QP_FATAL") &&
 		    !strstr(t, "completions owed"))
 			snprintf(buf, len, "%.240s", t);
 	}

@@ -45,6 +45,9 @@ struct fvh {
 	int (*qp_fatal)(const char *dev);	/* fv_test_qp_fatal: a QP of dev fails */
 	/* fv_test_modify_fail: the next count ibv_modify_qp to state on dev fail with err */
 	int (*modify_fail)(const char *dev, int state, int err, int count);
+	/* fv_test_port_speed: a port's speed changes, with DEVICE_SPEED_CHANGE if event */
+	int (*port_speed)(const char *dev, int port, unsigned speed, int width, long port_speed,
+			  int event);
 };
 
 static char fvh_lib[PATH_MAX];
@@ -219,6 +222,7 @@ static inline struct fvh *fvh_start_with(const char *conf, const char *const *fi
 	*(void **)&F->hold = dlsym(F->lib, "fv_test_hold");
 	*(void **)&F->qp_fatal = dlsym(F->lib, "fv_test_qp_fatal");
 	*(void **)&F->modify_fail = dlsym(F->lib, "fv_test_modify_fail");
+	*(void **)&F->port_speed = dlsym(F->lib, "fv_test_port_speed");
 	if (!F->event || !F->set_gid || !F->port_state || !F->hold)
 		fail_msg("%s lacks the fv_test_* controls: rebuild it (make tests)", fvh_lib);
 	return F;

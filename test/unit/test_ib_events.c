@@ -15,6 +15,10 @@
  *   on the progress thread. The concurrent test is meant for ThreadSanitizer
  *   (make BUILD=build-tsan SAN=thread OPT=-O1 ...), where the old deregMr
  *   reported a race on the request pool.
+ * - DEVICE_SPEED_CHANGE (issue 24; the fake's fv_test_port_speed): the
+ *   async thread reads each port's speed again, logs old -> new, and
+ *   getProperties reports the new one; PORT_ACTIVE reads it again too.
+ * - QP_FATAL: the WARN names the QP's state and PSNs (ibv_query_qp).
  */
 #include "unit.h"
 
@@ -410,6 +414,181 @@ static void test_dereg_concurrent_with_test(void **state)
 	fvh_stop(F);
 }
 
+/* ---- issue 24: DEVICE_SPEED_CHANGE and the QP-fatal WARN --------------------- */
+
+static const char roce_two_ports[] = "device mlx5_0\n"
+				     "port 1 link=eth speed=ndr width=4x\n"
+				     "gid 0 fe80::1 type=v1\n"
+				     "gid 1 ::ffff:10.1.0.1 type=v2\n"
+				     "port 2 link=eth speed=ndr width=4x\n"
+				     "gid 0 fe80::2 type=v1\n"
+				     "gid 1 ::ffff:10.1.1.1 type=v2\n";
+
+/* The speed getProperties reports for the device called name. */
+static int speed_of(struct fvh *F, const char *name)
+{
+	for (int i = 0; i < F->ndev; i++) {
+		struct rail_props p;
+
+		memset(&p, 0, sizeof(p));
+		assert_int_equal(rail_net_get_properties(i, &p), ncclSuccess);
+		if (p.name && !strcmp(p.name, name))
+			return p.speed;
+	}
+	fail_msg("no device %s among %d", name, F->ndev);
+	return -1;
+}
+
+static void wait_line(int mark, int level, const char *a, const char *b, const char *what)
+{
+	if (!fvh_wait_log_from(mark, level, a, b, 5000)) {
+		fvh_log_dump();
+		fail_msg("no %s line '%s ... %s' (%s)", level == NCCL_LOG_WARN ? "WARN" : "INFO", a,
+			 b, what);
+	}
+}
+
+/*
+ * A RoCE LAG lost a member (ibv_query_port_speed answers half), then got it
+ * back: each DEVICE_SPEED_CHANGE (mlx5 raises it for the device, port 0) is
+ * logged per port with old -> new, and getProperties reports the new speed;
+ * the other port, unchanged, keeps its speed and gets no such line.
+ */
+static void test_speed_change_event(void **state)
+{
+	struct fvh *F;
+	int mark;
+
+	(void)state;
+	F = fvh_start(roce_two_ports);
+	assert_non_null(F->port_speed);
+	assert_int_equal(F->ndev, 2);
+	assert_int_equal(speed_of(F, "mlx5_0:1"), 400000);
+	assert_int_equal(speed_of(F, "mlx5_0:2"), 400000);
+
+	mark = fvh_log_mark();
+	assert_int_equal(F->port_speed("mlx5_0", 1, 0, 0, 2000, 1), 1);
+	wait_line(mark, NCCL_LOG_WARN, "mlx5_0:1", "400000 -> 200000 Mbps", "a LAG member lost");
+	assert_true(fvh_log_count_from(mark, NCCL_LOG_WARN, "mlx5_0:1", "DEVICE_SPEED_CHANGE"));
+	assert_int_equal(speed_of(F, "mlx5_0:1"), 200000);
+	assert_int_equal(speed_of(F, "mlx5_0:2"), 400000);
+	assert_false(fvh_log_count_from(mark, NCCL_LOG_WARN, "mlx5_0:2", NULL));
+	assert_false(fvh_log_count_from(mark, NCCL_LOG_INFO, "mlx5_0:2", " -> "));
+
+	mark = fvh_log_mark();
+	assert_int_equal(F->port_speed("mlx5_0", 1, 0, 0, -1, 1), 1);
+	wait_line(mark, NCCL_LOG_INFO, "mlx5_0:1", "200000 -> 400000 Mbps", "the member back");
+	assert_int_equal(speed_of(F, "mlx5_0:1"), 400000);
+	fvh_stop(F);
+}
+
+/* Without ibv_query_port_speed: the table on active_speed x width, as at init. */
+static void test_speed_change_table(void **state)
+{
+	struct fvh *F;
+	int mark;
+
+	(void)state;
+	F = fvh_start("lib port_speed=no\n"
+		      "device mlx5_0\n"
+		      "port 1 link=ib speed=ndr width=4x\n"
+		      "gid 0 fe80::1\n");
+	assert_int_equal(speed_of(F, "mlx5_0"), 400000);
+	mark = fvh_log_mark();
+	assert_int_equal(F->port_speed("mlx5_0", 1, 0x40 /* HDR */, 0, -1, 1), 1);
+	wait_line(mark, NCCL_LOG_WARN, "mlx5_0:1", "400000 -> 200000 Mbps", "NDR to HDR");
+	assert_int_equal(speed_of(F, "mlx5_0"), 200000);
+	fvh_stop(F);
+}
+
+/*
+ * The speed of a port that is not ACTIVE is not taken (a down link reads no
+ * speed): it is read again at PORT_ACTIVE, which also catches a link that
+ * came back at another speed on a kernel without DEVICE_SPEED_CHANGE.
+ */
+static void test_speed_after_port_active(void **state)
+{
+	struct fvh *F;
+	int mark;
+
+	(void)state;
+	F = fvh_start(roce_one);
+	assert_int_equal(speed_of(F, "mlx5_0"), 400000);
+	port_down(F, "mlx5_0");
+	mark = fvh_log_mark();
+	assert_int_equal(F->port_speed("mlx5_0", 1, 0, 0, 2000, 1), 1);
+	wait_line(mark, NCCL_LOG_INFO, "mlx5_0:1", "not ACTIVE", "the event while down");
+	assert_int_equal(speed_of(F, "mlx5_0"), 400000);
+	mark = fvh_log_mark();
+	port_up(F, "mlx5_0");
+	wait_line(mark, NCCL_LOG_WARN, "mlx5_0:1", "400000 -> 200000 Mbps", "back at 200G");
+	assert_int_equal(speed_of(F, "mlx5_0"), 200000);
+
+	/* no event at all: PORT_ACTIVE alone */
+	port_down(F, "mlx5_0");
+	assert_int_equal(F->port_speed("mlx5_0", 1, 0, 0, -1, 0), 0);
+	mark = fvh_log_mark();
+	port_up(F, "mlx5_0");
+	wait_line(mark, NCCL_LOG_INFO, "mlx5_0:1", "200000 -> 400000 Mbps", "back at 400G");
+	assert_int_equal(speed_of(F, "mlx5_0"), 400000);
+	fvh_stop(F);
+}
+
+/*
+ * QP_FATAL on one of the sender's QPs after some traffic: the WARN names
+ * device:port, the QP, its state and PSNs as ibv_query_qp gives them (the
+ * fake logs what it will answer), with failover off (the comm fails) and on
+ * (it moves to new QPs).
+ */
+static void qp_fatal_warn(int failover)
+{
+	static char sbuf[65536], rbuf[65536];
+	static const size_t sizes[] = { 64, 3000, 65536, 4096 };
+	struct fvh *F;
+	void *smh = NULL, *rmh = NULL;
+	char line[FVH_LINE], sq[16], rq[16], qp[32], want[96];
+	int mark, logmark, qpn;
+
+	setenv("NCCL_RAIL_FAILOVER", failover ? "1" : "0", 1);
+	F = fvh_start(roce_two);
+	assert_non_null(F->qp_fatal);
+	fvh_connect(F, 1, 0, -1);	/* the sender on mlx5_0, the receiver on mlx5_1 */
+	assert_int_equal(rail_net_reg_mr(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &smh), 0);
+	assert_int_equal(rail_net_reg_mr(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST, &rmh), 0);
+	for (int i = 0; i < 8; i++)
+		assert_int_equal(one_message(F, sbuf, rbuf, sizes[i % 4], smh, rmh, i), 0);
+	mark = fvh_calls_mark(F);
+	logmark = fvh_log_mark();
+	qpn = F->qp_fatal("mlx5_0");
+	assert_true(qpn > 0);
+	assert_int_equal(fvh_calls(F, mark, "test_qp_fatal", NULL, NULL, line), 1);
+	fvh_kv(line, "sq_psn", sq, sizeof(sq));
+	fvh_kv(line, "rq_psn", rq, sizeof(rq));
+	assert_true(strcmp(sq, "0") || strcmp(rq, "0"));	/* traffic moved them */
+	snprintf(qp, sizeof(qp), "qp 0x%x", (unsigned)qpn);
+	snprintf(want, sizeof(want), "state=ERR sq_psn=%s rq_psn=%s", sq, rq);
+	wait_line(logmark, NCCL_LOG_WARN, qp, want, "QP_FATAL");
+	assert_true(fvh_log_count_from(logmark, NCCL_LOG_WARN, "mlx5_0:1: async event QP_FATAL",
+				       want));
+	assert_true(fvh_log_count_from(logmark, NCCL_LOG_WARN, want,
+				       failover ? "moves to new QPs" : "fails from now on"));
+	assert_int_equal(rail_net_dereg_mr(F->sc, smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), ncclSuccess);
+	fvh_stop(F);
+}
+
+static void test_qp_fatal_warn_state_psns(void **state)
+{
+	(void)state;
+	qp_fatal_warn(0);
+}
+
+static void test_qp_fatal_warn_state_psns_failover(void **state)
+{
+	(void)state;
+	qp_fatal_warn(1);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -419,6 +598,11 @@ int main(void)
 		cmocka_unit_test_teardown(test_port_err_data_direct_both, dd_teardown),
 		cmocka_unit_test_teardown(test_dereg_inflight_fails_next_call, fvh_teardown),
 		cmocka_unit_test_teardown(test_dereg_concurrent_with_test, fvh_teardown),
+		cmocka_unit_test_teardown(test_speed_change_event, fvh_teardown),
+		cmocka_unit_test_teardown(test_speed_change_table, fvh_teardown),
+		cmocka_unit_test_teardown(test_speed_after_port_active, fvh_teardown),
+		cmocka_unit_test_teardown(test_qp_fatal_warn_state_psns, failover_teardown),
+		cmocka_unit_test_teardown(test_qp_fatal_warn_state_psns_failover, failover_teardown),
 	};
 
 	if (!fvh_find_lib()) {
