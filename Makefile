@@ -218,7 +218,8 @@ test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(PLUGIN) $(FAKEVERBS) $(FAKEMLX5)
 
 # The seeded randomized failover search alone (test/unit/test_ib_fosearch.c,
 # which test-unit also runs: 2000 seeds, 300 under ASan, 100 under TSan).
-# FOSEARCH_SEEDS, FOSEARCH_BASE, FOSEARCH_JOBS (2) to change the run; a seed
+# FOSEARCH_SEEDS, FOSEARCH_BASE, FOSEARCH_JOBS (2) to change the run,
+# FOSEARCH_DUMP=DIR to keep each failing seed's output (DIR/seed-N.log); a seed
 # replays alone with `test_ib_fosearch --seed N`.
 test-fosearch: $(BUILD)/test/unit/test_ib_fosearch $(FAKEVERBS) $(FAKEMLX5)
 	RAIL_FAKEVERBS_LIB=$(abspath $(FAKEVERBS)) $(BUILD)/test/unit/test_ib_fosearch

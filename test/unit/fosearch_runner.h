@@ -225,6 +225,32 @@ static int fo_classify(const struct fo_child *c, int status, char *cat, size_t c
 	return 1;
 }
 
+/*
+ * FOSEARCH_DUMP=DIR: a failing child's output (its last FO_TAIL bytes: the
+ * plugin's log and the trace) into DIR/seed-N.log, for a failure that
+ * depends on timing and does not come back on replay.
+ */
+static void fo_dump(const struct fo_child *c)
+{
+	const char *dir = getenv("FOSEARCH_DUMP");
+	char path[PATH_MAX];
+	FILE *f;
+
+	if (!dir || !*dir)
+		return;
+	snprintf(path, sizeof(path), "%s/seed-%llu.log", dir, (unsigned long long)c->seed);
+	f = fopen(path, "w");
+	if (!f) {
+		printf("  FOSEARCH_DUMP: cannot write %s\n", path);
+		return;
+	}
+	fputs(c->head, f);
+	fputs("\n[...]\n", f);
+	fputs(c->tail, f);
+	fclose(f);
+	printf("  output: %s\n", path);
+}
+
 static void fo_report(const struct fo_child *c, int status)
 {
 	char cat[128], what[700];
@@ -241,6 +267,7 @@ static void fo_report(const struct fo_child *c, int status)
 	fo_cfg.failed++;
 	fo_cat_add(cat, c->seed);
 	printf("FAIL seed=%llu [%s]: %s\n", (unsigned long long)c->seed, cat, what);
+	fo_dump(c);
 	if (fo_cfg.list || fo_cfg.detailed++ >= 20)
 		return;
 	printf("  replay: RAIL_FAKEVERBS_LIB=%s %s --seed %llu\n", lib ? lib : fvh_lib, fo_cfg.argv0,
