@@ -1,6 +1,6 @@
 /*
  * nccl-net-rail: each GPU's fallback NIC port, where its connections would
- * go when its chosen port fails (docs/FAILOVER.md, section 2; issue 14).
+ * go when its chosen port fails (docs/FAILOVER.md, section 2).
  *
  * Among the usable ports with the link layer of the GPU's first choice,
  * not chosen for it already:

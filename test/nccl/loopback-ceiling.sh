@@ -1,9 +1,10 @@
 #!/bin/bash
-# Issue 12: what loopback TCP itself can carry on the machine it runs on, for
-# the >= 3x-Socket figure at >= 32 MiB. In an n-rank ring all-reduce every
-# rank sends and receives busbw bytes/s at once, over one stream to its next
-# rank per channel, so the host's loopback carries n x busbw in total: with
-# n ranks the figure needs n x 3 x Socket's busbw GB/s of raw loopback.
+# What loopback TCP itself can carry on the machine it runs on: the ceiling
+# of the plugin's all-reduce figures at >= 32 MiB. In an n-rank ring
+# all-reduce every rank sends and receives busbw bytes/s at once, over one
+# stream to its next rank per channel, so the host's loopback carries
+# n x busbw in total: n x 3 x Socket's busbw GB/s of raw loopback for an
+# n-rank all-reduce at 3x Socket.
 # rail-rawtcp moves data one way over P streams (a sender and a receiver
 # thread each, in two processes), as many streams as the ring has links.
 #   test/nccl/loopback-ceiling.sh [STREAMS...]   (default 2 4 8 16)

@@ -1,8 +1,8 @@
 #!/bin/bash
-# Issue 12, the mid-size loss: which knob moves the 64 KiB-4 MiB all-reduce
-# times, plugin against Socket, on the GPU machine. For each NP:MODES group,
-# ROUNDS alternating rounds of every mode (pool-session.sh), then the table of
-# medians (pool-merge.py), then, once per transport, what NCCL chose at each
+# Which knob moves the 64 KiB-4 MiB all-reduce times, plugin against Socket,
+# on the GPU machine. For each NP:MODES group, ROUNDS alternating rounds of
+# every mode (allreduce-rounds.sh), then the table of medians
+# (rounds-merge.py), then, once per transport, what NCCL chose at each
 # size (algorithm, protocol, channels) from NCCL_DEBUG_SUBSYS=TUNING.
 #   test/nccl/midsize-study.sh "2:socket rail rail:NCCL_RAIL_TCP_MIN_CHUNK=64k" "4:socket rail"
 #   env: SIZES (default "-b 64K -e 4M -f 2"), ROUNDS (3), ITERS ("-w 10 -n 50"),
@@ -18,12 +18,12 @@ status=0
 for group in "$@"; do
 	np=${group%%:*}
 	modes=${group#*:}
-	LOGS=$LOGS MODES=$modes test/nccl/pool-session.sh "$np:$SIZES" >"$LOGS-np$np.session" 2>&1 || status=1
-	grep -E "threads in one rank|wrong|FAILED" "$LOGS-np$np.session" | sort | uniq -c | sort -rn | head -5
+	LOGS=$LOGS MODES=$modes test/nccl/allreduce-rounds.sh "$np:$SIZES" >"$LOGS-np$np.rounds.txt" 2>&1 || status=1
+	grep -E "threads in one rank|wrong|FAILED" "$LOGS-np$np.rounds.txt" | sort | uniq -c | sort -rn | head -5
 	args=()
 	for m in $modes; do args+=("${np}r $m@$LOGS:$np:$m"); done
 	echo "## $np ranks, medians of $ROUNDS rounds, us"
-	test/nccl/pool-merge.py "${args[@]}"
+	test/nccl/rounds-merge.py "${args[@]}"
 	for t in socket rail; do
 		RUN_DEBUG_SUBSYS=INIT,TUNING NP=$np SIZES="$SIZES" ITERS="-w 1 -n 1" \
 			OUT="$LOGS/tuning-np$np" test/nccl/run.sh "$t" >"$LOGS/tuning-np$np-$t.txt" 2>&1 ||

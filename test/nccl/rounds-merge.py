@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Markdown table of pool-session.sh runs: per column, the median time (us)
+"""Markdown table of allreduce-rounds.sh runs: per column, the median time (us)
 over the rounds of one mode (and the median busbw in GB/s from 32 MiB);
 with MERGE_CPU=1, the median CPU seconds per GB moved instead (from 32 MiB).
 
-  test/nccl/pool-merge.py "2r rail@LOGS:2:rail" "2r Socket@LOGS:2:socket" ...
+  test/nccl/rounds-merge.py "2r rail@LOGS:2:rail" "2r Socket@LOGS:2:socket" ...
 """
 import glob, os, re, statistics, sys
 def rows(path):

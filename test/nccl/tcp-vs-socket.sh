@@ -1,7 +1,7 @@
 #!/bin/bash
-# One visit to the GPU machine: everything docs/PERFORMANCE.md reports for
-# the TCP transport, in one run so that every figure shares the machine.
-#   test/nccl/gpu-session.sh        (logs and tables under $OUT or build/nccl-logs)
+# The TCP transport against NCCL Socket on the GPU machine, in one run so
+# that every figure shares the machine (docs/PERFORMANCE.md):
+#   test/nccl/tcp-vs-socket.sh      (logs and tables under $OUT or build/nccl-logs)
 # 1. raw loopback TCP (rail-rawtcp) and the transport alone (rail-bench)
 # 2. NCCL all-reduce 8 B..512 MiB: NCCL Socket vs the plugin, twice each,
 #    alternating, under MPS, two ranks as two nodes on the one GPU

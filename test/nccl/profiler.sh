@@ -1,14 +1,14 @@
 #!/bin/bash
-# GPU machine, one visit: NCCL's example profiler plugin records this
+# GPU machine: NCCL's example profiler plugin records this
 # plugin's network events (TCP transport), and the cost of the profiler
 # hooks with no profiler loaded, against an older build of the plugin.
 #
-#   test/nccl/prof-session.sh PROFILER_SRC NCCL_TESTS_SRC [OLD_SRC_TGZ]
+#   test/nccl/profiler.sh PROFILER_SRC NCCL_TESTS_SRC [OLD_SRC_TGZ]
 # PROFILER_SRC: NCCL's example profiler (plugins/profiler/example of the
 # NCCL release installed, with its nccl/ headers); NCCL_TESTS_SRC:
 # nccl-tests. Both are fetched beside the project, never committed.
 # OLD_SRC_TGZ: `git archive --prefix=old/ COMMIT | gzip` of the build to
-# compare against (optional). Writes to $OUT (default build/prof-session):
+# compare against (optional). Writes to $OUT (default build/profiler):
 # the profiler's JSON traces (prof/), all_reduce_perf's output, and the
 # alternating cost runs (cost-small.txt, cost-large.txt; COST_ROUNDS
 # alternations, default 3, COST_ITERS calls per small size, COST_LARGE=0
@@ -17,7 +17,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$PWD
 PSRC=$(cd "$1" && pwd) NTSRC=$(cd "$2" && pwd) OLD=${3:-}
-OUT=${OUT:-build/prof-session}
+OUT=${OUT:-build/profiler}
 mkdir -p "$OUT/prof"
 OUT=$(cd "$OUT" && pwd)
 cuda=$(dirname "$(dirname "$(command -v nvcc)")")

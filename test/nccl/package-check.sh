@@ -1,9 +1,9 @@
 #!/bin/bash
-# One visit to the GPU machine (Ubuntu, NCCL 2.28) for the package: the .deb
+# The package on the GPU machine (Ubuntu, NCCL 2.28): the .deb
 # built on Debian 12 (make deb, carried as build/pkg) installed with dpkg,
 # then NCCL and PyTorch load the plugin by name (NCCL_NET_PLUGIN=rail), with
 # no path, LD_LIBRARY_PATH or ldconfig step.
-#   test/nccl/package-session.sh     (logs under $OUT or build/nccl-logs)
+#   test/nccl/package-check.sh       (logs under $OUT or build/nccl-logs)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 export OUT=${OUT:-build/nccl-logs} NCCL_SOCKET_IFNAME=${NCCL_SOCKET_IFNAME:-lo}

@@ -1,17 +1,17 @@
 #!/bin/bash
-# Issue 12 on the GPU machine: nccl-tests' other collectives through the
-# plugin against NCCL Socket, NP ranks as NP NCCL nodes on the one GPU under
+# nccl-tests' other collectives on the GPU machine, through the plugin
+# against NCCL Socket, NP ranks as NP NCCL nodes on the one GPU under
 # MPS, ROUNDS alternating rounds; then one table per collective and rank
 # count: the median out-of-place time (us) per size, and from 32 MiB the
 # median busbw (GB/s).
-#   test/nccl/colls-session.sh NCCL_TESTS_SRC [NP...]      (default NP: 2 4)
+#   test/nccl/colls-vs-socket.sh NCCL_TESTS_SRC [NP...]      (default NP: 2 4)
 #   env: COLLS ("all_gather reduce_scatter alltoall sendrecv"), ROUNDS (3),
 #        MODES ("socket rail"; also rail:VAR=V,VAR=V),
 #        SIZES ("-b 8 -e 64M -f 8"), ITERS ("-w 5 -n 20"), OUT (build/colls)
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 R=$PWD
-NTSRC=${1:?usage: colls-session.sh NCCL_TESTS_SRC [NP...]}
+NTSRC=${1:?usage: colls-vs-socket.sh NCCL_TESTS_SRC [NP...]}
 shift
 nps=("$@")
 [ ${#nps[@]} -gt 0 ] || nps=(2 4)

@@ -1,13 +1,13 @@
 #!/bin/bash
-# Issue 12 on the GPU machine: NCCL all-reduce through the plugin (its shared
-# helper-thread pool) against NCCL Socket, NP ranks as NP NCCL nodes on the one
-# GPU under MPS, three alternating runs per transport, with the most threads any
-# rank process had while each run went (sampled every 0.2 s from /proc/PID/task).
-#   test/nccl/pool-session.sh NP[:SIZES] ...   e.g. 2:"-b 8 -e 512M -f 2" 4
+# NCCL all-reduce on the GPU machine, through the plugin against NCCL Socket,
+# NP ranks as NP NCCL nodes on the one GPU under MPS, three alternating runs
+# per transport, with the most threads any rank process had while each run
+# went (sampled every 0.2 s from /proc/PID/task).
+#   test/nccl/allreduce-rounds.sh NP[:SIZES] ...   e.g. 2:"-b 8 -e 512M -f 2" 4
 #   env: MODES (default "socket rail"), ROUNDS (3), ITERS (run.sh's), LOGS
 #   (folder, default build/nccl-logs/pool). Each run's table and log go to
 #   LOGS/np<NP>-<mode>-<round>.{out,log}; LOGS/threads.txt has the counts.
-#   Tables (medians of the rounds): test/nccl/pool-merge.py LABEL@LOGS:NP:MODE ...
+#   Tables (medians of the rounds): test/nccl/rounds-merge.py LABEL@LOGS:NP:MODE ...
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LOGS=${LOGS:-build/nccl-logs/pool}
