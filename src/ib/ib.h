@@ -575,6 +575,7 @@ struct rail_ib_comm {
 	uint64_t oob_checked_ns;
 	uint64_t stall_cqes;		/* the stall watchdog (ib_engine.c): CQEs polled at ... */
 	uint64_t stall_ns;		/* ... the last progress (or nothing owed), then */
+	int stall_shift;		/* stalls fired: the timeout doubles with each (<= 16x) */
 	uint64_t seq;			/* next receive (recv) or CTS to process (send) */
 	struct rail_ib_tags tags;	/* per-tag ordinals */
 	int eager_slots;		/* ring slots (0: no eager path) */

@@ -414,15 +414,30 @@ static uint64_t cqes_polled(const struct rail_ib_comm *c)
 	return n;
 }
 
+/* The most a connection's stall timeout grows: 2^4 x NCCL_RAIL_IB_STALL_TIMEOUT. */
+#define STALL_SHIFT_MAX 4
+
+/*
+ * A path slower than the timeout is not a dead one (Soft-RoCE on a loaded
+ * host takes seconds for a 64 MiB write, and a move writes it again): each
+ * stall doubles the connection's own timeout, so the write that was taken
+ * for stalled gets through after a move or two instead of moving for ever.
+ */
 static void stall_fire(struct rail_ib_comm *c, uint64_t now, uint64_t owed, const char *call)
 {
+	uint64_t t = (uint64_t)rail_param_int(RAIL_P_IB_STALL_TIMEOUT);
+
 	c->path_failed = RAIL_IB_TRIG_STALL;
+	if (c->stall_shift < STALL_SHIFT_MAX)
+		c->stall_shift++;
 	RAIL_WARN("%s on %s:%d qp 0x%x, connection to peer %s: %llu completions owed by this "
 		  "HCA and none polled for %llu s (NCCL_RAIL_IB_STALL_TIMEOUT), with no port "
 		  "event: the path stalled (a far-side cable or switch fault); the path moves "
-		  "(NCCL_RAIL_FAILOVER)", call, c->res[0].dev->hca->name, c->res[0].dev->port,
-		  c->qps[0].qp->qp_num, c->peer, (unsigned long long)owed,
-		  (unsigned long long)((now - c->stall_ns) / 1000000000ull));
+		  "(NCCL_RAIL_FAILOVER), and this connection waits %llu s before its next stall",
+		  call, c->res[0].dev->hca->name, c->res[0].dev->port, c->qps[0].qp->qp_num,
+		  c->peer, (unsigned long long)owed,
+		  (unsigned long long)((now - c->stall_ns) / 1000000000ull),
+		  (unsigned long long)(t << c->stall_shift));
 	rail_flight_note(&c->base.fl, RAIL_FEV_STATE, c->qps[0].qp->qp_num, (int32_t)c->epoch,
 			 "stall: the path moves");
 }
@@ -464,7 +479,8 @@ static int stall_probe(struct rail_ib_comm *c, int watched)
 static int stall_check(struct rail_ib_comm *c, uint64_t now, uint64_t last, const char *call,
 		       int watched)
 {
-	uint64_t t = (uint64_t)rail_param_int(RAIL_P_IB_STALL_TIMEOUT) * 1000000000ull, owed;
+	uint64_t t = ((uint64_t)rail_param_int(RAIL_P_IB_STALL_TIMEOUT) * 1000000000ull)
+		     << c->stall_shift, owed;
 
 	if (!t || !c->failover || c->mv || c->fencing || c->path_failed || c->error)
 		return 0;

@@ -74,6 +74,8 @@ struct loop {
 	int hold_at;		/* from this message on fault_dev holds its sends (0: no) */
 	int held;		/* 1: fault_dev holds; 2: released (release_on) */
 	const char *release_on;	/* a WARN after which the hold ends (NULL: never) */
+	int release_ms;		/* ... this long after the WARN was seen (0: at once) */
+	uint64_t release_ns;	/* when the hold ends, once the WARN was seen */
 	int mark;		/* ... looked for from this log mark */
 	int failed;		/* a call failed: its ncclResult_t */
 	void *sreq[WIN], *rreq[WIN];
@@ -144,8 +146,10 @@ static inline int turn(struct loop *L, int count)
 		assert_true(L->F->hold(L->fault_dev, 1) >= 0);
 		L->held = 1;
 	}
-	if (!r && L->held == 1 && L->release_on &&
-	    fvh_log_count_from(L->mark, NCCL_LOG_WARN, L->release_on, NULL)) {
+	if (!r && L->held == 1 && L->release_on && !L->release_ns &&
+	    fvh_log_count_from(L->mark, NCCL_LOG_WARN, L->release_on, NULL))
+		L->release_ns = rail_now_ns() + (uint64_t)L->release_ms * 1000000ull;
+	if (!r && L->held == 1 && L->release_ns && rail_now_ns() >= L->release_ns) {
 		assert_true(L->F->hold(L->fault_dev, 0) >= 0);
 		L->held = 2;
 	}

@@ -235,6 +235,40 @@ static void test_move_stall(void **state)
 }
 
 /*
+ * A slow path, not a dead one: mlx5_0 holds the sender's writes from message
+ * 20 on and lets them go 3 s after the first stall's move (a 64 MiB write
+ * on Soft-RoCE under load takes that long). With NCCL_RAIL_IB_STALL_TIMEOUT=2
+ * the first stall moves the send comm to new QPs on mlx5_0 and doubles its
+ * timeout to 4 s, so the writes written again complete there: one move.
+ * Without the doubling a second stall, 2 s after the move, took the comm
+ * off mlx5_0, and a path that stays slow moved for ever.
+ */
+static void test_stall_slow_path_backs_off(void **state)
+{
+	struct loop L = { .fault_at = -1, .hold_at = 20, .fault_dev = "mlx5_0",
+			  .release_on = "(send comm) moved from mlx5_0:1 to mlx5_0:1",
+			  .release_ms = 3000 };
+
+	(void)state;
+	setenv("NCCL_RAIL_IB_STALL_TIMEOUT", "2", 1);
+	L.F = fvh_start(roce_two);
+	fvh_connect(L.F, 1, 0, -1);	/* receiver on mlx5_1, sender on mlx5_0 */
+	L.mark = fvh_log_mark();
+	if (run_loop(&L, 60)) {
+		fvh_log_dump();
+		fail_msg("a call failed (%d) across the move", L.failed);
+	}
+	assert_int_equal(L.held, 2);
+	assert_moved(L.mark, "none polled for 2 s", "waits 4 s before its next stall");
+	if (fvh_log_count_from(L.mark, NCCL_LOG_WARN, "none polled for", NULL) != 1 ||
+	    fvh_log_count_from(L.mark, NCCL_LOG_WARN, "(send comm) moved", NULL) != 1) {
+		fvh_log_dump();
+		fail_msg("a slow path was taken for stalled again after its move");
+	}
+	loop_end(&L);
+}
+
+/*
  * The stall stays (mlx5_0 holds its sends for good, its port up): the first
  * stall gives the send comm new QPs on mlx5_0, which stall too; the second,
  * within 60 s, takes it off mlx5_0 to mlx5_1 and the receiver, which cannot
@@ -744,6 +778,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_move_fused_cards_sender, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_fused_device_fatal, fvh_teardown),
 		cmocka_unit_test_teardown(test_move_stall_twice, stall_teardown),
+		cmocka_unit_test_teardown(test_stall_slow_path_backs_off, stall_teardown),
 	};
 
 	if (!fvh_find_lib()) {

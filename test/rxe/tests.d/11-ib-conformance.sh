@@ -10,7 +10,8 @@
 # with each protocol of the eager ring forced (NCCL_RAIL_IB_EAGER_ORDER:
 # rxe does not implement ibv_query_qp_data_in_order, so libibverbs answers
 # 0 and the default is already the order-safe one; inorder is correct on
-# rxe, which places each write in order).
+# rxe, which places each write in order); last, subnet-aware routing with
+# each device on a subnet of its own.
 # The profiler scenario (NCCL profiler events, v10+) runs in the first three
 # runs with every scenario, and again with data split over 2 QPs (an event
 # per QP of the set) and with the eager ring off (every receive posts WRs).
@@ -48,4 +49,20 @@ for order in safe inorder; do
         run "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 --max-size 1M --abi 12 \
         --scenario sizes,inflight-32,grouped-recv,recv-larger,send-larger,bidirectional,many-comms
 done
+# Subnet-aware routing (NCCL_IB_SUBNET_AWARE_ROUTING) with /32 subnets, so
+# that each rxe device is a subnet of its own: role A, given rxe0, must
+# connect from rxe1, the device on the listener's subnet, and say so.
+out=$(NCCL_IB_SUBNET_AWARE_ROUTING=1 NCCL_IB_SUBNET_PREFIX_LEN=32 NCCL_DEBUG=INFO \
+    NCCL_DEBUG_SUBSYS=NET timeout 600 "$conf" --plugin "$plugin" --dev 0 --peer-dev 1 \
+    --max-size 1M --abi 12 --scenario sizes,bidirectional 2>&1)
+rc=$?
+printf '%s\n' "$out" >"${RXE_TEST_OUT:-/tmp}/subnet-aware.log"
+echo "== subnet-aware routing, /32: rc $rc"
+printf '%s\n' "$out" | grep -F "is not on the peer's subnet" | head -2
+if [ $rc -ne 0 ] || ! printf '%s\n' "$out" | grep -F "is not on the peer's subnet" |
+    grep -q "using device 1 (rxe1"; then
+    echo "FAILED: subnet-aware routing: rc $rc, or no line moving the connection to rxe1"
+    printf '%s\n' "$out" | grep -E "WARN|subnet" | head -5
+    fails=$((fails + 1))
+fi
 exit $((fails > 0))
