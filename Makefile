@@ -253,8 +253,9 @@ test-conformance: $(PLUGIN) $(CONFORMANCE)
 	NCCL_RAIL_TRANSPORT=tcp $(CONFORMANCE) --plugin $(PLUGIN) --self-test
 
 # rail-bench --server / --client in two network namespaces joined by a veth
-# pair, then rail-check across two namespaces with two rails, healthy and
-# with a rail down or black-holed (root; skips saying why otherwise).
+# pair (and its --csv), then rail-check across two namespaces with two rails,
+# healthy and with a rail down or black-holed, whose --svg heatmap headless
+# chromium draws (root; skips saying why otherwise, chromium included).
 test-netns: all
 	test/netns/run.sh $(BUILD)
 	test/netns/rail-check.sh $(BUILD)

@@ -12,6 +12,7 @@
  * ping-pong; bandwidth is one direction with a window of messages in
  * flight, like NCCL's pipelined steps. --total moves a given number of
  * bytes instead of the size sweep, and --verify checks every byte of it.
+ * --csv FILE writes the sweep's rows to FILE too, for plotting.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -567,6 +568,28 @@ static void teardown_side(struct bench_side *s)
 	free(s->rbuf);
 }
 
+/* --csv: the sweep's rows, opened before the run (NULL: none). */
+static FILE *bench_csv;
+
+/* One row of the sweep as CSV; a figure not measured (-L, -B) is an empty field. */
+static void csv_row(const struct bench_opts *o, size_t size, int iters, double lat, double bw,
+		    double p50)
+{
+	if (!bench_csv)
+		return;
+	fprintf(bench_csv, "%zu,%d,", size, iters);
+	if (!o->bw_only)
+		fprintf(bench_csv, "%.3f", lat);
+	fputc(',', bench_csv);
+	if (!o->lat_only)
+		fprintf(bench_csv, "%.6g", bw);
+	fputc(',', bench_csv);
+	if (!o->bw_only)
+		fprintf(bench_csv, "%.3f", p50);
+	fputc('\n', bench_csv);
+	fflush(bench_csv);	/* a sweep cut short keeps its rows */
+}
+
 static void run_sweep(struct bench_side *s, const struct bench_opts *o)
 {
 	int print = s->role == 0 || s->across;
@@ -577,6 +600,8 @@ static void run_sweep(struct bench_side *s, const struct bench_opts *o)
 		       o->bidir ? "bandwidth both ways at once (GB/s per direction)"
 				: "bandwidth one way", o->min_size, o->max_size,
 		       "size(B)", "iters", "lat(us)", "bw(GB/s)", "lat_p50(us)");
+	if (print && bench_csv)	/* the table's columns, in its order */
+		fprintf(bench_csv, "size_bytes,iters,lat_us,bw_gbs,lat_p50_us\n");
 	for (size_t size = o->min_size; size <= o->max_size; size *= (size_t)o->factor) {
 		int iters = iters_for(o, size);
 		double lat = 0, bw = 0, p50 = 0;
@@ -605,6 +630,7 @@ static void run_sweep(struct bench_side *s, const struct bench_opts *o)
 		if (print) {
 			printf(" %12zu %10d %12.2f %12.3f %12.2f\n", size, iters, lat, bw, p50);
 			fflush(stdout);
+			csv_row(o, size, iters, lat, bw, p50);
 		}
 		if (size > o->max_size / (size_t)o->factor)
 			break;
@@ -649,6 +675,9 @@ static int run_side(struct bench_side *s, struct bench_opts *o)
 	int rc = 0;
 
 	setup_side(s, o);
+	if (o->total && bench_csv)	/* a server running a client's --total */
+		fprintf(stderr, "rail-bench: --csv %s: the run moves --total bytes, not the size "
+			"sweep: the file stays empty\n", o->csv);
 	if (o->total)
 		rc = run_total(s, o);
 	else
@@ -697,7 +726,7 @@ static void usage(FILE *f)
 		"                  [-W WINDOW] [-C CONNS] [-x] [-d DEV] [-D PEER_DEV] [-c] [-L|-B]\n"
 		"                  [-t SEC] [--total BYTES [--msg BYTES] [--verify]]\n"
 		"                  [--server [ADDR:]PORT | --client HOST:PORT] [--timeout SEC]\n"
-		"                  [--profiler none|idle|events] [--cpus A,B]\n"
+		"                  [--profiler none|idle|events] [--cpus A,B] [--csv FILE]\n"
 		"  -b/-e  smallest/largest message (default 8 and 1G; k/M/G suffixes)\n"
 		"  -f     size multiplier per step (default 2)\n"
 		"  -n     most iterations per size (default 1000; fewer for large sizes)\n"
@@ -720,6 +749,9 @@ static void usage(FILE *f)
 		"                 (every event started and stopped)\n"
 		"  --cpus A,B     pin this process to CPU A and the forked peer to CPU B (a\n"
 		"                 benchmark aid: the same placement as two pinned perftest sides)\n"
+		"  --csv FILE     also write the size sweep to FILE as CSV, one row per size:\n"
+		"                 size_bytes,iters,lat_us,bw_gbs,lat_p50_us (the table's columns;\n"
+		"                 a figure -L or -B leaves out is empty)\n"
 		"  --corrupt OFF  (test aid) the sender flips the byte at stream offset OFF\n"
 		"  --version      print the version\n"
 		"The transport is the plugin's choice: set NCCL_RAIL_TRANSPORT=tcp|ib to force,\n"
@@ -756,6 +788,8 @@ static int check_opts(const struct bench_opts *o)
 		bad = "--server and --client: one or the other";
 	else if (o->timeout <= 0)
 		bad = "--timeout must be a positive number of seconds";
+	else if (o->csv && o->total)
+		bad = "--csv writes the size sweep: it does not go with --total";
 	if (!bad && (o->server || o->client)) {
 		char host[256];
 		int port;
@@ -783,6 +817,7 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 		{ "corrupt", required_argument, NULL, 'X' },
 		{ "profiler", required_argument, NULL, 'P' },
 		{ "cpus", required_argument, NULL, 'U' },
+		{ "csv", required_argument, NULL, 'G' },
 		{ "version", no_argument, NULL, 'v' },
 		{ "help", no_argument, NULL, 'h' },
 		{ NULL, 0, NULL, 0 },
@@ -813,6 +848,7 @@ static int parse_opts(int argc, char **argv, struct bench_opts *o)
 		case 'O': o->timeout = atof(optarg); break;
 		case 'X': o->corrupt = 1 + strtoull(optarg, NULL, 0); break;
 		case 'P': bench_prof = parse_prof(optarg); break;
+		case 'G': o->csv = optarg; break;
 		case 'U':
 			if (sscanf(optarg, "%d,%d", &o->cpu, &o->peer_cpu) != 2 || o->cpu < 0 ||
 			    o->peer_cpu < 0) {
@@ -846,6 +882,16 @@ static int pin_cpu(int cpu)
 	return -1;
 }
 
+/* --csv: close the file; rc, or 1 when its rows could not all be written. */
+static int csv_close(const struct bench_opts *o, int rc)
+{
+	if (bench_csv && (ferror(bench_csv) | fclose(bench_csv))) {
+		fprintf(stderr, "rail-bench: --csv %s: writing failed: %s\n", o->csv, strerror(errno));
+		return rc ? rc : 1;
+	}
+	return rc;
+}
+
 int main(int argc, char **argv)
 {
 	struct bench_opts o = { .min_size = 8, .max_size = 1ull << 30, .factor = 2, .iters = 1000,
@@ -857,10 +903,14 @@ int main(int argc, char **argv)
 
 	if (parse_opts(argc, argv, &o))
 		return 2;
+	if (o.csv && !(bench_csv = fopen(o.csv, "w"))) {
+		fprintf(stderr, "rail-bench: --csv %s: cannot write it: %s\n", o.csv, strerror(errno));
+		return 2;
+	}
 	if (o.server || o.client) {
 		if (bench_oob_setup(&o, &s))
 			return 1;
-		return run_side(&s, &o);
+		return csv_close(&o, run_side(&s, &o));
 	}
 	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv))
 		return 1;
@@ -874,6 +924,7 @@ int main(int argc, char **argv)
 		s.oob = sv[1];
 		s.role = 1;
 		s.dev = o.peer_dev;
+		bench_csv = NULL;	/* the parent's: this side prints nothing */
 		_exit(run_side(&s, &o));
 	}
 	close(sv[1]);
@@ -884,5 +935,5 @@ int main(int argc, char **argv)
 	s.dev = o.dev;
 	rc = run_side(&s, &o);
 	wait(&status);
-	return rc ? rc : WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+	return csv_close(&o, rc ? rc : WIFEXITED(status) ? WEXITSTATUS(status) : 1);
 }

@@ -14,9 +14,13 @@
  *                                                  PMI_RANK) serves on PORT, the others
  *                                                  connect to HOST:PORT
  *
+ * The first process prints the report (text, or --json) and, with --svg
+ * FILE, writes it as a heatmap too (src/check/check_svg.c).
+ *
  * Exit status: 0 all good, 1 any failure, 2 usage or setup error (the
  * check could not run: bad options, no rendezvous).
  */
+#include <errno.h>
 #include <getopt.h>
 #include <stdlib.h>
 #include <string.h>
@@ -39,6 +43,10 @@ static void usage(FILE *f)
 		"                     is left out by the plugin on both ends of its link)\n"
 		"  --routed           GIDs may be on different subnets (a routed fabric)\n"
 		"  --json             the report as one JSON object (on the first process)\n"
+		"  --svg FILE         also write the report as a heatmap picture (SVG, opens in\n"
+		"                     a browser): bandwidth and latency per device pair, rails\n"
+		"                     as blocks, failing pairs crossed out in red (on the first\n"
+		"                     process; exit 2 when FILE cannot be written)\n"
 		"  --timeout SEC      bound on each step of each pair (default 10)\n"
 		"  --meet-timeout SEC wait for the other processes (default 120)\n"
 		"  --lat-iters N      ping-pong round trips for the latency (default 100)\n"
@@ -139,6 +147,7 @@ static int parse_opts(int argc, char **argv, struct rail_ck_opts *o)
 		{ "expect-devices", required_argument, NULL, 'e' },
 		{ "routed", no_argument, NULL, 'r' },
 		{ "json", no_argument, NULL, 'j' },
+		{ "svg", required_argument, NULL, 'G' },
 		{ "timeout", required_argument, NULL, 't' },
 		{ "meet-timeout", required_argument, NULL, 'm' },
 		{ "lat-iters", required_argument, NULL, 'l' },
@@ -162,6 +171,7 @@ static int parse_opts(int argc, char **argv, struct rail_ck_opts *o)
 		case 'e': o->expect_devs = atoi(optarg); break;
 		case 'r': o->routed = 1; break;
 		case 'j': o->json = 1; break;
+		case 'G': o->svg = optarg; break;
 		case 't': o->timeout = atof(optarg); break;
 		case 'm': o->meet_timeout = atof(optarg); break;
 		case 'l': o->lat_iters = atoi(optarg); break;
@@ -189,6 +199,7 @@ struct run {
 	struct rail_ck_meet m;
 	struct rail_ck_info me;
 	void *ctx;
+	FILE *svg;		/* --svg on the first process: opened before the tests */
 	struct rail_ck_cell *cells;
 	int ncells, cap;
 };
@@ -258,6 +269,23 @@ static double total_budget(const struct run *u)
 	       (u->o->all_pairs ? maxdev : 1) * 6 * (u->o->timeout + 10);
 }
 
+/* --svg: the report as a picture; 0, or -1 after a message. */
+static int svg_finish(struct run *u, const struct rail_ck_report *r)
+{
+	int bad;
+
+	errno = 0;
+	bad = rail_ck_print_svg(r, u->svg);
+	bad |= fclose(u->svg);
+	u->svg = NULL;
+	if (bad)
+		fprintf(stderr, "rail-check: --svg %s: writing the picture failed: %s (the report "
+			"above stands)\n", u->o->svg, errno ? strerror(errno) : "out of memory");
+	else if (!u->o->json)
+		printf("rail-check: the heatmap is in %s (open it in a browser)\n", u->o->svg);
+	return bad ? -1 : 0;
+}
+
 static int hub_finish(struct run *u)
 {
 	struct rail_ck_report *r = calloc(1, sizeof(*r));
@@ -297,6 +325,8 @@ static int hub_finish(struct run *u)
 		rail_ck_print_text(r, stdout);
 	fflush(stdout);
 	code = r->nfail ? RAIL_CK_EXIT_FAIL : RAIL_CK_EXIT_OK;
+	if (u->svg && svg_finish(u, r) && code == RAIL_CK_EXIT_OK)
+		code = RAIL_CK_EXIT_SETUP;
 	snprintf(buf, 16, "%d", code);
 	for (int k = 1; k < u->m.nranks; k++)
 		rail_ck_msg_send(u->m.fds[k], RAIL_CK_MSG_FINAL, buf, strlen(buf), rail_ck_deadline(5));
@@ -343,6 +373,11 @@ int main(int argc, char **argv)
 
 	if (parse_opts(argc, argv, &o))
 		return RAIL_CK_EXIT_SETUP;
+	/* the first process writes it: find out now, not after the tests, that it cannot */
+	if (o.svg && o.server && !(u.svg = fopen(o.svg, "w"))) {
+		fprintf(stderr, "rail-check: --svg %s: cannot write it: %s\n", o.svg, strerror(errno));
+		return RAIL_CK_EXIT_SETUP;
+	}
 	rail_ck_verbose = o.verbose;
 	o.bw_msg = RAIL_MIN(o.bw_msg, o.bw_bytes);
 	/* Each rail is tested alone: a connection that moved to another NIC would hide its fault. */
@@ -363,6 +398,10 @@ int main(int argc, char **argv)
 			test_peer(&u, peer, rail_ck_deadline(total_budget(&u)));
 	code = u.m.rank == 0 ? hub_finish(&u) : peer_finish(&u);
 out:
+	if (u.svg) {	/* the check did not run: no picture rather than an empty one */
+		fclose(u.svg);
+		unlink(o.svg);
+	}
 	rail_ck_meet_close(&u.m);
 	free(u.cells);
 	if (init_ok)

@@ -39,6 +39,7 @@ struct rail_ck_opts {
 	int lat_iters;
 	size_t bw_bytes, bw_msg;
 	const char *hook;	/* test aid: run after the peers met */
+	const char *svg;	/* --svg FILE: the report as a heatmap (the first process) */
 };
 
 struct rail_ck_dev {
@@ -173,6 +174,21 @@ void rail_ck_problem(struct rail_ck_report *r, int fatal, const char *what, cons
 void rail_ck_static_checks(struct rail_ck_report *r, const struct rail_ck_opts *o);
 void rail_ck_print_text(const struct rail_ck_report *r, FILE *out);
 void rail_ck_print_json(const struct rail_ck_report *r, FILE *out);
+/* "host:dev", or "host#rank:dev" when several processes share the host name; dev < 0: the host. */
+const char *rail_ck_label(const struct rail_ck_report *r, int rank, int dev, char *buf,
+			  size_t len);
+/* The GID (or address) of a device, "-" none, "?" no such device. */
+const char *rail_ck_gid(const struct rail_ck_report *r, int rank, int dev);
+/* What to try after a failed step. */
+const char *rail_ck_hint(const char *step);
+/*
+ * ---- check_svg.c ----
+ * The report as a self-contained SVG heatmap: one cell per tested device pair,
+ * coloured by bandwidth and, in a second panel, by latency; rails as blocks;
+ * failing pairs crossed out in red and listed with the reason. The same
+ * report gives the same bytes. 0, or -1 when out of memory or writing failed.
+ */
+int rail_ck_print_svg(const struct rail_ck_report *r, FILE *out);
 /* Cells as text lines and back (process -> hub); decode returns the count or -1. */
 int rail_ck_cells_encode(const struct rail_ck_cell *c, int n, char *buf, size_t len);
 int rail_ck_cells_decode(const char *buf, struct rail_ck_cell *c, int max);

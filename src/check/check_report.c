@@ -200,20 +200,20 @@ static int host_unique(const struct rail_ck_report *r, int rank)
 	return 1;
 }
 
-/* "host:dev", or "host#rank:dev" when several processes share the host name. */
-static const char *label(const struct rail_ck_report *r, int rank, int dev, char *buf, size_t len)
+const char *rail_ck_label(const struct rail_ck_report *r, int rank, int dev, char *buf,
+			  size_t len)
 {
 	const struct rail_ck_info *in = &r->all[rank];
 	const char *d = dev < in->ndev ? in->dev[dev].name : "?";
 
 	if (host_unique(r, rank))
-		snprintf(buf, len, "%s:%s", in->host, d);
+		snprintf(buf, len, "%s%s%s", in->host, dev < 0 ? "" : ":", dev < 0 ? "" : d);
 	else
-		snprintf(buf, len, "%s#%d:%s", in->host, rank, d);
+		snprintf(buf, len, "%s#%d%s%s", in->host, rank, dev < 0 ? "" : ":", dev < 0 ? "" : d);
 	return buf;
 }
 
-static const char *gid_of(const struct rail_ck_report *r, int rank, int dev)
+const char *rail_ck_gid(const struct rail_ck_report *r, int rank, int dev)
 {
 	const struct rail_ck_info *in = &r->all[rank];
 
@@ -232,8 +232,7 @@ static const struct rail_ck_cell *find(const struct rail_ck_report *r, int ra, i
 	return NULL;
 }
 
-/* What to try, per failed step. */
-static const char *hint(const char *step)
+const char *rail_ck_hint(const char *step)
 {
 	static const struct { const char *step, *text; } hints[] = {
 		{ "connect", "check the link and the route between these two addresses (ip link, "
@@ -262,15 +261,15 @@ static void print_matrix(const struct rail_ck_report *r, FILE *out)
 
 	for (int a = 0; a < r->nranks; a++)
 		for (int d = 0; d < r->all[a].ndev; d++)
-			w = RAIL_MAX(w, (int)strlen(label(r, a, d, l, sizeof(l))) + 2);
+			w = RAIL_MAX(w, (int)strlen(rail_ck_label(r, a, d, l, sizeof(l))) + 2);
 	fprintf(out, "%-*s", w, "from \\ to");
 	for (int b = 0; b < r->nranks; b++)
 		for (int d = 0; d < r->all[b].ndev; d++)
-			fprintf(out, " %-*s", w, label(r, b, d, l, sizeof(l)));
+			fprintf(out, " %-*s", w, rail_ck_label(r, b, d, l, sizeof(l)));
 	fprintf(out, "\n");
 	for (int a = 0; a < r->nranks; a++)
 		for (int da = 0; da < r->all[a].ndev; da++) {
-			fprintf(out, "%-*s", w, label(r, a, da, l, sizeof(l)));
+			fprintf(out, "%-*s", w, rail_ck_label(r, a, da, l, sizeof(l)));
 			for (int b = 0; b < r->nranks; b++)
 				for (int db = 0; db < r->all[b].ndev; db++) {
 					const struct rail_ck_cell *c = find(r, a, da, b, db);
@@ -322,9 +321,9 @@ void rail_ck_print_text(const struct rail_ck_report *r, FILE *out)
 		if (!nbad++)
 			fprintf(out, "\nfailing pairs:\n");
 		fprintf(out, "FAIL %s (GID %s) <-> %s (GID %s): %s: %s\n  try: %s\n",
-			label(r, c->ra, c->da, la, sizeof(la)), gid_of(r, c->ra, c->da),
-			label(r, c->rb, c->db, lb, sizeof(lb)), gid_of(r, c->rb, c->db), c->step,
-			c->why, hint(c->step));
+			rail_ck_label(r, c->ra, c->da, la, sizeof(la)), rail_ck_gid(r, c->ra, c->da),
+			rail_ck_label(r, c->rb, c->db, lb, sizeof(lb)), rail_ck_gid(r, c->rb, c->db),
+			c->step, c->why, rail_ck_hint(c->step));
 	}
 	for (int i = 0; i < r->nprobs; i++) {
 		fprintf(out, "%s%s %s: %s\n", i == 0 ? "\n" : "", r->probs[i].fatal ? "FAIL" : "note",
@@ -362,7 +361,7 @@ static void json_end(const struct rail_ck_report *r, int rank, int dev, FILE *ou
 	fprintf(out, ", \"dev\": %d, \"name\": ", dev);
 	jstr(out, dev < in->ndev ? in->dev[dev].name : "?");
 	fprintf(out, ", \"gid\": ");
-	jstr(out, gid_of(r, rank, dev));
+	jstr(out, rail_ck_gid(r, rank, dev));
 	fprintf(out, "}");
 }
 

@@ -14,6 +14,11 @@
 #      still fine, exit 1 on both sides, within the time bound;
 #   2b. a black hole on rail 1 (a wrong neighbour entry: no error, no answer):
 #      the pair fails at --timeout, named;
+#   2c. that run's heatmap (--svg): the SVG marks that pair failed and no other
+#      (test/netns/heatmap-check.py), and a real browser draws it: chromium
+#      --headless takes a screenshot, which must show the picture with the red
+#      marker in those cells only (no chromium or python3: SKIP, saying so;
+#      RAIL_NETNS_KEEP=DIR keeps the SVG and the screenshot there);
 #   3. rail 1 down in B before the start: both ends drop it (no carrier),
 #      --expect-devices names the missing device; B with one interface
 #      configured, A two: the rail without a partner is named, exit 1;
@@ -64,6 +69,32 @@ ip -n "$nsa" link set lo up && ip -n "$nsb" link set lo up &&
     wait_carrier || { echo "rail-check netns: cannot set up the namespaces"; exit 1; }
 
 check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); return 1; }
+
+# heatmap_screenshot SVG PNG: chromium draws SVG at its size into PNG, which
+# heatmap-check.py reads back. Debian's chromium-headless-shell (the same
+# renderer without the desktop parts) starts in a third of chromium's CPU time.
+heatmap_screenshot() {
+    local browser size t0=$SECONDS
+    browser=$(command -v chromium-headless-shell || command -v chromium ||
+        command -v chromium-browser || command -v google-chrome)
+    if [ -z "$browser" ]; then
+        echo "SKIP: rail-check netns: heatmap screenshot: no chromium to draw it" \
+            "(apt-get install chromium-headless-shell, or chromium)"
+        return 0
+    fi
+    size=$(sed -n 's/^<svg [^>]* width="\([0-9]*\)" height="\([0-9]*\)".*/\1,\2/p' "$1")
+    # --no-sandbox: chromium refuses to run as root without it
+    timeout -k 5 60 "$browser" --headless --no-sandbox --disable-gpu --hide-scrollbars \
+        --force-device-scale-factor=1 --no-first-run --disable-extensions \
+        --user-data-dir="$out/chromium" --window-size="$size" --screenshot="$2" \
+        "file://$1" >"$out/chromium.log" 2>&1
+    check [ -s "$2" ] || { tail -5 "$out/chromium.log"; return 1; }
+    check python3 test/netns/heatmap-check.py "$1" --fail "#0:rca1" "#1:rcb1" --rail 1 \
+        --png "$2"
+    echo "rail-check netns: heatmap drawn by ${browser##*/}" \
+        "($("$browser" --version 2>/dev/null | tail -1)) and checked in $((SECONDS - t0)) s"
+    if [ -n "${RAIL_NETNS_KEEP:-}" ]; then cp "$1" "$2" "$RAIL_NETNS_KEEP/"; fi
+}
 show() { sed "s/^/  $1| /" "$out/$1"; }
 
 # run NAME [SERVER_ARGS] -- [CLIENT_ARGS]: A serves, B connects; sets src/crc/secs.
@@ -125,13 +156,23 @@ ip -n "$nsb" link set rcb1 up && wait_carrier || { echo "cannot bring rcb1 back"
 
 # 2b. A silent black hole on rail 1 (A's frames for B's rail-1 address go to a MAC nobody
 # has): nothing errors, the connect step must end at --timeout with the pair named.
-run blackhole --hook "ip -n $nsa neigh replace 10.77.94.2 lladdr 02:00:00:00:00:99 dev rca1 nud permanent" --
+run blackhole --svg "$out/blackhole.svg" \
+    --hook "ip -n $nsa neigh replace 10.77.94.2 lladdr 02:00:00:00:00:99 dev rca1 nud permanent" --
 check [ "$src" = 1 ] && check [ "$crc" = 1 ] || show blackhole.a
 check grep -Eq "^FAIL [^ ]+#0:rca1 \(GID 10\.77\.94\.1\) <-> [^ ]+#1:rcb1 \(GID 10\.77\.94\.2\): connect: .*nothing within 5 s" \
     "$out/blackhole.a" || show blackhole.a
 check grep -q "^rail-check: FAILED: 2 device pair(s) tested, 1 failed" "$out/blackhole.a"
 check [ "$secs" -lt 60 ]
 ip -n "$nsa" neigh del 10.77.94.2 dev rca1 || { echo "cannot remove the neighbour entry"; exit 1; }
+
+# 2c. The heatmap of 2b: rail 1's pair, and only it, marked failed; drawn by a real browser.
+check grep -q "^rail-check: the heatmap is in $out/blackhole.svg" "$out/blackhole.a"
+if ! command -v python3 >/dev/null; then
+    echo "SKIP: rail-check netns: heatmap: no python3 to read the SVG and the screenshot"
+elif check python3 test/netns/heatmap-check.py "$out/blackhole.svg" --fail "#0:rca1" "#1:rcb1" \
+        --rail 1 --cells 8; then
+    heatmap_screenshot "$out/blackhole.svg" "$out/heatmap.png"
+fi
 
 # 3. Rail 1 down in B before the start: both ends lose that interface (no carrier), so
 # only --expect-devices can tell; and B configured with one interface only: the rail
@@ -163,6 +204,9 @@ check [ $? = 2 ] && check grep -q "give one of --server, --connect or --rendezvo
 ip netns exec "$nsa" env NCCL_RAIL_TRANSPORT=tcp NCCL_SOCKET_IFNAME="=rca0" \
     timeout 30 "$rc" --server "$port" --meet-timeout 1 >"$out/alone" 2>&1
 check [ $? = 2 ] && check grep -q "only 1 of the 2 processes arrived within 1 s" "$out/alone"
+"$rc" --server "$port" --svg /nonexistent/heatmap.svg >"$out/nosvg" 2>&1
+check [ $? = 2 ] &&
+    check grep -q "^rail-check: --svg /nonexistent/heatmap.svg: cannot write it: No such" "$out/nosvg"
 env -u OMPI_COMM_WORLD_RANK -u SLURM_PROCID -u PMI_RANK -u PMIX_RANK \
     "$rc" --rendezvous "10.0.0.1:$port" >"$out/norank" 2>&1
 check [ $? = 2 ] && check grep -q "needs the launcher's rank" "$out/norank"

@@ -9,7 +9,9 @@
 # the veth (NCCL_SOCKET_IFNAME), and moves 1 GiB with every byte checked.
 # Then it proves it can fail: a flipped byte must be reported as a
 # mismatch, and a client against a port where nothing listens must exit
-# non-zero with the friendly message. Everything is removed on every exit.
+# non-zero with the friendly message. Last, a short size sweep with --csv on
+# both sides: a header and one row per size, the sizes of the table.
+# Everything is removed on every exit.
 # Not root, or no `ip netns`: prints SKIP and exits 0.
 set -uo pipefail
 
@@ -122,6 +124,23 @@ check grep -q "cannot reach $ipa:$port: connection refused (is \`rail-bench --se
 "$bench" --client "$ipa" >"$out/syntax" 2>&1
 check [ $? = 2 ] || cat "$out/syntax"
 check grep -q "expected HOST:PORT with a port number" "$out/syntax"
+"$bench" --csv "$out/x.csv" --total 4M >"$out/syntax" 2>&1
+check [ $? = 2 ] && check grep -q "csv writes the size sweep: it does not go with --total" \
+    "$out/syntax"
+
+# 5. --csv: each side writes the sweep (the client's sizes: 8, 64, 512 B), a header and one
+# row per size with every figure, as many rows as the table has.
+sweep=(-b 8 -e 512 -f 8 -t 0.01 -n 50)
+pair csv --csv "$out/server.csv" -- "${sweep[@]}" --csv "$out/client.csv"
+check [ "$src" = 0 ] && check [ "$crc" = 0 ] || { show csv server; show csv client; }
+for side in server client; do
+    check [ "$(head -n 1 "$out/$side.csv")" = "size_bytes,iters,lat_us,bw_gbs,lat_p50_us" ]
+    check [ "$(tail -n +2 "$out/$side.csv" | cut -d, -f1 | tr '\n' ' ')" = "8 64 512 " ] ||
+        cat "$out/$side.csv"
+    check awk -F, 'NR > 1 && !(NF == 5 && $2 > 0 && $3 > 0 && $4 > 0 && $5 > 0) { exit 1 }' \
+        "$out/$side.csv"
+    check [ "$(grep -c '^ *[0-9]' "$out/csv.$side")" = 3 ]
+done
 
 if [ "$fails" -ne 0 ]; then
     echo "test-netns: $fails check(s) FAILED"

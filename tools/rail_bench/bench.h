@@ -27,6 +27,7 @@ struct bench_opts {
 	uint64_t corrupt; /* --corrupt: 1 + the stream offset of a byte the sender flips */
 	const char *server, *client;
 	int cpu, peer_cpu;	/* --cpus A,B: CPUs to pin this process and the forked peer to (-1: none) */
+	const char *csv;	/* --csv FILE: the sweep's rows as CSV too (this side only) */
 };
 
 #define BENCH_MAX_COMMS 64
