@@ -9,6 +9,7 @@
 
 #include "api.h"
 #include "api_int.h"
+#include "fdlimit.h"
 #include "gpu.h"
 #include "handles.h"
 #include "log.h"
@@ -125,6 +126,7 @@ static ncclResult_t init_locked(ncclDebugLogger_t logger, int abi_version)
 		return ncclSuccess;
 	}
 	rail_params_load();
+	(void)rail_nofile_raise();	/* a failure is warned; the limit stays */
 	ops = rail_transport_select(why, sizeof(why));
 	if (!ops) {
 		RAIL_WARN("init failed: %s", why);
