@@ -220,6 +220,21 @@ struct tcp_dev {
 
 const struct tcp_dev *tcp_dev_get(int dev);
 
+/*
+ * ---- the interfaces' link state (tcp_link.c) ----
+ * Written by the link watch (tcp_rescue.c), read by every comm: the
+ * lowest layer, so that tcp_move_due below depends on nothing above it.
+ */
+/* Bumped at every change of an interface's state; whether dev is down now. */
+uint32_t tcp_link_gen(void);
+int tcp_link_down(int dev);
+/* When dev last started running (rail_now_ns()), or 0 while it is down. */
+uint64_t tcp_link_up_since(int dev);
+/* The link watch: dev runs, from now (at its start). */
+void tcp_link_reset(int dev);
+/* The link watch: dev runs or not; 1 when that changed (and the generation was bumped). */
+int tcp_link_set(int dev, int running);
+
 /* ---- comms ---- */
 
 struct tcp_comm;
@@ -484,11 +499,6 @@ void tcp_rescue_stop(void);
 void tcp_rescue_mine(struct tcp_rescue *r);
 void tcp_rescue_register(struct tcp_comm *c);
 void tcp_rescue_unregister(struct tcp_comm *c);
-/* Bumped at every change of an interface's state; whether dev is down now. */
-uint32_t tcp_link_gen(void);
-int tcp_link_down(int dev);
-/* When dev last started running (rail_now_ns()), or 0 while it is down. */
-uint64_t tcp_link_up_since(int dev);
 int tcp_same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b);
 /* The interface (device index) holding local address a, or -1. */
 int tcp_dev_of_addr(const union rail_sockaddr *a);
