@@ -208,7 +208,27 @@ struct tcp_plan {
 void tcp_plan_message(size_t size, uint64_t seq, int nsocks, size_t min_chunk,
 		      struct tcp_plan *plan);
 
-/* ---- devices (tcp_init.c) ---- */
+/* ---- what the host allows (tcp_host.c) ---- */
+
+#define TCP_POOL_MAX 64
+/* The helper pool's bound: NCCL_RAIL_TCP_THREADS, or the rule of tcp_host.c. */
+int tcp_pool_size(char *why, size_t why_len);
+/*
+ * Messages up to the inline limit go on the control socket: NCCL_RAIL_TCP_INLINE, or
+ * tcp_host.c's rule (the default, or more on a crowded host).
+ */
+#define TCP_INLINE_DEFAULT (16u << 10)
+#define TCP_INLINE_CROWDED (4u << 20)
+#define TCP_CROWDED_CPUS 4	/* fewer CPUs per local rank: a crowded host */
+uint32_t tcp_inline_max(char *why, size_t why_len);
+/*
+ * The ranks a launcher says share this host (OMPI_COMM_WORLD_LOCAL_SIZE,
+ * MPI_LOCALNRANKS, LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE), or 0; *from
+ * names the variable.
+ */
+int tcp_local_ranks(const char **from);
+
+/* ---- devices (tcp_dev.c) ---- */
 
 struct tcp_dev {
 	char name[IF_NAMESIZE];
@@ -218,7 +238,17 @@ struct tcp_dev {
 	int speed;
 };
 
+/* Find the interfaces (at init): their number, or 0 or -errno with a reason in why. */
+int tcp_devs_init(char *why, size_t why_len);
+void tcp_devs_fini(void);
+/* NULL unless 0 <= dev < tcp_ndevs_now(). */
 const struct tcp_dev *tcp_dev_get(int dev);
+int tcp_ndevs_now(void);
+/* How the interfaces were chosen (NCCL_SOCKET_IFNAME ...), for the description. */
+const char *tcp_devs_rule(void);
+int tcp_same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b);
+/* The interface (device index) holding local address a, or -1. */
+int tcp_dev_of_addr(const union rail_sockaddr *a);
 
 /*
  * ---- the interfaces' link state (tcp_link.c) ----
@@ -422,26 +452,9 @@ int tcp_dereg_mr(struct rail_comm *comm, void *mh);
 
 /*
  * tcp_pool.c: one bounded pool of helper threads per process, shared by all
- * comms, started lazily (a thread per new socket until the bound) and
- * stopped by tcp_pool_stop at the transport's fini.
+ * comms, started lazily (a thread per new socket until the bound,
+ * tcp_pool_size) and stopped by tcp_pool_stop at the transport's fini.
  */
-#define TCP_POOL_MAX 64
-/* The pool's bound: NCCL_RAIL_TCP_THREADS, or the rule of tcp_pool.c. */
-int tcp_pool_size(char *why, size_t why_len);
-/*
- * Messages up to the inline limit go on the control socket: NCCL_RAIL_TCP_INLINE, or
- * tcp_pool.c's rule (the default, or more on a crowded host).
- */
-#define TCP_INLINE_DEFAULT (16u << 10)
-#define TCP_INLINE_CROWDED (4u << 20)
-#define TCP_CROWDED_CPUS 4	/* fewer CPUs per local rank: a crowded host */
-uint32_t tcp_inline_max(char *why, size_t why_len);
-/*
- * The ranks a launcher says share this host (OMPI_COMM_WORLD_LOCAL_SIZE,
- * MPI_LOCALNRANKS, LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE), or 0; *from
- * names the variable.
- */
-int tcp_local_ranks(const char **from);
 /* Start the first thread early, at listen and connect (best effort). */
 void tcp_pool_reserve(void);
 /* Hand the comm's data sockets to the pool; on failure nothing stays attached. */
@@ -499,10 +512,6 @@ void tcp_rescue_stop(void);
 void tcp_rescue_mine(struct tcp_rescue *r);
 void tcp_rescue_register(struct tcp_comm *c);
 void tcp_rescue_unregister(struct tcp_comm *c);
-int tcp_same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b);
-/* The interface (device index) holding local address a, or -1. */
-int tcp_dev_of_addr(const union rail_sockaddr *a);
-int tcp_ndevs_now(void);
 
 /* A socket error that means the path failed (not the peer process): a move may heal it. */
 int tcp_path_error(int err);

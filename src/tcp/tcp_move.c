@@ -95,14 +95,6 @@ void tcp_move_free(struct tcp_comm *c)
 	c->mv = NULL;
 }
 
-int tcp_same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b)
-{
-	if (a->sa.sa_family != b->sa.sa_family)
-		return 0;
-	return a->sa.sa_family == AF_INET ? a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr
-					  : !memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, 16);
-}
-
 static const char *dev_name(int dev)
 {
 	const struct tcp_dev *d = tcp_dev_get(dev);

@@ -51,20 +51,6 @@ static int rs_wake[2] = { -1, -1 };
 static unsigned rs_ifindex[TCP_MAX_DEVS];
 static struct tcp_comm *rs_comms;	/* under rs_lock */
 
-int tcp_dev_of_addr(const union rail_sockaddr *a)
-{
-	for (int i = 0; i < tcp_ndevs_now(); i++) {
-		const struct tcp_dev *d = tcp_dev_get(i);
-
-		if (d->addr.sa.sa_family != a->sa.sa_family)
-			continue;
-		if (a->sa.sa_family == AF_INET ? d->addr.sin.sin_addr.s_addr == a->sin.sin_addr.s_addr
-		    : !memcmp(&d->addr.sin6.sin6_addr, &a->sin6.sin6_addr, 16))
-			return i;
-	}
-	return -1;
-}
-
 void tcp_rescue_mine(struct tcp_rescue *r)
 {
 	memset(r, 0, sizeof(*r));
