@@ -412,6 +412,22 @@ struct tcp_comm {
 	int nmrs, cap_mrs;
 };
 
+/* ---- what every layer needs of a comm (tcp_comm.c) ---- */
+/* The ops table new comms carry (tcp_init.c, at init: the table is above every layer). */
+void tcp_comm_ops_set(const struct rail_transport_ops *ops);
+const struct rail_transport_ops *tcp_comm_ops(void);
+const char *tcp_comm_dev_name(const struct tcp_comm *c);
+/*
+ * Record the first error of a comm and log it (once, and not while the
+ * comm is being closed). Returns err.
+ */
+int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* A socket error that means the path failed (not the peer process): a move may heal it. */
+int tcp_path_error(int err);
+/* Record a path failure of a comm that can move (1), or 0: the caller fails as today. */
+int tcp_path_failed(struct tcp_comm *c, int err);
+
 /* tcp_conn.c */
 int tcp_listen(int dev, void *handle, struct rail_comm **listen_comm);
 int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle,
@@ -436,13 +452,6 @@ int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **d
 	      const size_t *sizes, const int *tags, void **mhandles);
 int tcp_test(struct rail_req *req, int *done, size_t *sizes);
 int tcp_close(struct rail_comm *comm);
-/*
- * Record the first error of a comm and log it (once, and not while the
- * comm is being closed). Returns err.
- */
-int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-const char *tcp_comm_dev_name(const struct tcp_comm *c);
 /* Send side: write what the control stream holds (after a move rewound it); 0 or the error. */
 int tcp_ctl_flush(struct tcp_comm *c);
 
@@ -513,10 +522,6 @@ void tcp_rescue_mine(struct tcp_rescue *r);
 void tcp_rescue_register(struct tcp_comm *c);
 void tcp_rescue_unregister(struct tcp_comm *c);
 
-/* A socket error that means the path failed (not the peer process): a move may heal it. */
-int tcp_path_error(int err);
-/* Record a path failure of a comm that can move (1), or 0: the caller fails as today. */
-int tcp_path_failed(struct tcp_comm *c, int err);
 /* Called by isend/irecv/test when a move may be due or under way; 0 or the comm's error. */
 int tcp_move_send(struct tcp_comm *c);
 int tcp_move_recv(struct tcp_comm *c);

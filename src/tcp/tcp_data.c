@@ -4,7 +4,6 @@
  * control socket and hand chunks of large messages to the helper threads
  * (tcp_pool.c). See tcp.h for the protocol.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,36 +17,6 @@
 #include "param.h"
 #include "rail.h"
 #include "tcp/tcp.h"
-
-const char *tcp_comm_dev_name(const struct tcp_comm *c)
-{
-	const struct tcp_dev *d = tcp_dev_get(c->base.dev);
-
-	return d ? d->name : "?";
-}
-
-int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
-{
-	int expected = 0;
-	char msg[512];
-	va_list ap;
-
-	/*
-	 * The WARN goes out before the error is published: a caller that sees
-	 * the error (test() on another thread) must find it in the log already.
-	 */
-	if (!atomic_load(&c->error) && !atomic_load(&c->closing) &&
-	    atomic_compare_exchange_strong(&c->warned, &expected, 1)) {
-		va_start(ap, fmt);
-		vsnprintf(msg, sizeof(msg), fmt, ap);
-		va_end(ap);
-		RAIL_WARN("%s comm on %s, peer %s: %s", c->is_send ? "send" : "receive",
-			  tcp_comm_dev_name(c), c->peer, msg);
-	}
-	expected = 0;
-	atomic_compare_exchange_strong(&c->error, &expected, err);
-	return err;
-}
 
 static uint32_t next_pow2(uint32_t v)
 {
@@ -148,7 +117,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	int err, liveness;
 
 	err = c ? rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, dev,
-				 &rail_tcp_ops) : -ENOMEM;
+				 tcp_comm_ops()) : -ENOMEM;
 	if (err) {
 		RAIL_WARN("setting up the %s comm to %s on %s failed: %s", is_send ? "send"
 			  : "receive", RAIL_ADDRSTR(peer), tcp_dev_get(dev)->name, RAIL_ERRSTR(err));

@@ -12,8 +12,10 @@
 
 static int tcp_init(char *why, size_t why_len)
 {
-	int n = tcp_devs_init(why, why_len);
+	int n;
 
+	tcp_comm_ops_set(&rail_tcp_ops);
+	n = tcp_devs_init(why, why_len);
 	if (n > 0)
 		tcp_fault_arm();
 	return n;

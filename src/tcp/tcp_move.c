@@ -61,22 +61,6 @@ struct tcp_move {
 	size_t off;
 };
 
-int tcp_path_error(int err)
-{
-	return err == -EHOSTUNREACH || err == -ENETUNREACH || err == -ENETDOWN ||
-	       err == -ETIMEDOUT || err == -EHOSTDOWN;
-}
-
-int tcp_path_failed(struct tcp_comm *c, int err)
-{
-	int none = 0;
-
-	if (!c->fo || !tcp_path_error(err))
-		return 0;
-	atomic_compare_exchange_strong(&c->path_err, &none, err);
-	return 1;
-}
-
 static void dial_close(struct tcp_move *mv)
 {
 	for (int i = 0; i <= TCP_MAX_SOCKS; i++) {
