@@ -428,6 +428,19 @@ int tcp_path_error(int err);
 /* Record a path failure of a comm that can move (1), or 0: the caller fails as today. */
 int tcp_path_failed(struct tcp_comm *c, int err);
 
+/* ---- the control socket's side of the requests (tcp_ctl.c) ---- */
+/* Append a request to the comm's FIFO (posting order, both sides); drop its head. */
+void tcp_ctl_push(struct tcp_comm *c, struct tcp_req *r);
+void tcp_ctl_pop(struct tcp_comm *c);
+/* Send bytes [*off, hlen + plen) of header + payload without blocking; 0, -EAGAIN or -errno. */
+int tcp_ctl_write(int fd, const uint8_t *hdr, size_t hlen, const char *payload, size_t plen,
+		  size_t *off);
+/*
+ * Send side: write the frames and inline bytes of the FIFO's requests (or
+ * what the control stream holds after a move rewound it); 0 or the error.
+ */
+int tcp_ctl_flush(struct tcp_comm *c);
+
 /* tcp_conn.c */
 int tcp_listen(int dev, void *handle, struct rail_comm **listen_comm);
 int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle,
@@ -452,8 +465,6 @@ int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **d
 	      const size_t *sizes, const int *tags, void **mhandles);
 int tcp_test(struct rail_req *req, int *done, size_t *sizes);
 int tcp_close(struct rail_comm *comm);
-/* Send side: write what the control stream holds (after a move rewound it); 0 or the error. */
-int tcp_ctl_flush(struct tcp_comm *c);
 
 /* tcp_init.c: memory registrations, tracked per comm so a second deregMr fails. */
 int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh);
