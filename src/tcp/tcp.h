@@ -21,6 +21,29 @@
  * refusal when a message does not fit its posted receive (or carries a tag
  * the receive does not expect), so that the sender's next isend or test
  * fails with both sizes too. A peer of an older build never reads it.
+ *
+ * Layers. The files of src/tcp/ call each other one way only: a file uses
+ * the functions and data of files of a lower rank (LAYER.STEP), never of a
+ * higher one, and of its own rank only where an "allow" line below says
+ * why (none does now). test/check-layering.sh (make test-layering, part of
+ * make check) reads this table and nm of the objects and fails naming every
+ * use that breaks it. Where a lower layer needs something of an upper one,
+ * the upper one passes it down (the ops table, at init). This header's
+ * inline code (tcp_move_due) uses layer 0 only.
+ *
+ *   0.0  tcp_wire    layer 0, no other file: every format exchanged with the peer; key, MACs
+ *   0.0  tcp_fault   fault injection (NCCL_RAIL_TCP_FAULT)
+ *   0.0  tcp_host    what the host allows: local ranks, CPUs, the pool's bound, the inline limit
+ *   0.0  tcp_link    the interfaces' link state, written by the link watch, read by every comm
+ *   1.0  tcp_dev     layer 1, devices: discovery, the device table, lookups
+ *   1.1  tcp_comm    what every layer needs of a comm: ops table, first error, path failure
+ *   2.0  tcp_pool    layer 2, a comm's resources: the helper threads that move chunks
+ *   2.0  tcp_ctl     the control socket's request FIFO and the send side's writer (the ring)
+ *   2.0  tcp_rescue  the rescue listeners, the link watch, the registry of comms that can move
+ *   3.0  tcp_move    layer 3, failover: a comm's move to another interface, and back
+ *   4.0  tcp_data    layer 4, the data path: isend, irecv, test, close (drives a due move)
+ *   5.0  tcp_conn    layer 5, connection setup: listen, connect, accept
+ *   6.0  tcp_init    layer 6, the ops table; init and fini, properties, registrations
  */
 #ifndef RAIL_TCP_H
 #define RAIL_TCP_H
