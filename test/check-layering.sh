@@ -1,16 +1,17 @@
 #!/bin/sh
-# nccl-net-rail: keep src/ib/ layered one way (make test-layering).
+# nccl-net-rail: keep a transport's files layered one way (make test-layering).
 #
 #   test/check-layering.sh [-t TABLE] OBJECT...
 #
-# OBJECTs are those of src/ib/ (make passes build/obj/src/ib/*.o of the
-# sources there now, so a stale object of a removed file does not count).
-# TABLE (default src/ib/ib.h) holds the layer table, in its header comment,
-# one line per file:
+# OBJECTs are those of one source folder, src/ib/ or src/tcp/ (make passes
+# build/obj/src/ib/*.o of the sources there now, so a stale object of a
+# removed file does not count). TABLE (default src/ib/ib.h; src/tcp/tcp.h
+# for src/tcp/) holds the layer table, in its header comment, one line per
+# file:
 #    *  RANK  FILE  what it is
 # RANK is LAYER.STEP (1.0, 1.1, ...), FILE a source name without ".c". A
-# file may use a symbol (function or data) defined by another file of
-# src/ib/ only if the other file's rank is lower; calls between files of
+# file may use a symbol (function or data) defined by another file of the
+# folder only if the other file's rank is lower; calls between files of
 # equal rank, or upward, are allowed only where the table says so:
 #    *  allow  CALLER -> CALLEE  why
 # The check reads `nm` of every OBJECT: each undefined symbol of a file
@@ -36,13 +37,17 @@ for o in "$@"; do
 	[ -r "$o" ] || { echo "$prog: $o: no such object (build first)" >&2; exit 2; }
 done
 
+# The folder, for messages: build/obj/src/ib/ib_qp.o -> src/ib.
+dir=$(dirname "$1")
+case $dir in */obj/*) dir=${dir#*/obj/} ;; esac
+
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT INT TERM
 
 # The table: "FILE RANK" and "CALLER CALLEE" (allowed exceptions).
-sed -n 's/^ \*  *\([0-9][0-9]*\.[0-9][0-9]*\)  *\(ib_[a-z0-9_]*\)  .*/\2 \1/p' "$table" \
+sed -n 's/^ \*  *\([0-9][0-9]*\.[0-9][0-9]*\)  *\([a-z][a-z0-9_]*\)  .*/\2 \1/p' "$table" \
 	| sort >"$tmp/ranks"
-sed -n 's/^ \*  *allow  *\(ib_[a-z0-9_]*\) *-> *\(ib_[a-z0-9_]*\).*/\1 \2/p' "$table" \
+sed -n 's/^ \*  *allow  *\([a-z][a-z0-9_]*\) *-> *\([a-z][a-z0-9_]*\).*/\1 \2/p' "$table" \
 	| sort >"$tmp/allow"
 [ -s "$tmp/ranks" ] || { echo "$prog: no layer table in $table" >&2; exit 2; }
 
@@ -60,7 +65,7 @@ status=0
 # Files without a rank, ranks without a file.
 for f in $(sort "$tmp/files"); do
 	grep -q "^$f " "$tmp/ranks" || {
-		echo "$prog: src/ib/$f.c has no rank in $table's layer table"
+		echo "$prog: $dir/$f.c has no rank in $table's layer table"
 		status=1
 	}
 done
@@ -94,8 +99,8 @@ awk -v prog="$prog" '
 
 n=$(wc -l <"$tmp/edges")
 if [ $status -eq 0 ]; then
-	echo "$prog: src/ib is layered: $n cross-file uses in $(wc -l <"$tmp/files") files, all downward"
+	echo "$prog: $dir is layered: $n cross-file uses in $(wc -l <"$tmp/files") files, all downward"
 else
-	echo "$prog: FAILED: src/ib/ breaks its layer table (see $table; test/check-layering.sh)"
+	echo "$prog: FAILED: $dir/ breaks its layer table (see $table; test/check-layering.sh)"
 fi
 exit $status

@@ -21,6 +21,29 @@
  * refusal when a message does not fit its posted receive (or carries a tag
  * the receive does not expect), so that the sender's next isend or test
  * fails with both sizes too. A peer of an older build never reads it.
+ *
+ * Layers. The files of src/tcp/ call each other one way only: a file uses
+ * the functions and data of files of a lower rank (LAYER.STEP), never of a
+ * higher one, and of its own rank only where an "allow" line below says
+ * why (none does now). test/check-layering.sh (make test-layering, part of
+ * make check) reads this table and nm of the objects and fails naming every
+ * use that breaks it. Where a lower layer needs something of an upper one,
+ * the upper one passes it down (the ops table, at init). This header's
+ * inline code (tcp_move_due) uses layer 0 only.
+ *
+ *   0.0  tcp_wire    layer 0, no other file: every format exchanged with the peer; key, MACs
+ *   0.0  tcp_fault   fault injection (NCCL_RAIL_TCP_FAULT)
+ *   0.0  tcp_host    what the host allows: local ranks, CPUs, the pool's bound, the inline limit
+ *   0.0  tcp_link    the interfaces' link state, written by the link watch, read by every comm
+ *   1.0  tcp_dev     layer 1, devices: discovery, the device table, lookups
+ *   1.1  tcp_comm    what every layer needs of a comm: ops table, first error, path failure
+ *   2.0  tcp_pool    layer 2, a comm's resources: the helper threads that move chunks
+ *   2.0  tcp_ctl     the control socket's request FIFO and the send side's writer (the ring)
+ *   2.0  tcp_rescue  the rescue listeners, the link watch, the registry of comms that can move
+ *   3.0  tcp_move    layer 3, failover: a comm's move to another interface, and back
+ *   4.0  tcp_data    layer 4, the data path: isend, irecv, test, close (drives a due move)
+ *   5.0  tcp_conn    layer 5, connection setup: listen, connect, accept
+ *   6.0  tcp_init    layer 6, the ops table; init and fini, properties, registrations
  */
 #ifndef RAIL_TCP_H
 #define RAIL_TCP_H
@@ -208,7 +231,27 @@ struct tcp_plan {
 void tcp_plan_message(size_t size, uint64_t seq, int nsocks, size_t min_chunk,
 		      struct tcp_plan *plan);
 
-/* ---- devices (tcp_init.c) ---- */
+/* ---- what the host allows (tcp_host.c) ---- */
+
+#define TCP_POOL_MAX 64
+/* The helper pool's bound: NCCL_RAIL_TCP_THREADS, or the rule of tcp_host.c. */
+int tcp_pool_size(char *why, size_t why_len);
+/*
+ * Messages up to the inline limit go on the control socket: NCCL_RAIL_TCP_INLINE, or
+ * tcp_host.c's rule (the default, or more on a crowded host).
+ */
+#define TCP_INLINE_DEFAULT (16u << 10)
+#define TCP_INLINE_CROWDED (4u << 20)
+#define TCP_CROWDED_CPUS 4	/* fewer CPUs per local rank: a crowded host */
+uint32_t tcp_inline_max(char *why, size_t why_len);
+/*
+ * The ranks a launcher says share this host (OMPI_COMM_WORLD_LOCAL_SIZE,
+ * MPI_LOCALNRANKS, LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE), or 0; *from
+ * names the variable.
+ */
+int tcp_local_ranks(const char **from);
+
+/* ---- devices (tcp_dev.c) ---- */
 
 struct tcp_dev {
 	char name[IF_NAMESIZE];
@@ -218,7 +261,32 @@ struct tcp_dev {
 	int speed;
 };
 
+/* Find the interfaces (at init): their number, or 0 or -errno with a reason in why. */
+int tcp_devs_init(char *why, size_t why_len);
+void tcp_devs_fini(void);
+/* NULL unless 0 <= dev < tcp_ndevs_now(). */
 const struct tcp_dev *tcp_dev_get(int dev);
+int tcp_ndevs_now(void);
+/* How the interfaces were chosen (NCCL_SOCKET_IFNAME ...), for the description. */
+const char *tcp_devs_rule(void);
+int tcp_same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b);
+/* The interface (device index) holding local address a, or -1. */
+int tcp_dev_of_addr(const union rail_sockaddr *a);
+
+/*
+ * ---- the interfaces' link state (tcp_link.c) ----
+ * Written by the link watch (tcp_rescue.c), read by every comm: the
+ * lowest layer, so that tcp_move_due below depends on nothing above it.
+ */
+/* Bumped at every change of an interface's state; whether dev is down now. */
+uint32_t tcp_link_gen(void);
+int tcp_link_down(int dev);
+/* When dev last started running (rail_now_ns()), or 0 while it is down. */
+uint64_t tcp_link_up_since(int dev);
+/* The link watch: dev runs, from now (at its start). */
+void tcp_link_reset(int dev);
+/* The link watch: dev runs or not; 1 when that changed (and the generation was bumped). */
+int tcp_link_set(int dev, int running);
 
 /* ---- comms ---- */
 
@@ -367,6 +435,35 @@ struct tcp_comm {
 	int nmrs, cap_mrs;
 };
 
+/* ---- what every layer needs of a comm (tcp_comm.c) ---- */
+/* The ops table new comms carry (tcp_init.c, at init: the table is above every layer). */
+void tcp_comm_ops_set(const struct rail_transport_ops *ops);
+const struct rail_transport_ops *tcp_comm_ops(void);
+const char *tcp_comm_dev_name(const struct tcp_comm *c);
+/*
+ * Record the first error of a comm and log it (once, and not while the
+ * comm is being closed). Returns err.
+ */
+int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
+	__attribute__((format(printf, 3, 4)));
+/* A socket error that means the path failed (not the peer process): a move may heal it. */
+int tcp_path_error(int err);
+/* Record a path failure of a comm that can move (1), or 0: the caller fails as today. */
+int tcp_path_failed(struct tcp_comm *c, int err);
+
+/* ---- the control socket's side of the requests (tcp_ctl.c) ---- */
+/* Append a request to the comm's FIFO (posting order, both sides); drop its head. */
+void tcp_ctl_push(struct tcp_comm *c, struct tcp_req *r);
+void tcp_ctl_pop(struct tcp_comm *c);
+/* Send bytes [*off, hlen + plen) of header + payload without blocking; 0, -EAGAIN or -errno. */
+int tcp_ctl_write(int fd, const uint8_t *hdr, size_t hlen, const char *payload, size_t plen,
+		  size_t *off);
+/*
+ * Send side: write the frames and inline bytes of the FIFO's requests (or
+ * what the control stream holds after a move rewound it); 0 or the error.
+ */
+int tcp_ctl_flush(struct tcp_comm *c);
+
 /* tcp_conn.c */
 int tcp_listen(int dev, void *handle, struct rail_comm **listen_comm);
 int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle,
@@ -391,15 +488,6 @@ int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **d
 	      const size_t *sizes, const int *tags, void **mhandles);
 int tcp_test(struct rail_req *req, int *done, size_t *sizes);
 int tcp_close(struct rail_comm *comm);
-/*
- * Record the first error of a comm and log it (once, and not while the
- * comm is being closed). Returns err.
- */
-int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
-	__attribute__((format(printf, 3, 4)));
-const char *tcp_comm_dev_name(const struct tcp_comm *c);
-/* Send side: write what the control stream holds (after a move rewound it); 0 or the error. */
-int tcp_ctl_flush(struct tcp_comm *c);
 
 /* tcp_init.c: memory registrations, tracked per comm so a second deregMr fails. */
 int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void **mh);
@@ -407,26 +495,9 @@ int tcp_dereg_mr(struct rail_comm *comm, void *mh);
 
 /*
  * tcp_pool.c: one bounded pool of helper threads per process, shared by all
- * comms, started lazily (a thread per new socket until the bound) and
- * stopped by tcp_pool_stop at the transport's fini.
+ * comms, started lazily (a thread per new socket until the bound,
+ * tcp_pool_size) and stopped by tcp_pool_stop at the transport's fini.
  */
-#define TCP_POOL_MAX 64
-/* The pool's bound: NCCL_RAIL_TCP_THREADS, or the rule of tcp_pool.c. */
-int tcp_pool_size(char *why, size_t why_len);
-/*
- * Messages up to the inline limit go on the control socket: NCCL_RAIL_TCP_INLINE, or
- * tcp_pool.c's rule (the default, or more on a crowded host).
- */
-#define TCP_INLINE_DEFAULT (16u << 10)
-#define TCP_INLINE_CROWDED (4u << 20)
-#define TCP_CROWDED_CPUS 4	/* fewer CPUs per local rank: a crowded host */
-uint32_t tcp_inline_max(char *why, size_t why_len);
-/*
- * The ranks a launcher says share this host (OMPI_COMM_WORLD_LOCAL_SIZE,
- * MPI_LOCALNRANKS, LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE), or 0; *from
- * names the variable.
- */
-int tcp_local_ranks(const char **from);
 /* Start the first thread early, at listen and connect (best effort). */
 void tcp_pool_reserve(void);
 /* Hand the comm's data sockets to the pool; on failure nothing stays attached. */
@@ -484,20 +555,7 @@ void tcp_rescue_stop(void);
 void tcp_rescue_mine(struct tcp_rescue *r);
 void tcp_rescue_register(struct tcp_comm *c);
 void tcp_rescue_unregister(struct tcp_comm *c);
-/* Bumped at every change of an interface's state; whether dev is down now. */
-uint32_t tcp_link_gen(void);
-int tcp_link_down(int dev);
-/* When dev last started running (rail_now_ns()), or 0 while it is down. */
-uint64_t tcp_link_up_since(int dev);
-int tcp_same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b);
-/* The interface (device index) holding local address a, or -1. */
-int tcp_dev_of_addr(const union rail_sockaddr *a);
-int tcp_ndevs_now(void);
 
-/* A socket error that means the path failed (not the peer process): a move may heal it. */
-int tcp_path_error(int err);
-/* Record a path failure of a comm that can move (1), or 0: the caller fails as today. */
-int tcp_path_failed(struct tcp_comm *c, int err);
 /* Called by isend/irecv/test when a move may be due or under way; 0 or the comm's error. */
 int tcp_move_send(struct tcp_comm *c);
 int tcp_move_recv(struct tcp_comm *c);

@@ -108,7 +108,7 @@ int tcp_listen(int dev, void *handle, struct rail_comm **out)
 		free(lc);
 		return err;
 	}
-	rail_comm_init(&lc->base, RAIL_COMM_LISTEN, dev, &rail_tcp_ops);
+	rail_comm_init(&lc->base, RAIL_COMM_LISTEN, dev, tcp_comm_ops());
 	lc->nonce = rail_random64();
 	memset(&h, 0, sizeof(h));
 	h.transport = RAIL_TRANSPORT_TCP;

@@ -1,53 +1,19 @@
 /*
  * nccl-net-rail: the TCP data path. isend/irecv/test run on NCCL's progress
  * thread; they move frame headers and inline messages on the non-blocking
- * control socket and hand chunks of large messages to the helper threads
- * (tcp_pool.c). See tcp.h for the protocol.
+ * control socket (the send side's writer: tcp_ctl.c) and hand chunks of
+ * large messages to the helper threads (tcp_pool.c). See tcp.h for the
+ * protocol.
  */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
-#include <sys/ioctl.h>
-#include <sys/uio.h>
-#include <linux/sockios.h>
 #include <unistd.h>
 
 #include "log.h"
 #include "param.h"
 #include "rail.h"
 #include "tcp/tcp.h"
-
-const char *tcp_comm_dev_name(const struct tcp_comm *c)
-{
-	const struct tcp_dev *d = tcp_dev_get(c->base.dev);
-
-	return d ? d->name : "?";
-}
-
-int tcp_comm_fail(struct tcp_comm *c, int err, const char *fmt, ...)
-{
-	int expected = 0;
-	char msg[512];
-	va_list ap;
-
-	/*
-	 * The WARN goes out before the error is published: a caller that sees
-	 * the error (test() on another thread) must find it in the log already.
-	 */
-	if (!atomic_load(&c->error) && !atomic_load(&c->closing) &&
-	    atomic_compare_exchange_strong(&c->warned, &expected, 1)) {
-		va_start(ap, fmt);
-		vsnprintf(msg, sizeof(msg), fmt, ap);
-		va_end(ap);
-		RAIL_WARN("%s comm on %s, peer %s: %s", c->is_send ? "send" : "receive",
-			  tcp_comm_dev_name(c), c->peer, msg);
-	}
-	expected = 0;
-	atomic_compare_exchange_strong(&c->error, &expected, err);
-	return err;
-}
 
 static uint32_t next_pow2(uint32_t v)
 {
@@ -148,7 +114,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	int err, liveness;
 
 	err = c ? rail_comm_init(&c->base, is_send ? RAIL_COMM_SEND : RAIL_COMM_RECV, dev,
-				 &rail_tcp_ops) : -ENOMEM;
+				 tcp_comm_ops()) : -ENOMEM;
 	if (err) {
 		RAIL_WARN("setting up the %s comm to %s on %s failed: %s", is_send ? "send"
 			  : "receive", RAIL_ADDRSTR(peer), tcp_dev_get(dev)->name, RAIL_ERRSTR(err));
@@ -200,25 +166,6 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	return 0;
 }
 
-static void fifo_push(struct tcp_comm *c, struct tcp_req *r)
-{
-	if (c->ring && !c->ring_next)
-		c->ring_next = r;
-	r->next = NULL;
-	if (c->fifo_tail)
-		c->fifo_tail->next = r;
-	else
-		c->fifo_head = r;
-	c->fifo_tail = r;
-}
-
-static void fifo_pop(struct tcp_comm *c)
-{
-	c->fifo_head = c->fifo_head->next;
-	if (!c->fifo_head)
-		c->fifo_tail = NULL;
-}
-
 /*
  * Give the chunks of one large message (buffer e of r) to the helper
  * threads; with the profiler, each chunk is one socket operation event.
@@ -249,34 +196,6 @@ static void inline_event(struct tcp_comm *c, struct tcp_req *r, int e, size_t si
 	if (rail_unlikely(r->base.prof != NULL))
 		rail_prof_sock(r->base.prof, e, 1, c->ctrl_fd,
 			       c->is_send ? RAIL_PROF_SOCK_SEND : RAIL_PROF_SOCK_RECV, size);
-}
-
-/* Send bytes [*off, hlen + plen) of header + payload without blocking. */
-static int send_iov_nb(int fd, const uint8_t *hdr, size_t hlen, const char *payload, size_t plen,
-		       size_t *off)
-{
-	while (*off < hlen + plen) {
-		struct iovec iov[2];
-		struct msghdr msg = { .msg_iov = iov };
-		ssize_t n;
-
-		if (*off < hlen) {
-			iov[0] = (struct iovec){ (void *)(hdr + *off), hlen - *off };
-			iov[1] = (struct iovec){ (void *)payload, plen };
-			msg.msg_iovlen = plen ? 2 : 1;
-		} else {
-			iov[0] = (struct iovec){ (void *)(payload + *off - hlen), hlen + plen - *off };
-			msg.msg_iovlen = 1;
-		}
-		n = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -errno;
-		}
-		*off += (size_t)n;
-	}
-	return 0;
 }
 
 /*
@@ -311,120 +230,6 @@ static int poll_refusal(struct tcp_comm *c)
 			     (unsigned long long)f.seq, (unsigned long long)f.size, f.tag, f.want_tag);
 }
 
-/* The control stream's bytes the peer's kernel acknowledged leave the ring. */
-static void ring_ack(struct tcp_comm *c)
-{
-	int outq = 0;
-
-	/* Moving: the receiver takes its positions; what it acknowledges later is re-sent. */
-	if (atomic_load_explicit(&c->moving, memory_order_relaxed))
-		return;
-	if (ioctl(c->ctrl_fd, SIOCOUTQ, &outq) == 0 && outq >= 0 &&
-	    (uint64_t)outq <= c->ring_sent - c->ring_acked)
-		c->ring_acked = c->ring_sent - (uint64_t)outq;
-}
-
-static void ring_put(struct tcp_comm *c, const void *p, size_t len)
-{
-	size_t at = (size_t)(c->ring_staged & (c->ring_size - 1));
-	size_t first = RAIL_MIN(len, c->ring_size - at);
-
-	memcpy(c->ring + at, p, first);
-	memcpy(c->ring, (const char *)p + first, len - first);
-	c->ring_staged += len;
-}
-
-/* Write [ring_sent, ring_staged) of the ring to the control socket. */
-static int ring_flush(struct tcp_comm *c)
-{
-	while (c->ring_sent < c->ring_staged) {
-		size_t at = (size_t)(c->ring_sent & (c->ring_size - 1));
-		size_t left = (size_t)(c->ring_staged - c->ring_sent);
-		struct iovec iov[2] = { { c->ring + at, RAIL_MIN(left, c->ring_size - at) },
-					{ c->ring, 0 } };
-		struct msghdr msg = { .msg_iov = iov, .msg_iovlen = 1 };
-		ssize_t n;
-
-		if (iov[0].iov_len < left) {
-			iov[1].iov_len = left - iov[0].iov_len;
-			msg.msg_iovlen = 2;
-		}
-		n = sendmsg(c->ctrl_fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-		if (n < 0) {
-			if (errno == EINTR)
-				continue;
-			return errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -errno;
-		}
-		c->ring_sent += (uint64_t)n;
-	}
-	return 0;
-}
-
-/*
- * progress_send with failover: each request's frame and inline bytes are
- * copied into the ring (when they fit), the ring goes to the socket, and a
- * request is done with the control socket once its bytes are in the kernel,
- * as without the ring; the ring keeps them until the peer's kernel has them.
- */
-static int progress_send_ring(struct tcp_comm *c)
-{
-	struct tcp_req *r;
-	int err = 0;
-
-	while ((r = c->ring_next)) {
-		size_t inl = r->size[0] <= c->inline_max ? r->size[0] : 0;
-		uint64_t need = TCP_FRAME_SIZE + inl;
-
-		if (c->ring_staged + need - c->ring_acked > c->ring_size)
-			ring_ack(c);
-		if (c->ring_staged + need - c->ring_acked > c->ring_size)
-			break;
-		ring_put(c, r->frame, TCP_FRAME_SIZE);
-		ring_put(c, r->data[0], inl);
-		r->ctl_end = c->ring_staged;
-		c->ring_next = r->next;
-	}
-	if (!atomic_load_explicit(&c->moving, memory_order_relaxed))
-		err = ring_flush(c);
-	while ((r = c->fifo_head) && r != c->ring_next && r->ctl_end <= c->ring_sent) {
-		r->ctrl_done = 1;
-		fifo_pop(c);
-	}
-	if (!err || err == -EAGAIN || tcp_path_failed(c, err))
-		return 0;
-	return tcp_comm_fail(c, err, "sending on the control socket failed: %s; the peer "
-			     "process probably died", RAIL_ERRSTR(err));
-}
-
-static int progress_send(struct tcp_comm *c)
-{
-	struct tcp_req *r;
-
-	if (c->ring)
-		return progress_send_ring(c);
-
-	while ((r = c->fifo_head)) {
-		size_t inl = r->size[0] <= c->inline_max ? r->size[0] : 0;
-		int err = send_iov_nb(c->ctrl_fd, r->frame, TCP_FRAME_SIZE, r->data[0], inl,
-				      &r->sent);
-
-		if (err == -EAGAIN)
-			return 0;
-		if (err)
-			return tcp_comm_fail(c, err, "sending a %zu-byte message on the control "
-					     "socket failed: %s; the peer process probably died",
-					     r->size[0], RAIL_ERRSTR(err));
-		r->ctrl_done = 1;
-		fifo_pop(c);
-	}
-	return 0;
-}
-
-int tcp_ctl_flush(struct tcp_comm *c)
-{
-	return progress_send(c);
-}
-
 int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
 	      int tag, void *mhandle)
 {
@@ -452,15 +257,15 @@ int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, siz
 	else
 		inline_event(c, r, 0, size);
 	c->seq++;
-	fifo_push(c, r);
-	return progress_send(c);
+	tcp_ctl_push(c, r);
+	return tcp_ctl_flush(c);
 }
 
 static void entry_done(struct tcp_comm *c, struct tcp_req *r)
 {
 	if (++r->nmatched == r->base.n) {
 		r->ctrl_done = 1;
-		fifo_pop(c);
+		tcp_ctl_pop(c);
 	}
 }
 
@@ -530,7 +335,7 @@ static void refuse(struct tcp_comm *c, int reason, int want_tag, uint64_t posted
 		return;
 	c->refused = 1;
 	tcp_refusal_encode(&f, b);
-	send_iov_nb(c->ctrl_fd, b, sizeof(b), NULL, 0, &off);
+	tcp_ctl_write(c->ctrl_fd, b, sizeof(b), NULL, 0, &off);
 }
 
 /* The entry of the head receive that the current frame fills, or an error. */
@@ -641,7 +446,7 @@ int tcp_irecv(struct rail_comm *recv_comm, struct rail_req *req, int n, void **d
 		r->tag[i] = tags ? tags[i] : 0;
 	}
 	r->first_seq = UINT64_MAX;
-	fifo_push(c, r);
+	tcp_ctl_push(c, r);
 	return progress_recv(c);
 }
 
@@ -706,9 +511,9 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 	 * poll the control socket (saving a syscall per test); a later one
 	 * still polls now and then in case the caller tests out of order. */
 	if (!r->ctrl_done && (r == c->fifo_head || r == c->rx_req || (++c->test_skips & 7) == 0))
-		err = c->is_send ? progress_send(c) : progress_recv(c);
+		err = c->is_send ? tcp_ctl_flush(c) : progress_recv(c);
 	else if (rail_unlikely(c->ring && c->ring_sent != c->ring_staged))
-		err = progress_send(c); /* after a move: control bytes of completed sends, again */
+		err = tcp_ctl_flush(c); /* after a move: control bytes of completed sends, again */
 	if (err)
 		return err;
 	if (r->ctrl_done && atomic_load_explicit(&r->pending, memory_order_acquire) == 0) {

@@ -1,108 +1,31 @@
-/* nccl-net-rail: TCP transport devices, properties and the ops table. */
+/*
+ * nccl-net-rail: the TCP transport's ops table, its init and fini, device
+ * properties, and memory registrations. The devices themselves: tcp_dev.c.
+ */
 #include <stdio.h>
 #include <stdlib.h>
-#include <string.h>
 
-#include "ifaces.h"
 #include "log.h"
 #include "param.h"
 #include "rail.h"
-#include "sysfs.h"
 #include "tcp/tcp.h"
-
-static struct tcp_dev tcp_devs[TCP_MAX_DEVS];
-static int tcp_ndevs;
-static char tcp_rule[160];
-
-const struct tcp_dev *tcp_dev_get(int dev)
-{
-	return dev >= 0 && dev < tcp_ndevs ? &tcp_devs[dev] : NULL;
-}
-
-/*
- * Loopback has no wire: its speed is that of memory copies (rail-rawtcp
- * measures 27-29 GB/s, about 230 Gbps, with 8 streams on the GPU machine).
- * NCCL sizes its channels from the reported speed; at 10 Gbps it gives a
- * loopback run two channels, which the GPU side, not TCP, then limits.
- * That figure is for two processes; the copies are the host's CPUs, shared
- * by every rank on it, so with N ranks a launcher reports each reports
- * 2/N of it (not below 10 Gbps). Eight ranks at the full figure opened 4
- * channels each and lost to NCCL Socket at 128 KiB-2 MiB; at 60 Gbps they
- * open 2 (GPU machine, docs/PERFORMANCE.md).
- */
-#define TCP_LOOPBACK_SPEED 240000
-#define TCP_UNKNOWN_SPEED 10000
-
-static int tcp_speed_of(const struct rail_iface *ifc)
-{
-	char path[PATH_MAX];
-	long speed = 0;
-	int64_t forced = rail_param_int(RAIL_P_TCP_SPEED);
-
-	if (forced > 0)
-		return (int)forced;
-	snprintf(path, sizeof(path), "/sys/class/net/%s/speed", ifc->name);
-	/* Virtual interfaces have no speed (EINVAL) or report -1. */
-	if (rail_sysfs_read_long(path, &speed) == 0 && speed > 0)
-		return (int)speed;
-	if (ifc->loopback) {
-		const char *from = NULL;
-		int n = tcp_local_ranks(&from);
-
-		return n > 2 ? RAIL_MAX(TCP_LOOPBACK_SPEED * 2 / n, TCP_UNKNOWN_SPEED)
-			     : TCP_LOOPBACK_SPEED;
-	}
-	return TCP_UNKNOWN_SPEED;
-}
-
-static void tcp_fill_dev(struct tcp_dev *d, const struct rail_iface *ifc)
-{
-	char path[PATH_MAX];
-
-	memset(d, 0, sizeof(*d));
-	rail_strlcpy(d->name, ifc->name, sizeof(d->name));
-	d->addr = ifc->addr;
-	d->speed = tcp_speed_of(ifc);
-	snprintf(path, sizeof(path), "/sys/class/net/%s/device", ifc->name);
-	d->has_pci = rail_sysfs_realpath(path, d->pci_path, sizeof(d->pci_path)) == 0;
-}
 
 static int tcp_init(char *why, size_t why_len)
 {
-	struct rail_iface ifs[TCP_MAX_DEVS];
-	int n = rail_ifaces_find(ifs, TCP_MAX_DEVS, tcp_rule, sizeof(tcp_rule));
+	int n;
 
-	if (n < 0) {
-		snprintf(why, why_len, "cannot list network interfaces: %s", RAIL_ERRSTR(n));
-		return n;
-	}
-	if (n == 0) {
-		snprintf(why, why_len, "%s; check NCCL_SOCKET_IFNAME and NCCL_SOCKET_FAMILY",
-			 tcp_rule);
-		return 0;
-	}
-	for (int i = 0; i < n; i++)
-		tcp_fill_dev(&tcp_devs[i], &ifs[i]);
-	tcp_ndevs = n;
-	tcp_fault_arm();
+	tcp_comm_ops_set(&rail_tcp_ops);
+	n = tcp_devs_init(why, why_len);
+	if (n > 0)
+		tcp_fault_arm();
 	return n;
-}
-
-int tcp_ndevs_now(void)
-{
-	return tcp_ndevs;
 }
 
 static void tcp_fini(void)
 {
 	tcp_rescue_stop();
 	tcp_pool_stop();
-	tcp_ndevs = 0;
-}
-
-static int tcp_ndevs_get(void)
-{
-	return tcp_ndevs;
+	tcp_devs_fini();
 }
 
 static int tcp_get_props(int dev, struct rail_props *p)
@@ -139,11 +62,11 @@ static void tcp_describe(char *buf, size_t len)
 	int pool = tcp_pool_size(why, sizeof(why));
 	uint32_t inl = tcp_inline_max(iwhy, sizeof(iwhy));
 
-	off += (size_t)snprintf(buf, len, "interfaces (%s):", tcp_rule);
-	for (int i = 0; i < tcp_ndevs && off < len; i++)
+	off += (size_t)snprintf(buf, len, "interfaces (%s):", tcp_devs_rule());
+	for (int i = 0; i < tcp_ndevs_now() && off < len; i++)
 		off += (size_t)snprintf(buf + off, len - off, " [%d]%s:%s %d Gbps", i,
-					tcp_devs[i].name, RAIL_ADDRSTR(&tcp_devs[i].addr),
-					tcp_devs[i].speed / 1000);
+					tcp_dev_get(i)->name, RAIL_ADDRSTR(&tcp_dev_get(i)->addr),
+					tcp_dev_get(i)->speed / 1000);
 	if (off < len)
 		snprintf(buf + off, len - off, "; %d data sockets per connection, moved by at most "
 			 "%d helper threads per process (%s), shared by all connections; messages "
@@ -167,7 +90,7 @@ int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void *
 
 	if (type != RAIL_PTR_HOST) {
 		RAIL_WARN("regMr(%p, %zu bytes) on %s: the TCP transport only handles host "
-			  "memory (type 0x%x)", data, size, tcp_devs[comm->dev].name, type);
+			  "memory (type 0x%x)", data, size, tcp_comm_dev_name(c), type);
 		return -EINVAL;
 	}
 	pthread_mutex_lock(&c->mr_lock);
@@ -178,7 +101,7 @@ int tcp_reg_mr(struct rail_comm *comm, void *data, size_t size, int type, void *
 		if (!n) {
 			pthread_mutex_unlock(&c->mr_lock);
 			RAIL_WARN("regMr(%p, %zu bytes) on %s: out of memory", data, size,
-				  tcp_devs[comm->dev].name);
+				  tcp_comm_dev_name(c));
 			return -ENOMEM;
 		}
 		c->mrs = n;
@@ -208,7 +131,7 @@ int tcp_dereg_mr(struct rail_comm *comm, void *mh)
 	if (!found) {
 		RAIL_WARN("deregMr(%p) on the %s comm on %s, peer %s: not a live registration of "
 			  "this comm (deregistered twice, or registered on another comm?)", mh,
-			  c->is_send ? "send" : "receive", tcp_devs[comm->dev].name, c->peer);
+			  c->is_send ? "send" : "receive", tcp_comm_dev_name(c), c->peer);
 		return -EINVAL;
 	}
 	return 0;
@@ -227,7 +150,7 @@ const struct rail_transport_ops rail_tcp_ops = {
 	.req_size = sizeof(struct tcp_req),
 	.init = tcp_init,
 	.fini = tcp_fini,
-	.ndevs = tcp_ndevs_get,
+	.ndevs = tcp_ndevs_now,
 	.get_props = tcp_get_props,
 	.describe = tcp_describe,
 	.listen = tcp_listen,

@@ -61,22 +61,6 @@ struct tcp_move {
 	size_t off;
 };
 
-int tcp_path_error(int err)
-{
-	return err == -EHOSTUNREACH || err == -ENETUNREACH || err == -ENETDOWN ||
-	       err == -ETIMEDOUT || err == -EHOSTDOWN;
-}
-
-int tcp_path_failed(struct tcp_comm *c, int err)
-{
-	int none = 0;
-
-	if (!c->fo || !tcp_path_error(err))
-		return 0;
-	atomic_compare_exchange_strong(&c->path_err, &none, err);
-	return 1;
-}
-
 static void dial_close(struct tcp_move *mv)
 {
 	for (int i = 0; i <= TCP_MAX_SOCKS; i++) {
@@ -93,14 +77,6 @@ void tcp_move_free(struct tcp_comm *c)
 	dial_close(c->mv);
 	free(c->mv);
 	c->mv = NULL;
-}
-
-int tcp_same_ip(const union rail_sockaddr *a, const union rail_sockaddr *b)
-{
-	if (a->sa.sa_family != b->sa.sa_family)
-		return 0;
-	return a->sa.sa_family == AF_INET ? a->sin.sin_addr.s_addr == b->sin.sin_addr.s_addr
-					  : !memcmp(&a->sin6.sin6_addr, &b->sin6.sin6_addr, 16);
 }
 
 static const char *dev_name(int dev)

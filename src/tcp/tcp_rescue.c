@@ -7,7 +7,8 @@
  *   in the handshake (tcp_conn.c);
  * - a netlink link watch: an interface that stops running (RTM_NEWLINK
  *   without IFF_RUNNING) bumps tcp_link_gen(), which every comm compares
- *   with its own at each call (one load);
+ *   with its own at each call (one load); the state lives in tcp_link.c,
+ *   which this watch writes;
  * - the registry of comms that can move, by connection id, so the rescue
  *   thread hands the sockets of a move to its receive comm and a receiver's
  *   request to move to its send comm.
@@ -48,41 +49,7 @@ static union rail_sockaddr rs_addr[TCP_RESCUE_MAX];
 static int rs_nl = -1;
 static int rs_wake[2] = { -1, -1 };
 static unsigned rs_ifindex[TCP_MAX_DEVS];
-static _Atomic int rs_down[TCP_MAX_DEVS];
-static _Atomic uint64_t rs_up_since[TCP_MAX_DEVS];	/* when it last started running */
-static _Atomic uint32_t rs_gen;
 static struct tcp_comm *rs_comms;	/* under rs_lock */
-
-uint32_t tcp_link_gen(void)
-{
-	return atomic_load_explicit(&rs_gen, memory_order_relaxed);
-}
-
-int tcp_link_down(int dev)
-{
-	return dev >= 0 && dev < TCP_MAX_DEVS && atomic_load(&rs_down[dev]);
-}
-
-uint64_t tcp_link_up_since(int dev)
-{
-	if (dev < 0 || dev >= TCP_MAX_DEVS || atomic_load(&rs_down[dev]))
-		return 0;
-	return atomic_load(&rs_up_since[dev]);
-}
-
-int tcp_dev_of_addr(const union rail_sockaddr *a)
-{
-	for (int i = 0; i < tcp_ndevs_now(); i++) {
-		const struct tcp_dev *d = tcp_dev_get(i);
-
-		if (d->addr.sa.sa_family != a->sa.sa_family)
-			continue;
-		if (a->sa.sa_family == AF_INET ? d->addr.sin.sin_addr.s_addr == a->sin.sin_addr.s_addr
-		    : !memcmp(&d->addr.sin6.sin6_addr, &a->sin6.sin6_addr, 16))
-			return i;
-	}
-	return -1;
-}
 
 void tcp_rescue_mine(struct tcp_rescue *r)
 {
@@ -424,12 +391,8 @@ static void link_state(unsigned ifindex, unsigned flags, int gone)
 	int running = !gone && (flags & IFF_UP) && (flags & IFF_RUNNING);
 
 	for (int i = 0; i < tcp_ndevs_now() && i < TCP_MAX_DEVS; i++) {
-		if (rs_ifindex[i] != ifindex || atomic_load(&rs_down[i]) == !running)
+		if (rs_ifindex[i] != ifindex || !tcp_link_set(i, running))
 			continue;
-		if (running)
-			atomic_store(&rs_up_since[i], rail_now_ns());
-		atomic_store(&rs_down[i], !running);
-		atomic_fetch_add(&rs_gen, 1);
 		RAIL_INFO(RAIL_LOG_NET, "link watch: %s is %s", tcp_dev_get(i)->name,
 			  running ? "running again" : "down (not running)");
 	}
@@ -527,8 +490,7 @@ static int rescue_open(void)
 
 	for (int i = 0; i < tcp_ndevs_now() && i < TCP_MAX_DEVS; i++) {
 		rs_ifindex[i] = if_nametoindex(tcp_dev_get(i)->name);
-		atomic_store(&rs_down[i], 0);
-		atomic_store(&rs_up_since[i], rail_now_ns());
+		tcp_link_reset(i);
 	}
 	for (int i = 0; i < n; i++) {
 		union rail_sockaddr a = tcp_dev_get(i)->addr;
