@@ -34,6 +34,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fdlimit.h"
 #include "handle.h"
 #include "ib/ib.h"
 #include "ib/ib_subnet.h"
@@ -825,22 +826,40 @@ static int drop_oldest_stray(struct rail_ib_listen *l)
 	return 0;
 }
 
-static void accept_new(struct rail_ib_listen *l)
+/*
+ * 0, or -EMFILE/-ENFILE when the process is at its descriptor limit with
+ * no stray to drop: waiting does not free one (NCCL opens every connection
+ * before it frees any), so accept fails at once, naming the limit.
+ */
+static int accept_new(struct rail_ib_listen *l)
 {
 	for (;;) {
 		union rail_sockaddr peer;
 		struct rail_ib_hs *hs;
-		int fd = -1;
+		char hint[384];
+		int fd = -1, err;
 
 		if (l->npending >= MAX_PENDING &&
 		    (!backlog_waiting(l->fd) || drop_oldest_stray(l)))
-			return;
-		if (rail_sock_accept(l->fd, &fd, &peer))
-			return;
+			return 0;
+		err = rail_sock_accept(l->fd, &fd, &peer);
+		if ((err == -EMFILE || err == -ENFILE) && l->npending) {
+			/* a stray past its grace gives its descriptor back, or a handshake ends */
+			(void)drop_oldest_stray(l);
+			return 0;
+		}
+		if (err == -EMFILE || err == -ENFILE) {
+			RAIL_WARN("accept of a verbs connection on %s failed: %s; %s",
+				  RAIL_ADDRSTR(rail_ib_oob_addr()), RAIL_ERRSTR(err),
+				  rail_nofile_hint(hint, sizeof(hint)));
+			return err;
+		}
+		if (err)
+			return 0;
 		hs = calloc(1, sizeof(*hs));
 		if (!hs) {
 			close(fd);
-			return;
+			return 0;
 		}
 		hs->fd = fd;
 		hs->vdev = l->base.dev;
@@ -903,7 +922,9 @@ int rail_ib_accept(struct rail_comm *listen_comm, struct rail_comm **recv_comm)
 
 	if (r)
 		return r < 0 ? r : 0;
-	accept_new(l);
+	r = accept_new(l);
+	if (r)
+		return r;
 	r = pending_pass(l, recv_comm);
 	return r < 0 ? r : 0;
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fdlimit.h"
 #include "log.h"
 #include "param.h"
 #include "rail.h"
@@ -53,7 +54,6 @@ struct tcp_listen_comm {
 	struct tcp_group *groups;
 	int ngroups, cap_groups;
 	unsigned long dropped;	/* strays dropped to make room (the first is a WARN) */
-	uint64_t fds_out_t0;	/* since when accept4 finds no free fd (0: it does) */
 };
 
 /* Connector state, kept in the handle across NCCL's connect() retries. */
@@ -341,8 +341,13 @@ int tcp_connect(int dev, const struct rail_conn_opts *opts, void *handle, struct
 			  RAIL_ADDRSTR(&s->h.addr), (long long)rail_param_int(RAIL_P_CONNECT_TIMEOUT));
 		err = -ETIMEDOUT;
 	} else if (err && !s->warned) {
-		RAIL_WARN("connect on %s to %s failed: %s", tcp_dev_get(dev)->name,
-			  RAIL_ADDRSTR(&s->h.addr), RAIL_ERRSTR(err));
+		char hint[384] = "";
+
+		if (err == -EMFILE || err == -ENFILE)	/* this process's limit, not the peer */
+			rail_nofile_hint(hint, sizeof(hint));
+		RAIL_WARN("connect on %s to %s failed: %s%s%s (this connection needs %d)",
+			  tcp_dev_get(dev)->name, RAIL_ADDRSTR(&s->h.addr), RAIL_ERRSTR(err),
+			  hint[0] ? "; " : "", hint, s->nfds);
 	}
 	stage_free(s, handle);
 	return err;
@@ -491,12 +496,14 @@ static void drop_oldest(struct tcp_listen_comm *lc, const char *why)
 
 /*
  * accept4 found no free fd. Make room by dropping the oldest pending socket
- * (1: try again); with none to drop, wait for the process to free fds (0)
- * up to NCCL_RAIL_CONNECT_TIMEOUT, then fail (-errno).
+ * (1: try again); with none to drop the process is at its limit, which
+ * waiting does not change (NCCL opens every connection before it frees
+ * any): fail at once, naming RLIMIT_NOFILE (-errno).
  */
 static int out_of_fds(struct tcp_listen_comm *lc, int err)
 {
 	int perr = progress_pending(lc);
+	char hint[384];
 
 	if (perr)
 		return perr;
@@ -504,19 +511,12 @@ static int out_of_fds(struct tcp_listen_comm *lc, int err)
 		drop_oldest(lc, "the process is out of file descriptors");
 		return 1;
 	}
-	if (!lc->fds_out_t0) {
-		lc->fds_out_t0 = rail_now_ns();
-		RAIL_WARN("accept on %s (%s) failed: %s; the process is out of file descriptors "
-			  "(raise ulimit -n); waiting up to NCCL_RAIL_CONNECT_TIMEOUT for some to be "
-			  "freed", tcp_dev_get(lc->base.dev)->name, RAIL_ADDRSTR(&lc->addr),
-			  RAIL_ERRSTR(err));
-	}
-	if (!tcp_timed_out(lc->fds_out_t0))
-		return 0;
-	RAIL_WARN("accept on %s (%s): still out of file descriptors after "
-		  "NCCL_RAIL_CONNECT_TIMEOUT=%lld s (%s); raise ulimit -n",
-		  tcp_dev_get(lc->base.dev)->name, RAIL_ADDRSTR(&lc->addr),
-		  (long long)rail_param_int(RAIL_P_CONNECT_TIMEOUT), RAIL_ERRSTR(err));
+	if (err == -EMFILE || err == -ENFILE)
+		rail_nofile_hint(hint, sizeof(hint));
+	else
+		snprintf(hint, sizeof(hint), "the kernel is short of memory for sockets");
+	RAIL_WARN("accept on %s (%s) failed: %s; %s", tcp_dev_get(lc->base.dev)->name,
+		  RAIL_ADDRSTR(&lc->addr), RAIL_ERRSTR(err), hint);
 	return err;
 }
 
@@ -541,7 +541,6 @@ static int accept_new(struct tcp_listen_comm *lc)
 				  RAIL_ADDRSTR(&lc->addr), RAIL_ERRSTR(err));
 			return err;
 		}
-		lc->fds_out_t0 = 0;
 		if (lc->npend >= TCP_MAX_PENDING) {
 			err = progress_pending(lc);
 			if (err) {

@@ -5,6 +5,7 @@
 
 #include "api.h"
 #include "fdlimit.h"
+#include "handle.h"
 #include "param.h"
 #include "rail.h"
 
@@ -75,6 +76,59 @@ static void test_init_raises(void **state)
 	unsetenv("NCCL_SOCKET_IFNAME");
 }
 
+/*
+ * At the limit, a TCP connection fails at once (not after
+ * NCCL_RAIL_CONNECT_TIMEOUT), with a WARN naming RLIMIT_NOFILE. Both sides
+ * are in this process, so whichever side finds no descriptor first says
+ * so; before, the accepting side waited 300 s and the connector's WARN
+ * said only "Too many open files".
+ */
+static void test_tcp_at_limit_fails_fast(void **state)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	void *ctx = NULL, *lc = NULL, *sc = NULL, *rc = NULL;
+	ncclResult_t cr = ncclSuccess, ar = ncclSuccess;
+	long soft, hard, open;
+	uint64_t t0;
+
+	(void)state;
+	setenv("NCCL_RAIL_RAISE_NOFILE", "0", 1);
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	rail_params_reload();
+	assert_int_equal(rail_net_init(&ctx, 1, -1, NULL, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	assert_int_equal(rail_nofile_state(&soft, &hard, &open), 0);
+	lower_soft((rlim_t)open + 3);	/* room for 3 of the connection's sockets */
+	unit_log_capture();
+	t0 = rail_now_ns();
+	while (cr == ncclSuccess && ar == ncclSuccess && rail_now_ns() - t0 < 20000000000ull) {
+		if (!sc)
+			cr = rail_net_connect(ctx, 0, -1, handle, &sc);
+		if (!rc)
+			ar = rail_net_accept(lc, &rc);
+		if (sc && rc)
+			break;
+	}
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &saved), 0);
+	if (cr == ncclSuccess && ar == ncclSuccess) {
+		unit_log_dump();
+		fail_msg("neither side failed in %.1f s at the descriptor limit",
+			 (rail_now_ns() - t0) / 1e9);
+	}
+	assert_true(rail_now_ns() - t0 < 5000000000ull);
+	assert_true(unit_log_has(RAIL_LOG_WARN, "RLIMIT_NOFILE soft limit"));
+	unit_log_release();
+	if (sc)
+		rail_net_close_send(sc);
+	if (rc)
+		rail_net_close_recv(rc);
+	rail_net_close_listen(lc);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unsetenv("NCCL_RAIL_TRANSPORT");
+	unsetenv("NCCL_SOCKET_IFNAME");
+}
+
 /* NCCL_RAIL_RAISE_NOFILE=0 leaves the limit as it is. */
 static void test_off_leaves_it(void **state)
 {
@@ -115,6 +169,7 @@ int main(void)
 		cmocka_unit_test_teardown(test_raised_to_hard, teardown),
 		cmocka_unit_test_teardown(test_init_raises, teardown),
 		cmocka_unit_test_teardown(test_off_leaves_it, teardown),
+		cmocka_unit_test_teardown(test_tcp_at_limit_fails_fast, teardown),
 		cmocka_unit_test_teardown(test_hint_names_limit, teardown),
 	};
 
