@@ -37,8 +37,13 @@
 #    rail-bench run with its byte check. (Not on Ubuntu: the .deb is built
 #    on the Debian host, against its libc.)
 # --quick skips every `sudo .ci/run` line (QEMU and the guest).
-# FRESH_MIRROR (Debian), FRESH_UBUNTU_MIRROR and FRESH_UBUNTU_SECURITY_MIRROR
-# choose the mirrors.
+# Mirrors: none is named here. Debian's comes from the host's own apt sources
+# (sources.list, sources.list.d/*.list and deb822 *.sources: the first entry
+# of the suite, so a local mirror or proxy is followed), else debootstrap's
+# built-in default. Ubuntu's is debootstrap's default for the suite (its
+# script's), read back from the root it made; -updates and -security come
+# from the same mirror. FRESH_MIRROR (Debian), FRESH_UBUNTU_MIRROR and
+# FRESH_UBUNTU_SECURITY_MIRROR override them.
 # Every part runs in a private mount namespace (unshare -m), so /proc, /sys
 # and /dev/pts mounted for the root vanish with it. Output of each part goes
 # to build/fresh-runs/<part>.log; the last 40 lines are printed on failure.
@@ -50,9 +55,9 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
 CACHE=${FRESH_CACHE:-$REPO/build/fresh-cache}
 RUNS=$REPO/build/fresh-runs
-MIRROR=${FRESH_MIRROR:-http://deb.debian.org/debian}
-UBUNTU_MIRROR=${FRESH_UBUNTU_MIRROR:-http://archive.ubuntu.com/ubuntu}
-UBUNTU_SECURITY=${FRESH_UBUNTU_SECURITY_MIRROR:-http://security.ubuntu.com/ubuntu}
+MIRROR=${FRESH_MIRROR:-}
+UBUNTU_MIRROR=${FRESH_UBUNTU_MIRROR:-}
+UBUNTU_SECURITY=${FRESH_UBUNTU_SECURITY_MIRROR:-}
 CI_SUITES=" ${FRESH_CI_SUITES-bookworm} "
 USER_NAME=newcomer
 ALL_PARTS=(quickstart package ubuntu-jammy ubuntu-noble)
@@ -107,6 +112,48 @@ ubuntu_keyring() {
 	echo "$out"
 }
 
+# apt_uri SUITE FILE...: the URI of the first apt source of SUITE (not its
+# -updates or -security) in FILEs, one-line (deb [options] URI SUITE ...) or
+# deb822 (Types/URIs/Suites paragraphs); nothing when none has it.
+apt_uri() {
+	local suite=$1
+	shift
+	awk -v s="$suite" '
+		function flush() {
+			if (!found && deb && uri != "" && (" " suites " ") ~ (" " s " ")) {
+				print uri; found = 1; exit
+			}
+			deb = 0; uri = ""; suites = ""
+		}
+		FNR == 1 { flush() }
+		/^[ \t]*#/ { next }
+		FILENAME ~ /\.sources$/ {
+			if ($0 ~ /^[ \t]*$/) { flush(); next }
+			if ($1 == "Types:") deb = ($0 ~ /[ \t]deb([ \t]|$)/)
+			if ($1 == "URIs:") uri = $2
+			if ($1 == "Suites:") { $1 = ""; suites = $0 }
+			if ($1 == "Enabled:" && $2 == "no") deb = 0
+			next
+		}
+		$1 == "deb" {
+			i = 2
+			if ($2 ~ /^\[/) while (i <= NF && $i !~ /\]$/) i++
+			if ($2 ~ /^\[/) i++
+			if ($(i + 1) == s) { print $i; found = 1; exit }
+		}
+		END { flush() }' "$@" 2>/dev/null
+}
+
+# host_mirror SUITE: the host's apt mirror of SUITE, if it has one.
+host_mirror() {
+	local files=() f
+	for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list /etc/apt/sources.list.d/*.sources; do
+		[ -r "$f" ] && files+=("$f")
+	done
+	[ ${#files[@]} -gt 0 ] && apt_uri "$1" "${files[@]}"
+	return 0
+}
+
 # base_root SUITE: the cached minbase root of SUITE, made once a week.
 base_root() {
 	local suite=$1 tarball=$CACHE/$1-minbase.tar
@@ -117,12 +164,21 @@ base_root() {
 	local tmp=$CACHE/.debootstrap.$$ dlog=$RUNS/debootstrap-$suite.log t0=$SECONDS
 	rm -rf "$tmp"
 	if [ "$(distro_of "$suite")" = ubuntu ]; then
-		args+=("--components=main,universe" "--keyring=$(ubuntu_keyring)" "$suite" "$tmp" "$UBUNTU_MIRROR")
+		# No mirror named: debootstrap's script has the suite's default.
 		# Debian 12's debootstrap has no script for noble; every Ubuntu
-		# suite's script is a link to gutsy.
-		[ -e "/usr/share/debootstrap/scripts/$suite" ] || args+=(/usr/share/debootstrap/scripts/gutsy)
+		# suite's script is a link to gutsy, and a script needs the mirror
+		# argument before it, so then the default is read from it.
+		local mirror=$UBUNTU_MIRROR script=/usr/share/debootstrap/scripts/$suite
+		[ -e "$script" ] || script=/usr/share/debootstrap/scripts/gutsy
+		[ -n "$mirror" ] || [ -e "/usr/share/debootstrap/scripts/$suite" ] ||
+			mirror=$(script_mirror "$script" "$suite")
+		args+=("--components=main,universe" "--keyring=$(ubuntu_keyring)" "$suite" "$tmp")
+		[ -z "$mirror" ] || args+=("$mirror")
+		[ -e "/usr/share/debootstrap/scripts/$suite" ] || args+=("$script")
 	else
-		args+=("$suite" "$tmp" "$MIRROR")
+		local mirror=${MIRROR:-$(host_mirror "$suite")}
+		args+=("$suite" "$tmp")
+		[ -z "$mirror" ] || args+=("$mirror")
 	fi
 	log "debootstrap ${args[*]} (cached in $tarball)"
 	if ! debootstrap "${args[@]}" >"$dlog" 2>&1; then
@@ -157,29 +213,47 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# script_mirror SCRIPT SUITE: the default mirror debootstrap's SCRIPT gives
+# SUITE on this machine's architecture (the default_mirror of the first case
+# arm that matches, as the script's own case statements pick it).
+script_mirror() {
+	awk -v arch="$(dpkg --print-architecture)" -v s="$2" '
+		!inarch && $0 ~ ("(^|[ \t|])" arch "[|)]") { inarch = 1; next }
+		inarch && !pick && /\)[ \t]*$/ {
+			pat = $0; gsub(/[ \t)]/, "", pat); n = split(pat, a, "|")
+			for (i = 1; i <= n; i++) if (a[i] == s || a[i] == "*") pick = 1
+			next
+		}
+		inarch && pick && $1 == "default_mirror" { print $2; exit }' "$1"
+}
+
 # ubuntu_sources SUITE ROOT: the apt sources of an Ubuntu cloud image, main
 # and universe (deb822 on noble, one-line sources.list on jammy, as each
-# release ships them).
+# release ships them), on the mirror the root was made from (debootstrap
+# wrote it in the root's sources.list) unless FRESH_UBUNTU_MIRROR names one.
 ubuntu_sources() {
 	local suite=$1 root=$2
+	local mirror=${UBUNTU_MIRROR:-$(apt_uri "$suite" "$root/etc/apt/sources.list")}
+	local security=${UBUNTU_SECURITY:-$mirror}
+	[ -n "$mirror" ] || die "no mirror in $root/etc/apt/sources.list (set FRESH_UBUNTU_MIRROR)"
 	rm -f "$root/etc/apt/sources.list"
 	if [ "$suite" = jammy ]; then
 		{
-			echo "deb $UBUNTU_MIRROR $suite main universe"
-			echo "deb $UBUNTU_MIRROR $suite-updates main universe"
-			echo "deb $UBUNTU_SECURITY $suite-security main universe"
+			echo "deb $mirror $suite main universe"
+			echo "deb $mirror $suite-updates main universe"
+			echo "deb $security $suite-security main universe"
 		} >"$root/etc/apt/sources.list"
 		return 0
 	fi
 	cat >"$root/etc/apt/sources.list.d/ubuntu.sources" <<-EOF
 		Types: deb
-		URIs: $UBUNTU_MIRROR
+		URIs: $mirror
 		Suites: $suite $suite-updates
 		Components: main universe
 		Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg
 
 		Types: deb
-		URIs: $UBUNTU_SECURITY
+		URIs: $security
 		Suites: $suite-security
 		Components: main universe
 		Signed-By: /usr/share/keyrings/ubuntu-archive-keyring.gpg
