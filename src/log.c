@@ -64,3 +64,22 @@ void rail_log(int level, unsigned long flags, const char *file, int line, const 
 	}
 	fprintf(stderr, "%s%s\n", level == RAIL_LOG_WARN ? "WARN " : "", msg);
 }
+
+int rail_log_flood(struct rail_log_flood *f, unsigned long long now_ns, unsigned long *before)
+{
+	unsigned long long start = atomic_load(&f->start_ns);
+
+	*before = 0;
+	if (start && now_ns - start < RAIL_LOG_FLOOD_NS) {
+		atomic_fetch_add(&f->n, 1);
+		return RAIL_LOG_INFO;
+	}
+	/* a new minute: one caller wins it and says how many the last one had */
+	if (!atomic_compare_exchange_strong(&f->start_ns, &start, now_ns)) {
+		atomic_fetch_add(&f->n, 1);
+		return RAIL_LOG_INFO;
+	}
+	*before = atomic_exchange(&f->n, 1);
+	*before = *before ? *before - 1 : 0;	/* the old minute's WARN was its first */
+	return RAIL_LOG_WARN;
+}

@@ -33,6 +33,19 @@ int rail_log_level(void);
 void rail_log(int level, unsigned long flags, const char *file, int line, const char *fmt, ...)
 	__attribute__((format(printf, 5, 6)));
 
+/*
+ * A line a flood repeats (one per stray connection): the first of each
+ * minute is a WARN, the others INFO. rail_log_flood() takes one event at
+ * now_ns and returns RAIL_LOG_WARN or RAIL_LOG_INFO; *before is how many
+ * came at INFO in the minute that ended (0 but on a new minute's WARN).
+ */
+struct rail_log_flood {
+	_Atomic unsigned long long start_ns;	/* the minute's first event; 0: none yet */
+	_Atomic unsigned long n;		/* events in that minute */
+};
+#define RAIL_LOG_FLOOD_NS 60000000000ull
+int rail_log_flood(struct rail_log_flood *f, unsigned long long now_ns, unsigned long *before);
+
 #define RAIL_WARN(fmt, ...) \
 	rail_log(RAIL_LOG_WARN, RAIL_LOG_NET, __FILE__, __LINE__, fmt, ##__VA_ARGS__)
 #define RAIL_INFO(flags, fmt, ...) \

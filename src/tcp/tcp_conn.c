@@ -360,7 +360,16 @@ static void refuse(struct tcp_pending *p, int status, const char *why)
 	uint8_t reply[TCP_REPLY_SIZE];
 	size_t off = 0;
 
-	RAIL_WARN("accept: refusing a connection from %s: %s", RAIL_ADDRSTR(&p->peer), why);
+	static struct rail_log_flood refused;
+	unsigned long before;
+
+	if (rail_log_flood(&refused, rail_now_ns(), &before) == RAIL_LOG_WARN)
+		RAIL_WARN("accept: refusing a connection from %s: %s (%lu more refused in the "
+			  "minute before, at INFO; further ones this minute are logged at INFO)",
+			  RAIL_ADDRSTR(&p->peer), why, before);
+	else
+		RAIL_INFO(RAIL_LOG_NET, "accept: refusing a connection from %s: %s",
+			  RAIL_ADDRSTR(&p->peer), why);
 	tcp_reply_encode(status, reply);
 	rail_sock_send_nb(p->fd, reply, sizeof(reply), &off);
 	close(p->fd);
