@@ -147,6 +147,9 @@ void rma_mesh_fini(struct rma_mesh *m)
 	}
 	for (int i = 0; i < m->nstash; i++)
 		close(m->stash[i].fd);
+	for (int i = 0; i < m->npend; i++)
+		close(m->pend[i].fd);
+	free(m->pend);
 	if (m->listen_fd >= 0)
 		close(m->listen_fd);
 	free(m->stash);
@@ -173,8 +176,6 @@ struct links {
 	uint8_t (*obuf)[RMA_HELLO_SIZE];
 	size_t *ooff;
 	int need_out, need_in;
-	struct pend { int fd; uint8_t buf[RMA_HELLO_SIZE]; size_t got; } *pend;
-	int npend, cappend;
 };
 
 /* A link is kept: the options of the TCP transport's data sockets. */
@@ -319,47 +320,49 @@ static int links_out(struct links *l, int i)
 	return 0;
 }
 
+/* New connections wait in the mesh for their hellos, across calls if need be. */
 static void links_accept(struct links *l)
 {
+	struct rma_mesh *m = l->m;
 	union rail_sockaddr peer;
 	int fd;
 
-	while (rail_sock_accept(l->m->listen_fd, &fd, &peer) == 0) {
-		if (l->npend == l->cappend) {
-			int cap = l->cappend ? 2 * l->cappend : 16;
-			void *p = realloc(l->pend, (size_t)cap * sizeof(*l->pend));
+	while (rail_sock_accept(m->listen_fd, &fd, &peer) == 0) {
+		if (m->npend == m->cappend) {
+			int cap = m->cappend ? 2 * m->cappend : 16;
+			void *p = realloc(m->pend, (size_t)cap * sizeof(*m->pend));
 
 			if (!p) {
 				close(fd);
 				return;
 			}
-			l->pend = p;
-			l->cappend = cap;
+			m->pend = p;
+			m->cappend = cap;
 		}
-		l->pend[l->npend].fd = fd;
-		l->pend[l->npend++].got = 0;
+		m->pend[m->npend].fd = fd;
+		m->pend[m->npend++].got = 0;
 	}
 }
 
 /* Incoming sockets: read their hellos (40 bytes at most each, never more). */
-static void links_read(struct links *l, const struct pollfd *p)
+static void links_read(struct links *l, const struct pollfd *p, int np)
 {
-	int k = 0;
+	struct rma_mesh *m = l->m;
+	int k = 0, n = m->npend;
 
-	for (int i = 0; i < l->npend; i++) {
-		struct pend *q = &l->pend[i];
-		int err = p[i].revents ? rail_sock_recv_nb(q->fd, q->buf, RMA_HELLO_SIZE, &q->got)
-				       : -EAGAIN;
+	for (int i = 0; i < n; i++) {
+		struct rma_pending q = m->pend[i];
+		int err = i >= np || p[i].revents
+			  ? rail_sock_recv_nb(q.fd, q.buf, RMA_HELLO_SIZE, &q.got) : -EAGAIN;
 
-		if (err == -EAGAIN) {
-			l->pend[k++] = *q;
-		} else if (err) {
-			close(q->fd);	/* a connection that went away before its hello */
-		} else {
-			links_hello(l, q->fd, q->buf);
-		}
+		if (err == -EAGAIN)
+			m->pend[k++] = q;
+		else if (err)
+			close(q.fd);	/* a connection that went away before its hello */
+		else
+			links_hello(l, q.fd, q.buf);
 	}
-	l->npend = k;
+	m->npend = k;
 }
 
 static void links_warn_timeout(const struct links *l)
@@ -383,7 +386,7 @@ static void links_warn_timeout(const struct links *l)
 /* One poll round: 0 to go on, or -errno. */
 static int links_round(struct links *l, struct pollfd *p, uint64_t until)
 {
-	int np = 0, ms = wait_ms(until), err;
+	int np = 0, npend = l->m->npend, ms = wait_ms(until), err;
 	struct pollfd *pp;
 
 	if (ms < 0) {
@@ -394,15 +397,15 @@ static int links_round(struct links *l, struct pollfd *p, uint64_t until)
 		p[np++] = (struct pollfd){ .fd = l->ofd[i], .events = POLLOUT };
 	p[np++] = (struct pollfd){ .fd = l->m->listen_fd, .events = POLLIN };
 	pp = &p[np];
-	for (int i = 0; i < l->npend; i++)
-		p[np++] = (struct pollfd){ .fd = l->pend[i].fd, .events = POLLIN };
+	for (int i = 0; i < npend; i++)
+		p[np++] = (struct pollfd){ .fd = l->m->pend[i].fd, .events = POLLIN };
 	if (poll(p, (nfds_t)np, ms) < 0 && errno != EINTR)
 		return -errno;
 	for (int i = 0; i < l->n; i++) {
 		if (l->ofd[i] >= 0 && p[i].revents && (err = links_out(l, i)))
 			return err;
 	}
-	links_read(l, pp);
+	links_read(l, pp, npend);
 	if (p[l->n].revents)
 		links_accept(l);
 	return 0;
@@ -420,12 +423,9 @@ static void links_free(struct links *l, int failed)
 		if (failed)
 			l->out[i] = l->in[i] = -1;
 	}
-	for (int i = 0; i < l->npend; i++)
-		close(l->pend[i].fd);
 	free(l->ofd);
 	free(l->obuf);
 	free(l->ooff);
-	free(l->pend);
 }
 
 int rma_mesh_links(struct rma_mesh *m, enum rma_link_kind kind, uint32_t seq, int n,
@@ -449,7 +449,7 @@ int rma_mesh_links(struct rma_mesh *m, enum rma_link_kind kind, uint32_t seq, in
 	err = links_start(&l);
 	links_take_stash(&l);
 	while (!err && (l.need_out || l.need_in)) {
-		struct pollfd *q = realloc(p, (size_t)(n + 1 + l.npend) * sizeof(*p));
+		struct pollfd *q = realloc(p, (size_t)(n + 1 + m->npend) * sizeof(*p));
 
 		if (!q) {
 			err = -ENOMEM;

@@ -136,6 +136,13 @@ struct rma_stashed {
 	struct rma_hello hello;
 };
 
+/* An accepted socket whose hello has not all arrived (kept from call to call). */
+struct rma_pending {
+	int fd;
+	uint8_t buf[RMA_HELLO_SIZE];
+	size_t got;
+};
+
 struct rma_mesh {
 	int dev;
 	int rank;
@@ -146,6 +153,8 @@ struct rma_mesh {
 	uint64_t *nonces;
 	struct rma_stashed *stash;
 	int nstash;
+	struct rma_pending *pend;
+	int npend, cappend;
 	int *ctrl_out;		/* [peer]: this rank's control socket to the peer */
 	int *ctrl_in;		/* [peer]: the peer's to this rank */
 };

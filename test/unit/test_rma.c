@@ -43,6 +43,7 @@ struct grp {
 	int nctx;
 	int stride;
 	size_t slot;
+	int stagger_ms;		/* rank r reaches connect r x this late */
 	char handles[MAXR][HSIZE];
 	void *hptr[MAXR];
 	pthread_barrier_t bar;
@@ -129,6 +130,7 @@ static void rank_up(struct rank *r)
 	ROK(r, rma->init(&r->ctx, 0x1000 + (uint64_t)r->rank, unit_log_sink));
 	ROK(r, rma->listen(r->ctx, 0, g->handles[r->rank], &r->lc));
 	pthread_barrier_wait(&g->bar);		/* NCCL's allgather of the handles */
+	usleep((useconds_t)(g->stagger_ms * r->rank) * 1000);
 	/* NCCL 2.30.7's host RMA passes another plugin's context here: never read. */
 	ROK(r, rma->connect((void *)(uintptr_t)0x7a7a7a7a7a7a7a7aull, g->hptr, g->n, r->rank,
 			    r->lc, &r->coll));
@@ -173,9 +175,12 @@ static void *rank_main(void *arg)
 }
 
 /* Run body on n ranks; fail the test with the first rank's failure. */
+static int next_stagger_ms;
+
 static void run_group(int n, int nctx, int stride, size_t slot, body_fn body)
 {
-	struct grp g = { .n = n, .nctx = nctx, .stride = stride, .slot = slot, .body = body };
+	struct grp g = { .n = n, .nctx = nctx, .stride = stride, .slot = slot, .body = body,
+			 .stagger_ms = next_stagger_ms };
 	struct rank rs[MAXR];
 
 	memset(rs, 0, sizeof(rs));
@@ -642,6 +647,51 @@ static void test_bad_handles(void **state)
 	unit_assert_logged2(RAIL_LOG_WARN, "RMA closeColl", "is not a live collComm");
 }
 
+/*
+ * Ranks that arrive late, and contexts made back to back: rank r reaches
+ * connect and each pair of createContext calls r x 60 ms after rank 0, so
+ * a fast rank's links for the second context arrive while a slower one
+ * still waits in the first (they wait for their call). Each context
+ * carries a putSignal to the next rank; both go away before the next pair.
+ */
+static void body_more_contexts(struct rank *r)
+{
+	struct grp *g = r->g;
+	ncclRmaConfig_v14_t cfg = { .nContexts = 2, .trafficClass = -1, .rankStride = 1 };
+	int to = (r->rank + 1) % g->n, from = (r->rank + g->n - 1) % g->n;
+	uint64_t want = 0;
+
+	for (int k = 0; k < 3 && !r->fail[0]; k++) {
+		void *x[2] = { NULL, NULL }, *req = NULL;
+
+		usleep((useconds_t)(60 * r->rank) * 1000);
+		ROK(r, rma->createContext(r->coll, &cfg, &x[0]));
+		ROK(r, rma->createContext(r->coll, &cfg, &x[1]));
+		for (int i = 0; i < 2 && !r->fail[0]; i++) {
+			ROK(r, rma->iputSignal(x[i], i, 0, r->src_mh, 8, (uint64_t)r->rank * g->slot,
+					       r->win_mh, (uint32_t)to, (uint64_t)r->rank * 8,
+					       r->sig_mh, 1, NCCL_NET_SIGNAL_OP_INC, true, &req));
+			ROK(r, wait_req(r, req));
+			want++;
+		}
+		wait_sig(r, from, want);
+		pthread_barrier_wait(&g->bar);
+		for (int i = 0; i < 2; i++) {
+			if (x[i])
+				ROK(r, rma->destroyContext(x[i]));
+		}
+	}
+}
+
+static void test_late_ranks_and_more_contexts(void **state)
+{
+	(void)state;
+	next_stagger_ms = 150;
+	run_group(4, 1, 1, 4096, body_more_contexts);
+	next_stagger_ms = 0;
+	run_group(3, 1, 1, 4096, body_more_contexts);
+}
+
 /* ---- harness ----------------------------------------------------------------- */
 
 static int group_setup(void **state)
@@ -688,6 +738,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_out_of_bounds_refused, need_plugin),
 		cmocka_unit_test_setup(test_cuda_refused, need_plugin),
 		cmocka_unit_test_setup(test_bad_handles, need_plugin),
+		cmocka_unit_test_setup(test_late_ranks_and_more_contexts, need_plugin),
 	};
 	char build_dir[PATH_MAX];
 
