@@ -103,8 +103,10 @@ static int rx_closed(struct rma_tcp_coll *c, struct rma_rx *rx)
 		struct rma_req *r = &rx->ctx->reqs[i];
 		int st = atomic_load(&r->state);
 
-		waiting += r->kind == RAIL_RMA_GET && r->peer == rx->peer &&
-			   r->context == rx->context && (st == RMA_REQ_QUEUED || st == RMA_REQ_WAIT);
+		/* A request's fields are the poster's until its state says it is posted. */
+		if (st == RMA_REQ_QUEUED || st == RMA_REQ_WAIT)
+			waiting += r->kind == RAIL_RMA_GET && r->peer == rx->peer &&
+				   r->context == rx->context;
 	}
 	if (!waiting) {
 		rx_drop(c, rx);	/* the peer destroyed its context */
