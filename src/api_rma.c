@@ -82,7 +82,7 @@ ncclResult_t rail_rma_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logge
 		return ncclInvalidUsage;
 	}
 	if (rma_refs++ == 0) {
-		rma_ops = ops;
+		__atomic_store_n(&rma_ops, ops, __ATOMIC_RELEASE);
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "RMA (ABI v%d): served by the %s backend "
 			  "because %s", abi_version, ops->name, why);
 	}
@@ -97,8 +97,8 @@ ncclResult_t rail_rma_finalize(void *ctx)
 	if (!ctx)
 		return ncclSuccess;
 	pthread_mutex_lock(&rma_lock);
-	if (rma_refs > 0)
-		rma_refs--;
+	if (rma_refs > 0 && --rma_refs == 0)
+		__atomic_store_n(&rma_ops, NULL, __ATOMIC_RELEASE);	/* objects keep their own */
 	pthread_mutex_unlock(&rma_lock);
 	return rail_net_finalize(ctx);
 }

@@ -270,6 +270,8 @@ static void test_devices_are_the_net_ones(void **state)
 	assert_int_not_equal(rma->getProperties(nr, &rp), ncclSuccess);
 	assert_int_equal(net->finalize(nctx), ncclSuccess);
 	assert_int_equal(rma->finalize(ctx), ncclSuccess);
+	/* Once the last RMA context is gone, so is the offer (the WARN goes to stderr). */
+	assert_int_not_equal(rma->devices(&nr), ncclSuccess);
 }
 
 /*
