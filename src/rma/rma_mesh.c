@@ -12,6 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fdlimit.h"
 #include "handle.h"
 #include "log.h"
 #include "param.h"
@@ -22,6 +23,21 @@ const char *rma_mesh_peer(const struct rma_mesh *m, int peer, char *buf, size_t 
 {
 	snprintf(buf, len, "rank %d (%s)", peer, peer >= 0 && peer < m->nranks
 		 ? RAIL_ADDRSTR(&m->addr[peer]) : "?");
+	return buf;
+}
+
+/* What to add to a socket or accept error: the descriptor limit when that is the cause. */
+static const char *fd_hint(int err, const struct rma_mesh *m, char *buf, size_t len)
+{
+	int n;
+
+	buf[0] = '\0';
+	if (err != -EMFILE && err != -ENFILE)
+		return buf;
+	n = snprintf(buf, len, "; an RMA group of %d ranks takes 2 x %d sockets, and 2 x %d more "
+		     "per context: ", m->nranks, m->nranks - 1, m->nranks - 1);
+	if (n > 0 && (size_t)n < len)
+		rail_nofile_hint(buf + n, len - (size_t)n);
 	return buf;
 }
 
@@ -127,10 +143,12 @@ int rma_mesh_init(struct rma_mesh *m, const struct rma_tcp_listen *lc, void *con
 		m->addr[i] = h.addr;
 		m->nonces[i] = h.nonce;
 	}
-	if (!err) {
-		m->listen_fd = dup(lc->fd);
-		if (m->listen_fd < 0)
-			err = -errno;
+	if (!err && (m->listen_fd = dup(lc->fd)) < 0) {
+		char hint[640];
+
+		err = -errno;
+		RAIL_WARN("RMA connect (rank %d of %d, device %d): keeping the listening socket: %s%s",
+			  rank, nranks, m->dev, RAIL_ERRSTR(err), fd_hint(err, m, hint, sizeof(hint)));
 	}
 	if (err)
 		rma_mesh_fini(m);
@@ -285,11 +303,12 @@ static int links_start(struct links *l)
 			.index = l->want[i].index,
 		};
 		int err = rail_sock_connect_start(&m->addr[l->want[i].peer], &l->ofd[i]);
+		char hint[640];
 
 		if (err) {
-			RAIL_WARN("RMA %s (rank %d of %d, device %d): connecting to %s: %s", l->call,
+			RAIL_WARN("RMA %s (rank %d of %d, device %d): connecting to %s: %s%s", l->call,
 				  m->rank, m->nranks, m->dev, RMA_PEER(m, l->want[i].peer),
-				  RAIL_ERRSTR(err));
+				  RAIL_ERRSTR(err), fd_hint(err, m, hint, sizeof(hint)));
 			return err;
 		}
 		rma_hello_encode(&h, l->obuf[i]);
@@ -320,21 +339,41 @@ static int links_out(struct links *l, int i)
 	return 0;
 }
 
+/* An accept failed: 0 to go on (the connection went away), or the call fails now. */
+static int links_accept_failed(struct links *l, int err)
+{
+	struct rma_mesh *m = l->m;
+	char hint[640];
+
+	if (err != -EMFILE && err != -ENFILE && err != -ENOBUFS && err != -ENOMEM)
+		return 0;
+	/* Waiting frees nothing: NCCL makes every connection before it closes any. */
+	RAIL_WARN("RMA %s (rank %d of %d, device %d): accept on %s failed: %s%s", l->call, m->rank,
+		  m->nranks, m->dev, RAIL_ADDRSTR(&m->addr[m->rank]), RAIL_ERRSTR(err),
+		  fd_hint(err, m, hint, sizeof(hint)));
+	return err;
+}
+
 /* New connections wait in the mesh for their hellos, across calls if need be. */
-static void links_accept(struct links *l)
+static int links_accept(struct links *l)
 {
 	struct rma_mesh *m = l->m;
 	union rail_sockaddr peer;
-	int fd;
+	int fd, err;
 
-	while (rail_sock_accept(m->listen_fd, &fd, &peer) == 0) {
+	while ((err = rail_sock_accept(m->listen_fd, &fd, &peer)) != -EAGAIN) {
+		if (err) {
+			if ((err = links_accept_failed(l, err)))
+				return err;
+			continue;
+		}
 		if (m->npend == m->cappend) {
 			int cap = m->cappend ? 2 * m->cappend : 16;
 			void *p = realloc(m->pend, (size_t)cap * sizeof(*m->pend));
 
 			if (!p) {
 				close(fd);
-				return;
+				return 0;
 			}
 			m->pend = p;
 			m->cappend = cap;
@@ -342,6 +381,7 @@ static void links_accept(struct links *l)
 		m->pend[m->npend].fd = fd;
 		m->pend[m->npend++].got = 0;
 	}
+	return 0;
 }
 
 /* Incoming sockets: read their hellos (40 bytes at most each, never more). */
@@ -406,9 +446,7 @@ static int links_round(struct links *l, struct pollfd *p, uint64_t until)
 			return err;
 	}
 	links_read(l, pp, npend);
-	if (p[l->n].revents)
-		links_accept(l);
-	return 0;
+	return p[l->n].revents ? links_accept(l) : 0;
 }
 
 static void links_free(struct links *l, int failed)

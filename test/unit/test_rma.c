@@ -15,6 +15,7 @@
 #include <sched.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -694,6 +695,86 @@ static void test_late_ranks_and_more_contexts(void **state)
 	run_group(3, 1, 1, 4096, body_more_contexts);
 }
 
+/*
+ * Out of descriptors (the soft RLIMIT_NOFILE at what is open now): connect
+ * fails at once on every rank, with a WARN naming the limit, instead of
+ * waiting NCCL_RAIL_CONNECT_TIMEOUT for links that cannot come.
+ */
+struct fdl {
+	int rank;
+	char handles[2][HSIZE];
+	void *hptr[2];
+	void *ctx, *lc, *coll;
+	ncclResult_t res;
+	uint64_t took_ns;
+	pthread_barrier_t *bar;
+};
+
+static void *fdl_rank(void *arg)
+{
+	struct fdl *f = arg;
+	uint64_t t0;
+
+	pthread_barrier_wait(f->bar);	/* the limit is lowered */
+	t0 = now_ns();
+	f->res = rma->connect(NULL, f->hptr, 2, f->rank, f->lc, &f->coll);
+	f->took_ns = now_ns() - t0;
+	return NULL;
+}
+
+/* The lowest descriptor number free: a soft limit there lets no new one open. */
+static int lowest_free_fd(void)
+{
+	char path[64];
+	int fd = 0;
+
+	for (;; fd++) {
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		if (access(path, F_OK))
+			return fd;
+	}
+}
+
+static void test_fd_limit_named(void **state)
+{
+	struct fdl f[2];
+	pthread_barrier_t bar;
+	pthread_t th[2];
+	struct rlimit saved, low;
+
+	(void)state;
+	memset(f, 0, sizeof(f));
+	pthread_barrier_init(&bar, NULL, 3);
+	unit_log_reset();
+	for (int i = 0; i < 2; i++) {
+		f[i].rank = i;
+		f[i].bar = &bar;
+		assert_int_equal(rma->init(&f[i].ctx, 50 + (uint64_t)i, unit_log_sink), ncclSuccess);
+	}
+	for (int i = 0; i < 2; i++) {
+		assert_int_equal(rma->listen(f[i].ctx, 0, f[0].handles[i], &f[i].lc), ncclSuccess);
+		f[0].hptr[i] = f[1].hptr[i] = f[0].handles[i];
+	}
+	for (int i = 0; i < 2; i++)
+		assert_int_equal(pthread_create(&th[i], NULL, fdl_rank, &f[i]), 0);
+	assert_int_equal(getrlimit(RLIMIT_NOFILE, &saved), 0);
+	low = saved;
+	low.rlim_cur = (rlim_t)lowest_free_fd();
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &low), 0);
+	pthread_barrier_wait(&bar);
+	for (int i = 0; i < 2; i++)
+		pthread_join(th[i], NULL);
+	assert_int_equal(setrlimit(RLIMIT_NOFILE, &saved), 0);
+	pthread_barrier_destroy(&bar);
+	for (int i = 0; i < 2; i++) {
+		assert_int_not_equal(f[i].res, ncclSuccess);
+		assert_true(f[i].took_ns < 5000000000ull);
+		assert_int_equal(rma->closeListen(f[i].lc), ncclSuccess);
+		assert_int_equal(rma->finalize(f[i].ctx), ncclSuccess);
+	}
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA connect (rank", "RLIMIT_NOFILE soft limit");
+}
+
 /* ---- harness ----------------------------------------------------------------- */
 
 static int group_setup(void **state)
@@ -741,6 +822,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_cuda_refused, need_plugin),
 		cmocka_unit_test_setup(test_bad_handles, need_plugin),
 		cmocka_unit_test_setup(test_late_ranks_and_more_contexts, need_plugin),
+		cmocka_unit_test_setup(test_fd_limit_named, need_plugin),
 	};
 	char build_dir[PATH_MAX];
 
