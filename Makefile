@@ -301,13 +301,14 @@ test-clang:
 test-readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info
 
-# src/ib/ and src/tcp/ call one way, down their layers: the tables in
-# src/ib/ib.h and src/tcp/tcp.h against nm of the objects
+# src/ib/, src/tcp/ and src/rma/ call one way, down their layers: the tables
+# in src/ib/ib.h, src/tcp/tcp.h and src/rma/rma_tcp.h against nm of the objects
 # (test/check-layering.sh).
 .PHONY: test-layering
 test-layering: $(CORE_LIB)
 	$(Q)test/check-layering.sh $(filter $(BUILD)/obj/src/ib/%,$(CORE_OBJS))
 	$(Q)test/check-layering.sh -t src/tcp/tcp.h $(filter $(BUILD)/obj/src/tcp/%,$(CORE_OBJS))
+	$(Q)test/check-layering.sh -t src/rma/rma_tcp.h $(filter $(BUILD)/obj/src/rma/%,$(CORE_OBJS))
 
 # The verbs tests in a Soft-RoCE guest (test/rxe/), with the live verbs unit
 # test also built under the sanitizers; then a second boot with the bridge

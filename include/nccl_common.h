@@ -74,10 +74,17 @@ typedef ncclResult_t (*ncclProfilerCallback_t)(void **eHandle, int type, void *p
 #define NCCL_NET_TRAFFIC_CLASS_UNDEF (-1)
 #define NCCL_NET_ID_UNDEF (-1)
 
-/* Device offload kinds; only HOST is used by this plugin. */
+/*
+ * Device offload kinds. The net tables report HOST; the RMA table
+ * (rma_v14.h) reports GIN_PROXY, which tells NCCL to run its own GIN proxy
+ * (GPU kernels post work, a CPU thread turns it into RMA calls) on top of it.
+ */
 typedef enum {
 	NCCL_NET_DEVICE_HOST = 0,
-	NCCL_NET_DEVICE_UNPACK = 1
+	NCCL_NET_DEVICE_UNPACK = 1,
+	NCCL_NET_DEVICE_GIN_PROXY = 2,
+	NCCL_NET_DEVICE_GIN_GDAKI = 3,
+	NCCL_NET_DEVICE_GIN_GPI = 4
 } ncclNetDeviceType;
 
 #define NCCL_NET_DEVICE_INVALID_VERSION 0x0

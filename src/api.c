@@ -114,7 +114,7 @@ static void apply_topology(const struct rail_transport_ops *ops)
 	}
 }
 
-static ncclResult_t init_locked(ncclDebugLogger_t logger, int abi_version)
+static ncclResult_t init_locked(ncclDebugLogger_t logger, const char *abi)
 {
 	char why[512] = "", devs[768] = "";
 	const struct rail_transport_ops *ops;
@@ -137,14 +137,15 @@ static ncclResult_t init_locked(ncclDebugLogger_t logger, int abi_version)
 	rail_strlcpy(api_why, why, sizeof(api_why));
 	ops->describe(devs, sizeof(devs));
 	RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET,
-		  "nccl-net-rail %s (net ABI v%d): using the %s transport because %s; %s",
-		  RAIL_VERSION_STRING, abi_version, ops->name, why, devs);
+		  "nccl-net-rail %s (%s): using the %s transport because %s; %s",
+		  RAIL_VERSION_STRING, abi, ops->name, why, devs);
 	apply_topology(ops);
 	return ncclSuccess;
 }
 
-ncclResult_t rail_net_init(void **ctx, uint64_t comm_id, int traffic_class,
-			   ncclDebugLogger_t logger, int abi_version)
+/* A new context handle and a reference on the process state; abi names the caller's ABI. */
+static ncclResult_t ctx_init(void **ctx, uint64_t comm_id, int traffic_class,
+			     ncclDebugLogger_t logger, const char *abi)
 {
 	struct rail_ctx *c;
 	ncclResult_t res;
@@ -166,7 +167,7 @@ ncclResult_t rail_net_init(void **ctx, uint64_t comm_id, int traffic_class,
 		return ncclSystemError;
 	}
 	pthread_mutex_lock(&api_lock);
-	res = init_locked(logger, abi_version);
+	res = init_locked(logger, abi);
 	pthread_mutex_unlock(&api_lock);
 	if (res != ncclSuccess) {
 		void *obj;
@@ -179,13 +180,31 @@ ncclResult_t rail_net_init(void **ctx, uint64_t comm_id, int traffic_class,
 	return ncclSuccess;
 }
 
+ncclResult_t rail_net_init(void **ctx, uint64_t comm_id, int traffic_class,
+			   ncclDebugLogger_t logger, int abi_version)
+{
+	char abi[32];
+
+	snprintf(abi, sizeof(abi), "net ABI v%d", abi_version);
+	return ctx_init(ctx, comm_id, traffic_class, logger, abi);
+}
+
+ncclResult_t rail_core_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger,
+			    const char *abi)
+{
+	return ctx_init(ctx, comm_id, -1, logger, abi);
+}
+
 ncclResult_t rail_net_init_legacy(ncclDebugLogger_t logger, int abi_version)
 {
 	ncclResult_t res = ncclSuccess;
 
 	pthread_mutex_lock(&api_lock);
 	if (!api_legacy) {
-		res = init_locked(logger, abi_version);
+		char abi[32];
+
+		snprintf(abi, sizeof(abi), "net ABI v%d", abi_version);
+		res = init_locked(logger, abi);
 		api_legacy = res == ncclSuccess;
 	} else if (logger) {
 		rail_log_set_logger((rail_logger_fn)logger);
@@ -207,13 +226,23 @@ static void pin_library(void)
 		RAIL_WARN("finalize: pinning %s in memory failed: %s", info.dli_fname, dlerror());
 }
 
+static struct rail_ctx *ctx_of(void *ctx)
+{
+	uint32_t kind;
+
+	struct rail_ctx *c = ctx ? rail_h_get(RAIL_HT_CTX, (uintptr_t)ctx, &kind) : NULL;
+
+	/* The table also holds the RMA contexts (api_rma.c): not ours. */
+	return c && kind == RAIL_CTX_MAGIC ? c : NULL;
+}
+
 /* The last finalize: stop everything, or say honestly why not. Holds api_lock. */
 static ncclResult_t finalize_last(void)
 {
 	int live = rail_comm_live();
 
 	if (live > 0) {
-		RAIL_WARN("finalize: %d comms (listen, send or receive) are still open; their helper "
+		RAIL_WARN("finalize: %d comms (listen, send, receive or RMA) are still open; their helper "
 			  "threads keep running, so the %s transport stays up and the library stays "
 			  "loaded (dlclose will not unload it). Close every comm before the last "
 			  "finalize", live, api_ops->name);
@@ -245,7 +274,7 @@ ncclResult_t rail_net_finalize(void *ctx)
 	/* NCCL calls finalize even after a failed init, with no context. */
 	if (!ctx)
 		return ncclSuccess;
-	if (rail_h_free(RAIL_HT_CTX, (uintptr_t)ctx, &c, NULL)) {
+	if (!ctx_of(ctx) || rail_h_free(RAIL_HT_CTX, (uintptr_t)ctx, &c, NULL)) {
 		RAIL_WARN("finalize: %p is not a context of this plugin (finalized already, or "
 			  "never returned by init)", ctx);
 		return ncclInternalError;
@@ -315,16 +344,18 @@ static int check_dev(const struct rail_transport_ops *ops, const char *call, int
 	return 0;
 }
 
-ncclResult_t rail_net_get_properties(int dev, struct rail_props *props)
+/* mark: NCCL asks for its network (the net tables), not for RMA. */
+static ncclResult_t get_props(int dev, struct rail_props *props, int mark, const char *call)
 {
-	const struct rail_transport_ops *ops = ops_or_warn("getProperties");
+	const struct rail_transport_ops *ops = ops_or_warn(call);
 	int err;
 
 	if (!ops || !props)
 		return ncclInternalError;
-	err = check_dev(ops, "getProperties", dev);
+	err = check_dev(ops, call, dev);
 	if (!err) {
-		__atomic_store_n(&api_props_asked, 1, __ATOMIC_RELAXED);
+		if (mark)
+			__atomic_store_n(&api_props_asked, 1, __ATOMIC_RELAXED);
 		memset(props, 0, sizeof(*props));
 		props->rail_id = props->plane_id = -1;
 		err = ops->get_props(dev, props);
@@ -332,11 +363,14 @@ ncclResult_t rail_net_get_properties(int dev, struct rail_props *props)
 	return rail_result(err);
 }
 
-static struct rail_ctx *ctx_of(void *ctx)
+ncclResult_t rail_net_get_properties(int dev, struct rail_props *props)
 {
-	uint32_t kind;
+	return get_props(dev, props, 1, "getProperties");
+}
 
-	return ctx ? rail_h_get(RAIL_HT_CTX, (uintptr_t)ctx, &kind) : NULL;
+ncclResult_t rail_core_get_properties(int dev, struct rail_props *props, const char *call)
+{
+	return get_props(dev, props, 0, call);
 }
 
 /* Give a new comm of the transport a handle; on failure the comm is closed. */

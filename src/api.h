@@ -18,6 +18,15 @@ ncclResult_t rail_net_init(void **ctx, uint64_t comm_id, int traffic_class,
 ncclResult_t rail_net_init_legacy(ncclDebugLogger_t logger, int abi_version);
 ncclResult_t rail_net_finalize(void *ctx);
 /*
+ * Another table's init (RMA): a context and a reference on the process state
+ * as rail_net_init gives, logged as abi ("RMA ABI v14"). rail_net_finalize
+ * releases it.
+ */
+ncclResult_t rail_core_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger,
+			    const char *abi);
+/* The net device's properties for another table (not counted as NCCL using the network). */
+ncclResult_t rail_core_get_properties(int dev, struct rail_props *props, const char *call);
+/*
  * For the tools: the transport in use, why it was chosen, and its one-line
  * device summary (as in the init log line). -ENODEV before init.
  */

@@ -14,6 +14,7 @@ const char *rail_transport_name(int transport)
 	switch (transport) {
 	case RAIL_TRANSPORT_TCP: return "tcp";
 	case RAIL_TRANSPORT_IB: return "ib";
+	case RAIL_TRANSPORT_RMA_TCP: return "rma-tcp";
 	default: return "unknown";
 	}
 }
@@ -107,7 +108,8 @@ int rail_handle_decode(const void *buf, size_t len, struct rail_handle *h, char 
 	out.nonce = rail_get_u64(p + 8);
 	out.payload_len = rail_get_u16(p + 18);
 	if (out.payload_len > RAIL_HANDLE_PAYLOAD_MAX || (p[7] != 4 && p[7] != 6) ||
-	    (out.transport != RAIL_TRANSPORT_TCP && out.transport != RAIL_TRANSPORT_IB)) {
+	    (out.transport != RAIL_TRANSPORT_TCP && out.transport != RAIL_TRANSPORT_IB &&
+	     out.transport != RAIL_TRANSPORT_RMA_TCP)) {
 		snprintf(why, why_len, "handle corrupt (family %u, transport %u, payload %u)",
 			 p[7], p[6], out.payload_len);
 		return -EBADMSG;

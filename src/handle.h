@@ -29,6 +29,7 @@
 enum rail_transport_id {
 	RAIL_TRANSPORT_TCP = 1,
 	RAIL_TRANSPORT_IB = 2,
+	RAIL_TRANSPORT_RMA_TCP = 3,	/* an RMA listener (src/rma/), never a net one */
 };
 
 struct rail_handle {

@@ -42,6 +42,7 @@ enum rail_htab_id {
 #define RAIL_H_TAG_COMM 0x43u	/* 'C' */
 #define RAIL_H_TAG_MR 0x4du	/* 'M' */
 #define RAIL_H_TAG_REQ 0x51u	/* 'Q' */
+#define RAIL_H_TAG_RMA_REQ 0x52u	/* 'R': an RMA request (src/api_rma.c) */
 
 #define RAIL_H_SEG_BITS 12
 #define RAIL_H_SEG_SLOTS (1u << RAIL_H_SEG_BITS)

@@ -21,6 +21,11 @@ int rail_comm_live(void)
 	return atomic_load(&comms_live);
 }
 
+void rail_comm_live_add(int delta)
+{
+	atomic_fetch_add(&comms_live, delta);
+}
+
 int rail_comm_init(struct rail_comm *comm, enum rail_comm_kind kind, int dev,
 		   const struct rail_transport_ops *ops)
 {

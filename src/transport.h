@@ -266,6 +266,8 @@ void rail_comm_fini(struct rail_comm *comm);
 void rail_comm_closed(struct rail_comm *comm);
 /* Comms initialised and not yet finalised (listen, send, receive; any transport). */
 int rail_comm_live(void);
+/* Objects that are not rail_comms but keep threads or sockets (RMA): +1 made, -1 gone. */
+void rail_comm_live_add(int delta);
 
 /* The transports this build knows. */
 extern const struct rail_transport_ops rail_tcp_ops;

@@ -3,11 +3,11 @@
 #
 #   test/check-layering.sh [-t TABLE] OBJECT...
 #
-# OBJECTs are those of one source folder, src/ib/ or src/tcp/ (make passes
-# build/obj/src/ib/*.o of the sources there now, so a stale object of a
-# removed file does not count). TABLE (default src/ib/ib.h; src/tcp/tcp.h
-# for src/tcp/) holds the layer table, in its header comment, one line per
-# file:
+# OBJECTs are those of one source folder, src/ib/, src/tcp/ or src/rma/
+# (make passes build/obj/src/ib/*.o of the sources there now, so a stale
+# object of a removed file does not count). TABLE (default src/ib/ib.h;
+# src/tcp/tcp.h for src/tcp/, src/rma/rma_tcp.h for src/rma/) holds the
+# layer table, in its header comment, one line per file:
 #    *  RANK  FILE  what it is
 # RANK is LAYER.STEP (1.0, 1.1, ...), FILE a source name without ".c". A
 # file may use a symbol (function or data) defined by another file of the

@@ -12,7 +12,9 @@
 #include "check/check.h"
 #include "handle.h"
 #include "ib/ib_wire.h"
+#include "rma/rma_tcp.h"
 #include "tcp/tcp.h"
+#include "wire.h"
 
 static int put(const char *dir, const char *target, const char *name, const void *buf,
 	       size_t len)
@@ -259,6 +261,26 @@ static int check_seeds(const char *dir)
 	return n < 0 ? -1 : put(dir, "fuzz_check", "cells", b, (size_t)n);
 }
 
+/* fuzz_rma_wire: a hello, a frame, a record and a window size, all valid. */
+static int rma_seeds(const char *dir)
+{
+	struct rma_hello h = { .kind = RMA_LINK_DATA, .nonce = 0x1234, .rank = 1, .nranks = 4,
+			       .seq = 2, .index = 1 };
+	struct rma_frame f = { .op = RMA_OP_PUT, .win = 3, .off = 4096, .len = 8192 };
+	struct rma_record r = { .index = 3, .nranks = 4, .base = 0x7f0000001000, .size = 1 << 20 };
+	uint8_t b[RMA_HELLO_SIZE + RMA_FRAME_SIZE + RMA_RECORD_SIZE + 8];
+
+	rma_hello_encode(&h, b);
+	rma_frame_encode(&f, b + RMA_HELLO_SIZE);
+	rma_record_encode(&r, b + RMA_HELLO_SIZE + RMA_FRAME_SIZE);
+	rail_put_u64(b + RMA_HELLO_SIZE + RMA_FRAME_SIZE + RMA_RECORD_SIZE, 1 << 20);
+	if (put(dir, "fuzz_rma_wire", "put", b, sizeof(b)))
+		return -1;
+	f = (struct rma_frame){ .op = RMA_OP_SIGNAL, .win = 4, .off = 8, .len = 1 };
+	rma_frame_encode(&f, b + RMA_HELLO_SIZE);
+	return put(dir, "fuzz_rma_wire", "signal", b, sizeof(b));
+}
+
 int main(int argc, char **argv)
 {
 	if (argc != 2) {
@@ -267,7 +289,8 @@ int main(int argc, char **argv)
 	}
 	mkdir(argv[1], 0755);
 	if (tcp_seeds(argv[1]) || handle_seeds(argv[1]) || ib_seeds(argv[1]) ||
-	    text_seeds(argv[1]) || sysfs_seeds(argv[1]) || check_seeds(argv[1]))
+	    text_seeds(argv[1]) || sysfs_seeds(argv[1]) || check_seeds(argv[1]) ||
+	    rma_seeds(argv[1]))
 		return 1;
 	return 0;
 }

@@ -443,9 +443,9 @@ static void test_bad_fields_behind_checksum(void **state)
 	expect_decode_error(buf, sizeof(buf), -EBADMSG, "payload");
 
 	memcpy(buf, good, sizeof(buf));
-	buf[6] = 3; /* transport */
+	buf[6] = 4; /* transport: 3 is an RMA listener's (src/rma/) */
 	reseal(buf);
-	expect_decode_error(buf, sizeof(buf), -EBADMSG, "transport 3");
+	expect_decode_error(buf, sizeof(buf), -EBADMSG, "transport 4");
 
 	memcpy(buf, good, sizeof(buf));
 	buf[6] = 0;
@@ -482,6 +482,7 @@ static void test_transport_name(void **state)
 	(void)state;
 	assert_string_equal(rail_transport_name(RAIL_TRANSPORT_TCP), "tcp");
 	assert_string_equal(rail_transport_name(RAIL_TRANSPORT_IB), "ib");
+	assert_string_equal(rail_transport_name(RAIL_TRANSPORT_RMA_TCP), "rma-tcp");
 	assert_string_equal(rail_transport_name(0), "unknown");
 	assert_string_equal(rail_transport_name(99), "unknown");
 }

@@ -1,0 +1,532 @@
+/*
+ * nccl-net-rail: the target side of the TCP RMA backend: one applier
+ * thread per collComm (rma_tcp.h).
+ *
+ * It waits in epoll on every socket of the group's contexts and an eventfd
+ * for commands. On a peer's stream (TARGET) it reads frames in order: a put's
+ * bytes go straight into the window, a signal is an atomic 64-bit add, a get
+ * is answered on the same socket the other way (while a reply is being
+ * written the stream is not read further: one answer in flight per stream,
+ * and this thread never blocks on a write). On this rank's own streams
+ * (REPLIES) it lands the answers to its gets and completes them.
+ *
+ * Every frame is checked before memory is touched: its window must be live
+ * in this rank's table, the range inside it, a signal 8-byte aligned. A
+ * frame that fails its check is logged (the peer, the call, the window and
+ * its size) and the stream is shut down, so that the peer's later writes
+ * fail and its requests with them; nothing is written. A stream that ends
+ * between frames is a peer that destroyed its context: quietly dropped.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "rail.h"
+#include "rma/rma_tcp.h"
+
+#define RMA_APPLY_BUDGET (8u << 20)	/* bytes read from one socket per wake-up */
+#define RMA_APPLY_CHUNK (4u << 20)	/* bytes per recv/send into or out of a window */
+
+struct rma_applier {
+	pthread_t thread;
+	int epfd;
+	int evfd;
+	pthread_mutex_t lock;
+	pthread_cond_t cv;
+	struct rma_tcp_ctx *remove;	/* the command: stop reading this context */
+	int stop;
+	uint64_t cmd, ack;
+};
+
+void rma_coll_fail(struct rma_tcp_coll *c, int err)
+{
+	int none = 0;
+
+	atomic_compare_exchange_strong(&c->err, &none, err);
+}
+
+static struct rma_stream *rx_stream(const struct rma_rx *rx)
+{
+	return &rx->ctx->streams[rx->context * rx->ctx->coll->base.nranks + rx->peer];
+}
+
+static const char *rx_call(int op)
+{
+	return op == RMA_OP_PUT ? "iput" : op == RMA_OP_SIGNAL ? "iputSignal" : "iget";
+}
+
+/* Gets of this stream waiting for a reply fail with err (the stream broke). */
+static void rx_fail_gets(struct rma_rx *rx, int err)
+{
+	struct rma_tcp_ctx *x = rx->ctx;
+
+	atomic_store(&rx_stream(rx)->broken, err);
+	for (uint32_t i = 0; i < x->nreqs; i++) {
+		struct rma_req *r = &x->reqs[i];
+		int st = RMA_REQ_WAIT;
+
+		if (atomic_load(&r->state) != RMA_REQ_WAIT || r->kind != RAIL_RMA_GET ||
+		    r->peer != rx->peer || r->context != rx->context)
+			continue;
+		atomic_store(&r->err, err);
+		atomic_compare_exchange_strong(&r->state, &st, RMA_REQ_FAILED);
+	}
+}
+
+static void rx_drop(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	rx->dead = 1;
+	epoll_ctl(c->ap->epfd, EPOLL_CTL_DEL, rx->fd, NULL);
+}
+
+/* The stream failed (err already logged where it was understood). */
+static void rx_fail(struct rma_tcp_coll *c, struct rma_rx *rx, int err)
+{
+	rx_drop(c, rx);
+	shutdown(rx->fd, SHUT_RDWR);	/* the peer's writes, and this rank's, fail from now on */
+	rma_coll_fail(c, err);
+	if (rx->role == RMA_RX_REPLIES)
+		rx_fail_gets(rx, err);
+}
+
+/* End of stream between frames. */
+static int rx_closed(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	int waiting = 0;
+
+	for (uint32_t i = 0; rx->role == RMA_RX_REPLIES && i < rx->ctx->nreqs; i++) {
+		struct rma_req *r = &rx->ctx->reqs[i];
+		int st = atomic_load(&r->state);
+
+		/* A request's fields are the poster's until its state says it is posted. */
+		if (st == RMA_REQ_QUEUED || st == RMA_REQ_WAIT)
+			waiting += r->kind == RAIL_RMA_GET && r->peer == rx->peer &&
+				   r->context == rx->context;
+	}
+	if (!waiting) {
+		rx_drop(c, rx);	/* the peer destroyed its context */
+		return 0;
+	}
+	rx->logged = 1;
+	RAIL_WARN("RMA iget (rank %d of %d, device %d): %s closed context %d with %d gets of "
+		  "this rank unanswered", c->base.rank, c->base.nranks, c->base.dev,
+		  RMA_PEER(&c->mesh, rx->peer), rx->context, waiting);
+	return -RAIL_ECLOSED;
+}
+
+enum { REF_OUTSIDE, REF_UNKNOWN, REF_MISALIGNED, REF_GONE };
+
+/* A frame that must not touch memory: log it (the stream is then closed). */
+static int frame_refuse(struct rma_tcp_coll *c, struct rma_rx *rx, int why,
+			const struct rma_win *w)
+{
+	const struct rma_frame *f = &rx->f;
+	unsigned long long size = w ? (unsigned long long)w->base.size : 0;
+	char what[96];
+
+	if (why == REF_OUTSIDE)
+		snprintf(what, sizeof(what), "is outside window %u (%llu bytes)", f->win, size);
+	else if (why == REF_MISALIGNED)
+		snprintf(what, sizeof(what), "is not 8-byte aligned in window %u", f->win);
+	else if (why == REF_UNKNOWN)
+		snprintf(what, sizeof(what), "names window %u, not registered here", f->win);
+	else
+		snprintf(what, sizeof(what), "is in window %u, deregistered meanwhile", f->win);
+	rx->logged = 1;
+	RAIL_WARN("RMA %s from %s (context %d) refused on rank %d of %d, device %d: %s of %llu "
+		  "bytes at offset %llu %s; %s", rx_call(f->op),
+		  RMA_PEER(&c->mesh, rx->peer), rx->context, c->base.rank, c->base.nranks,
+		  c->base.dev, f->op == RMA_OP_SIGNAL ? "a signal" : f->op == RMA_OP_GET ? "a get"
+		  : "a put", f->op == RMA_OP_SIGNAL ? 8ull : (unsigned long long)f->len,
+		  (unsigned long long)f->off, what, f->op == RMA_OP_GET
+		  ? "answered with an error" : "the stream is closed");
+	return -EFAULT;
+}
+
+/* A signal: an atomic add at a checked, aligned offset. */
+static int frame_signal(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	const struct rma_frame *f = &rx->f;
+	struct rma_win *w;
+	int err = 0;
+
+	pthread_mutex_lock(&c->wins.lock);
+	w = rma_wins_get(&c->wins, f->win);
+	if (!w || f->off % 8 || !rma_in_bounds(f->off, 8, w->base.size))
+		err = frame_refuse(c, rx, !w ? REF_UNKNOWN : f->off % 8 ? REF_MISALIGNED
+				   : REF_OUTSIDE, w);
+	else
+		__atomic_fetch_add((uint64_t *)(void *)(w->base.base + f->off), f->len,
+				   __ATOMIC_SEQ_CST);
+	pthread_mutex_unlock(&c->wins.lock);
+	return err;
+}
+
+/* A get: answer it (or refuse it with a status: a get writes nothing here). */
+static int frame_get(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	const struct rma_frame *f = &rx->f;
+	struct rma_frame r = { .op = RMA_OP_REPLY, .id = f->id, .len = f->len };
+	struct epoll_event ev = { .events = EPOLLOUT, .data.ptr = rx };
+	struct rma_win *w;
+
+	pthread_mutex_lock(&c->wins.lock);
+	w = rma_wins_get(&c->wins, f->win);
+	if (!w || !rma_in_bounds(f->off, f->len, w->base.size)) {
+		frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
+		r.status = EFAULT;
+		r.len = 0;
+	}
+	pthread_mutex_unlock(&c->wins.lock);
+	rma_frame_encode(&r, rx->rhdr);
+	rx->rwin = f->win;
+	rx->roff = f->off;
+	rx->rlen = r.len;
+	rx->rsent = 0;
+	rx->replying = 1;
+	return epoll_ctl(c->ap->epfd, EPOLL_CTL_MOD, rx->fd, &ev) ? -errno : 0;
+}
+
+/* A reply to one of this rank's gets: find the request it answers. */
+static int frame_reply(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	const struct rma_frame *f = &rx->f;
+	struct rma_tcp_ctx *x = rx->ctx;
+	uint32_t idx = (uint32_t)f->id, stamp = (uint32_t)(f->id >> 32);
+	struct rma_req *r = idx < x->nreqs ? &x->reqs[idx] : NULL;
+	int st = r ? atomic_load(&r->state) : RMA_REQ_FREE;
+
+	if (!r || (st != RMA_REQ_QUEUED && st != RMA_REQ_WAIT) || r->stamp != stamp ||
+	    r->kind != RAIL_RMA_GET || r->peer != rx->peer || r->context != rx->context ||
+	    (f->status ? f->len != 0 : f->len != r->len)) {
+		rx->logged = 1;
+		RAIL_WARN("RMA iget (rank %d of %d, device %d): %s sent a reply for no get of this "
+			  "rank waiting on context %d (id 0x%llx, %llu bytes); the stream is closed",
+			  c->base.rank, c->base.nranks, c->base.dev, RMA_PEER(&c->mesh, rx->peer),
+			  rx->context, (unsigned long long)f->id, (unsigned long long)f->len);
+		return -EPROTO;
+	}
+	if (f->status) {
+		RAIL_WARN("RMA iget of %zu bytes from %s (context %d, device %d): the target refused "
+			  "it: %s", r->len, RMA_PEER(&c->mesh, rx->peer), rx->context, c->base.dev,
+			  RAIL_ERRSTR(-f->status));
+		atomic_store(&r->err, -f->status);
+		atomic_store(&r->state, RMA_REQ_FAILED);
+		return 0;
+	}
+	rx->in_body = 1;
+	rx->body_got = 0;
+	return 0;
+}
+
+/* A frame header arrived: check it, apply what has no body, set up what has one. */
+static int frame_start(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	const struct rma_frame *f = &rx->f;
+	int target = rx->role == RMA_RX_TARGET;
+	struct rma_win *w;
+	int ok;
+
+	if (target != (f->op != RMA_OP_REPLY)) {
+		rx->logged = 1;
+		RAIL_WARN("RMA (rank %d of %d, device %d): %s sent a %s on context %d's %s stream; "
+			  "the stream is closed", c->base.rank, c->base.nranks, c->base.dev,
+			  RMA_PEER(&c->mesh, rx->peer), rma_op_name(f->op), rx->context,
+			  target ? "operation" : "reply");
+		return -EPROTO;
+	}
+	if (f->op == RMA_OP_SIGNAL)
+		return frame_signal(c, rx);
+	if (f->op == RMA_OP_GET)
+		return frame_get(c, rx);
+	if (f->op == RMA_OP_REPLY)
+		return frame_reply(c, rx);
+	pthread_mutex_lock(&c->wins.lock);
+	w = rma_wins_get(&c->wins, f->win);
+	ok = w && rma_in_bounds(f->off, f->len, w->base.size);
+	pthread_mutex_unlock(&c->wins.lock);
+	if (!ok)
+		return frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
+	rx->in_body = f->len > 0;
+	rx->body_got = 0;
+	return 0;
+}
+
+/* Where the next bytes of the body go, with the window lock held; NULL if it died. */
+static char *body_dst(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	if (rx->role == RMA_RX_TARGET) {
+		struct rma_win *w = rma_wins_get(&c->wins, rx->f.win);
+
+		return w ? w->base.base + rx->f.off + rx->body_got : NULL;
+	} else {
+		struct rma_req *r = &rx->ctx->reqs[(uint32_t)rx->f.id];
+
+		return rma_wins_get(&c->wins, r->dst_win) ? r->dst + rx->body_got : NULL;
+	}
+}
+
+/* Body bytes into their window: -EAGAIN when the socket is empty. */
+static int body_more(struct rma_tcp_coll *c, struct rma_rx *rx, size_t *budget)
+{
+	size_t want = (size_t)RAIL_MIN(rx->f.len - rx->body_got, RMA_APPLY_CHUNK);
+	ssize_t n = -1;
+	char *dst;
+
+	pthread_mutex_lock(&c->wins.lock);
+	dst = body_dst(c, rx);
+	if (dst)
+		n = recv(rx->fd, dst, want, MSG_DONTWAIT);
+	pthread_mutex_unlock(&c->wins.lock);
+	if (!dst)
+		return frame_refuse(c, rx, REF_GONE, NULL);
+	if (n == 0)
+		return -RAIL_ECLOSED;
+	if (n < 0)
+		return errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	rx->body_got += (uint64_t)n;
+	*budget -= RAIL_MIN(*budget, (size_t)n);
+	if (rx->body_got == rx->f.len) {
+		rx->in_body = 0;
+		if (rx->role == RMA_RX_REPLIES)
+			atomic_store(&rx->ctx->reqs[(uint32_t)rx->f.id].state, RMA_REQ_DONE);
+	}
+	return 0;
+}
+
+static int header_more(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	char why[160];
+	int err = rail_sock_recv_nb(rx->fd, rx->hdr, RMA_FRAME_SIZE, &rx->hdr_got);
+
+	if (err == -RAIL_ECLOSED && rx->hdr_got == 0)
+		return rx_closed(c, rx) ? -RAIL_ECLOSED : -EAGAIN;
+	if (err)
+		return err;
+	rx->hdr_got = 0;
+	err = rma_frame_decode(rx->hdr, &rx->f, why, sizeof(why));
+	if (err) {
+		rx->logged = 1;
+		RAIL_WARN("RMA (rank %d of %d, device %d): %s sent a bad frame on context %d: %s; "
+			  "the stream is closed", c->base.rank, c->base.nranks, c->base.dev,
+			  RMA_PEER(&c->mesh, rx->peer), rx->context, why);
+		return err;
+	}
+	return frame_start(c, rx);
+}
+
+/* Read what the socket holds, up to the budget: 0, or -errno (the stream failed). */
+static int rx_read(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	size_t budget = RMA_APPLY_BUDGET;
+	int err = 0;
+
+	while (!err && budget && !rx->replying && !rx->dead) {
+		if (rx->in_body) {
+			err = body_more(c, rx, &budget);
+		} else {
+			budget -= RAIL_MIN(budget, RMA_FRAME_SIZE);
+			err = header_more(c, rx);
+		}
+	}
+	return err == -EAGAIN ? 0 : err;
+}
+
+/* Write more of the reply being sent: 0 (done or later), or -errno. */
+static int reply_more(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = rx };
+	int err = 0;
+
+	if (rx->rsent < RMA_FRAME_SIZE) {
+		size_t off = (size_t)rx->rsent;
+
+		err = rail_sock_send_nb(rx->fd, rx->rhdr, RMA_FRAME_SIZE, &off);
+		rx->rsent = off;
+	}
+	while (!err && rx->rsent < RMA_FRAME_SIZE + rx->rlen) {
+		uint64_t done = rx->rsent - RMA_FRAME_SIZE;
+		size_t want = (size_t)RAIL_MIN(rx->rlen - done, RMA_APPLY_CHUNK);
+		struct rma_win *w;
+		ssize_t n = -1;
+
+		pthread_mutex_lock(&c->wins.lock);
+		w = rma_wins_get(&c->wins, rx->rwin);
+		if (w)
+			n = send(rx->fd, w->base.base + rx->roff + done, want,
+				 MSG_DONTWAIT | MSG_NOSIGNAL);
+		pthread_mutex_unlock(&c->wins.lock);
+		if (!w)
+			return frame_refuse(c, rx, REF_GONE, NULL);
+		if (n < 0)
+			err = errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -errno;
+		else
+			rx->rsent += (uint64_t)n;
+	}
+	if (err)
+		return err == -EAGAIN ? 0 : err;
+	rx->replying = 0;
+	return epoll_ctl(c->ap->epfd, EPOLL_CTL_MOD, rx->fd, &ev) ? -errno : 0;
+}
+
+static void rx_service(struct rma_tcp_coll *c, struct rma_rx *rx, uint32_t events)
+{
+	int err = 0;
+
+	if (rx->dead)
+		return;
+	if (rx->replying && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
+		err = reply_more(c, rx);
+	if (!err && !rx->replying && (events & (EPOLLIN | EPOLLERR | EPOLLHUP)))
+		err = rx_read(c, rx);
+	/* A reply just finished leaves what followed it unread: read it now. */
+	if (!err && !rx->replying && !rx->dead && (events & EPOLLOUT))
+		err = rx_read(c, rx);
+	if (!err)
+		return;
+	if (!rx->logged)
+		RAIL_WARN("RMA (rank %d of %d, device %d): context %d's %s stream with %s failed: "
+			  "%s", c->base.rank, c->base.nranks, c->base.dev, rx->context,
+			  rx->role == RMA_RX_TARGET ? "incoming" : "outgoing",
+			  RMA_PEER(&c->mesh, rx->peer), RAIL_ERRSTR(err));
+	rx_fail(c, rx, err);
+}
+
+/* Commands from the application thread: 1 to stop. */
+static int apply_commands(struct rma_tcp_coll *c)
+{
+	struct rma_applier *ap = c->ap;
+	uint64_t v;
+	int stop;
+
+	if (read(ap->evfd, &v, sizeof(v)) < 0) {
+		/* nothing to read: a command is still answered below */
+	}
+	pthread_mutex_lock(&ap->lock);
+	if (ap->remove) {
+		for (int i = 0; i < ap->remove->nrx; i++) {
+			if (!ap->remove->rx[i]->dead)
+				epoll_ctl(ap->epfd, EPOLL_CTL_DEL, ap->remove->rx[i]->fd, NULL);
+		}
+		ap->remove = NULL;
+	}
+	ap->ack = ap->cmd;
+	stop = ap->stop;
+	pthread_cond_broadcast(&ap->cv);
+	pthread_mutex_unlock(&ap->lock);
+	return stop;
+}
+
+static void *apply_main(void *arg)
+{
+	struct rma_tcp_coll *c = arg;
+	struct epoll_event ev[64];
+
+	for (;;) {
+		int n = epoll_wait(c->ap->epfd, ev, 64, -1), cmd = 0;
+
+		if (n < 0 && errno != EINTR) {
+			RAIL_WARN("RMA (rank %d of %d, device %d): epoll_wait: %s; the applier thread "
+				  "stops", c->base.rank, c->base.nranks, c->base.dev,
+				  RAIL_ERRSTR(-errno));
+			rma_coll_fail(c, -EIO);
+			return NULL;
+		}
+		for (int i = 0; i < n; i++) {
+			if (ev[i].data.ptr)
+				rx_service(c, ev[i].data.ptr, ev[i].events);
+			else
+				cmd = 1;
+		}
+		if (cmd && apply_commands(c))
+			return NULL;
+	}
+}
+
+int rma_apply_start(struct rma_tcp_coll *c)
+{
+	struct rma_applier *ap = calloc(1, sizeof(*ap));
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+	int err;
+
+	if (!ap)
+		return -ENOMEM;
+	pthread_mutex_init(&ap->lock, NULL);
+	pthread_cond_init(&ap->cv, NULL);
+	ap->epfd = epoll_create1(EPOLL_CLOEXEC);
+	ap->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+	c->ap = ap;
+	err = ap->epfd < 0 || ap->evfd < 0 || epoll_ctl(ap->epfd, EPOLL_CTL_ADD, ap->evfd, &ev)
+	      ? -errno : -pthread_create(&ap->thread, NULL, apply_main, c);
+	if (err) {
+		RAIL_WARN("RMA connect (rank %d of %d, device %d): starting the applier thread: %s",
+			  c->base.rank, c->base.nranks, c->base.dev, RAIL_ERRSTR(err));
+		if (ap->epfd >= 0)
+			close(ap->epfd);
+		if (ap->evfd >= 0)
+			close(ap->evfd);
+		free(ap);
+		c->ap = NULL;
+	}
+	return err;
+}
+
+/* Post a command and wait until the thread took it. */
+static void apply_command(struct rma_applier *ap, struct rma_tcp_ctx *remove, int stop)
+{
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&ap->lock);
+	ap->remove = remove;
+	ap->stop |= stop;
+	ap->cmd++;
+	if (write(ap->evfd, &one, sizeof(one)) < 0) {
+		/* the counter is full: the thread has a wake-up pending anyway */
+	}
+	while (ap->ack != ap->cmd)
+		pthread_cond_wait(&ap->cv, &ap->lock);
+	pthread_mutex_unlock(&ap->lock);
+}
+
+void rma_apply_stop(struct rma_tcp_coll *c)
+{
+	struct rma_applier *ap = c->ap;
+
+	if (!ap)
+		return;
+	apply_command(ap, NULL, 1);
+	pthread_join(ap->thread, NULL);
+	close(ap->epfd);
+	close(ap->evfd);
+	pthread_mutex_destroy(&ap->lock);
+	pthread_cond_destroy(&ap->cv);
+	free(ap);
+	c->ap = NULL;
+}
+
+int rma_apply_add(struct rma_tcp_coll *c, struct rma_tcp_ctx *x)
+{
+	for (int i = 0; i < x->nrx; i++) {
+		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = x->rx[i] };
+
+		if (epoll_ctl(c->ap->epfd, EPOLL_CTL_ADD, x->rx[i]->fd, &ev)) {
+			int err = -errno;
+
+			RAIL_WARN("RMA createContext (rank %d of %d, device %d): epoll_ctl: %s",
+				  c->base.rank, c->base.nranks, c->base.dev, RAIL_ERRSTR(err));
+			return err;	/* rma_apply_remove drops those added (DEL of the rest fails, harmless) */
+		}
+	}
+	return 0;
+}
+
+void rma_apply_remove(struct rma_tcp_coll *c, struct rma_tcp_ctx *x)
+{
+	if (c->ap && x->nrx)
+		apply_command(c->ap, x, 0);
+}

@@ -1,0 +1,369 @@
+/*
+ * nccl-net-rail: the initiator side of the TCP RMA backend (rma_tcp.h):
+ * requests, the streams of a context, and the calls NCCL's progress thread
+ * makes (iput, iputSignal, iget, test, rmaProgress).
+ *
+ * A put is one PUT frame and its bytes, a put with a signal those and a
+ * SIGNAL frame, a signal alone (size 0) the SIGNAL frame only, a get one GET
+ * frame; each goes on the stream of its (context, peer) behind everything
+ * posted before it, and NCCL's thread writes the streams without blocking
+ * from post, test and rmaProgress. A put is done once its bytes are on the
+ * socket (its source may be reused: NCCL's local completion); a get once
+ * the applier landed the reply. To oneself, a put, a signal and a get are
+ * memory copies and an atomic add, done before post returns.
+ *
+ * Every range is checked here before anything is sent: the source against
+ * this rank's window, the destination against the peer's copy (its size
+ * came with the registration). The target checks again (rma_apply.c).
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include "log.h"
+#include "rail.h"
+#include "rma/rma_tcp.h"
+
+#define RMA_REQS_PER_PEER 64	/* NCCL keeps 32 x maxRecvs (1) per (context, peer) */
+#define RMA_REQS_MAX 65535	/* the API's request handle has 16 bits for the index */
+
+static const char *kind_call(const struct rma_req *r, int signal)
+{
+	return r->kind == RAIL_RMA_GET ? "iget" : signal ? "iputSignal" : "iput";
+}
+
+int rma_send_init(struct rma_tcp_ctx *x)
+{
+	int nranks = x->coll->base.nranks;
+	size_t n = (size_t)x->base.ncontexts * (size_t)(nranks / x->base.stride + 1) *
+		   RMA_REQS_PER_PEER;
+
+	x->nreqs = (uint32_t)RAIL_MIN(n, RMA_REQS_MAX);
+	x->reqs = calloc(x->nreqs, sizeof(*x->reqs));
+	if (!x->reqs)
+		return -ENOMEM;
+	for (uint32_t i = 0; i < x->nreqs; i++)
+		x->reqs[i].next = i + 1 < x->nreqs ? i + 1 : RMA_NONE;
+	x->free_head = 0;
+	pthread_mutex_init(&x->lock, NULL);
+	return 0;
+}
+
+void rma_send_fini(struct rma_tcp_ctx *x)
+{
+	free(x->reqs);
+	x->reqs = NULL;
+	pthread_mutex_destroy(&x->lock);
+}
+
+static struct rma_stream *stream_of(struct rma_tcp_ctx *x, int context, int peer)
+{
+	return &x->streams[context * x->coll->base.nranks + peer];
+}
+
+/* The stream failed: every request still queued on it fails with err. */
+static void stream_fail(struct rma_tcp_ctx *x, struct rma_stream *s, int context, int peer,
+			int err)
+{
+	struct rma_tcp_coll *c = x->coll;
+
+	RAIL_WARN("RMA (rank %d of %d, device %d): writing context %d's stream to %s: %s; its "
+		  "operations fail", c->base.rank, c->base.nranks, c->base.dev, context,
+		  RMA_PEER(&c->mesh, peer), RAIL_ERRSTR(err));
+	s->err = err;
+	rma_coll_fail(c, err);
+	while (s->qhead != RMA_NONE) {
+		struct rma_req *r = &x->reqs[s->qhead];
+
+		s->qhead = r->next;
+		atomic_store(&r->err, err);
+		atomic_store(&r->state, RMA_REQ_FAILED);
+	}
+	s->qtail = RMA_NONE;
+}
+
+/* The head request's bytes were all written. */
+static void stream_pop(struct rma_tcp_ctx *x, struct rma_stream *s, struct rma_req *r)
+{
+	int st = RMA_REQ_QUEUED, broken;
+
+	s->qhead = r->next;
+	if (s->qhead == RMA_NONE)
+		s->qtail = RMA_NONE;
+	if (r->kind != RAIL_RMA_GET) {
+		atomic_store(&r->state, RMA_REQ_DONE);
+		return;
+	}
+	/* A get waits for its reply, unless the applier found the stream broken meanwhile. */
+	if (atomic_compare_exchange_strong(&r->state, &st, RMA_REQ_WAIT) &&
+	    (broken = atomic_load(&s->broken))) {
+		st = RMA_REQ_WAIT;
+		atomic_store(&r->err, broken);
+		atomic_compare_exchange_strong(&r->state, &st, RMA_REQ_FAILED);
+	}
+	(void)x;
+}
+
+/* Write what the socket takes: 0, or -errno (the stream failed). */
+static int stream_send(struct rma_tcp_ctx *x, struct rma_stream *s, int context, int peer)
+{
+	while (s->qhead != RMA_NONE) {
+		struct rma_req *r = &x->reqs[s->qhead];
+		struct iovec iov[3];
+		struct msghdr msg = { .msg_iov = iov };
+		size_t skip = r->sent;
+		ssize_t n;
+
+		for (int i = 0; i < r->niov; i++) {
+			if (skip >= r->iov[i].iov_len) {
+				skip -= r->iov[i].iov_len;
+				continue;
+			}
+			iov[msg.msg_iovlen].iov_base = (char *)r->iov[i].iov_base + skip;
+			iov[msg.msg_iovlen++].iov_len = r->iov[i].iov_len - skip;
+			skip = 0;
+		}
+		n = sendmsg(s->out_fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+			return 0;
+		if (n < 0) {
+			int err = -errno;
+
+			stream_fail(x, s, context, peer, err);
+			return err;
+		}
+		r->sent += (size_t)n;
+		if (r->sent < r->total)
+			continue;
+		stream_pop(x, s, r);
+	}
+	return 0;
+}
+
+static void progress_all(struct rma_tcp_ctx *x)
+{
+	int nranks = x->coll->base.nranks;
+
+	for (int c = 0; c < x->base.ncontexts; c++) {
+		for (int p = 0; p < nranks; p++) {
+			struct rma_stream *s = stream_of(x, c, p);
+
+			if (s->qhead != RMA_NONE && !s->err)
+				stream_send(x, s, c, p);
+		}
+	}
+}
+
+static int range_refuse(struct rma_tcp_ctx *x, const struct rail_rma_op *op, const char *what,
+			const struct rail_rma_mr *mr, uint64_t off, uint64_t len, uint64_t size)
+{
+	const struct rma_tcp_coll *c = x->coll;
+
+	int misaligned = what[0] == 's' && off % 8;
+
+	RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): %s [%llu, +%llu) is "
+		  "%s window %u (%llu bytes%s)%s", op->call, RMA_PEER(&c->mesh, op->peer),
+		  op->context, c->base.rank, c->base.nranks, c->base.dev, what,
+		  (unsigned long long)off, (unsigned long long)len,
+		  misaligned ? "misaligned in" : "outside", mr->index, (unsigned long long)size,
+		  what[0] == 'l' ? " here" : " at the target",
+		  misaligned ? ": a signal is a 64-bit word at an offset multiple of 8" : "");
+	return -EINVAL;
+}
+
+/* Every range of the operation inside its window (here, or the target's copy). */
+static int op_check(struct rma_tcp_ctx *x, const struct rail_rma_op *op)
+{
+	const struct rma_win *rw = (const struct rma_win *)op->remote;
+	const struct rma_win *sw = (const struct rma_win *)op->sig;
+
+	if (op->size && !rma_in_bounds(op->local_off, op->size, op->local->size))
+		return range_refuse(x, op, "local range", op->local, op->local_off, op->size,
+				    op->local->size);
+	if (op->size && !rma_in_bounds(op->remote_off, op->size, rw->peer_size[op->peer]))
+		return range_refuse(x, op, "remote range", op->remote, op->remote_off, op->size,
+				    rw->peer_size[op->peer]);
+	if (sw && (op->sig_off % 8 || !rma_in_bounds(op->sig_off, 8, sw->peer_size[op->peer])))
+		return range_refuse(x, op, "signal word", op->sig, op->sig_off, 8,
+				    sw->peer_size[op->peer]);
+	return 0;
+}
+
+static struct rma_req *req_get(struct rma_tcp_ctx *x, const struct rail_rma_op *op)
+{
+	const struct rma_tcp_coll *c = x->coll;
+	struct rma_req *r;
+
+	if (x->free_head == RMA_NONE) {
+		RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): %u requests are in "
+			  "flight on this context, all it has: test them before posting more (NCCL's "
+			  "NCCL_RMA_PROXY_QUEUE_SIZE or NCCL_GIN_PROXY_QUEUE_SIZE above %d?)", op->call,
+			  RMA_PEER(&c->mesh, op->peer), op->context, c->base.rank, c->base.nranks,
+			  c->base.dev, x->nreqs, RMA_REQS_PER_PEER);
+		return NULL;
+	}
+	r = &x->reqs[x->free_head];
+	x->free_head = r->next;
+	x->stamp = (x->stamp + 1) & 0xffffff;
+	r->stamp = x->stamp ? x->stamp : (x->stamp = 1);
+	r->kind = op->kind;
+	r->peer = op->peer;
+	r->context = op->context;
+	r->next = RMA_NONE;
+	r->niov = 0;
+	r->sent = r->total = 0;
+	r->dst = NULL;
+	r->len = r->landed = 0;
+	atomic_store(&r->err, 0);
+	return r;
+}
+
+/* To this rank itself: copies and the add, at once, in program order. */
+static void op_self(const struct rail_rma_op *op)
+{
+	if (op->size && op->kind == RAIL_RMA_PUT)
+		memmove(op->remote->base + op->remote_off, op->local->base + op->local_off,
+			op->size);
+	else if (op->size)
+		memmove(op->local->base + op->local_off, op->remote->base + op->remote_off,
+			op->size);
+	if (op->sig)
+		__atomic_fetch_add((uint64_t *)(void *)(op->sig->base + op->sig_off), op->sig_add,
+				   __ATOMIC_SEQ_CST);
+}
+
+static void iov_add(struct rma_req *r, void *base, size_t len)
+{
+	r->iov[r->niov].iov_base = base;
+	r->iov[r->niov++].iov_len = len;
+	r->total += len;
+}
+
+/* The frames of an operation to a peer. */
+static void op_frames(struct rma_req *r, const struct rail_rma_op *op, uint32_t idx)
+{
+	struct rma_frame f = { .off = op->remote_off, .len = op->size };
+
+	if (op->kind == RAIL_RMA_GET && !op->size)
+		return;	/* nothing to read: done at once */
+	if (op->kind == RAIL_RMA_GET) {
+		f.op = RMA_OP_GET;
+		f.win = op->remote->index;
+		f.id = (uint64_t)r->stamp << 32 | idx;
+		r->dst = op->local->base + op->local_off;
+		r->len = op->size;
+		r->dst_win = op->local->index;
+		rma_frame_encode(&f, r->hdr[0]);
+		iov_add(r, r->hdr[0], RMA_FRAME_SIZE);
+		return;
+	}
+	if (op->size) {
+		f.op = RMA_OP_PUT;
+		f.win = op->remote->index;
+		rma_frame_encode(&f, r->hdr[0]);
+		iov_add(r, r->hdr[0], RMA_FRAME_SIZE);
+		iov_add(r, op->local->base + op->local_off, op->size);
+	}
+	if (op->sig) {
+		f = (struct rma_frame){ .op = RMA_OP_SIGNAL, .win = op->sig->index,
+					.off = op->sig_off, .len = op->sig_add };
+		rma_frame_encode(&f, r->hdr[1]);
+		iov_add(r, r->hdr[1], RMA_FRAME_SIZE);
+	}
+}
+
+/* Queue a remote operation behind what its stream holds, and write what it can. */
+static int op_queue(struct rma_tcp_ctx *x, struct rma_req *r, const struct rail_rma_op *op,
+		    uint32_t idx)
+{
+	struct rma_stream *s = stream_of(x, op->context, op->peer);
+	int broken = atomic_load(&s->broken), err = s->err ? s->err : broken;
+
+	if (err) {
+		RAIL_WARN("RMA %s to %s (context %d, device %d): the stream to it failed earlier "
+			  "(%s)", kind_call(r, op->sig != NULL), RMA_PEER(&x->coll->mesh, op->peer),
+			  op->context, x->coll->base.dev, RAIL_ERRSTR(err));
+		return err;
+	}
+	op_frames(r, op, idx);
+	if (!r->total) {
+		atomic_store(&r->state, RMA_REQ_DONE);	/* a put of nothing, with no signal */
+		return 0;
+	}
+	atomic_store(&r->state, RMA_REQ_QUEUED);
+	if (s->qtail == RMA_NONE)
+		s->qhead = idx;
+	else
+		x->reqs[s->qtail].next = idx;
+	s->qtail = idx;
+	stream_send(x, s, op->context, op->peer);
+	return 0;
+}
+
+int rma_send_post(struct rma_tcp_ctx *x, const struct rail_rma_op *op, uint32_t *idx,
+		  uint32_t *stamp)
+{
+	struct rma_req *r;
+	uint32_t i;
+	int err;
+
+	pthread_mutex_lock(&x->lock);
+	err = op_check(x, op);
+	r = err ? NULL : req_get(x, op);
+	if (!err && !r)
+		err = -ENOSPC;
+	if (err) {
+		pthread_mutex_unlock(&x->lock);
+		return err;
+	}
+	i = (uint32_t)(r - x->reqs);
+	if (op->peer == x->coll->base.rank) {
+		op_self(op);
+		atomic_store(&r->state, RMA_REQ_DONE);
+	} else if ((err = op_queue(x, r, op, i))) {
+		r->next = x->free_head;
+		x->free_head = i;
+		pthread_mutex_unlock(&x->lock);
+		return err;
+	}
+	*idx = i;
+	*stamp = r->stamp;
+	pthread_mutex_unlock(&x->lock);
+	return 0;
+}
+
+int rma_send_test(struct rma_tcp_ctx *x, uint32_t idx, uint32_t stamp, int *done)
+{
+	struct rma_req *r;
+	int st, err = 0;
+
+	pthread_mutex_lock(&x->lock);
+	progress_all(x);
+	r = idx < x->nreqs ? &x->reqs[idx] : NULL;
+	st = r ? atomic_load(&r->state) : RMA_REQ_FREE;
+	if (!r || st == RMA_REQ_FREE || r->stamp != stamp) {
+		pthread_mutex_unlock(&x->lock);
+		RAIL_WARN("RMA test (rank %d of %d, device %d): request %u.%u is not in flight "
+			  "(tested again after it completed?)", x->coll->base.rank,
+			  x->coll->base.nranks, x->coll->base.dev, idx, stamp);
+		return -EINVAL;
+	}
+	*done = st == RMA_REQ_DONE || st == RMA_REQ_FAILED;
+	if (st == RMA_REQ_FAILED)
+		err = atomic_load(&r->err);
+	if (*done) {
+		atomic_store(&r->state, RMA_REQ_FREE);
+		r->next = x->free_head;
+		x->free_head = idx;
+	}
+	pthread_mutex_unlock(&x->lock);
+	return err;
+}
+
+int rma_send_progress(struct rma_tcp_ctx *x)
+{
+	pthread_mutex_lock(&x->lock);
+	progress_all(x);
+	pthread_mutex_unlock(&x->lock);
+	return 0;
+}

@@ -1,0 +1,309 @@
+/*
+ * nccl-net-rail: the TCP RMA backend's ops (rma.h): listen on the TCP
+ * transport's device, connect the group, contexts, windows, close. The
+ * protocol is in rma_tcp.h.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "log.h"
+#include "rail.h"
+#include "rma/rma_tcp.h"
+#include "tcp/tcp.h"
+#include "transport.h"
+
+static int tcp_rma_listen(int dev, void *handle, struct rail_rma_listen **out)
+{
+	const struct tcp_dev *d = tcp_dev_get(dev);
+	struct rma_tcp_listen *lc;
+	int err;
+
+	if (!d)
+		return -EINVAL;
+	err = rma_mesh_listen(dev, &d->addr, handle, &lc);
+	if (err)
+		return err;
+	lc->base.ops = &rail_rma_tcp_ops;
+	rail_comm_live_add(1);
+	*out = &lc->base;
+	return 0;
+}
+
+static int tcp_rma_close_listen(struct rail_rma_listen *l)
+{
+	rma_mesh_close_listen((struct rma_tcp_listen *)l);
+	rail_comm_live_add(-1);
+	return 0;
+}
+
+/* Every rank reached every other one, and all agree on the group. */
+static int group_check(struct rma_tcp_coll *c)
+{
+	struct rma_mesh *m = &c->mesh;
+	struct rma_record mine = { .index = (uint32_t)m->rank, .nranks = (uint32_t)m->nranks };
+	struct rma_record *all = calloc((size_t)m->nranks, sizeof(*all));
+	int err = all ? rma_mesh_exchange(m, &mine, all, "connect") : -ENOMEM;
+
+	for (int q = 0; !err && q < m->nranks; q++) {
+		if (all[q].index != (uint32_t)q || all[q].nranks != (uint32_t)m->nranks) {
+			RAIL_WARN("RMA connect (rank %d of %d, device %d): %s says it is rank %u of %u",
+				  m->rank, m->nranks, m->dev, RMA_PEER(m, q), all[q].index,
+				  all[q].nranks);
+			err = -EPROTO;
+		}
+	}
+	free(all);
+	return err;
+}
+
+/* The control mesh: one link each way with every other rank. */
+static int coll_links(struct rma_tcp_coll *c)
+{
+	struct rma_mesh *m = &c->mesh;
+	int n = 0, err;
+	struct rma_link *want = malloc((size_t)m->nranks * sizeof(*want));
+	int *out = malloc((size_t)m->nranks * sizeof(int));
+	int *in = malloc((size_t)m->nranks * sizeof(int));
+
+	err = want && out && in ? 0 : -ENOMEM;
+	for (int q = 0; !err && q < m->nranks; q++) {
+		if (q != m->rank)
+			want[n++] = (struct rma_link){ .peer = q, .index = 0 };
+	}
+	if (!err)
+		err = rma_mesh_links(m, RMA_LINK_CTRL, 0, n, want, out, in, "connect");
+	for (int i = 0; !err && i < n; i++) {
+		m->ctrl_out[want[i].peer] = out[i];
+		m->ctrl_in[want[i].peer] = in[i];
+	}
+	free(want);
+	free(out);
+	free(in);
+	return err;
+}
+
+static int tcp_rma_close_coll(struct rail_rma_coll *base)
+{
+	struct rma_tcp_coll *c = (struct rma_tcp_coll *)base;
+
+	rma_apply_stop(c);
+	rma_mesh_fini(&c->mesh);
+	rma_wins_fini(&c->wins);
+	free(c);
+	rail_comm_live_add(-1);
+	return 0;
+}
+
+static int tcp_rma_connect(struct rail_rma_listen *l, void *const *handles, int nranks,
+			   int rank, struct rail_rma_coll **out)
+{
+	struct rma_tcp_coll *c = calloc(1, sizeof(*c));
+	int err;
+
+	if (!c)
+		return -ENOMEM;
+	c->base = (struct rail_rma_coll){ .dev = l->dev, .nranks = nranks, .rank = rank,
+					  .ops = &rail_rma_tcp_ops };
+	rma_wins_init(&c->wins);
+	rail_comm_live_add(1);
+	err = rma_mesh_init(&c->mesh, (const struct rma_tcp_listen *)l, handles, nranks, rank);
+	if (!err && nranks > 1)
+		err = coll_links(c);
+	if (!err && nranks > 1)
+		err = group_check(c);
+	if (!err)
+		err = rma_apply_start(c);
+	if (err) {
+		tcp_rma_close_coll(&c->base);
+		return err;
+	}
+	RAIL_INFO(RAIL_LOG_NET, "RMA connect: rank %d of %d on device %d, listening on %s",
+		  rank, nranks, l->dev, RAIL_ADDRSTR(&c->mesh.addr[rank]));
+	*out = &c->base;
+	return 0;
+}
+
+/* ---- contexts --------------------------------------------------------------- */
+
+static int tcp_rma_destroy_ctx(struct rail_rma_ctx *base)
+{
+	struct rma_tcp_ctx *x = (struct rma_tcp_ctx *)base;
+	int n = x->base.ncontexts * x->coll->base.nranks;
+
+	rma_apply_remove(x->coll, x);
+	for (int i = 0; x->streams && i < n; i++) {
+		if (x->streams[i].out_fd >= 0)
+			close(x->streams[i].out_fd);
+		if (x->streams[i].in_fd >= 0)
+			close(x->streams[i].in_fd);
+	}
+	for (int i = 0; i < x->nrx; i++)
+		free(x->rx[i]);
+	free(x->rx);
+	free(x->streams);
+	if (x->reqs)
+		rma_send_fini(x);
+	free(x);
+	return 0;
+}
+
+/* One reader for each socket of the context: the peer's operations and the replies. */
+static int ctx_readers(struct rma_tcp_ctx *x, int n, const struct rma_link *want)
+{
+	x->rx = calloc((size_t)(2 * n) + 1, sizeof(*x->rx));
+	if (!x->rx)
+		return -ENOMEM;
+	for (int i = 0; i < n; i++) {
+		struct rma_stream *s = &x->streams[(int)want[i].index * x->coll->base.nranks +
+						   want[i].peer];
+
+		for (int role = RMA_RX_TARGET; role <= RMA_RX_REPLIES; role++) {
+			struct rma_rx *rx = calloc(1, sizeof(*rx));
+
+			if (!rx)
+				return -ENOMEM;
+			*rx = (struct rma_rx){ .fd = role == RMA_RX_TARGET ? s->in_fd : s->out_fd,
+					       .role = role, .peer = want[i].peer,
+					       .context = (int)want[i].index, .ctx = x };
+			x->rx[x->nrx++] = rx;
+		}
+	}
+	return 0;
+}
+
+/* The links of a context: every context to every rank (rank + k * stride) % nranks. */
+static int ctx_links(struct rma_tcp_ctx *x)
+{
+	struct rma_tcp_coll *c = x->coll;
+	int nranks = c->base.nranks, npeers = nranks / x->base.stride - 1;
+	int n = x->base.ncontexts * npeers, k = 0, err;
+	struct rma_link *want = calloc((size_t)n + 1, sizeof(*want));
+	int *out = calloc((size_t)n + 1, sizeof(int)), *in = calloc((size_t)n + 1, sizeof(int));
+
+	err = want && out && in ? 0 : -ENOMEM;
+	for (int ctx = 0; !err && ctx < x->base.ncontexts; ctx++) {
+		for (int j = 1; j <= npeers; j++)
+			want[k++] = (struct rma_link){
+				.peer = (c->base.rank + j * x->base.stride) % nranks,
+				.index = (uint32_t)ctx };
+	}
+	if (!err && n)
+		err = rma_mesh_links(&c->mesh, RMA_LINK_DATA, x->seq, n, want, out, in,
+				     "createContext");
+	for (int i = 0; !err && i < n; i++) {
+		struct rma_stream *s = &x->streams[(int)want[i].index * nranks + want[i].peer];
+
+		s->out_fd = out[i];
+		s->in_fd = in[i];
+	}
+	if (!err)
+		err = ctx_readers(x, n, want);
+	free(want);
+	free(out);
+	free(in);
+	return err;
+}
+
+static int tcp_rma_create_ctx(struct rail_rma_coll *base, int ncontexts, int traffic_class,
+			      int stride, struct rail_rma_ctx **out)
+{
+	struct rma_tcp_coll *c = (struct rma_tcp_coll *)base;
+	struct rma_tcp_ctx *x = calloc(1, sizeof(*x));
+	int n = ncontexts * base->nranks, err;
+
+	(void)traffic_class;	/* an InfiniBand traffic class: nothing to map it to on TCP */
+	if (!x)
+		return -ENOMEM;
+	x->base = (struct rail_rma_ctx){ .coll = base, .ncontexts = ncontexts, .stride = stride };
+	x->coll = c;
+	x->seq = ++c->ctx_seq;
+	x->streams = calloc((size_t)n, sizeof(*x->streams));
+	err = x->streams ? rma_send_init(x) : -ENOMEM;
+	for (int i = 0; x->streams && i < n; i++)
+		x->streams[i] = (struct rma_stream){ .out_fd = -1, .in_fd = -1,
+						     .qhead = RMA_NONE, .qtail = RMA_NONE };
+	if (!err)
+		err = ctx_links(x);
+	if (!err)
+		err = rma_apply_add(c, x);
+	if (err) {
+		tcp_rma_destroy_ctx(&x->base);
+		return err;
+	}
+	*out = &x->base;
+	return 0;
+}
+
+/* ---- windows and data ----------------------------------------------------------- */
+
+static int tcp_rma_reg(struct rail_rma_coll *base, void *data, size_t size, int type,
+		       uint64_t flags, int fd, uint64_t offset, struct rail_rma_mr **out)
+{
+	struct rma_tcp_coll *c = (struct rma_tcp_coll *)base;
+	struct rma_win *w;
+	int err;
+
+	(void)offset;
+	err = rma_wins_reg(&c->wins, &c->mesh, base, data, size, type, flags, fd, &w);
+	if (!err)
+		*out = &w->base;
+	return err;
+}
+
+static int tcp_rma_dereg(struct rail_rma_coll *base, struct rail_rma_mr *mr)
+{
+	rma_wins_dereg(&((struct rma_tcp_coll *)base)->wins, (struct rma_win *)mr);
+	return 0;
+}
+
+static int tcp_rma_post(struct rail_rma_ctx *x, const struct rail_rma_op *op, uint32_t *idx,
+			uint32_t *stamp)
+{
+	return rma_send_post((struct rma_tcp_ctx *)x, op, idx, stamp);
+}
+
+/*
+ * A get is done only once its bytes are in memory (host memory: written by
+ * the applier before it marks the request done), so there is never anything
+ * left to flush.
+ */
+static int tcp_rma_flush(struct rail_rma_ctx *x, int context, const struct rail_rma_mr *mr,
+			 uint32_t *idx, uint32_t *stamp)
+{
+	(void)x, (void)context, (void)mr, (void)idx, (void)stamp;
+	return 1;
+}
+
+static int tcp_rma_test(struct rail_rma_ctx *x, uint32_t idx, uint32_t stamp, int *done)
+{
+	return rma_send_test((struct rma_tcp_ctx *)x, idx, stamp, done);
+}
+
+static int tcp_rma_progress(struct rail_rma_ctx *x)
+{
+	return rma_send_progress((struct rma_tcp_ctx *)x);
+}
+
+static int tcp_rma_last_error(struct rail_rma_ctx *x)
+{
+	return atomic_load(&((struct rma_tcp_ctx *)x)->coll->err);
+}
+
+const struct rail_rma_ops rail_rma_tcp_ops = {
+	.name = "tcp",
+	.ptr_support = RAIL_PTR_HOST,
+	.listen = tcp_rma_listen,
+	.connect = tcp_rma_connect,
+	.create_ctx = tcp_rma_create_ctx,
+	.reg = tcp_rma_reg,
+	.dereg = tcp_rma_dereg,
+	.post = tcp_rma_post,
+	.flush = tcp_rma_flush,
+	.test = tcp_rma_test,
+	.progress = tcp_rma_progress,
+	.last_error = tcp_rma_last_error,
+	.destroy_ctx = tcp_rma_destroy_ctx,
+	.close_coll = tcp_rma_close_coll,
+	.close_listen = tcp_rma_close_listen,
+};

@@ -1,0 +1,321 @@
+/*
+ * nccl-net-rail: the TCP RMA backend's private header.
+ *
+ * Sockets. Every rank listens on its net device's address (the handle NCCL
+ * allgathers). connect builds a control mesh: one socket from each rank to
+ * each other rank, the connector writing, the listener reading; the
+ * collComm keeps its listening socket for createContext, which opens, for
+ * every context and every rank its stride names, one more socket each way.
+ * Each socket starts with a 40-byte hello (rank, number of ranks, the
+ * listener's nonce from its handle, which createContext call and which
+ * context) so that the listener files it; a hello of a later call (a
+ * faster rank) waits in a stash.
+ *
+ * Streams. A data socket from rank A to rank B for context c is A's stream
+ * to B: A's puts, signals and get requests go on it in program order
+ * (NCCL's progress thread writes it, never blocking), B's thread reads it
+ * and applies each frame in that order, and B answers gets on the same
+ * socket the other way. So a signal is applied only once every byte of
+ * every earlier put of that (context, peer) is in memory: every signal is
+ * strong. Operations to oneself are memory copies, done at once.
+ *
+ * Frames (40 bytes, little-endian, rma_wire.c):
+ *   PUT    window, offset, length; the bytes follow
+ *   SIGNAL window, offset, the 64-bit value to add
+ *   GET    window, offset, length, the request's id
+ *   REPLY  the request's id, status, length; the bytes follow
+ * Windows are named by registration index, the same on every rank
+ * (regMrSym is collective and ordered). The target checks every frame
+ * against its own table before it touches memory: a frame that would write
+ * or read outside a live window fails the stream with a WARN naming the
+ * peer, the call and the window, and nothing is written.
+ *
+ * Threads. One applier thread per collComm (rma_apply.c) reads every
+ * socket of the group with epoll: puts land straight into the window,
+ * signals are atomic adds, gets are answered without blocking, replies to
+ * this rank's gets land in their buffers. NCCL's threads post and test
+ * (rma_send.c) under the context's lock; windows are looked up under the
+ * collComm's window lock, held while bytes are written to or read from a
+ * window, so that deregMrSym never races with a frame.
+ *
+ * Layers. The files of src/rma/ call each other one way only: a file uses
+ * the functions and data of files of a lower rank (LAYER.STEP), never of a
+ * higher one, and of its own rank only where an "allow" line says why
+ * (test/check-layering.sh -t src/rma/rma_tcp.h, make test-layering).
+ *
+ *   0.0  rma_wire     every format exchanged between ranks: pure codecs
+ *   1.0  rma_mesh     sockets between the ranks: listen, links to a set of peers, exchanges
+ *   1.1  rma_mr       the windows of a collComm: the table, bounds, registration
+ *   2.0  rma_apply    the target side: the applier thread of a collComm
+ *   2.1  rma_send     the initiator side: requests, streams, post and test
+ *   3.0  rma_tcp      the TCP backend's ops: listen, connect, contexts, close
+ *   4.0  rma_backend  which backend serves which net transport
+ */
+#ifndef RAIL_RMA_TCP_H
+#define RAIL_RMA_TCP_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "rma/rma.h"
+#include "sock.h"
+
+/* ---- wire formats (rma_wire.c) ---- */
+
+#define RMA_HELLO_MAGIC 0x48414d52u	/* "RMAH" */
+#define RMA_FRAME_MAGIC 0x46414d52u	/* "RMAF" */
+#define RMA_RECORD_MAGIC 0x52414d52u	/* "RMAR" */
+#define RMA_WIRE_VERSION 1
+#define RMA_HELLO_SIZE 40
+#define RMA_FRAME_SIZE 40
+#define RMA_RECORD_SIZE 40
+/* The most a frame may carry; windows bound it further. */
+#define RMA_MAX_LEN (1ull << 40)
+
+enum rma_link_kind { RMA_LINK_CTRL = 1, RMA_LINK_DATA = 2 };
+
+struct rma_hello {
+	uint16_t kind;		/* enum rma_link_kind */
+	uint64_t nonce;		/* the listener's, from its handle */
+	uint32_t rank;		/* the connector's */
+	uint32_t nranks;
+	uint32_t seq;		/* DATA: which createContext call (1, 2, ...) */
+	uint32_t index;		/* DATA: which context of it */
+};
+
+enum rma_op { RMA_OP_PUT = 1, RMA_OP_SIGNAL = 2, RMA_OP_GET = 3, RMA_OP_REPLY = 4 };
+
+struct rma_frame {
+	uint8_t op;		/* enum rma_op */
+	uint32_t win;		/* window index (PUT, SIGNAL, GET) */
+	int32_t status;		/* REPLY: 0, or the errno why the target refused */
+	uint64_t off;
+	uint64_t len;		/* bytes (PUT, GET, REPLY), or the value to add (SIGNAL) */
+	uint64_t id;		/* GET, REPLY: the request's id */
+};
+
+/* One rank's part of a collective exchange (connect's check, regMrSym). */
+struct rma_record {
+	int32_t status;		/* 0, or the errno of this rank's failure */
+	uint32_t index;		/* regMrSym: the window's index; connect: the rank */
+	uint32_t nranks;
+	uint64_t base;
+	uint64_t size;
+};
+
+void rma_hello_encode(const struct rma_hello *h, uint8_t out[RMA_HELLO_SIZE]);
+/* -EPROTO not a hello, -EPROTONOSUPPORT another version, -EBADMSG bad fields; why says. */
+int rma_hello_decode(const uint8_t in[RMA_HELLO_SIZE], struct rma_hello *h, char *why,
+		     size_t why_len);
+void rma_frame_encode(const struct rma_frame *f, uint8_t out[RMA_FRAME_SIZE]);
+int rma_frame_decode(const uint8_t in[RMA_FRAME_SIZE], struct rma_frame *f, char *why,
+		     size_t why_len);
+void rma_record_encode(const struct rma_record *r, uint8_t out[RMA_RECORD_SIZE]);
+int rma_record_decode(const uint8_t in[RMA_RECORD_SIZE], struct rma_record *r);
+const char *rma_op_name(int op);
+
+/* ---- the mesh of sockets between ranks (rma_mesh.c) ---- */
+
+struct rma_tcp_listen {
+	struct rail_rma_listen base;
+	int fd;
+	uint64_t nonce;
+	union rail_sockaddr addr;
+};
+
+struct rma_link {
+	int peer;
+	uint32_t index;
+};
+
+/* An accepted socket whose hello belongs to a later call. */
+struct rma_stashed {
+	int fd;
+	struct rma_hello hello;
+};
+
+/* An accepted socket whose hello has not all arrived (kept from call to call). */
+struct rma_pending {
+	int fd;
+	uint8_t buf[RMA_HELLO_SIZE];
+	size_t got;
+};
+
+struct rma_mesh {
+	int dev;
+	int rank;
+	int nranks;
+	int listen_fd;		/* this rank's, kept from the listen comm */
+	uint64_t nonce;		/* this rank's listener's */
+	union rail_sockaddr *addr;	/* every rank's listener */
+	uint64_t *nonces;
+	struct rma_stashed *stash;
+	int nstash;
+	struct rma_pending *pend;
+	int npend, cappend;
+	int *ctrl_out;		/* [peer]: this rank's control socket to the peer */
+	int *ctrl_in;		/* [peer]: the peer's to this rank */
+};
+
+/* The listening socket of device dev (addr: the net device's address). */
+int rma_mesh_listen(int dev, const union rail_sockaddr *addr, void *handle,
+		    struct rma_tcp_listen **out);
+void rma_mesh_close_listen(struct rma_tcp_listen *lc);
+/* From every rank's handle: addresses, nonces, this rank's listener (kept). */
+int rma_mesh_init(struct rma_mesh *m, const struct rma_tcp_listen *lc, void *const *handles,
+		  int nranks, int rank);
+void rma_mesh_fini(struct rma_mesh *m);
+/*
+ * Collective: one socket to each link of want and one from each (the peer's
+ * link with the same index), each opened with a hello of kind and seq;
+ * out[i] and in[i] for want[i]. Bounded by NCCL_RAIL_CONNECT_TIMEOUT.
+ */
+int rma_mesh_links(struct rma_mesh *m, enum rma_link_kind kind, uint32_t seq, int n,
+		   const struct rma_link *want, int *out, int *in, const char *call);
+/* Collective over the control mesh: every rank's record, all[rank] = *mine. */
+int rma_mesh_exchange(struct rma_mesh *m, const struct rma_record *mine,
+		      struct rma_record *all, const char *call);
+/* "rank 3 (10.0.0.2:41234)" into buf. */
+const char *rma_mesh_peer(const struct rma_mesh *m, int peer, char *buf, size_t len);
+#define RMA_PEER(m, p) rma_mesh_peer((m), (p), (char[RAIL_ADDR_STRLEN + 32]){0}, \
+				     RAIL_ADDR_STRLEN + 32)
+
+/* ---- windows (rma_mr.c) ---- */
+
+struct rma_win {
+	struct rail_rma_mr base;
+	uint64_t *peer_base;	/* [rank]: every rank's copy */
+	uint64_t *peer_size;
+};
+
+struct rma_wins {
+	pthread_mutex_t lock;	/* the table, and any access to a window's bytes by the applier */
+	struct rma_win **v;	/* [index]; NULL once deregistered */
+	uint32_t n;		/* indices handed out (never reused) */
+	uint32_t cap;
+};
+
+void rma_wins_init(struct rma_wins *t);
+void rma_wins_fini(struct rma_wins *t);
+/* Collective: register (status, index, base, size exchanged; all fail together). */
+int rma_wins_reg(struct rma_wins *t, struct rma_mesh *m, struct rail_rma_coll *coll, void *data,
+		 size_t size, int type, uint64_t flags, int fd, struct rma_win **out);
+void rma_wins_dereg(struct rma_wins *t, struct rma_win *w);
+/* With t->lock held: the live window of index, or NULL. */
+struct rma_win *rma_wins_get(struct rma_wins *t, uint32_t index);
+/* [off, off + len) inside a window of size bytes (overflow-safe). */
+static inline int rma_in_bounds(uint64_t off, uint64_t len, uint64_t size)
+{
+	return off <= size && len <= size - off;
+}
+
+/* ---- the collComm and its contexts ---- */
+
+enum rma_req_state { RMA_REQ_FREE = 0, RMA_REQ_QUEUED, RMA_REQ_WAIT, RMA_REQ_DONE,
+		     RMA_REQ_FAILED };
+
+#define RMA_NONE UINT32_MAX
+
+struct rma_req {
+	uint32_t stamp;
+	_Atomic int state;	/* enum rma_req_state */
+	atomic_int err;		/* FAILED: why (already logged) */
+	int kind;		/* RAIL_RMA_PUT, RAIL_RMA_GET */
+	int peer;
+	int context;
+	uint32_t next;		/* its stream's queue, or the free list */
+	uint8_t hdr[2][RMA_FRAME_SIZE];
+	struct iovec iov[3];
+	int niov;
+	size_t sent, total;	/* bytes of iov on the socket */
+	/* A get: where the reply lands (the applier's), and its window. */
+	char *dst;
+	size_t len;
+	uint32_t dst_win;
+	size_t landed;
+};
+
+/* This rank's side of (context, peer). */
+struct rma_stream {
+	int out_fd;		/* this rank's operations out, the replies to its gets in */
+	int in_fd;		/* the peer's operations in, this rank's replies out */
+	uint32_t qhead, qtail;	/* requests with bytes left to send, in order */
+	int err;		/* the stream failed: every later operation fails */
+	atomic_int broken;	/* the applier found it failed (its gets cannot be answered) */
+};
+
+struct rma_tcp_coll;
+
+struct rma_tcp_ctx {
+	struct rail_rma_ctx base;
+	struct rma_tcp_coll *coll;
+	uint32_t seq;		/* which createContext call */
+	pthread_mutex_t lock;	/* requests and streams, for NCCL's threads */
+	struct rma_stream *streams;	/* [context * nranks + peer]; fds -1 off the stride */
+	struct rma_req *reqs;
+	uint32_t nreqs;
+	uint32_t free_head;
+	uint32_t stamp;
+	struct rma_rx **rx;	/* the applier's readers of this context's sockets */
+	int nrx;
+};
+
+struct rma_applier;
+
+struct rma_tcp_coll {
+	struct rail_rma_coll base;
+	struct rma_mesh mesh;
+	struct rma_wins wins;
+	struct rma_applier *ap;
+	atomic_int err;		/* the first error of the group (negative errno) */
+	uint32_t ctx_seq;
+};
+
+/* ---- the applier (rma_apply.c) ---- */
+
+enum rma_rx_role { RMA_RX_TARGET = 1, RMA_RX_REPLIES = 2 };
+
+/* A socket the applier reads: the peer's operations, or the replies to this rank's gets. */
+struct rma_rx {
+	int fd;
+	int role;
+	int peer;
+	int context;
+	struct rma_tcp_ctx *ctx;
+	uint8_t hdr[RMA_FRAME_SIZE];
+	size_t hdr_got;
+	struct rma_frame f;	/* the frame whose bytes are being read */
+	uint64_t body_got;
+	int in_body;
+	/* A reply being written (TARGET). */
+	uint8_t rhdr[RMA_FRAME_SIZE];
+	uint64_t roff, rlen, rsent;
+	uint32_t rwin;
+	int replying;
+	int dead;
+	int logged;		/* the failure was logged where it was understood */
+};
+
+int rma_apply_start(struct rma_tcp_coll *c);
+void rma_apply_stop(struct rma_tcp_coll *c);
+/* Read the sockets of a new context (0 or -errno). */
+int rma_apply_add(struct rma_tcp_coll *c, struct rma_tcp_ctx *x);
+/* Stop reading a context's sockets; returns once the thread no longer touches it. */
+void rma_apply_remove(struct rma_tcp_coll *c, struct rma_tcp_ctx *x);
+/* Record the group's first error (queryLastError). */
+void rma_coll_fail(struct rma_tcp_coll *c, int err);
+
+/* ---- the initiator (rma_send.c) ---- */
+
+int rma_send_init(struct rma_tcp_ctx *x);
+void rma_send_fini(struct rma_tcp_ctx *x);
+int rma_send_post(struct rma_tcp_ctx *x, const struct rail_rma_op *op, uint32_t *idx,
+		  uint32_t *stamp);
+int rma_send_test(struct rma_tcp_ctx *x, uint32_t idx, uint32_t stamp, int *done);
+int rma_send_progress(struct rma_tcp_ctx *x);
+
+extern const struct rail_rma_ops rail_rma_tcp_ops;
+
+#endif

@@ -1,0 +1,332 @@
+/*
+ * nccl-net-rail unit tests: what the TCP RMA backend accepts from the
+ * network (src/rma/rma_wire.c, src/rma/rma_apply.c).
+ *
+ * The decoders refuse anything malformed, naming why. Then a hostile peer:
+ * rank 0 is this plugin (the core API, in a thread), rank 1 is this test
+ * speaking the wire format by hand. It joins the group properly, makes one
+ * good put and signal, then sends on each context's stream one frame that
+ * must be refused before any byte is written: a put past the end of a
+ * window, a put whose offset wraps, a put into a window that does not
+ * exist, a misaligned signal, a frame that is not one, and a get past the
+ * end (answered with an error, since a get writes nothing). Rank 0 must
+ * leave every byte of its windows alone, WARN naming the peer, the call and
+ * the window, close each broken stream, and report the error through
+ * queryLastError.
+ */
+#include "unit.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "api_rma.h"
+#include "handle.h"
+#include "rail.h"
+#include "rma/rma_tcp.h"
+#include "sock.h"
+#include "wire.h"
+
+/* ---- decoders ------------------------------------------------------------------ */
+
+static void test_frame_decode(void **state)
+{
+	struct rma_frame f = { .op = RMA_OP_PUT, .win = 3, .off = 8, .len = 16 }, g;
+	uint8_t b[RMA_FRAME_SIZE];
+	char why[160];
+
+	(void)state;
+	rma_frame_encode(&f, b);
+	assert_int_equal(rma_frame_decode(b, &g, why, sizeof(why)), 0);
+	assert_int_equal(g.op, RMA_OP_PUT);
+	assert_int_equal(g.win, 3);
+	assert_int_equal(g.len, 16);
+	b[0] ^= 1;
+	assert_int_equal(rma_frame_decode(b, &g, why, sizeof(why)), -EPROTO);
+	assert_non_null(strstr(why, "out of step"));
+	rma_frame_encode(&f, b);
+	b[4] = 9;
+	assert_int_equal(rma_frame_decode(b, &g, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "unknown RMA operation 9"));
+	f.len = RMA_MAX_LEN + 1;
+	rma_frame_encode(&f, b);
+	assert_int_equal(rma_frame_decode(b, &g, why, sizeof(why)), -EBADMSG);
+	f = (struct rma_frame){ .op = RMA_OP_PUT, .status = 5 };
+	rma_frame_encode(&f, b);
+	assert_int_equal(rma_frame_decode(b, &g, why, sizeof(why)), -EBADMSG);
+	/* A signal's length is its value: any value goes. */
+	f = (struct rma_frame){ .op = RMA_OP_SIGNAL, .len = UINT64_MAX };
+	rma_frame_encode(&f, b);
+	assert_int_equal(rma_frame_decode(b, &g, why, sizeof(why)), 0);
+}
+
+static void test_hello_and_record_decode(void **state)
+{
+	struct rma_hello h = { .kind = RMA_LINK_DATA, .nonce = 7, .rank = 1, .nranks = 2, .seq = 1 };
+	struct rma_hello g;
+	struct rma_record r = { .index = 4, .nranks = 2, .base = 1, .size = 2 }, q;
+	uint8_t b[RMA_HELLO_SIZE], c[RMA_RECORD_SIZE];
+	char why[160];
+
+	(void)state;
+	rma_hello_encode(&h, b);
+	assert_int_equal(rma_hello_decode(b, &g, why, sizeof(why)), 0);
+	assert_int_equal(g.seq, 1);
+	b[20] = 0;	/* nranks 0: checksum first */
+	assert_int_equal(rma_hello_decode(b, &g, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "checksum"));
+	h.rank = 2;
+	rma_hello_encode(&h, b);
+	assert_int_equal(rma_hello_decode(b, &g, why, sizeof(why)), -EBADMSG);
+	assert_non_null(strstr(why, "rank 2 of 2"));
+	rma_hello_encode(&h, b);
+	rail_put_u16(b + 4, 9);
+	assert_int_equal(rma_hello_decode(b, &g, why, sizeof(why)), -EPROTONOSUPPORT);
+	rma_record_encode(&r, c);
+	assert_int_equal(rma_record_decode(c, &q), 0);
+	assert_int_equal(q.index, 4);
+	c[16] ^= 1;
+	assert_int_equal(rma_record_decode(c, &q), -EPROTO);
+	r.status = -1;
+	rma_record_encode(&r, c);
+	assert_int_equal(rma_record_decode(c, &q), -EPROTO);
+}
+
+/* ---- a hostile peer ------------------------------------------------------------- */
+
+#define NCTX 6
+#define WIN 4096
+
+static char handles[2][RAIL_HANDLE_SIZE];
+static pthread_barrier_t bar;
+static struct {
+	char win[WIN];
+	uint64_t sig[3];
+	int has_error;
+	char fail[256];
+} r0;
+
+/* Rank 0: this plugin, through the core's RMA API (rank 1 is the test). */
+static void *rank0(void *arg)
+{
+	void *ctx = NULL, *lc = NULL, *coll = NULL, *x = NULL, *wmh = NULL, *smh = NULL;
+	void *hp[2] = { handles[0], handles[1] };
+	uint64_t until;
+
+	(void)arg;
+	memset(r0.win, 0xaa, WIN);
+	if (rail_rma_init(&ctx, 1, unit_log_sink, 14) ||
+	    rail_rma_listen(ctx, 0, handles[0], &lc)) {
+		snprintf(r0.fail, sizeof(r0.fail), "init or listen failed");
+		pthread_barrier_wait(&bar);
+		return NULL;
+	}
+	pthread_barrier_wait(&bar);
+	if (rail_rma_connect(NULL, hp, 2, 0, lc, &coll) || rail_rma_close_listen(lc) ||
+	    rail_rma_create_context(coll, NCTX, -1, 1, &x) ||
+	    rail_rma_reg_mr_sym(coll, r0.win, WIN, NCCL_PTR_HOST, 0, -1, 0, &wmh) ||
+	    rail_rma_reg_mr_sym(coll, r0.sig, sizeof(r0.sig), NCCL_PTR_HOST, 0, -1, 3, &smh)) {
+		snprintf(r0.fail, sizeof(r0.fail), "joining the group failed");
+		return NULL;
+	}
+	pthread_barrier_wait(&bar);	/* the test's frames are all sent */
+	until = rail_now_ns() + 10000000000ull;
+	while (rail_now_ns() < until && !r0.has_error)
+		rail_rma_query_last_error(x, &r0.has_error);
+	pthread_barrier_wait(&bar);	/* the test looked at the sockets */
+	rail_rma_dereg_mr_sym(coll, wmh);
+	rail_rma_dereg_mr_sym(coll, smh);
+	rail_rma_destroy_context(x);
+	rail_rma_close_coll(coll);
+	rail_rma_finalize(ctx);
+	return NULL;
+}
+
+/* Rank 1's sockets: its control link and one stream per context, each way. */
+static struct {
+	union rail_sockaddr peer;
+	uint64_t peer_nonce, nonce;
+	int lfd;
+	int ctrl_out, ctrl_in;
+	int out[NCTX], in[NCTX];
+} f;
+
+static int fake_connect(uint16_t kind, uint32_t seq, uint32_t index)
+{
+	struct rma_hello h = { .kind = kind, .nonce = f.peer_nonce, .rank = 1, .nranks = 2,
+			       .seq = seq, .index = index };
+	uint8_t b[RMA_HELLO_SIZE];
+	int fd = -1;
+
+	assert_int_equal(rail_sock_connect_by(&f.peer, rail_now_ns() + 5000000000ull, 1, &fd), 0);
+	rail_sock_set_nonblocking(fd, 0);
+	rma_hello_encode(&h, b);
+	assert_int_equal(rail_sock_send_all(fd, b, sizeof(b)), 0);
+	return fd;
+}
+
+static int fake_accept(uint16_t kind, uint32_t seq, uint32_t *index)
+{
+	union rail_sockaddr a;
+	struct rma_hello h;
+	uint8_t b[RMA_HELLO_SIZE];
+	char why[160];
+	int fd = -1;
+
+	assert_int_equal(rail_sock_accept_wait(f.lfd, 5000, &fd, &a), 0);
+	rail_sock_set_nonblocking(fd, 0);
+	assert_int_equal(rail_sock_recv_all(fd, b, sizeof(b)), 0);
+	assert_int_equal(rma_hello_decode(b, &h, why, sizeof(why)), 0);
+	assert_int_equal(h.kind, kind);
+	assert_int_equal(h.seq, seq);
+	assert_int_equal(h.nonce, f.nonce);
+	*index = h.index;
+	return fd;
+}
+
+/* One record each way on the control links (rank 0's first, as the exchange reads). */
+static void fake_exchange(const struct rma_record *mine, struct rma_record *theirs)
+{
+	uint8_t b[RMA_RECORD_SIZE];
+
+	rma_record_encode(mine, b);
+	assert_int_equal(rail_sock_send_all(f.ctrl_out, b, sizeof(b)), 0);
+	assert_int_equal(rail_sock_recv_all(f.ctrl_in, b, sizeof(b)), 0);
+	assert_int_equal(rma_record_decode(b, theirs), 0);
+}
+
+static void fake_join(void)
+{
+	struct rail_handle h = { .transport = RAIL_TRANSPORT_RMA_TCP };
+	struct rma_record me = { .index = 1, .nranks = 2 }, them;
+	char why[160];
+	uint32_t idx;
+
+	rail_sockaddr_parse("127.0.0.1", &h.addr);
+	assert_int_equal(rail_sock_listen(&h.addr, 16, &f.lfd, &h.addr), 0);
+	f.nonce = h.nonce = 0x5eed;
+	assert_int_equal(rail_handle_encode(&h, handles[1], RAIL_HANDLE_SIZE), 0);
+	pthread_barrier_wait(&bar);	/* both handles are there */
+	assert_int_equal(rail_handle_decode(handles[0], RAIL_HANDLE_SIZE, &h, why, sizeof(why)), 0);
+	f.peer = h.addr;
+	f.peer_nonce = h.nonce;
+	f.ctrl_out = fake_connect(RMA_LINK_CTRL, 0, 0);
+	f.ctrl_in = fake_accept(RMA_LINK_CTRL, 0, &idx);
+	fake_exchange(&me, &them);
+	assert_int_equal(them.index, 0);
+	for (uint32_t c = 0; c < NCTX; c++)
+		f.out[c] = fake_connect(RMA_LINK_DATA, 1, c);
+	for (int c = 0; c < NCTX; c++) {
+		int fd = fake_accept(RMA_LINK_DATA, 1, &idx);
+
+		f.in[idx] = fd;
+	}
+	/* Two windows: the data window (index 0) and the signals (index 1). */
+	for (uint32_t w = 0; w < 2; w++) {
+		me = (struct rma_record){ .index = w, .nranks = 2, .size = 1ull << 40 };
+		fake_exchange(&me, &them);
+		assert_int_equal(them.index, w);
+	}
+}
+
+static void fake_frame(int fd, uint8_t op, uint32_t win, uint64_t off, uint64_t len,
+		       const void *body, size_t body_len)
+{
+	struct rma_frame fr = { .op = op, .win = win, .off = off, .len = len };
+	uint8_t b[RMA_FRAME_SIZE];
+
+	rma_frame_encode(&fr, b);
+	send(fd, b, sizeof(b), MSG_NOSIGNAL);
+	if (body_len)
+		send(fd, body, body_len, MSG_NOSIGNAL);
+}
+
+/* The stream was closed by rank 0: reading it ends (EOF or reset) within 5 s. */
+static int stream_closed(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+	char c;
+
+	return poll(&p, 1, 5000) == 1 && recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
+}
+
+static void test_hostile_peer(void **state)
+{
+	static char evil[200];
+	pthread_t th;
+	uint8_t b[RMA_FRAME_SIZE];
+	struct rma_frame reply;
+	char why[160];
+
+	(void)state;
+	memset(evil, 0xee, sizeof(evil));
+	unit_log_capture();
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "10", 1);
+	pthread_barrier_init(&bar, NULL, 2);
+	assert_int_equal(pthread_create(&th, NULL, rank0, NULL), 0);
+	fake_join();
+	/* A good put and signal first: the stream works. */
+	fake_frame(f.out[0], RMA_OP_PUT, 0, 0, 16, evil, 16);
+	fake_frame(f.out[0], RMA_OP_SIGNAL, 1, 8, 1, NULL, 0);
+	fake_frame(f.out[0], RMA_OP_PUT, 0, WIN - 6, 100, evil, 100);		/* past the end */
+	fake_frame(f.out[1], RMA_OP_PUT, 0, UINT64_MAX - 10, 100, evil, 100);	/* wraps */
+	fake_frame(f.out[2], RMA_OP_PUT, 7, 0, 8, evil, 8);			/* no window 7 */
+	fake_frame(f.out[3], RMA_OP_SIGNAL, 1, 4, 1, NULL, 0);			/* misaligned */
+	send(f.out[4], "NOT A FRAME, JUST BYTES: 40 OF THEM ....", RMA_FRAME_SIZE, MSG_NOSIGNAL);
+	fake_frame(f.out[5], RMA_OP_GET, 0, WIN, 1, NULL, 0);			/* past the end */
+	pthread_barrier_wait(&bar);
+	for (int c = 0; c < 5; c++)
+		assert_true(stream_closed(f.out[c]));
+	/* The get is answered with an error, and the stream stays. */
+	assert_int_equal(rail_sock_recv_all(f.out[5], b, sizeof(b)), 0);
+	assert_int_equal(rma_frame_decode(b, &reply, why, sizeof(why)), 0);
+	assert_int_equal(reply.op, RMA_OP_REPLY);
+	assert_int_equal(reply.status, EFAULT);
+	assert_int_equal(reply.len, 0);
+	pthread_barrier_wait(&bar);
+	pthread_join(th, NULL);
+	pthread_barrier_destroy(&bar);
+	if (r0.fail[0])
+		fail_msg("%s", r0.fail);
+	assert_true(r0.has_error);
+	for (int i = 0; i < WIN; i++) {
+		if ((uint8_t)r0.win[i] != (i < 16 ? 0xee : 0xaa))
+			fail_msg("byte %d of rank 0's window is 0x%02x", i, (uint8_t)r0.win[i]);
+	}
+	assert_int_equal(r0.sig[1], 1);
+	assert_int_equal(r0.sig[0], 0);
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA iput from rank 1 (127.0.0.1:", "refused on rank 0 "
+			    "of 2, device 0: a put of 100 bytes at offset 4090 is outside window 0 "
+			    "(4096 bytes); the stream is closed");
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA iput from rank 1", "at offset 18446744073709551605 "
+			    "is outside window 0");
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA iput from rank 1", "a put of 8 bytes at offset 0 "
+			    "names window 7, not registered here");
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA iputSignal from rank 1", "a signal of 8 bytes at "
+			    "offset 4 is not 8-byte aligned in window 1");
+	unit_assert_logged2(RAIL_LOG_WARN, "sent a bad frame on context 4", "out of step");
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA iget from rank 1", "a get of 1 bytes at offset "
+			    "4096 is outside window 0");
+	for (int c = 0; c < NCTX; c++) {
+		close(f.out[c]);
+		close(f.in[c]);
+	}
+	close(f.ctrl_out);
+	close(f.ctrl_in);
+	close(f.lfd);
+	unit_log_release();
+}
+
+int main(void)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_frame_decode),
+		cmocka_unit_test(test_hello_and_record_decode),
+		cmocka_unit_test(test_hostile_peer),
+	};
+
+	alarm(120);
+	return cmocka_run_group_tests(tests, NULL, NULL);
+}
