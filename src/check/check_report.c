@@ -204,7 +204,7 @@ const char *rail_ck_label(const struct rail_ck_report *r, int rank, int dev, cha
 			  size_t len)
 {
 	const struct rail_ck_info *in = &r->all[rank];
-	const char *d = dev < in->ndev ? in->dev[dev].name : "?";
+	const char *d = dev >= 0 && dev < in->ndev ? in->dev[dev].name : "?";
 
 	if (host_unique(r, rank))
 		snprintf(buf, len, "%s%s%s", in->host, dev < 0 ? "" : ":", dev < 0 ? "" : d);
