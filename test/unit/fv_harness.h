@@ -330,6 +330,38 @@ static inline void fvh_connect(struct fvh *F, int dev_recv, int dev_send, int tc
 
 /* ---- the fake's call log -------------------------------------------------- */
 
+/* One 4 KiB message from F->sc to F->rc with tag, every byte checked; both registrations dropped after. */
+static inline void fvh_one_message(struct fvh *F, int tag)
+{
+	static unsigned char sbuf[4096], rbuf[4096];
+	void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data[1] = { rbuf }, *mhs[1];
+	size_t sizes[1] = { sizeof(rbuf) };
+	int tags[1] = { tag }, sdone = 0, rdone = 0, got[1] = { -1 };
+	uint64_t end = rail_now_ns() + 10000000000ull;
+
+	for (size_t i = 0; i < sizeof(sbuf); i++)
+		sbuf[i] = (unsigned char)(i * 7 + 3);
+	assert_int_equal(rail_net_reg_mr(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &smh), 0);
+	assert_int_equal(rail_net_reg_mr(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST, &rmh), 0);
+	mhs[0] = rmh;
+	while (!rreq)
+		assert_int_equal(rail_net_irecv(F->rc, 1, data, sizes, tags, mhs, &rreq), ncclSuccess);
+	while (!sreq)
+		assert_int_equal(rail_net_isend(F->sc, sbuf, sizeof(sbuf), tag, smh, &sreq),
+				 ncclSuccess);
+	while ((!sdone || !rdone) && rail_now_ns() < end) {
+		if (!sdone)
+			assert_int_equal(rail_net_test(sreq, &sdone, NULL), ncclSuccess);
+		if (!rdone)
+			assert_int_equal(rail_net_test(rreq, &rdone, got), ncclSuccess);
+	}
+	assert_true(sdone && rdone);
+	assert_int_equal(got[0], (int)sizeof(sbuf));
+	assert_memory_equal(rbuf, sbuf, sizeof(sbuf));
+	assert_int_equal(rail_net_dereg_mr(F->sc, smh), ncclSuccess);
+	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), ncclSuccess);
+}
+
 /* Lines of the call log from line `from` (0-based) starting with call, containing n1 and n2. */
 static inline int fvh_calls(const struct fvh *F, int from, const char *call, const char *n1,
 		     const char *n2, char *last)

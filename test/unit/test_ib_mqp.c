@@ -71,35 +71,6 @@ static int injected(const struct fvh *F, int mark, const char *dev)
 	return fvh_calls(F, mark, "ibv_modify_qp", d, "modify_fail", NULL);
 }
 
-static void one_message(struct fvh *F)
-{
-	static unsigned char sbuf[4096], rbuf[4096];
-	void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data[1] = { rbuf }, *mhs[1];
-	size_t sizes[1] = { sizeof(rbuf) };
-	int tags[1] = { 3 }, sdone = 0, rdone = 0, got[1] = { -1 };
-	uint64_t end = rail_now_ns() + 10000000000ull;
-
-	for (size_t i = 0; i < sizeof(sbuf); i++)
-		sbuf[i] = (unsigned char)(i * 13 + 5);
-	assert_int_equal(rail_net_reg_mr(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &smh), 0);
-	assert_int_equal(rail_net_reg_mr(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST, &rmh), 0);
-	mhs[0] = rmh;
-	while (!rreq)
-		assert_int_equal(rail_net_irecv(F->rc, 1, data, sizes, tags, mhs, &rreq), ncclSuccess);
-	while (!sreq)
-		assert_int_equal(rail_net_isend(F->sc, sbuf, sizeof(sbuf), 3, smh, &sreq), ncclSuccess);
-	while ((!sdone || !rdone) && rail_now_ns() < end) {
-		if (!sdone)
-			assert_int_equal(rail_net_test(sreq, &sdone, NULL), ncclSuccess);
-		if (!rdone)
-			assert_int_equal(rail_net_test(rreq, &rdone, got), ncclSuccess);
-	}
-	assert_true(sdone && rdone);
-	assert_int_equal(got[0], (int)sizeof(sbuf));
-	assert_memory_equal(rbuf, sbuf, sizeof(sbuf));
-	assert_int_equal(rail_net_dereg_mr(F->sc, smh), ncclSuccess);
-	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), ncclSuccess);
-}
 
 /*
  * The sender's RTR times out twice, then works: the connection is made on
@@ -137,7 +108,7 @@ static void test_rtr_timeout_clears(void **state)
 	assert_int_equal(fvh_log_count(NCCL_LOG_INFO, "ibv_modify_qp(RTR)", "succeeded at attempt 3"),
 			 1);
 	assert_int_equal(fvh_log_count(NCCL_LOG_WARN, "ibv_modify_qp", NULL), 0);
-	one_message(F);
+	fvh_one_message(F, 3);
 	fvh_stop(F);
 }
 
@@ -215,7 +186,7 @@ static void test_einval_retry_all(void **state)
 	assert_int_equal(injected(F, 0, "mlx5_1"), 1);
 	assert_int_equal(fvh_log_count(NCCL_LOG_INFO, "ibv_modify_qp(INIT) on mlx5_1:1",
 				       "Invalid argument; attempt 1/35, retrying in 20 ms"), 1);
-	one_message(F);
+	fvh_one_message(F, 3);
 	fvh_stop(F);
 }
 
@@ -322,7 +293,7 @@ static void test_move_rtr_once(void **state)
 	setenv("NCCL_IB_MQP_RETRY_SLEEP_MSEC", "20", 1);
 	F = fvh_start(roce_two);
 	fvh_connect(F, 1, 0, -1);
-	one_message(F);
+	fvh_one_message(F, 3);
 	mark = fvh_log_mark();
 	calls = fvh_calls_mark(F);
 	assert_int_equal(F->modify_fail("mlx5_1", IBV_QPS_RTR, ETIMEDOUT, 1), 0);

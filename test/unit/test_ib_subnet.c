@@ -88,36 +88,6 @@ static void listen_on(struct fvh *F, int dev)
 	assert_int_equal(rail_net_listen(F->ctx, dev, F->handle, &F->lc), ncclSuccess);
 }
 
-/* One 4 KiB message from sc to rc, every byte checked. */
-static void one_message(struct fvh *F)
-{
-	static unsigned char sbuf[4096], rbuf[4096];
-	void *smh, *rmh, *sreq = NULL, *rreq = NULL, *data[1] = { rbuf }, *mhs[1];
-	size_t sizes[1] = { sizeof(rbuf) };
-	int tags[1] = { 5 }, sdone = 0, rdone = 0, got[1] = { -1 };
-	uint64_t end = rail_now_ns() + 10000000000ull;
-
-	for (size_t i = 0; i < sizeof(sbuf); i++)
-		sbuf[i] = (unsigned char)(i * 7 + 3);
-	assert_int_equal(rail_net_reg_mr(F->sc, sbuf, sizeof(sbuf), NCCL_PTR_HOST, &smh), 0);
-	assert_int_equal(rail_net_reg_mr(F->rc, rbuf, sizeof(rbuf), NCCL_PTR_HOST, &rmh), 0);
-	mhs[0] = rmh;
-	while (!rreq)
-		assert_int_equal(rail_net_irecv(F->rc, 1, data, sizes, tags, mhs, &rreq), 0);
-	while (!sreq)
-		assert_int_equal(rail_net_isend(F->sc, sbuf, sizeof(sbuf), 5, smh, &sreq), 0);
-	while ((!sdone || !rdone) && rail_now_ns() < end) {
-		if (!sdone)
-			assert_int_equal(rail_net_test(sreq, &sdone, NULL), ncclSuccess);
-		if (!rdone)
-			assert_int_equal(rail_net_test(rreq, &rdone, got), ncclSuccess);
-	}
-	assert_true(sdone && rdone);
-	assert_int_equal(got[0], (int)sizeof(sbuf));
-	assert_memory_equal(rbuf, sbuf, sizeof(sbuf));
-	assert_int_equal(rail_net_dereg_mr(F->sc, smh), ncclSuccess);
-	assert_int_equal(rail_net_dereg_mr(F->rc, rmh), ncclSuccess);
-}
 
 /* QPs on exactly the devices on (and none on off) since mark; dumps the logs when not. */
 static void assert_qps(const struct fvh *F, int mark, const char *const *on, const char *const *off)
@@ -174,7 +144,7 @@ static void test_connect_uses_listener_subnet(void **state)
 		fail_msg("not one INFO line naming the devices and subnets, on the connector only");
 	}
 	assert_no_warn();
-	one_message(F);
+	fvh_one_message(F, 5);
 	fvh_stop(F);
 }
 
@@ -194,7 +164,7 @@ static void test_default_off_unchanged(void **state)
 	fvh_connect(F, 3, 0, -1);
 	assert_qps(F, mark, on, off);
 	assert_int_equal(fvh_log_count(NCCL_LOG_INFO, LOG_TAG, NULL), 0);
-	one_message(F);
+	fvh_one_message(F, 5);
 	fvh_stop(F);
 }
 
@@ -226,7 +196,7 @@ static void test_accept_uses_connector_subnet(void **state)
 		fail_msg("not one INFO line naming both devices and subnets, on the acceptor only");
 	}
 	assert_no_warn();
-	one_message(F);
+	fvh_one_message(F, 5);
 	fvh_stop(F);
 }
 
@@ -303,7 +273,7 @@ static void test_no_match_keeps_default(void **state)
 		fail_msg("no INFO lines of a connector without a match and of its acceptor");
 	}
 	assert_no_warn();
-	one_message(F);
+	fvh_one_message(F, 5);
 	fvh_stop(F);
 }
 
@@ -337,7 +307,7 @@ static void test_fused_replaced_whole(void **state)
 		fvh_log_dump();
 		fail_msg("no INFO line: %s", want);
 	}
-	one_message(F);
+	fvh_one_message(F, 5);
 	fvh_stop(F);
 }
 
