@@ -106,7 +106,7 @@ FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so $(BUILD)/test/fakeverbs/li
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 SCALE       := $(SCALE_SRCS:test/scale/%.c=$(BUILD)/test/scale/%)
 
-.PHONY: all plugin tools tests check test test-instr test-unit test-fosearch test-conformance test-abi test-sanitizers \
+.PHONY: all plugin tools tests check test test-build test-instr test-unit test-fosearch test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-rxe-smoke test-unit-smoke test-rxe2 test-rxe2-watchdog test-rxe2-failover test-tsan test-readme test-netns test-fresh \
 	test-packages install uninstall clean readme deb rpm version test-fakeverbs fuzz \
 	fuzz-targets fuzz-seeds
@@ -243,7 +243,7 @@ FUZZ_TIME  ?= 20
 FUZZ_BUILD ?= build-fuzz
 FUZZ_MAKE   = $(MAKE) BUILD=$(FUZZ_BUILD) CC=clang SAN=address,undefined,fuzzer-no-link OPT=-O1
 fuzz:
-	+$(FUZZ_MAKE) fuzz-targets
+	+$(FUZZ_MAKE) -j$(JOBS) fuzz-targets
 	test/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_TIME)
 
 # Regenerate the seed corpus with the real encoders (after a wire format change).
@@ -272,7 +272,7 @@ test-netns: all
 # The unit tests and the conformance suite under AddressSanitizer (leaks
 # included) and UndefinedBehaviorSanitizer, in their own build tree.
 test-sanitizers:
-	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 plugin tests build-san/rail-info
+	$(MAKE) -j$(JOBS) BUILD=build-san SAN=address,undefined OPT=-O1 plugin tests build-san/rail-info
 	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 test-unit test-fakeverbs
 	ASAN_OPTIONS=detect_leaks=1 NCCL_RAIL_TRANSPORT=tcp \
 		build-san/rail-conformance --plugin build-san/libnccl-net-rail.so --max-size 64M
@@ -291,7 +291,7 @@ TSAN_RUN = NCCL_RAIL_TRANSPORT=tcp TSAN_OPTIONS="suppressions=$(abspath test/tsa
 	second_deadlock_stack=1 $(TSAN_OPTIONS)" build-tsan/rail-conformance \
 	--plugin build-tsan/libnccl-net-rail.so
 test-tsan:
-	$(MAKE) BUILD=build-tsan SAN=thread OPT=-O1 plugin tests build-tsan/rail-info
+	$(MAKE) -j$(JOBS) BUILD=build-tsan SAN=thread OPT=-O1 plugin tests build-tsan/rail-info
 	@if $(TSAN_RUN) --abi 12 --scenario properties --inject data-race >build-tsan/inject.log 2>&1 \
 		|| ! grep -q 'ThreadSanitizer: data race' build-tsan/inject.log; then \
 		cat build-tsan/inject.log; \
@@ -304,7 +304,7 @@ test-tsan:
 
 # Everything must also build warning-free with clang.
 test-clang:
-	$(MAKE) BUILD=build-clang CC=clang all tests
+	$(MAKE) -j$(JOBS) BUILD=build-clang CC=clang all tests
 
 test-readme: $(BUILD)/rail-info
 	test/check-readme.sh $(BUILD)/rail-info
@@ -323,7 +323,7 @@ test-layering: $(CORE_LIB)
 # topology (four rxe devices, one of which can fail alone) for the failover tests:
 # the harness (16) and comms moving between devices with every byte checked (17).
 test-rxe: all tests
-	$(MAKE) BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live
+	$(MAKE) -j$(JOBS) BUILD=build-san SAN=address,undefined OPT=-O1 build-san/test/unit/test_ib_live
 	test/rxe/run.sh --timeout 2400
 	test/rxe/run.sh --topo bridge --tests "16-ib-failover 17-ib-failover-move" --timeout 1200
 
@@ -364,8 +364,17 @@ test-packages: deb
 check: all tests test-unit test-fakeverbs test-abi test-readme test-layering test-conformance \
 	test-netns
 
-test: check test-sanitizers test-tsan test-clang fuzz test-instr test-packages test-fresh \
-	test-rxe test-rxe2-watchdog
+# Parallel jobs for the sanitizer, clang and fuzz builds inside the test targets.
+JOBS ?= $(shell nproc 2>/dev/null || echo 2)
+# make test runs its steps one after another and prints each one's time
+# (test/run-steps.sh); like make -k, a failed step does not stop the rest.
+TEST_STEPS = test-build test-unit test-fakeverbs test-abi test-readme test-layering \
+	test-conformance test-netns test-sanitizers test-tsan test-clang fuzz test-instr \
+	test-packages test-fresh test-rxe test-rxe2-watchdog
+test-build:
+	$(MAKE) -j$(JOBS) all tests
+test:
+	@test/run-steps.sh "$(MAKE)" $(TEST_STEPS)
 
 # Instructions per small message on the verbs data path against
 # test/perf/instr-limits (callgrind on the fake provider; skipped, saying so,
