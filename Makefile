@@ -352,7 +352,7 @@ test-rxe-smoke: all tests
 	test/rxe/run.sh --tests 00-smoke
 
 # The README's commands in a fresh Debian 12 root (debootstrap, cached in
-# build/fresh-cache), then the .deb installed there; the first command in
+# /var/cache/nccl-net-rail/fresh), then the .deb installed there; the first command in
 # fresh Ubuntu 22.04 and 24.04 roots (test/fresh/).
 test-fresh: deb
 	test/fresh/run.sh

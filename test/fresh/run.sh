@@ -9,8 +9,11 @@
 # 1. debootstrap --variant=minbase of the suite (bookworm; jammy, noble from
 #    the Ubuntu archive, checked against the Ubuntu archive key: the host's
 #    /usr/share/keyrings/ubuntu-archive-keyring.gpg, else the copy beside this
-#    script, ubuntu-archive-2018.asc), cached as a tarball in build/fresh-cache
-#    (rebuilt after 7 days), unpacked anew for each part. The root gets what a
+#    script, ubuntu-archive-2018.asc), cached as a tarball in
+#    /var/cache/nccl-net-rail/fresh (FRESH_CACHE to change; outside the
+#    checkout, so a clean clone on the same machine reuses it), rebuilt after
+#    7 days, unpacked anew for each part: only the untouched debootstrap
+#    output is kept, and every part installs its packages anew. The root gets what a
 #    cloud image also has and minbase lacks: sudo, a user "newcomer" who may
 #    use it, apt sources (Debian: the host's, main, updates, security; Ubuntu:
 #    main and universe of the suite, -updates and -security) and resolv.conf.
@@ -54,7 +57,7 @@ set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(cd "$HERE/../.." && pwd)
-CACHE=${FRESH_CACHE:-$REPO/build/fresh-cache}
+CACHE=${FRESH_CACHE:-/var/cache/nccl-net-rail/fresh}
 RUNS=$REPO/build/fresh-runs
 MIRROR=${FRESH_MIRROR:-}
 UBUNTU_MIRROR=${FRESH_UBUNTU_MIRROR:-}
