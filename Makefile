@@ -3,7 +3,8 @@
 #                         rdma-core headers, libibverbs-dev, are all it needs)
 #   make check            quick tests: unit (cmocka), the verbs tests on the
 #                         fake provider, exports, README table,
-#                         conformance over TCP, rail-bench across namespaces
+#                         conformance over TCP, rail-bench across namespaces,
+#                         the scale check (128 pairs per transport)
 #   make test             everything CI runs: check, sanitizers, clang, the
 #                         fuzz targets (20 s each), the Soft-RoCE guest, the
 #                         fresh-machine root, packages
@@ -108,7 +109,7 @@ SCALE       := $(SCALE_SRCS:test/scale/%.c=$(BUILD)/test/scale/%)
 
 .PHONY: all plugin tools tests check test test-build test-instr test-unit test-fosearch test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-rxe-smoke test-unit-smoke test-rxe2 test-rxe2-watchdog test-rxe2-failover test-tsan test-readme test-netns test-fresh \
-	test-packages install uninstall clean readme deb rpm version test-fakeverbs fuzz \
+	test-packages install uninstall clean readme deb rpm version test-fakeverbs test-scale fuzz \
 	fuzz-targets fuzz-seeds
 all: plugin tools
 
@@ -147,7 +148,8 @@ $(PINGPONG): test/perf/pingpong.c $(CORE_LIB) VERSION
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LD_LTO) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
 
-# test/scale/*.c: what many connections cost, on the fake provider (scale_bench: idle CPU).
+# test/scale/*.c: what many connections cost a process, TCP and the fake provider
+# (scale_bench: descriptors, threads, memory, pinned bytes, setup time, idle CPU).
 $(SCALE): $(BUILD)/test/scale/%: test/scale/%.c $(CORE_LIB) VERSION
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
@@ -236,6 +238,11 @@ test-fosearch: $(BUILD)/test/unit/test_ib_fosearch $(FAKEVERBS) $(FAKEMLX5)
 # test/fakeverbs/conf/ (no RDMA device needed).
 test-fakeverbs: $(UNIT_TESTS) $(FAKEVERBS) $(FAKEMLX5)
 	test/fakeverbs/run-live.sh $(BUILD)
+
+# 128 pairs over TCP and over the fake provider, each metric against its
+# bound in test/scale/limits (test/scale/check.sh; about 15 s).
+test-scale: $(SCALE) $(FAKEVERBS)
+	test/scale/check.sh $(BUILD)
 
 # Every libFuzzer target for FUZZ_TIME seconds (default 20) from its seed
 # corpus (test/fuzz/corpus/), ASan and UBSan on; a crash fails (test/fuzz/run.sh).
@@ -362,13 +369,13 @@ test-packages: deb
 	test/check-packages.sh $(BUILD)/pkg
 
 check: all tests test-unit test-fakeverbs test-abi test-readme test-layering test-conformance \
-	test-netns
+	test-netns test-scale
 
 # Parallel jobs for the sanitizer, clang and fuzz builds inside the test targets.
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 # make test runs its steps one after another and prints each one's time
 # (test/run-steps.sh); like make -k, a failed step does not stop the rest.
-TEST_STEPS = test-build test-unit test-fakeverbs test-abi test-readme test-layering \
+TEST_STEPS = test-build test-unit test-fakeverbs test-scale test-abi test-readme test-layering \
 	test-conformance test-netns test-sanitizers test-tsan test-clang fuzz test-instr \
 	test-packages test-fresh test-rxe test-rxe2-watchdog
 test-build:
