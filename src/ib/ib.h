@@ -324,8 +324,16 @@ void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 #define RAIL_IB_EARLY_DEPTH 256	/* sender WRs of early-completed batches in flight per QP */
 #define RAIL_IB_MAX_QPS 128
 /* The eager geometry may be overridden at build time (OPT="-O2 -DRAIL_IB_EAGER_SLOTS=16"). */
+/*
+ * Eager ring slots per connection, a power of two. 16: twice the
+ * NCCL_STEPS (8) messages NCCL's proxy keeps in flight on one connection,
+ * and the ring and its staging (2 x 16 x 4672 bytes) keep a connection's
+ * registrations under NCCL IB's (docs/PERFORMANCE.md, "Memory per
+ * connection"). A receiver offers its ring in the handshake; a sender
+ * takes one of at most this many slots.
+ */
 #ifndef RAIL_IB_EAGER_SLOTS
-#define RAIL_IB_EAGER_SLOTS 64	/* eager ring slots per connection, a power of two */
+#define RAIL_IB_EAGER_SLOTS 16
 #endif
 #ifndef RAIL_IB_EAGER_MAX
 #define RAIL_IB_EAGER_MAX 4096	/* largest eager payload */
@@ -333,6 +341,13 @@ void rail_ib_mr_cache_fini(struct rail_ib_hca *hca);
 /* payload + trailer, 64-aligned, then the LL region (ib_wire.h) */
 #define RAIL_IB_EAGER_SLOT (RAIL_IB_EAGER_MAX + 64 + RAIL_IB_LL_BYTES)
 #define RAIL_IB_LOOP_DEPTH (2 * RAIL_MAX_REQUESTS + RAIL_IB_EAGER_SLOTS + 8)
+/*
+ * Inline data a QP is made for (NCCL_IB_USE_INLINE, at most the HCA's):
+ * mlx5 sizes every send WQE for it, so 92 bytes (one 64-byte CTS entry, the
+ * LL image of a payload of up to 32 bytes) keeps a WQE at two 64-byte
+ * blocks where the HCA's 256 would take five.
+ */
+#define RAIL_IB_INLINE_MAX 92
 /* Order-safe ring: receive WRs on the eager QP beyond the slots, posted again in batches. */
 #define RAIL_IB_RING_RECV_BATCH 16
 
@@ -747,6 +762,8 @@ int rail_ib_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask,
 int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send);
 void rail_ib_comm_res_fini(struct rail_ib_comm *c);
 int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send);
+/* The inline size QPs on d are made for: NCCL_IB_USE_INLINE, at most RAIL_IB_INLINE_MAX. */
+uint32_t rail_ib_qp_inline(const struct rail_ib_dev *d);
 /* An RC QP on member m, in INIT; NULL with *err (logged). */
 struct ibv_qp *rail_ib_qp_new(struct rail_ib_comm *c, int m, int send_wr, int recv_wr,
 			      int access, int *err);

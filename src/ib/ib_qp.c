@@ -40,6 +40,13 @@ const char *rail_ib_qp_where(struct rail_ib_comm *c, int qpi, char *buf, size_t 
 	return buf;
 }
 
+uint32_t rail_ib_qp_inline(const struct rail_ib_dev *d)
+{
+	if (!rail_param_int(RAIL_P_IB_USE_INLINE))
+		return 0;
+	return (uint32_t)RAIL_MIN(d->hca->max_inline, RAIL_IB_INLINE_MAX);
+}
+
 static struct ibv_mr *reg_ctrl(struct rail_ib_comm *c, int m, void *buf, size_t len,
 			       int access, const char *what)
 {
@@ -223,8 +230,7 @@ struct ibv_qp *rail_ib_qp_make(struct rail_ib_comm *c, struct rail_ib_dev *d, st
 	a.cap.max_send_wr = (uint32_t)send_wr;
 	a.cap.max_recv_wr = (uint32_t)recv_wr;
 	a.cap.max_send_sge = a.cap.max_recv_sge = 1;
-	a.cap.max_inline_data = rail_param_int(RAIL_P_IB_USE_INLINE) ? (uint32_t)d->hca->max_inline
-								     : 0;
+	a.cap.max_inline_data = rail_ib_qp_inline(d);
 	qp = rail_ibv.create_qp(d->hca->pd, &a);
 	if (!qp) {
 		*err = -(errno ? errno : EIO);
@@ -285,8 +291,7 @@ int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send)
 		if (!q->qp)
 			return err;
 		c->nqps = i + 1;
-		q->max_inline = rail_param_int(RAIL_P_IB_USE_INLINE)
-					? (uint32_t)c->res[q->member].dev->hca->max_inline : 0;
+		q->max_inline = rail_ib_qp_inline(c->res[q->member].dev);
 	}
 	/* The first CTS answered on QP i: the sets are blocks, taken in turn (rail_ib_qp_set). */
 	for (int i = 0; i < nqps; i++)
@@ -894,8 +899,7 @@ int rail_ib_member_rebuild(struct rail_ib_comm *c, int m, struct rail_ib_dev *d,
 		q->qp = rail_ib_qp_new(c, m, is_send ? SEND_DEPTH : CTS_DEPTH,
 				       is_send ? 1 : RECV_DEPTH, IBV_ACCESS_REMOTE_WRITE, &err);
 		q->sq_posted = q->sq_retired = q->sq_signaled = 0;
-		q->max_inline = rail_param_int(RAIL_P_IB_USE_INLINE) ? (uint32_t)d->hca->max_inline
-								     : 0;
+		q->max_inline = rail_ib_qp_inline(d);
 	}
 	return err;
 }

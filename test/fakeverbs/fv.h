@@ -130,6 +130,7 @@ struct fv_mr {
 struct fv_cq {
 	struct ibv_cq cq;
 	int cap, head, count;
+	uint64_t mem;		/* its buffer as mlx5 would size it (fv_test_mem) */
 	struct ibv_wc *wcs;
 };
 
@@ -159,6 +160,7 @@ struct fv_qp {
 	int ece_set;		/* ibv_set_ece was called: ece_options is the settled set */
 	uint32_t ece_options;
 	int rcap, rhead, rcount;
+	uint64_t mem;		/* its queues as mlx5 would size them (fv_test_mem) */
 	struct fv_recv *rq;
 	struct fv_swr *sq, **sq_tail;	/* held send WRs, in posting order (fv_hold.c) */
 	struct fv_qp *next;
@@ -280,6 +282,17 @@ long long fv_test_mr_bytes(int *count);
  * timing out at RTR; count 0 disarms. 0, or -ENODEV.
  */
 int fv_test_modify_fail(const char *dev, int state, int err, int count);
+/*
+ * What the process holds now, for memory tests (fv_verbs.c): what is one
+ * of FV_MEM_*. MR_BYTES: the lengths of the live registrations summed;
+ * MR_PINNED: the 4 KiB pages each one spans (what the kernel pins), in
+ * bytes; QP_BYTES and CQ_BYTES: the queue buffers as rdma-core's mlx5
+ * provider would size them for the caps asked (fv_verbs.c mlx5_qp_bytes).
+ * -EINVAL for another what.
+ */
+enum { FV_MEM_MRS, FV_MEM_MR_BYTES, FV_MEM_MR_PINNED, FV_MEM_QPS, FV_MEM_QP_BYTES, FV_MEM_CQS,
+       FV_MEM_CQ_BYTES };
+long long fv_test_mem(int what);
 /* fv_conf.c: rewrite one GID's sysfs files (gone: the kernel's all-zero entry, no type). */
 void fv_sysfs_gid(const struct fv_dev *dev, int port, int index);
 

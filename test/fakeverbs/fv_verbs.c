@@ -30,6 +30,7 @@ static struct fv_mr *mr_bucket[FV_BUCKETS];
 static struct fv_qp *qp_bucket[FV_BUCKETS];
 static struct fv_mr *mrs;
 static struct fv_qp *qps;
+static long long cq_count, cq_mem;	/* live CQs and their buffers (fv_test_mem) */
 
 #define LOCKED(expr) do { pthread_mutex_lock(&fv_lock); expr; pthread_mutex_unlock(&fv_lock); } while (0)
 
@@ -508,6 +509,85 @@ struct fv_mr *fv_mr_by_key(uint32_t key, int remote)
 	return NULL;
 }
 
+/* ---- what the process holds (fv_test_mem) -------------------------------- */
+
+#define FV_PAGE 4096ull
+
+static uint64_t pow2_up(uint64_t v)
+{
+	uint64_t p = 1;
+
+	while (p < v)
+		p <<= 1;
+	return p;
+}
+
+static uint64_t page_up(uint64_t v)
+{
+	return (v + FV_PAGE - 1) & ~(FV_PAGE - 1);
+}
+
+/*
+ * A QP's send and receive queues as rdma-core's mlx5 provider sizes them
+ * (providers/mlx5/verbs.c, an estimate: no doorbell record, no BlueFlame):
+ * a send WQE is the control and remote-address segments (16 + 16 bytes)
+ * and the larger of its data segments (16 bytes per SGE) and its inline
+ * data (a 4-byte header, 16-aligned), rounded up to 64-byte basic blocks;
+ * a receive WQE is 16 bytes per SGE, a power of two; each queue holds a
+ * power of two of WQEs; the buffer is whole pages.
+ */
+static uint64_t mlx5_qp_bytes(const struct ibv_qp_cap *c)
+{
+	uint64_t data = 16ull * (c->max_send_sge ? c->max_send_sge : 1);
+	uint64_t inl = c->max_inline_data ? (4ull + c->max_inline_data + 15) & ~15ull : 0;
+	uint64_t swqe = (32 + (data > inl ? data : inl) + 63) & ~63ull;
+	uint64_t rwqe = pow2_up(16ull * (c->max_recv_sge ? c->max_recv_sge : 1));
+	uint64_t sq = c->max_send_wr ? pow2_up(c->max_send_wr) * swqe : 0;
+	uint64_t rq = c->max_recv_wr ? pow2_up(c->max_recv_wr) * rwqe : 0;
+
+	return page_up(sq + rq);
+}
+
+/* A CQ of cqe entries: mlx5 makes room for a power of two above cqe, 64 bytes each. */
+static uint64_t mlx5_cq_bytes(int cqe)
+{
+	return page_up(pow2_up((uint64_t)cqe + 1) * 64);
+}
+
+long long fv_test_mem(int what)
+{
+	long long n = 0;
+
+	pthread_mutex_lock(&fv_lock);
+	switch (what) {
+	case FV_MEM_MRS:
+	case FV_MEM_MR_BYTES:
+	case FV_MEM_MR_PINNED:
+		for (const struct fv_mr *m = mrs; m; m = m->next) {
+			uint64_t a = (uintptr_t)m->mr.addr;
+
+			n += what == FV_MEM_MRS ? 1 : what == FV_MEM_MR_BYTES ? (long long)m->mr.length
+			     : (long long)(page_up(a + m->mr.length) - (a & ~(FV_PAGE - 1)));
+		}
+		break;
+	case FV_MEM_QPS:
+	case FV_MEM_QP_BYTES:
+		for (const struct fv_qp *q = qps; q; q = q->next)
+			n += what == FV_MEM_QPS ? 1 : (long long)q->mem;
+		break;
+	case FV_MEM_CQS:
+		n = cq_count;
+		break;
+	case FV_MEM_CQ_BYTES:
+		n = cq_mem;
+		break;
+	default:
+		n = -EINVAL;
+	}
+	pthread_mutex_unlock(&fv_lock);
+	return n;
+}
+
 /* ---- completion queues --------------------------------------------------- */
 
 struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
@@ -532,7 +612,8 @@ struct ibv_cq *ibv_create_cq(struct ibv_context *ctx, int cqe, void *cq_context,
 	c->cq.channel = channel;
 	c->cq.cq_context = cq_context;
 	c->cq.cqe = cqe;
-	LOCKED(c->cq.handle = next_key++;
+	c->mem = mlx5_cq_bytes(cqe);
+	LOCKED(c->cq.handle = next_key++; cq_count++; cq_mem += (long long)c->mem;
 	       fv_log("ibv_create_cq dev=%s cqe=%d cq=%u", ctx_name(ctx), cqe, c->cq.handle));
 	return &c->cq;
 }
@@ -541,7 +622,8 @@ int ibv_destroy_cq(struct ibv_cq *cq)
 {
 	struct fv_cq *c = (struct fv_cq *)(void *)cq;
 
-	LOCKED(fv_log("ibv_destroy_cq dev=%s cq=%u", ctx_name(cq->context), cq->handle));
+	LOCKED(cq_count--; cq_mem -= (long long)c->mem;
+	       fv_log("ibv_destroy_cq dev=%s cq=%u", ctx_name(cq->context), cq->handle));
 	free(c->wcs);
 	free(c);
 	return 0;
@@ -595,6 +677,7 @@ struct ibv_qp *ibv_create_qp(struct ibv_pd *pd, struct ibv_qp_init_attr *a)
 	q->rcap = (int)a->cap.max_recv_wr + 1;
 	q->sq_sig_all = a->sq_sig_all;
 	q->max_inline = a->cap.max_inline_data;
+	q->mem = mlx5_qp_bytes(&a->cap);
 	q->state = IBV_QPS_RESET;
 	q->qp.context = pd->context;
 	q->qp.qp_context = a->qp_context;

@@ -48,7 +48,11 @@ struct fvh {
 	/* fv_test_port_speed: a port's speed changes, with DEVICE_SPEED_CHANGE if event */
 	int (*port_speed)(const char *dev, int port, unsigned speed, int width, long port_speed,
 			  int event);
+	/* fv_test_mem: what the process holds now, one of FVH_MEM_* (fv.h's FV_MEM_*, in order) */
+	long long (*mem)(int what);
 };
+enum { FVH_MEM_MRS, FVH_MEM_MR_BYTES, FVH_MEM_MR_PINNED, FVH_MEM_QPS, FVH_MEM_QP_BYTES,
+       FVH_MEM_CQS, FVH_MEM_CQ_BYTES, FVH_MEM_N };
 
 static char fvh_lib[PATH_MAX];
 static struct fvh fvh_one;
@@ -223,6 +227,7 @@ static inline struct fvh *fvh_start_with(const char *conf, const char *const *fi
 	*(void **)&F->qp_fatal = dlsym(F->lib, "fv_test_qp_fatal");
 	*(void **)&F->modify_fail = dlsym(F->lib, "fv_test_modify_fail");
 	*(void **)&F->port_speed = dlsym(F->lib, "fv_test_port_speed");
+	*(void **)&F->mem = dlsym(F->lib, "fv_test_mem");
 	if (!F->event || !F->set_gid || !F->port_state || !F->hold)
 		fail_msg("%s lacks the fv_test_* controls: rebuild it (make tests)", fvh_lib);
 	return F;
