@@ -107,7 +107,7 @@ FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so $(BUILD)/test/fakeverbs/li
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 SCALE       := $(SCALE_SRCS:test/scale/%.c=$(BUILD)/test/scale/%)
 
-.PHONY: all plugin tools tests check test test-build test-instr test-unit test-fosearch test-conformance test-abi test-sanitizers \
+.PHONY: all plugin tools tests check test test-build test-netns-smoke test-instr test-unit test-fosearch test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-rxe-smoke test-unit-smoke test-rxe2 test-rxe2-watchdog test-rxe2-failover test-tsan test-readme test-netns test-fresh \
 	test-packages install uninstall clean readme deb rpm version test-fakeverbs test-scale fuzz \
 	fuzz-targets fuzz-seeds
@@ -275,6 +275,11 @@ test-netns: all
 	test/netns/run.sh $(BUILD)
 	test/netns/rail-check.sh $(BUILD)
 	test/netns/failover.sh $(BUILD)
+
+# The first of them only (network namespaces, veth, rail-bench between them):
+# what the fresh root checks of the machine's iproute2 (test/fresh/run.sh).
+test-netns-smoke: all
+	test/netns/run.sh $(BUILD)
 
 # The unit tests and the conformance suite under AddressSanitizer (leaks
 # included) and UndefinedBehaviorSanitizer, in their own build tree.

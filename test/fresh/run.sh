@@ -26,12 +26,14 @@
 #    and tools must be built, and libcmocka-dev not installed. `sudo .ci/run`
 #    runs only for the suites in FRESH_CI_SUITES (default: bookworm; e.g.
 #    FRESH_CI_SUITES="bookworm jammy noble"), with RAIL_CI_TARGET="test-unit-smoke
-#    test-netns test-rxe-smoke" (FOSEARCH_SEEDS=200 is kept through sudo by
-#    the root's sudoers for a wider target): it installs every test
+#    test-netns-smoke test-rxe-smoke" (FOSEARCH_SEEDS=200 is kept through sudo
+#    by the root's sudoers for a wider target): it installs every test
 #    dependency and the Soft-RoCE kernel, as on CI, then runs the unit tests
 #    that need what the machine provides (cmocka, sockets, libibverbs'
-#    headers, sysfs, rlimits), the tests that need the system's tools
-#    (iproute2, iperf3) and boots the Soft-RoCE guest once. The rest of make check tests the code,
+#    headers, sysfs, rlimits), rail-bench between two network namespaces (the
+#    system's iproute2; the other netns tests, timing-bound failover cases
+#    that take about 3 minutes, test the code and run on the host) and boots
+#    the Soft-RoCE guest once. The rest of make check tests the code,
 #    not the machine: the host's make test runs it (and this test again if
 #    it ran make test here).
 # 3. package (bookworm): a second fresh root gets build/pkg/nccl-net-rail_*.deb
@@ -365,8 +367,8 @@ quickstart() {
 			[ "$quick" = 1 ] && { echo "SKIP: quick-start line $n ($line): --quick"; continue; }
 			[[ $CI_SUITES == *" $suite "* ]] ||
 				{ echo "SKIP: quick-start line $n ($line): $suite is not in FRESH_CI_SUITES"; continue; }
-			echo "== quick-start line $n: $line   (RAIL_CI_TARGET=test-unit-smoke test-netns test-rxe-smoke)"
-			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && export RAIL_CI_TARGET='test-unit-smoke test-netns test-rxe-smoke' FOSEARCH_SEEDS=200 && $line"
+			echo "== quick-start line $n: $line   (RAIL_CI_TARGET=test-unit-smoke test-netns-smoke test-rxe-smoke)"
+			in_root "$root" "$USER_NAME" "cd ~/nccl-net-rail && export RAIL_CI_TARGET='test-unit-smoke test-netns-smoke test-rxe-smoke' FOSEARCH_SEEDS=200 && $line"
 			;;
 		*)
 			echo "== quick-start line $n: $line"
