@@ -31,9 +31,11 @@
  * peer, the call and the window, and nothing is written.
  *
  * Threads. One applier thread per collComm (rma_apply.c) reads every
- * socket of the group with epoll: puts land straight into the window,
+ * socket of the group with epoll: puts land straight into a host window,
  * signals are atomic adds, gets are answered without blocking, replies to
- * this rank's gets land in their buffers. NCCL's threads post and test
+ * this rank's gets land in their buffers. GPU windows are reached through
+ * rma_mem.c only: copies and signal writes in order on the collComm's one
+ * CUDA stream, so a signal still follows every byte before it. NCCL's threads post and test
  * (rma_send.c) under the context's lock; windows are looked up under the
  * collComm's window lock, held while bytes are written to or read from a
  * window, so that deregMrSym never races with a frame.

@@ -96,6 +96,7 @@ static int need_ctx(int c)
 
 static int dev_init_locked(void)
 {
+	char *base;
 	int fd;
 
 	if (dev_base)
@@ -103,29 +104,32 @@ static int dev_init_locked(void)
 	fd = memfd_create("fakecuda-device", MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, (off_t)DEV_CAP))
 		return -1;
-	dev_base = mmap(NULL, DEV_CAP, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+	base = mmap(NULL, DEV_CAP, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd, 0);
 	dev_view = mmap(NULL, DEV_CAP, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
 	close(fd);
-	if (dev_base == MAP_FAILED || dev_view == MAP_FAILED) {
-		dev_base = dev_view = NULL;
+	if (base == MAP_FAILED || dev_view == MAP_FAILED)
 		return -1;
-	}
+	__atomic_store_n(&dev_base, base, __ATOMIC_RELEASE);	/* read without the lock */
 	return 0;
 }
 
 /* The view of [p, p + n) of device memory, or NULL if it is not all device memory. */
 static char *dev_at(uint64_t p, size_t n)
 {
-	uint64_t b = (uintptr_t)dev_base;
+	char *base = __atomic_load_n(&dev_base, __ATOMIC_ACQUIRE);
+	size_t used = __atomic_load_n(&dev_used, __ATOMIC_ACQUIRE);
+	uint64_t b = (uintptr_t)base;
 
-	if (!dev_base || p < b || p - b > dev_used || n > dev_used - (p - b))
+	if (!base || p < b || p - b > used || n > used - (p - b))
 		return NULL;
 	return dev_view + (p - b);
 }
 
 static int is_dev(const void *p)
 {
-	return dev_base && (const char *)p >= dev_base && (const char *)p < dev_base + DEV_CAP;
+	const char *base = __atomic_load_n(&dev_base, __ATOMIC_ACQUIRE);
+
+	return base && (const char *)p >= base && (const char *)p < base + DEV_CAP;
 }
 
 struct pinned {
@@ -457,7 +461,7 @@ EXPORT void *fcu_test_alloc_device(size_t size)
 	if (!dev_init_locked() && n <= DEV_CAP - dev_used) {
 		p = dev_base + dev_used;
 		memset(dev_view + dev_used, 0, n);
-		dev_used += n;
+		__atomic_store_n(&dev_used, dev_used + n, __ATOMIC_RELEASE);
 	}
 	pthread_mutex_unlock(&lock);
 	return p;
