@@ -99,10 +99,12 @@ static int gpu_start(struct rma_gpu *g, const char *call, void *data, size_t siz
 	}
 	if (cu_enter(g))
 		return -EIO;
-	if ((r = g->cu->mem_host_alloc((void **)&g->stage, RMA_STAGE_RING,
-				       RAIL_CU_MEMHOSTALLOC_PORTABLE)) != RAIL_CU_SUCCESS)
+	/* A failure is tried again at the next GPU window: keep what was made. */
+	if (!g->stage && (r = g->cu->mem_host_alloc((void **)&g->stage, RMA_STAGE_RING,
+						    RAIL_CU_MEMHOSTALLOC_PORTABLE)))
 		return cu_fail(g, "cuMemHostAlloc of the staging ring", r);
-	if ((r = g->cu->mem_host_alloc((void **)&g->word, 8, RAIL_CU_MEMHOSTALLOC_PORTABLE)))
+	if (!g->word && (r = g->cu->mem_host_alloc((void **)&g->word, 8,
+						   RAIL_CU_MEMHOSTALLOC_PORTABLE)))
 		return cu_fail(g, "cuMemHostAlloc of a signal word", r);
 	g->stage_size = RMA_STAGE_RING;
 	if ((r = g->cu->stream_create(&s, RAIL_CU_STREAM_NON_BLOCKING)))
