@@ -27,6 +27,8 @@
 #                             libibverbs the unit tests load (NCCL_IBVERBS_LIB)
 #   test/fakeverbs/mlx5/   -> build/test/fakeverbs/libfakemlx5.so, its libmlx5
 #                             (NCCL_RAIL_MLX5_LIB)
+#   test/fakecuda/*.c      -> build/test/fakecuda/libfakecuda.so, the fake CUDA
+#                             driver the RMA tests load (NCCL_RAIL_CUDA_LIB)
 #   test/fuzz/fuzz_*.c     -> build-fuzz/test/fuzz/fuzz_* (libFuzzer, clang;
 #                             make fuzz)
 #   test/scale/*.c         -> build/test/scale/* (benchmarks on the fake provider)
@@ -89,6 +91,7 @@ TOOL_SRCS   := $(sort $(wildcard tools/*.c))
 UNIT_SRCS   := $(sort $(wildcard test/unit/test_*.c))
 CONF_SRCS   := $(sort $(wildcard test/conformance/*.c))
 FAKEVERBS_SRCS := $(sort $(wildcard test/fakeverbs/*.c))
+FAKECUDA_SRCS := $(sort $(wildcard test/fakecuda/*.c))
 FUZZ_SRCS   := $(sort $(wildcard test/fuzz/fuzz_*.c))
 SCALE_SRCS  := $(sort $(wildcard test/scale/*.c))
 
@@ -104,6 +107,7 @@ UNIT_TESTS  := $(UNIT_SRCS:test/unit/%.c=$(BUILD)/test/unit/%)
 CONFORMANCE := $(BUILD)/rail-conformance
 FAKEVERBS   := $(BUILD)/test/fakeverbs/libfakeverbs.so
 FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so $(BUILD)/test/fakeverbs/libfakemlx5old.so
+FAKECUDA    := $(BUILD)/test/fakecuda/libfakecuda.so
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 SCALE       := $(SCALE_SRCS:test/scale/%.c=$(BUILD)/test/scale/%)
 
@@ -115,7 +119,8 @@ all: plugin tools
 
 plugin: $(PLUGIN)
 tools: $(TOOLS)
-tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS) $(FAKEMLX5) $(PINGPONG) $(SCALE)
+tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS) $(FAKEMLX5) $(FAKECUDA) \
+	$(PINGPONG) $(SCALE)
 
 # Every object depends on VERSION: the number is compiled in (src/rail.h).
 $(BUILD)/obj/%.o: %.c VERSION
@@ -187,6 +192,14 @@ $(BUILD)/test/fakeverbs/libfakemlx5.so: test/fakeverbs/mlx5/fv_mlx5.c test/fakev
 		-Wl,--version-script=test/fakeverbs/mlx5/fakemlx5.map -Wl,-z,defs \
 		-Wl,-rpath,'$$ORIGIN' -o $@ test/fakeverbs/mlx5/fv_mlx5.c $(FAKEVERBS) $(LDLIBS)
 
+# The fake CUDA driver (test/fakecuda/): the driver entries of src/cuda.h
+# and the tests' hooks, exported by default visibility; no plugin code.
+$(FAKECUDA): $(FAKECUDA_SRCS) test/fakecuda/fakecuda.h VERSION
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LDFLAGS) -shared -Wl,-soname,libfakecuda.so \
+		-Wl,-z,defs -o $@ $(FAKECUDA_SRCS) $(LDLIBS)
+
 $(CONFORMANCE): $(CONF_OBJS)
 	$(CC) $(NO_LTO) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 
@@ -214,9 +227,10 @@ fuzz-targets: $(FUZZ_TARGETS)
 # The failover search (test_ib_fosearch, 1-3 minutes) runs last: a failing
 # seed then hides no other test's result.
 UNIT_ORDER  = $(filter-out %/test_ib_fosearch,$(UNIT_TESTS)) $(filter %/test_ib_fosearch,$(UNIT_TESTS))
-test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(PLUGIN) $(FAKEVERBS) $(FAKEMLX5)
+test-unit: $(UNIT_TESTS) $(BUILD)/rail-info $(PLUGIN) $(FAKEVERBS) $(FAKEMLX5) $(FAKECUDA)
 	@set -e; for t in $(UNIT_ORDER); do echo "== $$t"; \
-		RAIL_FAKEVERBS_LIB=$(abspath $(FAKEVERBS)) $$t; done
+		RAIL_FAKEVERBS_LIB=$(abspath $(FAKEVERBS)) RAIL_FAKECUDA_LIB=$(abspath $(FAKECUDA)) \
+		$$t; done
 
 # A few unit tests that need what the machine provides (cmocka, sockets,
 # libibverbs' headers with the fake provider, sysfs, rlimits): the fresh

@@ -19,6 +19,7 @@
 
 #include "api.h"
 #include "api_rma.h"
+#include "cuda.h"
 #include "handles.h"
 #include "log.h"
 #include "param.h"
@@ -81,6 +82,8 @@ ncclResult_t rail_rma_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logge
 		rail_net_finalize(c);
 		return ncclInvalidUsage;
 	}
+	/* NCCL made its device current: the context GPU windows are reached in. */
+	rail_cuda_note_ctx();
 	if (rma_refs++ == 0) {
 		__atomic_store_n(&rma_ops, ops, __ATOMIC_RELEASE);
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "RMA (ABI v%d): served by the %s backend "

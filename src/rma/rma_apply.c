@@ -4,7 +4,9 @@
  *
  * It waits in epoll on every socket of the group's contexts and an eventfd
  * for commands. On a peer's stream (TARGET) it reads frames in order: a put's
- * bytes go straight into the window, a signal is an atomic 64-bit add, a get
+ * bytes go straight into a host window, or through pinned staging and the
+ * collComm's stream into a GPU one, a signal is a 64-bit add written behind
+ * them (rma_mem.c: never visible before the bytes of the puts before it), a get
  * is answered on the same socket the other way (while a reply is being
  * written the stream is not read further: one answer in flight per stream,
  * and this thread never blocks on a write). On this rank's own streams
@@ -148,7 +150,7 @@ static int frame_refuse(struct rma_tcp_coll *c, struct rma_rx *rx, int why,
 	return -EFAULT;
 }
 
-/* A signal: an atomic add at a checked, aligned offset. */
+/* A signal: a 64-bit add at a checked, aligned offset (behind the bytes before it). */
 static int frame_signal(struct rma_tcp_coll *c, struct rma_rx *rx)
 {
 	const struct rma_frame *f = &rx->f;
@@ -160,9 +162,8 @@ static int frame_signal(struct rma_tcp_coll *c, struct rma_rx *rx)
 	if (!w || f->off % 8 || !rma_in_bounds(f->off, 8, w->base.size))
 		err = frame_refuse(c, rx, !w ? REF_UNKNOWN : f->off % 8 ? REF_MISALIGNED
 				   : REF_OUTSIDE, w);
-	else
-		__atomic_fetch_add((uint64_t *)(void *)(w->base.base + f->off), f->len,
-				   __ATOMIC_SEQ_CST);
+	else if ((err = rma_mem_signal(&c->gpu, w, f->off, f->len)))
+		rx->logged = 1;
 	pthread_mutex_unlock(&c->wins.lock);
 	return err;
 }
@@ -188,6 +189,7 @@ static int frame_get(struct rma_tcp_coll *c, struct rma_rx *rx)
 	rx->roff = f->off;
 	rx->rlen = r.len;
 	rx->rsent = 0;
+	rx->rstage_at = rx->rstage_len = 0;
 	rx->replying = 1;
 	return epoll_ctl(c->ap->epfd, EPOLL_CTL_MOD, rx->fd, &ev) ? -errno : 0;
 }
@@ -221,6 +223,7 @@ static int frame_reply(struct rma_tcp_coll *c, struct rma_rx *rx)
 	}
 	rx->in_body = 1;
 	rx->body_got = 0;
+	rx->body_gpu = 0;
 	return 0;
 }
 
@@ -254,49 +257,91 @@ static int frame_start(struct rma_tcp_coll *c, struct rma_rx *rx)
 		return frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
 	rx->in_body = f->len > 0;
 	rx->body_got = 0;
+	rx->body_gpu = 0;
 	return 0;
 }
 
-/* Where the next bytes of the body go, with the window lock held; NULL if it died. */
-static char *body_dst(struct rma_tcp_coll *c, struct rma_rx *rx)
+/* The window the next bytes of the body go to, and where in it, with the window lock held. */
+static struct rma_win *body_win(struct rma_tcp_coll *c, struct rma_rx *rx, uint64_t *off)
 {
-	if (rx->role == RMA_RX_TARGET) {
-		struct rma_win *w = rma_wins_get(&c->wins, rx->f.win);
+	struct rma_win *w;
 
-		return w ? w->base.base + rx->f.off + rx->body_got : NULL;
+	if (rx->role == RMA_RX_TARGET) {
+		w = rma_wins_get(&c->wins, rx->f.win);
+		*off = rx->f.off + rx->body_got;
 	} else {
 		struct rma_req *r = &rx->ctx->reqs[(uint32_t)rx->f.id];
 
-		return rma_wins_get(&c->wins, r->dst_win) ? r->dst + rx->body_got : NULL;
+		w = rma_wins_get(&c->wins, r->dst_win);
+		*off = w ? (uint64_t)(r->dst - w->base.base) + rx->body_got : 0;
 	}
+	return w;
+}
+
+/* Bytes off the socket into a window (a GPU one through the staging ring). */
+static ssize_t body_recv(struct rma_tcp_coll *c, struct rma_rx *rx, struct rma_win *w,
+			 uint64_t off, size_t want, int *err)
+{
+	char *dst = w->gpu ? rma_mem_stage(&c->gpu, want, &want) : w->base.base + off;
+	ssize_t n;
+
+	if (!dst) {
+		*err = -EIO;
+		return -1;
+	}
+	n = recv(rx->fd, dst, want, MSG_DONTWAIT);
+	*err = n < 0 ? -errno : 0;
+	if (n > 0 && w->gpu) {
+		rx->body_gpu = 1;
+		*err = rma_mem_land(&c->gpu, w, off, dst, (size_t)n);
+	}
+	return n;
+}
+
+/* The last byte of a body arrived. */
+static int body_done(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	int err = 0;
+
+	rx->in_body = 0;
+	if (rx->role != RMA_RX_REPLIES)
+		return 0;
+	/* A get into a GPU window is done once its copies are. */
+	if (rx->body_gpu && (err = rma_mem_sync(&c->gpu)))
+		return err;
+	atomic_store(&rx->ctx->reqs[(uint32_t)rx->f.id].state, RMA_REQ_DONE);
+	return 0;
 }
 
 /* Body bytes into their window: -EAGAIN when the socket is empty. */
 static int body_more(struct rma_tcp_coll *c, struct rma_rx *rx, size_t *budget)
 {
 	size_t want = (size_t)RAIL_MIN(rx->f.len - rx->body_got, RMA_APPLY_CHUNK);
+	struct rma_win *w;
+	uint64_t off;
 	ssize_t n = -1;
-	char *dst;
+	int err = 0;
 
 	pthread_mutex_lock(&c->wins.lock);
-	dst = body_dst(c, rx);
-	if (dst)
-		n = recv(rx->fd, dst, want, MSG_DONTWAIT);
+	w = body_win(c, rx, &off);
+	if (w)
+		n = body_recv(c, rx, w, off, want, &err);
 	pthread_mutex_unlock(&c->wins.lock);
-	if (!dst)
+	if (!w)
 		return frame_refuse(c, rx, REF_GONE, NULL);
+	if (err == -EIO) {
+		rx->logged = 1;
+		return err;
+	}
 	if (n == 0)
 		return -RAIL_ECLOSED;
 	if (n < 0)
-		return errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -errno;
+		return err == -EAGAIN || err == -EWOULDBLOCK ? -EAGAIN : err;
 	rx->body_got += (uint64_t)n;
 	*budget -= RAIL_MIN(*budget, (size_t)n);
-	if (rx->body_got == rx->f.len) {
-		rx->in_body = 0;
-		if (rx->role == RMA_RX_REPLIES)
-			atomic_store(&rx->ctx->reqs[(uint32_t)rx->f.id].state, RMA_REQ_DONE);
-	}
-	return 0;
+	if (rx->body_got == rx->f.len && (err = body_done(c, rx)))
+		rx->logged = 1;
+	return err;
 }
 
 static int header_more(struct rma_tcp_coll *c, struct rma_rx *rx)
@@ -337,6 +382,34 @@ static int rx_read(struct rma_tcp_coll *c, struct rma_rx *rx)
 	return err == -EAGAIN ? 0 : err;
 }
 
+#define RMA_REPLY_STAGE (1u << 20)	/* pinned bytes of a reply out of a GPU window */
+
+/*
+ * Where the reply's bytes from done on are, and how many of them, with the
+ * window lock held: the window itself, or for a GPU window the next piece
+ * copied out of it into the reader's pinned buffer.
+ */
+static const char *reply_src(struct rma_tcp_coll *c, struct rma_rx *rx, const struct rma_win *w,
+			     uint64_t done, size_t *want, int *err)
+{
+	if (!w->gpu)
+		return w->base.base + rx->roff + done;
+	if (done < rx->rstage_at || done >= rx->rstage_at + rx->rstage_len) {
+		size_t n = (size_t)RAIL_MIN(rx->rlen - done, RMA_REPLY_STAGE);
+
+		if (!rx->rstage && !(rx->rstage = rma_gpu_pinned(&c->gpu, RMA_REPLY_STAGE))) {
+			*err = -EIO;
+			return NULL;
+		}
+		if ((*err = rma_mem_read(&c->gpu, w, rx->roff + done, rx->rstage, n)))
+			return NULL;
+		rx->rstage_at = done;
+		rx->rstage_len = n;
+	}
+	*want = (size_t)RAIL_MIN(*want, rx->rstage_at + rx->rstage_len - done);
+	return rx->rstage + (done - rx->rstage_at);
+}
+
 /* Write more of the reply being sent: 0 (done or later), or -errno. */
 static int reply_more(struct rma_tcp_coll *c, struct rma_rx *rx)
 {
@@ -352,17 +425,23 @@ static int reply_more(struct rma_tcp_coll *c, struct rma_rx *rx)
 	while (!err && rx->rsent < RMA_FRAME_SIZE + rx->rlen) {
 		uint64_t done = rx->rsent - RMA_FRAME_SIZE;
 		size_t want = (size_t)RAIL_MIN(rx->rlen - done, RMA_APPLY_CHUNK);
+		const char *src = NULL;
 		struct rma_win *w;
 		ssize_t n = -1;
 
 		pthread_mutex_lock(&c->wins.lock);
 		w = rma_wins_get(&c->wins, rx->rwin);
 		if (w)
-			n = send(rx->fd, w->base.base + rx->roff + done, want,
-				 MSG_DONTWAIT | MSG_NOSIGNAL);
+			src = reply_src(c, rx, w, done, &want, &err);
+		if (src)
+			n = send(rx->fd, src, want, MSG_DONTWAIT | MSG_NOSIGNAL);
 		pthread_mutex_unlock(&c->wins.lock);
 		if (!w)
 			return frame_refuse(c, rx, REF_GONE, NULL);
+		if (err) {
+			rx->logged = 1;
+			return err;
+		}
 		if (n < 0)
 			err = errno == EAGAIN || errno == EWOULDBLOCK ? -EAGAIN : -errno;
 		else

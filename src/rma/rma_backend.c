@@ -9,8 +9,8 @@ const struct rail_rma_ops *rail_rma_backend(const char *transport, char *why, si
 {
 	if (!strcmp(transport, "tcp")) {
 		snprintf(why, why_len, "the net transport is tcp: one ordered stream per context "
-			 "and peer, puts and signals applied by the target's thread; host memory "
-			 "only so far (GPU windows are refused)");
+			 "and peer, puts and signals applied by the target's thread; GPU windows "
+			 "through the CUDA driver and pinned staging");
 		return &rail_rma_tcp_ops;
 	}
 	snprintf(why, why_len, "this build has no RMA backend for the %s transport yet (the "

@@ -25,6 +25,7 @@ void rma_wins_init(struct rma_wins *t)
 
 static void win_free(struct rma_win *w)
 {
+	free(w->shadow);
 	free(w->peer_base);
 	free(w->peer_size);
 	free(w);
@@ -45,31 +46,26 @@ struct rma_win *rma_wins_get(struct rma_wins *t, uint32_t index)
 	return index < t->n && index < t->cap ? t->v[index] : NULL;
 }
 
-/* Why this rank cannot register the window, or 0. */
-static int reg_check(const struct rma_mesh *m, void *data, size_t size, int type, int fd,
-		     const char *call)
+/* Why this rank cannot register the window, or 0; *gpu: device memory. */
+static int reg_check(const struct rma_mesh *m, struct rma_gpu *g, void *data, size_t size,
+		     int type, int fd, const char *call, int *gpu)
 {
-	if (type == RAIL_PTR_CUDA) {
-		RAIL_WARN("RMA %s(%p, %zu bytes) on device %d (rank %d of %d): GPU memory "
-			  "(NCCL_PTR_CUDA) is not served by the TCP RMA backend yet, host memory "
-			  "only; NCCL registers its signals and windows in GPU memory, so set "
-			  "NCCL_RAIL_RMA=0 to let NCCL use another RMA backend", call, data, size,
-			  m->dev, m->rank, m->nranks);
-		return -EOPNOTSUPP;
-	}
-	if (type != RAIL_PTR_HOST || fd >= 0 || (!data && size)) {
+	*gpu = 0;
+	if ((type != RAIL_PTR_HOST && type != RAIL_PTR_CUDA) || fd >= 0 || (!data && size)) {
 		RAIL_WARN("RMA %s(%p, %zu bytes, type 0x%x, fd %d) on device %d (rank %d of %d): "
 			  "%s", call, data, size, (unsigned)type, fd, m->dev, m->rank, m->nranks,
 			  fd >= 0 ? "DMA-BUF registration is not offered (ptrSupport has no DMABUF)"
-			  : type != RAIL_PTR_HOST ? "unknown pointer type"
+			  : type != RAIL_PTR_HOST && type != RAIL_PTR_CUDA ? "unknown pointer type"
 			  : "no memory at a NULL address");
 		return -EINVAL;
 	}
+	if (type == RAIL_PTR_CUDA && size)
+		return rma_gpu_win(g, data, size, call, gpu);
 	return 0;
 }
 
 static struct rma_win *win_new(struct rail_rma_coll *coll, int nranks, void *data, size_t size,
-			       int type, uint64_t flags)
+			       int type, uint64_t flags, int gpu)
 {
 	struct rma_win *w = calloc(1, sizeof(*w));
 
@@ -77,6 +73,13 @@ static struct rma_win *win_new(struct rail_rma_coll *coll, int nranks, void *dat
 		return NULL;
 	w->base = (struct rail_rma_mr){ .coll = coll, .type = type, .flags = flags,
 					.base = data, .size = size };
+	w->gpu = gpu;
+	/* Only this plugin writes such a word, from 0: its value is known here. */
+	if (gpu && (flags & RAIL_RMA_MR_SIGNAL_NEVER_RESET) &&
+	    !(w->shadow = calloc(size / 8 + 1, sizeof(uint64_t)))) {
+		free(w);
+		return NULL;
+	}
 	w->peer_base = calloc((size_t)nranks, sizeof(uint64_t));
 	w->peer_size = calloc((size_t)nranks, sizeof(uint64_t));
 	if (!w->peer_base || !w->peer_size) {
@@ -143,17 +146,18 @@ static int reg_agree(const struct rma_mesh *m, const struct rma_record *all, uin
 	return 0;
 }
 
-int rma_wins_reg(struct rma_wins *t, struct rma_mesh *m, struct rail_rma_coll *coll, void *data,
-		 size_t size, int type, uint64_t flags, int fd, struct rma_win **out)
+int rma_wins_reg(struct rma_wins *t, struct rma_mesh *m, struct rma_gpu *g,
+		 struct rail_rma_coll *coll, void *data, size_t size, int type, uint64_t flags,
+		 int fd, struct rma_win **out)
 {
 	const char *call = fd < 0 ? "regMrSym" : "regMrSymDmaBuf";
 	struct rma_record mine = { .nranks = (uint32_t)m->nranks, .base = (uintptr_t)data,
 				   .size = size };
 	struct rma_record *all = calloc((size_t)m->nranks, sizeof(*all));
 	struct rma_win *w = NULL;
-	int err = reg_check(m, data, size, type, fd, call);
+	int gpu, err = reg_check(m, g, data, size, type, fd, call, &gpu);
 
-	if (!err && !(w = win_new(coll, m->nranks, data, size, type, flags)))
+	if (!err && !(w = win_new(coll, m->nranks, data, size, type, flags, gpu)))
 		err = -ENOMEM;
 	if (win_put(t, w, &mine.index) && w) {
 		win_free(w);

@@ -10,7 +10,12 @@
  * from post, test and rmaProgress. A put is done once its bytes are on the
  * socket (its source may be reused: NCCL's local completion); a get once
  * the applier landed the reply. To oneself, a put, a signal and a get are
- * memory copies and an atomic add, done before post returns.
+ * memory copies and an add, done before post returns (rma_mem.c).
+ *
+ * A put out of a GPU window is sent in pieces: each is copied into the
+ * stream's pinned buffer on the context's own non-blocking stream, waited
+ * for, then written to the socket, so the put is done once its last piece
+ * has left (its source is then reusable).
  *
  * Every range is checked here before anything is sent: the source against
  * this rank's window, the destination against the peer's copy (its size
@@ -26,6 +31,7 @@
 
 #define RMA_REQS_PER_PEER 64	/* NCCL keeps 32 x maxRecvs (1) per (context, peer) */
 #define RMA_REQS_MAX 65535	/* the API's request handle has 16 bits for the index */
+#define RMA_SEND_STAGE (512u << 10)	/* pinned bytes per stream for puts out of the GPU */
 
 static const char *kind_call(const struct rma_req *r, int signal)
 {
@@ -90,6 +96,7 @@ static void stream_pop(struct rma_tcp_ctx *x, struct rma_stream *s, struct rma_r
 	s->qhead = r->next;
 	if (s->qhead == RMA_NONE)
 		s->qtail = RMA_NONE;
+	s->stage_at = s->stage_len = 0;
 	if (r->kind != RAIL_RMA_GET) {
 		atomic_store(&r->state, RMA_REQ_DONE);
 		return;
@@ -102,6 +109,30 @@ static void stream_pop(struct rma_tcp_ctx *x, struct rma_stream *s, struct rma_r
 		atomic_compare_exchange_strong(&r->state, &st, RMA_REQ_FAILED);
 	}
 	(void)x;
+}
+
+/*
+ * The GPU bytes of r from pos on, as an iov: the piece staged already, or
+ * the next one copied out of the GPU into the stream's pinned buffer first.
+ */
+static int stage_next(struct rma_tcp_ctx *x, struct rma_stream *s, const struct rma_req *r,
+		      size_t pos, struct iovec *iov)
+{
+	const struct iovec *g = &r->iov[r->gpu_iov];
+
+	if (pos < s->stage_at || pos >= s->stage_at + s->stage_len) {
+		size_t n = RAIL_MIN(g->iov_len - pos, RMA_SEND_STAGE);
+		int err = rma_mem_stage_out(&x->coll->gpu, x->stream, s->stage,
+					    (const char *)g->iov_base + pos, n);
+
+		if (err)
+			return err;
+		s->stage_at = pos;
+		s->stage_len = n;
+	}
+	iov->iov_base = s->stage + (pos - s->stage_at);
+	iov->iov_len = s->stage_at + s->stage_len - pos;
+	return 0;
 }
 
 /* Write what the socket takes: 0, or -errno (the stream failed). */
@@ -118,6 +149,15 @@ static int stream_send(struct rma_tcp_ctx *x, struct rma_stream *s, int context,
 			if (skip >= r->iov[i].iov_len) {
 				skip -= r->iov[i].iov_len;
 				continue;
+			}
+			if (i == r->gpu_iov) {
+				int err = stage_next(x, s, r, skip, &iov[msg.msg_iovlen++]);
+
+				if (err) {
+					stream_fail(x, s, context, peer, err);
+					return err;
+				}
+				break;	/* what follows waits for these bytes */
 			}
 			iov[msg.msg_iovlen].iov_base = (char *)r->iov[i].iov_base + skip;
 			iov[msg.msg_iovlen++].iov_len = r->iov[i].iov_len - skip;
@@ -211,6 +251,7 @@ static struct rma_req *req_get(struct rma_tcp_ctx *x, const struct rail_rma_op *
 	r->context = op->context;
 	r->next = RMA_NONE;
 	r->niov = 0;
+	r->gpu_iov = -1;
 	r->sent = r->total = 0;
 	r->dst = NULL;
 	r->len = r->landed = 0;
@@ -218,18 +259,38 @@ static struct rma_req *req_get(struct rma_tcp_ctx *x, const struct rail_rma_op *
 	return r;
 }
 
-/* To this rank itself: copies and the add, at once, in program order. */
-static void op_self(const struct rail_rma_op *op)
+/*
+ * To this rank itself: the copy and the add in program order, done before
+ * post returns (GPU copies and signal writes on the collComm's stream,
+ * behind whatever the applier queued there, then waited for).
+ */
+static int op_self(struct rma_tcp_ctx *x, const struct rail_rma_op *op)
 {
+	struct rma_gpu *g = &x->coll->gpu;
+	const struct rma_win *lw = (const struct rma_win *)op->local;
+	const struct rma_win *rw = (const struct rma_win *)op->remote;
+	const struct rma_win *sw = (const struct rma_win *)op->sig;
+	int err = 0;
+
 	if (op->size && op->kind == RAIL_RMA_PUT)
-		memmove(op->remote->base + op->remote_off, op->local->base + op->local_off,
-			op->size);
+		err = rma_mem_copy(g, rw, op->remote_off, lw, op->local_off, op->size);
 	else if (op->size)
-		memmove(op->local->base + op->local_off, op->remote->base + op->remote_off,
-			op->size);
-	if (op->sig)
-		__atomic_fetch_add((uint64_t *)(void *)(op->sig->base + op->sig_off), op->sig_add,
-				   __ATOMIC_SEQ_CST);
+		err = rma_mem_copy(g, lw, op->local_off, rw, op->remote_off, op->size);
+	if (!err && sw)
+		err = rma_mem_signal(g, sw, op->sig_off, op->sig_add);
+	if (!err && ((lw && lw->gpu) || (rw && rw->gpu) || (sw && sw->gpu)))
+		err = rma_mem_sync(g);
+	return err;
+}
+
+/* A put out of a GPU window needs the context's stream and the stream's staging. */
+static int gpu_send_ready(struct rma_tcp_ctx *x, struct rma_stream *s)
+{
+	if (!x->stream && rma_gpu_stream(&x->coll->gpu, &x->stream))
+		return -EIO;
+	if (!s->stage && !(s->stage = rma_gpu_pinned(&x->coll->gpu, RMA_SEND_STAGE)))
+		return -EIO;
+	return 0;
 }
 
 static void iov_add(struct rma_req *r, void *base, size_t len)
@@ -263,6 +324,8 @@ static void op_frames(struct rma_req *r, const struct rail_rma_op *op, uint32_t 
 		rma_frame_encode(&f, r->hdr[0]);
 		iov_add(r, r->hdr[0], RMA_FRAME_SIZE);
 		iov_add(r, op->local->base + op->local_off, op->size);
+		if (((const struct rma_win *)op->local)->gpu)
+			r->gpu_iov = r->niov - 1;	/* never read here: staged as it is sent */
 	}
 	if (op->sig) {
 		f = (struct rma_frame){ .op = RMA_OP_SIGNAL, .win = op->sig->index,
@@ -286,6 +349,8 @@ static int op_queue(struct rma_tcp_ctx *x, struct rma_req *r, const struct rail_
 		return err;
 	}
 	op_frames(r, op, idx);
+	if (r->gpu_iov >= 0 && (err = gpu_send_ready(x, s)))
+		return err;
 	if (!r->total) {
 		atomic_store(&r->state, RMA_REQ_DONE);	/* a put of nothing, with no signal */
 		return 0;
@@ -317,10 +382,9 @@ int rma_send_post(struct rma_tcp_ctx *x, const struct rail_rma_op *op, uint32_t 
 		return err;
 	}
 	i = (uint32_t)(r - x->reqs);
-	if (op->peer == x->coll->base.rank) {
-		op_self(op);
+	if (op->peer == x->coll->base.rank && !(err = op_self(x, op))) {
 		atomic_store(&r->state, RMA_REQ_DONE);
-	} else if ((err = op_queue(x, r, op, i))) {
+	} else if (err || (err = op_queue(x, r, op, i))) {
 		r->next = x->free_head;
 		x->free_head = i;
 		pthread_mutex_unlock(&x->lock);

@@ -90,6 +90,7 @@ static int tcp_rma_close_coll(struct rail_rma_coll *base)
 	rma_apply_stop(c);
 	rma_mesh_fini(&c->mesh);
 	rma_wins_fini(&c->wins);
+	rma_gpu_fini(&c->gpu);
 	free(c);
 	rail_comm_live_add(-1);
 	return 0;
@@ -106,6 +107,7 @@ static int tcp_rma_connect(struct rail_rma_listen *l, void *const *handles, int 
 	c->base = (struct rail_rma_coll){ .dev = l->dev, .nranks = nranks, .rank = rank,
 					  .ops = &rail_rma_tcp_ops };
 	rma_wins_init(&c->wins);
+	rma_gpu_init(&c->gpu, l->dev, rank, nranks);
 	rail_comm_live_add(1);
 	err = rma_mesh_init(&c->mesh, (const struct rma_tcp_listen *)l, handles, nranks, rank);
 	if (!err && nranks > 1)
@@ -138,10 +140,15 @@ static int tcp_rma_destroy_ctx(struct rail_rma_ctx *base)
 		if (x->streams[i].in_fd >= 0)
 			close(x->streams[i].in_fd);
 	}
-	for (int i = 0; i < x->nrx; i++)
+	for (int i = 0; x->streams && i < n; i++)
+		rma_gpu_pinned_free(&x->coll->gpu, x->streams[i].stage);
+	for (int i = 0; i < x->nrx; i++) {
+		rma_gpu_pinned_free(&x->coll->gpu, x->rx[i]->rstage);
 		free(x->rx[i]);
+	}
 	free(x->rx);
 	free(x->streams);
+	rma_gpu_stream_free(&x->coll->gpu, x->stream);
 	if (x->reqs)
 		rma_send_fini(x);
 	free(x);
@@ -245,7 +252,7 @@ static int tcp_rma_reg(struct rail_rma_coll *base, void *data, size_t size, int 
 	int err;
 
 	(void)offset;
-	err = rma_wins_reg(&c->wins, &c->mesh, base, data, size, type, flags, fd, &w);
+	err = rma_wins_reg(&c->wins, &c->mesh, &c->gpu, base, data, size, type, flags, fd, &w);
 	if (!err)
 		*out = &w->base;
 	return err;
@@ -253,8 +260,12 @@ static int tcp_rma_reg(struct rail_rma_coll *base, void *data, size_t size, int 
 
 static int tcp_rma_dereg(struct rail_rma_coll *base, struct rail_rma_mr *mr)
 {
-	rma_wins_dereg(&((struct rma_tcp_coll *)base)->wins, (struct rma_win *)mr);
-	return 0;
+	struct rma_tcp_coll *c = (struct rma_tcp_coll *)base;
+	int gpu = ((struct rma_win *)mr)->gpu;
+
+	rma_wins_dereg(&c->wins, (struct rma_win *)mr);
+	/* No copy queued before may still write into memory NCCL frees next. */
+	return gpu ? rma_mem_sync(&c->gpu) : 0;
 }
 
 static int tcp_rma_post(struct rail_rma_ctx *x, const struct rail_rma_op *op, uint32_t *idx,
@@ -264,9 +275,9 @@ static int tcp_rma_post(struct rail_rma_ctx *x, const struct rail_rma_op *op, ui
 }
 
 /*
- * A get is done only once its bytes are in memory (host memory: written by
- * the applier before it marks the request done), so there is never anything
- * left to flush.
+ * A get is done only once its bytes are in memory (written by the applier,
+ * and for a GPU window its copies waited for, before it marks the request
+ * done), so there is never anything left to flush.
  */
 static int tcp_rma_flush(struct rail_rma_ctx *x, int context, const struct rail_rma_mr *mr,
 			 uint32_t *idx, uint32_t *stamp)

@@ -31,9 +31,11 @@
  * peer, the call and the window, and nothing is written.
  *
  * Threads. One applier thread per collComm (rma_apply.c) reads every
- * socket of the group with epoll: puts land straight into the window,
+ * socket of the group with epoll: puts land straight into a host window,
  * signals are atomic adds, gets are answered without blocking, replies to
- * this rank's gets land in their buffers. NCCL's threads post and test
+ * this rank's gets land in their buffers. GPU windows are reached through
+ * rma_mem.c only: copies and signal writes in order on the collComm's one
+ * CUDA stream, so a signal still follows every byte before it. NCCL's threads post and test
  * (rma_send.c) under the context's lock; windows are looked up under the
  * collComm's window lock, held while bytes are written to or read from a
  * window, so that deregMrSym never races with a frame.
@@ -44,6 +46,7 @@
  * (test/check-layering.sh -t src/rma/rma_tcp.h, make test-layering).
  *
  *   0.0  rma_wire     every format exchanged between ranks: pure codecs
+ *   0.1  rma_mem      a window's bytes: host directly, GPU through the CUDA driver and staging
  *   1.0  rma_mesh     sockets between the ranks: listen, links to a set of peers, exchanges
  *   1.1  rma_mr       the windows of a collComm: the table, bounds, registration
  *   2.0  rma_apply    the target side: the applier thread of a collComm
@@ -59,6 +62,7 @@
 #include <stdint.h>
 #include <sys/uio.h>
 
+#include "cuda.h"
 #include "rma/rma.h"
 #include "sock.h"
 
@@ -186,9 +190,57 @@ const char *rma_mesh_peer(const struct rma_mesh *m, int peer, char *buf, size_t 
 
 struct rma_win {
 	struct rail_rma_mr base;
+	int gpu;		/* device memory: reached through the CUDA driver only (rma_mem.c) */
+	uint64_t *shadow;	/* gpu and SIGNAL_NEVER_RESET: every signal word's value */
 	uint64_t *peer_base;	/* [rank]: every rank's copy */
 	uint64_t *peer_size;
 };
+
+/* ---- a window's bytes (rma_mem.c) ---- */
+
+/* A collComm's way into its GPU windows, started at the first one. */
+struct rma_gpu {
+	pthread_mutex_t lock;	/* the stream's order, the ring, the shadows */
+	const struct rail_cuda *cu;
+	rail_cu_ctx ctx;	/* captured on NCCL's thread, set by every thread before a call */
+	rail_cu_stream stream;	/* every write into this rank's GPU windows, in order */
+	char *stage;		/* pinned ring: the applier's bytes on their way to the GPU */
+	size_t stage_size, stage_pos;
+	uint64_t *word;		/* pinned: a signal word read back */
+	int pending;		/* work queued on the stream since its last synchronize */
+	int dev, rank, nranks;	/* for messages */
+};
+
+void rma_gpu_init(struct rma_gpu *g, int dev, int rank, int nranks);
+void rma_gpu_fini(struct rma_gpu *g);
+/*
+ * A window of NCCL_PTR_CUDA memory (NCCL's thread): starts the driver, the
+ * context, the stream, or refuses naming why; *gpu = 1 for device memory.
+ */
+int rma_gpu_win(struct rma_gpu *g, void *data, size_t size, const char *call, int *gpu);
+/* A stream of the caller's own, and pinned memory (for the initiator's staging). */
+int rma_gpu_stream(struct rma_gpu *g, rail_cu_stream *s);
+void rma_gpu_stream_free(struct rma_gpu *g, rail_cu_stream s);
+void *rma_gpu_pinned(struct rma_gpu *g, size_t size);
+void rma_gpu_pinned_free(struct rma_gpu *g, void *p);
+/* Room in the staging ring for up to want bytes (the applier's thread only). */
+char *rma_mem_stage(struct rma_gpu *g, size_t want, size_t *room);
+/* Staged bytes into a GPU window at off, queued on the stream. */
+int rma_mem_land(struct rma_gpu *g, const struct rma_win *w, uint64_t off, const char *staged,
+		 size_t n);
+/* add to the signal word at off, after every write queued before it. */
+int rma_mem_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, uint64_t add);
+/* n bytes of a window into host memory (pinned for a GPU window), after the writes before. */
+int rma_mem_read(struct rma_gpu *g, const struct rma_win *w, uint64_t off, void *pinned,
+		 size_t n);
+/* Window to window on this rank (queued: rma_mem_sync before the bytes are used). */
+int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
+		 const struct rma_win *sw, uint64_t soff, size_t n);
+/* Everything queued on the collComm's stream is done. */
+int rma_mem_sync(struct rma_gpu *g);
+/* A put's source out of the GPU into pinned memory, on stream s, waited for. */
+int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
+		      size_t n);
 
 struct rma_wins {
 	pthread_mutex_t lock;	/* the table, and any access to a window's bytes by the applier */
@@ -200,8 +252,9 @@ struct rma_wins {
 void rma_wins_init(struct rma_wins *t);
 void rma_wins_fini(struct rma_wins *t);
 /* Collective: register (status, index, base, size exchanged; all fail together). */
-int rma_wins_reg(struct rma_wins *t, struct rma_mesh *m, struct rail_rma_coll *coll, void *data,
-		 size_t size, int type, uint64_t flags, int fd, struct rma_win **out);
+int rma_wins_reg(struct rma_wins *t, struct rma_mesh *m, struct rma_gpu *g,
+		 struct rail_rma_coll *coll, void *data, size_t size, int type, uint64_t flags,
+		 int fd, struct rma_win **out);
 void rma_wins_dereg(struct rma_wins *t, struct rma_win *w);
 /* With t->lock held: the live window of index, or NULL. */
 struct rma_win *rma_wins_get(struct rma_wins *t, uint32_t index);
@@ -229,6 +282,7 @@ struct rma_req {
 	uint8_t hdr[2][RMA_FRAME_SIZE];
 	struct iovec iov[3];
 	int niov;
+	int gpu_iov;		/* the iov in GPU memory (staged as it is sent), or -1 */
 	size_t sent, total;	/* bytes of iov on the socket */
 	/* A get: where the reply lands (the applier's), and its window. */
 	char *dst;
@@ -244,6 +298,8 @@ struct rma_stream {
 	uint32_t qhead, qtail;	/* requests with bytes left to send, in order */
 	int err;		/* the stream failed: every later operation fails */
 	atomic_int broken;	/* the applier found it failed (its gets cannot be answered) */
+	char *stage;		/* pinned: the head request's GPU bytes being sent */
+	size_t stage_at, stage_len;	/* which of them: [at, at + len) of its GPU iov */
 };
 
 struct rma_tcp_coll;
@@ -260,6 +316,7 @@ struct rma_tcp_ctx {
 	uint32_t stamp;
 	struct rma_rx **rx;	/* the applier's readers of this context's sockets */
 	int nrx;
+	rail_cu_stream stream;	/* the initiator's copies out of GPU windows */
 };
 
 struct rma_applier;
@@ -268,6 +325,7 @@ struct rma_tcp_coll {
 	struct rail_rma_coll base;
 	struct rma_mesh mesh;
 	struct rma_wins wins;
+	struct rma_gpu gpu;
 	struct rma_applier *ap;
 	atomic_int err;		/* the first error of the group (negative errno) */
 	uint32_t ctx_seq;
@@ -294,6 +352,9 @@ struct rma_rx {
 	uint64_t roff, rlen, rsent;
 	uint32_t rwin;
 	int replying;
+	char *rstage;		/* pinned: a reply's bytes out of a GPU window */
+	uint64_t rstage_at, rstage_len;	/* which of them */
+	int body_gpu;		/* the body being read lands in a GPU window */
 	int dead;
 	int logged;		/* the failure was logged where it was understood */
 };

@@ -247,7 +247,8 @@ static void test_devices_are_the_net_ones(void **state)
 	(void)state;
 	unit_log_reset();
 	assert_int_equal(rma->init(&ctx, 1, unit_log_sink), ncclSuccess);
-	unit_assert_logged2(RAIL_LOG_INFO, "RMA (ABI v14): served by the tcp backend", "host memory");
+	unit_assert_logged2(RAIL_LOG_INFO, "RMA (ABI v14): served by the tcp backend",
+			    "GPU windows through the CUDA driver");
 	assert_int_equal(net->init(&nctx, 2, NULL, unit_log_sink, NULL), ncclSuccess);
 	assert_int_equal(rma->devices(&nr), ncclSuccess);
 	assert_int_equal(net->devices(&nn), ncclSuccess);
@@ -606,8 +607,10 @@ static void test_out_of_bounds_refused(void **state)
 }
 
 /*
- * GPU memory is not served yet: every rank's regMrSym of NCCL_PTR_CUDA
- * fails at once (not after a timeout), naming the call and the type.
+ * GPU memory without a CUDA driver in the process (none is loaded here,
+ * and NCCL_RAIL_CUDA_LIB is unset): every rank's regMrSym of NCCL_PTR_CUDA
+ * fails at once (not after a timeout), naming the call, the type and what
+ * is missing. test_rma_cuda serves it through the fake driver.
  */
 static void body_cuda(struct rank *r)
 {
@@ -627,8 +630,8 @@ static void test_cuda_refused(void **state)
 	(void)state;
 	unit_log_reset();
 	run_group(2, 1, 1, 4096, body_cuda);
-	unit_assert_logged2(RAIL_LOG_WARN, "RMA regMrSym(", "(NCCL_PTR_CUDA) is not served by "
-			    "the TCP RMA backend yet");
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA regMrSym(", "(NCCL_PTR_CUDA) needs the CUDA "
+			    "driver, and libcuda.so.1 is not loaded in this process");
 }
 
 /* Handles of another kind or already closed are refused with a WARN, never followed. */

@@ -1,0 +1,350 @@
+/*
+ * nccl-net-rail: how the TCP RMA backend reaches a window's bytes
+ * (rma_tcp.h): host windows directly, GPU windows through the CUDA driver
+ * (src/cuda.h) and pinned host staging, never by dereferencing a device
+ * address.
+ *
+ * Every write into this rank's GPU windows, whoever makes it (the applier
+ * for peers' puts, signals and this rank's get replies; NCCL's thread for
+ * operations to itself), goes on the collComm's one non-blocking stream,
+ * under its lock: a signal written with cuStreamWriteValue64 behind the
+ * copies of the puts before it can never be seen before their bytes, and
+ * two writers of one signal word write their values in the order they
+ * computed them. A signal word of a window registered SIGNAL_NEVER_RESET
+ * is only ever written here, so its value is kept in a host shadow;
+ * another is read back (DtoH, after every write before it) and written
+ * with the sum. A signal into a host window first waits for the GPU
+ * copies still in flight, so that it too comes after their bytes.
+ *
+ * The staging ring takes the bytes the applier reads from its sockets
+ * (one thread): a recv lands at the ring's position, its HtoD copy is
+ * queued, and the ring starts over after a stream synchronize once it is
+ * full, so that no byte is overwritten while a copy may still read it.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda.h"
+#include "log.h"
+#include "rail.h"
+#include "rma/rma_tcp.h"
+
+#define RMA_STAGE_RING (8u << 20)	/* pinned bytes for the applier's copies into the GPU */
+#define RMA_STAGE_MIN (64u << 10)	/* less room than this left: start the ring over */
+
+void rma_gpu_init(struct rma_gpu *g, int dev, int rank, int nranks)
+{
+	memset(g, 0, sizeof(*g));
+	pthread_mutex_init(&g->lock, NULL);
+	g->dev = dev;
+	g->rank = rank;
+	g->nranks = nranks;
+}
+
+/* A driver call failed: say what, where, and what to try. */
+static int cu_fail(const struct rma_gpu *g, const char *what, rail_cu_result r)
+{
+	RAIL_WARN("RMA on GPU memory (rank %d of %d, device %d): %s failed: %s; the operation "
+		  "fails (NCCL_RAIL_RMA=0 lets NCCL use another RMA backend)", g->rank, g->nranks,
+		  g->dev, what, RAIL_CUSTR(g->cu, r));
+	return -EIO;
+}
+
+/* NCCL's progress threads and the applier have no current context: set the captured one. */
+static int cu_enter(const struct rma_gpu *g)
+{
+	rail_cu_result r = g->cu->ctx_set_current(g->ctx);
+
+	return r == RAIL_CU_SUCCESS ? 0 : cu_fail(g, "cuCtxSetCurrent", r);
+}
+
+void rma_gpu_fini(struct rma_gpu *g)
+{
+	if (g->cu && !cu_enter(g)) {
+		if (g->stream) {
+			g->cu->stream_synchronize(g->stream);
+			g->cu->stream_destroy(g->stream);
+		}
+		if (g->stage)
+			g->cu->mem_free_host(g->stage);
+		if (g->word)
+			g->cu->mem_free_host(g->word);
+	}
+	pthread_mutex_destroy(&g->lock);
+}
+
+/* The driver, the context, the stream and the staging: once, on NCCL's thread. Holds g->lock. */
+static int gpu_start(struct rma_gpu *g, const char *call, void *data, size_t size)
+{
+	char why[320];
+	rail_cu_stream s;
+	rail_cu_result r;
+
+	if (g->stream)
+		return 0;
+	g->cu = rail_cuda_get(why, sizeof(why));
+	if (!g->cu) {
+		RAIL_WARN("RMA %s(%p, %zu bytes) on device %d (rank %d of %d): GPU memory "
+			  "(NCCL_PTR_CUDA) needs the CUDA driver, and %s; set NCCL_RAIL_RMA=0 to let "
+			  "NCCL use another RMA backend", call, data, size, g->dev, g->rank, g->nranks,
+			  why);
+		return -EOPNOTSUPP;
+	}
+	g->ctx = rail_cuda_ctx(g->cu);
+	if (!g->ctx) {
+		RAIL_WARN("RMA %s(%p, %zu bytes) on device %d (rank %d of %d): GPU memory, but no "
+			  "CUDA context is current on this thread, nor was one at RMA init", call, data,
+			  size, g->dev, g->rank, g->nranks);
+		return -EINVAL;
+	}
+	if (cu_enter(g))
+		return -EIO;
+	/* A failure is tried again at the next GPU window: keep what was made. */
+	if (!g->stage && (r = g->cu->mem_host_alloc((void **)&g->stage, RMA_STAGE_RING,
+						    RAIL_CU_MEMHOSTALLOC_PORTABLE)))
+		return cu_fail(g, "cuMemHostAlloc of the staging ring", r);
+	if (!g->word && (r = g->cu->mem_host_alloc((void **)&g->word, 8,
+						   RAIL_CU_MEMHOSTALLOC_PORTABLE)))
+		return cu_fail(g, "cuMemHostAlloc of a signal word", r);
+	g->stage_size = RMA_STAGE_RING;
+	if ((r = g->cu->stream_create(&s, RAIL_CU_STREAM_NON_BLOCKING)))
+		return cu_fail(g, "cuStreamCreate", r);
+	__atomic_store_n(&g->stream, s, __ATOMIC_RELEASE);	/* read without the lock */
+	return 0;
+}
+
+int rma_gpu_win(struct rma_gpu *g, void *data, size_t size, const char *call, int *gpu)
+{
+	unsigned int type = 0;
+	rail_cu_result r;
+	int err;
+
+	pthread_mutex_lock(&g->lock);
+	err = gpu_start(g, call, data, size);
+	if (!err && (r = g->cu->pointer_get_attribute(&type, RAIL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+						      (rail_cu_ptr)(uintptr_t)data))) {
+		RAIL_WARN("RMA %s(%p, %zu bytes) on device %d (rank %d of %d): NCCL_PTR_CUDA memory "
+			  "the CUDA driver does not know: %s", call, data, size, g->dev, g->rank,
+			  g->nranks, RAIL_CUSTR(g->cu, r));
+		err = -EINVAL;
+	}
+	pthread_mutex_unlock(&g->lock);
+	if (!err)
+		*gpu = type == RAIL_CU_MEMORYTYPE_DEVICE;	/* host memory the GPU maps: direct */
+	return err;
+}
+
+int rma_gpu_stream(struct rma_gpu *g, rail_cu_stream *s)
+{
+	rail_cu_result r;
+
+	if (cu_enter(g))
+		return -EIO;
+	r = g->cu->stream_create(s, RAIL_CU_STREAM_NON_BLOCKING);
+	return r ? cu_fail(g, "cuStreamCreate", r) : 0;
+}
+
+void rma_gpu_stream_free(struct rma_gpu *g, rail_cu_stream s)
+{
+	if (s && !cu_enter(g)) {
+		g->cu->stream_synchronize(s);
+		g->cu->stream_destroy(s);
+	}
+}
+
+void *rma_gpu_pinned(struct rma_gpu *g, size_t size)
+{
+	void *p = NULL;
+	rail_cu_result r;
+
+	if (cu_enter(g))
+		return NULL;
+	r = g->cu->mem_host_alloc(&p, size, RAIL_CU_MEMHOSTALLOC_PORTABLE);
+	if (r) {
+		cu_fail(g, "cuMemHostAlloc", r);
+		return NULL;
+	}
+	return p;
+}
+
+void rma_gpu_pinned_free(struct rma_gpu *g, void *p)
+{
+	if (p && !cu_enter(g))
+		g->cu->mem_free_host(p);
+}
+
+/* Wait for everything queued on the stream. Holds g->lock. */
+static int gpu_sync(struct rma_gpu *g)
+{
+	rail_cu_result r;
+
+	if (!g->pending)
+		return 0;
+	if (cu_enter(g))
+		return -EIO;
+	r = g->cu->stream_synchronize(g->stream);
+	if (r)
+		return cu_fail(g, "cuStreamSynchronize", r);
+	g->pending = 0;
+	g->stage_pos = 0;
+	return 0;
+}
+
+int rma_mem_sync(struct rma_gpu *g)
+{
+	int err;
+
+	if (!__atomic_load_n(&g->stream, __ATOMIC_ACQUIRE))
+		return 0;
+	pthread_mutex_lock(&g->lock);
+	err = gpu_sync(g);
+	pthread_mutex_unlock(&g->lock);
+	return err;
+}
+
+char *rma_mem_stage(struct rma_gpu *g, size_t want, size_t *room)
+{
+	char *p = NULL;
+
+	pthread_mutex_lock(&g->lock);
+	if (g->stage_size - g->stage_pos < RAIL_MIN(want, RMA_STAGE_MIN) && gpu_sync(g))
+		goto out;
+	if (g->stage_size - g->stage_pos < RAIL_MIN(want, RMA_STAGE_MIN))
+		g->stage_pos = 0;	/* nothing pending: every byte of the ring is free */
+	*room = RAIL_MIN(want, g->stage_size - g->stage_pos);
+	p = g->stage + g->stage_pos;
+out:
+	pthread_mutex_unlock(&g->lock);
+	return p;
+}
+
+int rma_mem_land(struct rma_gpu *g, const struct rma_win *w, uint64_t off, const char *staged,
+		 size_t n)
+{
+	rail_cu_result r = RAIL_CU_SUCCESS;
+	int err;
+
+	pthread_mutex_lock(&g->lock);
+	err = cu_enter(g);
+	if (!err)
+		r = g->cu->memcpy_htod_async((rail_cu_ptr)(uintptr_t)(w->base.base + off), staged,
+					     n, g->stream);
+	if (!err && r)
+		err = cu_fail(g, "cuMemcpyHtoDAsync into a window", r);
+	if (!err) {
+		g->pending = 1;
+		if (staged == g->stage + g->stage_pos)
+			g->stage_pos += n;
+	}
+	pthread_mutex_unlock(&g->lock);
+	return err;
+}
+
+/* A GPU signal word: shadow or read back, plus add, written behind what came before. */
+static int gpu_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, uint64_t add)
+{
+	rail_cu_ptr p = (rail_cu_ptr)(uintptr_t)(w->base.base + off);
+	uint64_t v;
+	rail_cu_result r;
+
+	if (cu_enter(g))
+		return -EIO;
+	if (w->shadow) {
+		v = (w->shadow[off / 8] += add);
+	} else {
+		r = g->cu->memcpy_dtoh_async(g->word, p, 8, g->stream);
+		if (r)
+			return cu_fail(g, "cuMemcpyDtoHAsync of a signal word", r);
+		g->pending = 1;
+		if (gpu_sync(g))
+			return -EIO;
+		v = *g->word + add;
+	}
+	r = g->cu->stream_write_value64(g->stream, p, v, RAIL_CU_STREAM_WRITE_VALUE_DEFAULT);
+	if (r)
+		return cu_fail(g, "cuStreamWriteValue64 of a signal", r);
+	g->pending = 1;
+	return 0;
+}
+
+int rma_mem_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, uint64_t add)
+{
+	int err = 0;
+
+	if (!w->gpu && !__atomic_load_n(&g->stream, __ATOMIC_ACQUIRE)) {
+		__atomic_fetch_add((uint64_t *)(void *)(w->base.base + off), add, __ATOMIC_SEQ_CST);
+		return 0;
+	}
+	pthread_mutex_lock(&g->lock);
+	if (w->gpu)
+		err = gpu_signal(g, w, off, add);
+	else if (!(err = gpu_sync(g)))	/* after the bytes of the puts before it */
+		__atomic_fetch_add((uint64_t *)(void *)(w->base.base + off), add, __ATOMIC_SEQ_CST);
+	pthread_mutex_unlock(&g->lock);
+	return err;
+}
+
+int rma_mem_read(struct rma_gpu *g, const struct rma_win *w, uint64_t off, void *pinned,
+		 size_t n)
+{
+	rail_cu_result r;
+	int err;
+
+	if (!w->gpu) {
+		memcpy(pinned, w->base.base + off, n);
+		return 0;
+	}
+	pthread_mutex_lock(&g->lock);
+	err = cu_enter(g);
+	/* On the stream: behind every write into the window before it. */
+	r = err ? RAIL_CU_SUCCESS : g->cu->memcpy_dtoh_async(pinned, (rail_cu_ptr)(uintptr_t)
+							     (w->base.base + off), n, g->stream);
+	if (!err && r)
+		err = cu_fail(g, "cuMemcpyDtoHAsync out of a window", r);
+	if (!err) {
+		g->pending = 1;
+		err = gpu_sync(g);
+	}
+	pthread_mutex_unlock(&g->lock);
+	return err;
+}
+
+int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
+		 const struct rma_win *sw, uint64_t soff, size_t n)
+{
+	char *d = dw->base.base + doff, *s = sw->base.base + soff;
+	rail_cu_ptr dp = (rail_cu_ptr)(uintptr_t)d, sp = (rail_cu_ptr)(uintptr_t)s;
+	rail_cu_result r;
+	int err;
+
+	if (!dw->gpu && !sw->gpu) {
+		memmove(d, s, n);
+		return 0;
+	}
+	pthread_mutex_lock(&g->lock);
+	err = cu_enter(g);
+	r = err ? RAIL_CU_SUCCESS
+	    : dw->gpu && sw->gpu ? g->cu->memcpy_dtod_async(dp, sp, n, g->stream)
+	    : dw->gpu ? g->cu->memcpy_htod_async(dp, s, n, g->stream)
+	    : g->cu->memcpy_dtoh_async(d, sp, n, g->stream);
+	if (!err && r)
+		err = cu_fail(g, "a copy to this rank itself", r);
+	if (!err)
+		g->pending = 1;
+	pthread_mutex_unlock(&g->lock);
+	return err;
+}
+
+int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
+		      size_t n)
+{
+	rail_cu_result r;
+
+	if (cu_enter(g))
+		return -EIO;
+	r = g->cu->memcpy_dtoh_async(pinned, (rail_cu_ptr)(uintptr_t)src, n, s);
+	if (r)
+		return cu_fail(g, "cuMemcpyDtoHAsync of a put's source", r);
+	r = g->cu->stream_synchronize(s);
+	return r ? cu_fail(g, "cuStreamSynchronize of a put's source", r) : 0;
+}

@@ -1,0 +1,498 @@
+/*
+ * nccl-net-rail tests: a fake CUDA driver (libfakecuda.so) serving the
+ * entries of src/cuda.h over host memory, so that the RMA backend's GPU
+ * path runs without a GPU (NCCL_RAIL_CUDA_LIB names it).
+ *
+ * Device memory is a memfd mapped twice: the addresses handed out
+ * (fcu_test_alloc_device) are mapped PROT_NONE, so that any dereference of
+ * a device address by the plugin faults, as it would on a real GPU; the
+ * second mapping is the fake's own view, through which its streams copy
+ * and the tests read and write (fcu_test_host). cuPointerGetAttribute says
+ * DEVICE for the first, HOST for cuMemHostAlloc memory, and refuses any
+ * other pointer.
+ *
+ * Streams are real: each has a worker thread that runs its operations in
+ * the order they were queued, after the call returned; each copy first
+ * sleeps FAKECUDA_COPY_DELAY_US (or fcu_test_set_delay_us), so that a
+ * write the plugin does not order behind a copy shows up before it.
+ *
+ * As real CUDA, every call but cuCtxGetCurrent, cuCtxSetCurrent and
+ * cuGetErrorString is refused with CUDA_ERROR_INVALID_CONTEXT on a thread
+ * with no current context (counted: fcu_test_refused).
+ */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* The entries, with the CUDA driver's names and (opaque-handle) signatures. */
+EXPORT int cuCtxGetCurrent(void **ctx);
+EXPORT int cuCtxSetCurrent(void *ctx);
+EXPORT int cuPointerGetAttribute(void *data, int attr, uint64_t ptr);
+EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags);
+EXPORT int cuMemFreeHost(void *p);
+EXPORT int cuStreamCreate(void **hs, unsigned flags);
+EXPORT int cuStreamSynchronize(void *hs);
+EXPORT int cuStreamDestroy_v2(void *hs);
+EXPORT int cuMemcpyHtoDAsync_v2(uint64_t dst, const void *src, size_t n, void *hs);
+EXPORT int cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, size_t n, void *hs);
+EXPORT int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void *hs);
+EXPORT int cuStreamWriteValue64_v2(void *hs, uint64_t addr, uint64_t value, unsigned flags);
+EXPORT int cuGetErrorString(int e, const char **str);
+/* The tests' hooks (fakecuda.h). */
+EXPORT void *fcu_test_alloc_device(size_t size);
+EXPORT void *fcu_test_host(const void *dptr);
+EXPORT void fcu_test_make_current(void);
+EXPORT void fcu_test_set_delay_us(unsigned us);
+EXPORT unsigned long fcu_test_calls(const char *name);
+EXPORT unsigned long fcu_test_refused(void);
+
+enum { OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_INVALID_CONTEXT = 201,
+       E_INVALID_HANDLE = 400, E_ILLEGAL_ADDRESS = 700 };
+
+#define DEV_CAP (4ull << 30)	/* address space of the fake device (sparse) */
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static char *dev_base, *dev_view;
+static size_t dev_used;
+static char ctx_obj;		/* the one context */
+static __thread void *cur_ctx;
+static unsigned delay_us;
+static int delay_set;
+static unsigned long refused;
+
+/* ---- call counters ---- */
+
+static const char *const names[] = {
+	"cuCtxGetCurrent", "cuCtxSetCurrent", "cuPointerGetAttribute", "cuMemHostAlloc",
+	"cuMemFreeHost", "cuStreamCreate", "cuStreamDestroy_v2", "cuStreamSynchronize",
+	"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoDAsync_v2",
+	"cuStreamWriteValue64_v2", "cuGetErrorString",
+};
+enum { C_GET, C_SET, C_ATTR, C_HALLOC, C_HFREE, C_SCREATE, C_SDESTROY, C_SSYNC, C_HTOD,
+       C_DTOH, C_DTOD, C_WRITE64, C_ERRSTR, C_N };
+static unsigned long counts[C_N];
+
+static void count(int c)
+{
+	__atomic_fetch_add(&counts[c], 1, __ATOMIC_RELAXED);
+}
+
+/* A call that needs a context: 0, or the refusal. */
+static int need_ctx(int c)
+{
+	count(c);
+	if (cur_ctx)
+		return OK;
+	__atomic_fetch_add(&refused, 1, __ATOMIC_RELAXED);
+	return E_INVALID_CONTEXT;
+}
+
+/* ---- memory ---- */
+
+static int dev_init_locked(void)
+{
+	char *base;
+	int fd;
+
+	if (dev_base)
+		return 0;
+	fd = memfd_create("fakecuda-device", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)DEV_CAP))
+		return -1;
+	base = mmap(NULL, DEV_CAP, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+	dev_view = mmap(NULL, DEV_CAP, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
+	close(fd);
+	if (base == MAP_FAILED || dev_view == MAP_FAILED)
+		return -1;
+	__atomic_store_n(&dev_base, base, __ATOMIC_RELEASE);	/* read without the lock */
+	return 0;
+}
+
+/* The view of [p, p + n) of device memory, or NULL if it is not all device memory. */
+static char *dev_at(uint64_t p, size_t n)
+{
+	char *base = __atomic_load_n(&dev_base, __ATOMIC_ACQUIRE);
+	size_t used = __atomic_load_n(&dev_used, __ATOMIC_ACQUIRE);
+	uint64_t b = (uintptr_t)base;
+
+	if (!base || p < b || p - b > used || n > used - (p - b))
+		return NULL;
+	return dev_view + (p - b);
+}
+
+static int is_dev(const void *p)
+{
+	const char *base = __atomic_load_n(&dev_base, __ATOMIC_ACQUIRE);
+
+	return base && (const char *)p >= base && (const char *)p < base + DEV_CAP;
+}
+
+struct pinned {
+	void *p;
+	size_t n;
+	struct pinned *next;
+};
+static struct pinned *pinned;
+
+static int is_pinned(const void *p)
+{
+	int yes = 0;
+
+	pthread_mutex_lock(&lock);
+	for (struct pinned *q = pinned; q && !yes; q = q->next)
+		yes = (const char *)p >= (char *)q->p && (const char *)p < (char *)q->p + q->n;
+	pthread_mutex_unlock(&lock);
+	return yes;
+}
+
+/* ---- streams ---- */
+
+enum op_kind { OP_COPY = 1, OP_WRITE64 = 2 };
+
+struct op {
+	int kind;
+	char *dst;
+	const char *src;
+	size_t n;
+	uint64_t value;
+	struct op *next;
+};
+
+struct stream {
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct op *head, *tail;
+	unsigned long queued, done;
+	int stop;
+};
+
+static unsigned copy_delay(void)
+{
+	if (!__atomic_load_n(&delay_set, __ATOMIC_ACQUIRE)) {
+		const char *e = getenv("FAKECUDA_COPY_DELAY_US");
+
+		__atomic_store_n(&delay_us, e ? (unsigned)atoi(e) : 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&delay_set, 1, __ATOMIC_RELEASE);
+	}
+	return __atomic_load_n(&delay_us, __ATOMIC_RELAXED);
+}
+
+static void run_op(const struct op *o)
+{
+	if (o->kind == OP_COPY) {
+		unsigned d = copy_delay();
+
+		if (d)
+			usleep(d);
+		memmove(o->dst, o->src, o->n);
+	} else {
+		__atomic_store_n((uint64_t *)(void *)o->dst, o->value, __ATOMIC_RELEASE);
+	}
+}
+
+static void *stream_main(void *arg)
+{
+	struct stream *s = arg;
+
+	pthread_mutex_lock(&s->mu);
+	for (;;) {
+		struct op *o;
+
+		while (!s->head && !s->stop)
+			pthread_cond_wait(&s->cv, &s->mu);
+		if (!s->head)
+			break;
+		o = s->head;
+		pthread_mutex_unlock(&s->mu);
+		run_op(o);
+		pthread_mutex_lock(&s->mu);
+		s->head = o->next;
+		if (!s->head)
+			s->tail = NULL;
+		s->done++;
+		free(o);
+		pthread_cond_broadcast(&s->cv);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
+static int enqueue(void *hs, int kind, char *dst, const char *src, size_t n, uint64_t value)
+{
+	struct stream *s = hs;
+	struct op *o;
+
+	if (!s)
+		return E_INVALID_HANDLE;	/* the legacy default stream: the plugin must not use it */
+	o = calloc(1, sizeof(*o));
+	if (!o)
+		return E_OUT_OF_MEMORY;
+	*o = (struct op){ .kind = kind, .dst = dst, .src = src, .n = n, .value = value };
+	pthread_mutex_lock(&s->mu);
+	if (s->tail)
+		s->tail->next = o;
+	else
+		s->head = o;
+	s->tail = o;
+	s->queued++;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	return OK;
+}
+
+/* ---- the driver entries ---- */
+
+EXPORT int cuCtxGetCurrent(void **ctx)
+{
+	count(C_GET);
+	if (!ctx)
+		return E_INVALID_VALUE;
+	*ctx = cur_ctx;
+	return OK;
+}
+
+EXPORT int cuCtxSetCurrent(void *ctx)
+{
+	count(C_SET);
+	if (ctx && ctx != &ctx_obj)
+		return E_INVALID_CONTEXT;
+	cur_ctx = ctx;
+	return OK;
+}
+
+EXPORT int cuPointerGetAttribute(void *data, int attr, uint64_t ptr)
+{
+	int r = need_ctx(C_ATTR);
+
+	if (r)
+		return r;
+	if (attr != 2 || !data)
+		return E_INVALID_VALUE;
+	if (is_dev((void *)(uintptr_t)ptr))
+		*(unsigned *)data = 2;
+	else if (is_pinned((void *)(uintptr_t)ptr))
+		*(unsigned *)data = 1;
+	else
+		return E_INVALID_VALUE;
+	return OK;
+}
+
+EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
+{
+	struct pinned *q;
+	int r = need_ctx(C_HALLOC);
+
+	(void)flags;
+	if (r)
+		return r;
+	q = calloc(1, sizeof(*q));
+	if (!q || posix_memalign(&q->p, 4096, n ? n : 1)) {
+		free(q);
+		return E_OUT_OF_MEMORY;
+	}
+	q->n = n;
+	pthread_mutex_lock(&lock);
+	q->next = pinned;
+	pinned = q;
+	pthread_mutex_unlock(&lock);
+	*pp = q->p;
+	return OK;
+}
+
+EXPORT int cuMemFreeHost(void *p)
+{
+	struct pinned **q, *f = NULL;
+	int r = need_ctx(C_HFREE);
+
+	if (r)
+		return r;
+	pthread_mutex_lock(&lock);
+	for (q = &pinned; *q; q = &(*q)->next) {
+		if ((*q)->p == p) {
+			f = *q;
+			*q = f->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	if (!f)
+		return E_INVALID_VALUE;
+	free(f->p);
+	free(f);
+	return OK;
+}
+
+EXPORT int cuStreamCreate(void **hs, unsigned flags)
+{
+	struct stream *s;
+	int r = need_ctx(C_SCREATE);
+
+	if (r)
+		return r;
+	if (!hs || flags != 1)	/* the plugin asks for CU_STREAM_NON_BLOCKING */
+		return E_INVALID_VALUE;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return E_OUT_OF_MEMORY;
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	if (pthread_create(&s->th, NULL, stream_main, s)) {
+		free(s);
+		return E_OUT_OF_MEMORY;
+	}
+	*hs = s;
+	return OK;
+}
+
+EXPORT int cuStreamSynchronize(void *hs)
+{
+	struct stream *s = hs;
+	unsigned long upto;
+	int r = need_ctx(C_SSYNC);
+
+	if (r)
+		return r;
+	if (!s)
+		return E_INVALID_HANDLE;
+	pthread_mutex_lock(&s->mu);
+	upto = s->queued;
+	while (s->done < upto)
+		pthread_cond_wait(&s->cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+	return OK;
+}
+
+EXPORT int cuStreamDestroy_v2(void *hs)
+{
+	struct stream *s = hs;
+	int r = need_ctx(C_SDESTROY);
+
+	if (r)
+		return r;
+	if (!s)
+		return E_INVALID_HANDLE;
+	pthread_mutex_lock(&s->mu);
+	s->stop = 1;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	pthread_join(s->th, NULL);	/* it ran what was queued first */
+	pthread_mutex_destroy(&s->mu);
+	pthread_cond_destroy(&s->cv);
+	free(s);
+	return OK;
+}
+
+EXPORT int cuMemcpyHtoDAsync_v2(uint64_t dst, const void *src, size_t n, void *hs)
+{
+	char *d = dev_at(dst, n);
+	int r = need_ctx(C_HTOD);
+
+	if (r)
+		return r;
+	if (!d || !src || is_dev(src))
+		return E_INVALID_VALUE;
+	return enqueue(hs, OP_COPY, d, src, n, 0);
+}
+
+EXPORT int cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, size_t n, void *hs)
+{
+	const char *s = dev_at(src, n);
+	int r = need_ctx(C_DTOH);
+
+	if (r)
+		return r;
+	if (!s || !dst || is_dev(dst))
+		return E_INVALID_VALUE;
+	return enqueue(hs, OP_COPY, dst, s, n, 0);
+}
+
+EXPORT int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void *hs)
+{
+	char *d = dev_at(dst, n);
+	const char *s = dev_at(src, n);
+	int r = need_ctx(C_DTOD);
+
+	if (r)
+		return r;
+	if (!d || !s)
+		return E_INVALID_VALUE;
+	return enqueue(hs, OP_COPY, d, s, n, 0);
+}
+
+EXPORT int cuStreamWriteValue64_v2(void *hs, uint64_t addr, uint64_t value, unsigned flags)
+{
+	char *d = dev_at(addr, 8);
+	int r = need_ctx(C_WRITE64);
+
+	if (r)
+		return r;
+	if (!d || addr % 8 || flags)
+		return E_INVALID_VALUE;
+	return enqueue(hs, OP_WRITE64, d, NULL, 8, value);
+}
+
+EXPORT int cuGetErrorString(int e, const char **str)
+{
+	count(C_ERRSTR);
+	if (!str)
+		return E_INVALID_VALUE;
+	*str = e == OK ? "no error" : e == E_INVALID_VALUE ? "invalid argument"
+	       : e == E_OUT_OF_MEMORY ? "out of memory"
+	       : e == E_INVALID_CONTEXT ? "invalid device context"
+	       : e == E_INVALID_HANDLE ? "invalid resource handle"
+	       : e == E_ILLEGAL_ADDRESS ? "an illegal memory access was encountered" : NULL;
+	return *str ? OK : E_INVALID_VALUE;
+}
+
+/* ---- the tests' hooks (fakecuda.h) ---- */
+
+EXPORT void *fcu_test_alloc_device(size_t size)
+{
+	void *p = NULL;
+	size_t n = (size + 255) & ~(size_t)255;
+
+	pthread_mutex_lock(&lock);
+	if (!dev_init_locked() && n <= DEV_CAP - dev_used) {
+		p = dev_base + dev_used;
+		memset(dev_view + dev_used, 0, n);
+		__atomic_store_n(&dev_used, dev_used + n, __ATOMIC_RELEASE);
+	}
+	pthread_mutex_unlock(&lock);
+	return p;
+}
+
+EXPORT void *fcu_test_host(const void *dptr)
+{
+	return is_dev(dptr) ? dev_view + ((const char *)dptr - dev_base) : NULL;
+}
+
+EXPORT void fcu_test_make_current(void)
+{
+	cur_ctx = &ctx_obj;
+}
+
+EXPORT void fcu_test_set_delay_us(unsigned us)
+{
+	__atomic_store_n(&delay_us, us, __ATOMIC_RELAXED);
+	__atomic_store_n(&delay_set, 1, __ATOMIC_RELEASE);
+}
+
+EXPORT unsigned long fcu_test_calls(const char *name)
+{
+	for (int i = 0; i < C_N; i++) {
+		if (!strcmp(names[i], name))
+			return __atomic_load_n(&counts[i], __ATOMIC_RELAXED);
+	}
+	return 0;
+}
+
+EXPORT unsigned long fcu_test_refused(void)
+{
+	return __atomic_load_n(&refused, __ATOMIC_RELAXED);
+}

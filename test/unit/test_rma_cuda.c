@@ -1,0 +1,510 @@
+/*
+ * nccl-net-rail unit tests: one-sided RMA on GPU memory, through the
+ * exported ncclRmaPlugin_v14 table, over the fake CUDA driver
+ * (test/fakecuda/fakecuda.c, named to the plugin by NCCL_RAIL_CUDA_LIB).
+ *
+ * Ranks are threads of this process over loopback TCP, as in test_rma.c.
+ * Each makes the fake's context current for init and registration (NCCL's
+ * thread has its device current then) and drops it before its data
+ * operations (NCCL's progress threads have none), so that every call the
+ * plugin makes from a thread of its own or of NCCL works only if it set
+ * the context itself: the fake refuses the others, and each test checks
+ * that none was refused. Windows are the fake's device memory, which the
+ * plugin cannot dereference (mapped PROT_NONE): the tests read and write
+ * it through the fake's view.
+ *
+ * The ordering test draws its sizes and offsets from a seed it prints;
+ * RMA_CUDA_SEED=N replays one.
+ */
+#include "unit.h"
+
+#include <dlfcn.h>
+#include <limits.h>
+#include <sched.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "../fakecuda/fakecuda.h"
+#include "rail.h"
+#include "rma_v14.h"
+
+static char plugin[PATH_MAX], fake_path[PATH_MAX];
+static void *lib, *fake;
+static ncclRma_v14_t *rma;
+static fcu_alloc_device_fn fcu_alloc;
+static fcu_host_fn fcu_host;
+static fcu_make_current_fn fcu_current;
+static fcu_set_delay_fn fcu_delay;
+static fcu_calls_fn fcu_calls;
+static fcu_refused_fn fcu_refused;
+static int (*fcu_set_ctx)(void *ctx);
+
+#define MAXR 3
+#define WAIT_NS (30ull * 1000000000ull)
+#define HSIZE NCCL_NET_HANDLE_MAXSIZE
+
+struct rank;
+typedef void (*body_fn)(struct rank *r);
+
+struct grp {
+	int n;
+	size_t slot;
+	int host_only;		/* no GPU windows (the driver is missing) */
+	char handles[MAXR][HSIZE];
+	void *hptr[MAXR];
+	pthread_barrier_t bar;
+	body_fn body;
+};
+
+/* Device windows: src (what it puts), win (n slots peers put into), got (gets land), sig, vsig. */
+struct rank {
+	struct grp *g;
+	int rank;
+	void *ctx, *lc, *coll, *rctx;
+	char *src, *win, *got;
+	uint64_t *sig, *vsig;
+	void *src_mh, *win_mh, *got_mh, *sig_mh, *vsig_mh;
+	char fail[512];
+	pthread_t th;
+};
+
+#define RFAIL(r, ...)                                                              \
+	do {                                                                       \
+		if (!(r)->fail[0])                                                 \
+			snprintf((r)->fail, sizeof((r)->fail), __VA_ARGS__);       \
+	} while (0)
+#define RCHECK(r, cond, ...)                                                       \
+	do {                                                                       \
+		if (!(cond) && !(r)->fail[0]) {                                    \
+			int n_ = snprintf((r)->fail, sizeof((r)->fail),            \
+					  "rank %d, line %d: %s: ", (r)->rank, __LINE__, #cond); \
+			snprintf((r)->fail + n_, sizeof((r)->fail) - (size_t)n_, __VA_ARGS__); \
+		}                                                                  \
+	} while (0)
+#define ROK(r, call) RCHECK(r, (call) == ncclSuccess, "%s", "the call failed")
+
+/* The host's view of device memory. */
+#define HV(p) ((char *)fcu_host(p))
+#define HV64(p) ((uint64_t *)fcu_host(p))
+
+static uint64_t now_ns(void)
+{
+	struct timespec t;
+
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
+}
+
+static uint8_t pattern(int from, int to, size_t i)
+{
+	return (uint8_t)(from * 31 + to * 7 + i * 13 + 1);
+}
+
+static ncclResult_t wait_req(struct rank *r, void *req)
+{
+	uint64_t until = now_ns() + WAIT_NS;
+	int done = 0;
+	ncclResult_t res;
+
+	do {
+		res = rma->test(r->coll, req, &done);
+	} while (res == ncclSuccess && !done && now_ns() < until);
+	RCHECK(r, res != ncclSuccess || done, "request %p not done in 30 s", req);
+	return res;
+}
+
+/* A signal word in device memory, polled through the fake, reaches want. */
+static int wait_word(struct rank *r, uint64_t *dword, uint64_t want, const char *what)
+{
+	uint64_t until = now_ns() + WAIT_NS, *w = HV64(dword);
+
+	while (__atomic_load_n(w, __ATOMIC_ACQUIRE) < want) {
+		if (now_ns() > until) {
+			RFAIL(r, "rank %d: %s is %llu, waited for %llu", r->rank, what,
+			      (unsigned long long)*w, (unsigned long long)want);
+			return 0;
+		}
+		sched_yield();
+	}
+	return 1;
+}
+
+static void reg(struct rank *r, void *p, size_t n, int flags, void **mh)
+{
+	ROK(r, rma->regMrSym(r->coll, p, n, r->g->host_only ? NCCL_PTR_HOST : NCCL_PTR_CUDA, flags,
+			     mh));
+}
+
+static void rank_up(struct rank *r)
+{
+	struct grp *g = r->g;
+	ncclRmaConfig_v14_t cfg = { .nContexts = 2, .trafficClass = -1, .rankStride = 1 };
+	size_t wsize = (size_t)g->n * g->slot, ssize = ((size_t)g->n + 1) * 8;
+
+	fcu_current();		/* NCCL's thread: its device is current */
+	ROK(r, rma->init(&r->ctx, 0x2000 + (uint64_t)r->rank, unit_log_sink));
+	ROK(r, rma->listen(r->ctx, 0, g->handles[r->rank], &r->lc));
+	pthread_barrier_wait(&g->bar);
+	ROK(r, rma->connect(NULL, g->hptr, g->n, r->rank, r->lc, &r->coll));
+	ROK(r, rma->closeListen(r->lc));
+	ROK(r, rma->createContext(r->coll, &cfg, &r->rctx));
+	if (g->host_only)
+		return;
+	r->src = fcu_alloc(wsize);
+	r->win = fcu_alloc(wsize);
+	r->got = fcu_alloc(wsize);
+	r->sig = fcu_alloc(ssize);
+	r->vsig = fcu_alloc(ssize);
+	reg(r, r->src, wsize, 0, &r->src_mh);
+	reg(r, r->win, wsize, 0, &r->win_mh);
+	reg(r, r->got, wsize, 0, &r->got_mh);
+	reg(r, r->sig, ssize, NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET,
+	    &r->sig_mh);
+	reg(r, r->vsig, ssize, NCCL_NET_MR_FLAG_FORCE_SO, &r->vsig_mh);
+}
+
+static void rank_down(struct rank *r)
+{
+	pthread_barrier_wait(&r->g->bar);
+	fcu_current();
+	if (r->coll && !r->g->host_only) {
+		ROK(r, rma->deregMrSym(r->coll, r->src_mh));
+		ROK(r, rma->deregMrSym(r->coll, r->win_mh));
+		ROK(r, rma->deregMrSym(r->coll, r->got_mh));
+		ROK(r, rma->deregMrSym(r->coll, r->sig_mh));
+		ROK(r, rma->deregMrSym(r->coll, r->vsig_mh));
+	}
+	if (r->coll) {
+		ROK(r, rma->destroyContext(r->rctx));
+		ROK(r, rma->closeColl(r->coll));
+	}
+	ROK(r, rma->finalize(r->ctx));
+}
+
+static void *rank_main(void *arg)
+{
+	struct rank *r = arg;
+
+	rank_up(r);
+	pthread_barrier_wait(&r->g->bar);
+	fcu_set_ctx(NULL);	/* NCCL's progress thread: no context */
+	if (!r->fail[0])
+		r->g->body(r);
+	rank_down(r);
+	return NULL;
+}
+
+static void run_group(int n, size_t slot, int host_only, body_fn body)
+{
+	struct grp g = { .n = n, .slot = slot, .host_only = host_only, .body = body };
+	struct rank rs[MAXR];
+	unsigned long refused = fcu_refused();
+
+	memset(rs, 0, sizeof(rs));
+	pthread_barrier_init(&g.bar, NULL, (unsigned)n);
+	for (int i = 0; i < n; i++) {
+		g.hptr[i] = g.handles[i];
+		rs[i].g = &g;
+		rs[i].rank = i;
+	}
+	for (int i = 0; i < n; i++)
+		assert_int_equal(pthread_create(&rs[i].th, NULL, rank_main, &rs[i]), 0);
+	for (int i = 0; i < n; i++)
+		pthread_join(rs[i].th, NULL);
+	pthread_barrier_destroy(&g.bar);
+	for (int i = 0; i < n; i++) {
+		if (rs[i].fail[0]) {
+			unit_log_dump();
+			fail_msg("%s", rs[i].fail);
+		}
+	}
+	/* Every thread that called the driver had set the context first. */
+	assert_int_equal(fcu_refused(), refused);
+}
+
+/* ---- the tests ------------------------------------------------------------- */
+
+/*
+ * Without the driver (NCCL_RAIL_CUDA_LIB names nothing loadable): a GPU
+ * window is refused at once on every rank, naming the library; host
+ * windows still work. Runs first: a loaded driver stays loaded.
+ */
+static void body_no_driver(struct rank *r)
+{
+	void *mh = NULL;
+	char *host = calloc(1, 4096);
+
+	fcu_current();
+	RCHECK(r, rma->regMrSym(r->coll, host, 4096, NCCL_PTR_CUDA, 0, &mh) != ncclSuccess,
+	       "%s", "GPU memory registered without a driver");
+	ROK(r, rma->regMrSym(r->coll, host, 4096, NCCL_PTR_HOST, 0, &mh));
+	ROK(r, rma->deregMrSym(r->coll, mh));
+	free(host);
+}
+
+static void test_no_driver_named(void **state)
+{
+	(void)state;
+	setenv("NCCL_RAIL_CUDA_LIB", "/nonexistent/libcuda.so.1", 1);
+	unit_log_reset();
+	run_group(2, 4096, 1, body_no_driver);
+	unit_assert_logged2(RAIL_LOG_WARN, "(NCCL_PTR_CUDA) needs the CUDA driver",
+			    "NCCL_RAIL_CUDA_LIB=/nonexistent/libcuda.so.1 cannot be loaded");
+	setenv("NCCL_RAIL_CUDA_LIB", fake_path, 1);
+}
+
+/*
+ * Every rank puts a pattern into its slot of every rank's window, itself
+ * included (a device-to-device copy), with a signal (INC from even ranks,
+ * ADD 1000 + rank from odd ones) into the SIGNAL_NEVER_RESET window, then
+ * a size-0 signal with NULL handles adds 7 into the other signal window,
+ * whose word the target set to 5000 + sender beforehand (a shadow would
+ * miss it: the plugin must read it back). Each target waits for both
+ * signals in device memory and checks every byte; then every rank gets
+ * every slot of every rank back into device memory and checks it.
+ */
+static void body_put_signal_get(struct rank *r)
+{
+	struct grp *g = r->g;
+	void *req[MAXR], *sreq[MAXR];
+	char *src = HV(r->src), *win = HV(r->win), *got = HV(r->got);
+
+	for (int p = 0; p < g->n; p++) {
+		HV64(r->vsig)[p] = 5000 + (uint64_t)p;
+		for (size_t i = 0; i < g->slot; i++)
+			src[(size_t)p * g->slot + i] = (char)pattern(r->rank, p, i);
+	}
+	pthread_barrier_wait(&g->bar);
+	for (int p = 0; p < g->n; p++) {
+		ROK(r, rma->iputSignal(r->rctx, 1, (uint64_t)p * g->slot, r->src_mh, g->slot,
+				       (uint64_t)r->rank * g->slot, r->win_mh, (uint32_t)p,
+				       (uint64_t)r->rank * 8, r->sig_mh, 1000 + (uint64_t)r->rank,
+				       r->rank % 2 ? NCCL_NET_SIGNAL_OP_ADD : NCCL_NET_SIGNAL_OP_INC,
+				       true, &req[p]));
+		ROK(r, rma->iputSignal(r->rctx, 1, 0, NULL, 0, 0, NULL, (uint32_t)p,
+				       (uint64_t)r->rank * 8, r->vsig_mh, 7, NCCL_NET_SIGNAL_OP_ADD,
+				       true, &sreq[p]));
+	}
+	for (int p = 0; p < g->n; p++) {
+		ROK(r, wait_req(r, req[p]));
+		ROK(r, wait_req(r, sreq[p]));
+	}
+	for (int from = 0; from < g->n && !r->fail[0]; from++) {
+		uint64_t want = from % 2 ? 1000 + (uint64_t)from : 1;
+
+		if (!wait_word(r, &r->sig[from], want, "signal") ||
+		    !wait_word(r, &r->vsig[from], 5007 + (uint64_t)from, "VA signal"))
+			return;
+		RCHECK(r, HV64(r->sig)[from] == want, "signal of %d is %llu", from,
+		       (unsigned long long)HV64(r->sig)[from]);
+		RCHECK(r, HV64(r->vsig)[from] == 5007 + (uint64_t)from, "VA signal of %d is %llu",
+		       from, (unsigned long long)HV64(r->vsig)[from]);
+		for (size_t i = 0; i < g->slot; i++) {
+			if ((uint8_t)win[(size_t)from * g->slot + i] != pattern(from, r->rank, i)) {
+				RFAIL(r, "rank %d: byte %zu from rank %d is wrong", r->rank, i, from);
+				return;
+			}
+		}
+	}
+	pthread_barrier_wait(&g->bar);	/* every window is complete */
+	for (int p = 0; p < g->n; p++) {
+		ROK(r, rma->iget(r->rctx, 0, (uint64_t)((r->rank + 1) % g->n) * g->slot, r->win_mh,
+				 g->slot, (uint64_t)p * g->slot, r->got_mh, (uint32_t)p, &req[p]));
+	}
+	for (int p = 0; p < g->n; p++) {
+		int from = (r->rank + 1) % g->n;
+
+		ROK(r, wait_req(r, req[p]));
+		for (size_t i = 0; !r->fail[0] && i < g->slot; i++)
+			RCHECK(r, (uint8_t)got[(size_t)p * g->slot + i] == pattern(from, p, i),
+			       "byte %zu got from rank %d", i, p);
+	}
+}
+
+static void test_put_signal_get(void **state)
+{
+	unsigned long w64 = fcu_calls("cuStreamWriteValue64_v2"), dtod = fcu_calls(
+		"cuMemcpyDtoDAsync_v2"), htod = fcu_calls("cuMemcpyHtoDAsync_v2");
+
+	(void)state;
+	run_group(2, 100000, 0, body_put_signal_get);
+	run_group(3, 4099, 0, body_put_signal_get);
+	/* It went through the driver: copies in, signals written on the stream, self DtoD. */
+	assert_true(fcu_calls("cuStreamWriteValue64_v2") >= w64 + 2 * (4 + 9));
+	assert_true(fcu_calls("cuMemcpyDtoDAsync_v2") >= dtod + 5);
+	assert_true(fcu_calls("cuMemcpyHtoDAsync_v2") > htod);
+}
+
+/*
+ * Ordering under load, with every copy of the fake delayed: many puts of
+ * seeded random sizes at random offsets to the next rank (a fresh source
+ * each time: written, put, waited for), some kept in flight together, then
+ * a signal. Once the target sees the signal in device memory, every byte
+ * of the window must be what the puts in order leave.
+ */
+#define LOAD_PUTS 120
+
+struct load {
+	size_t off[LOAD_PUTS], size[LOAD_PUTS];
+};
+
+static unsigned load_seed;
+
+static void load_plan(struct load *l, int from, size_t wsize)
+{
+	unsigned s = load_seed * 2654435761u + (unsigned)from * 97u + 1;
+
+	for (int i = 0; i < LOAD_PUTS; i++) {
+		s = s * 1103515245u + 12345u;
+		l->size[i] = 1 + (s >> 8) % (i % 5 ? 9000 : 300000);
+		s = s * 1103515245u + 12345u;
+		l->off[i] = ((size_t)s >> 4) % (wsize - l->size[i] + 1);
+	}
+}
+
+static char load_byte(int from, int i, size_t b)
+{
+	return (char)(from * 11 + i * 3 + b * 7 + 1);
+}
+
+static void body_load(struct rank *r)
+{
+	struct grp *g = r->g;
+	size_t wsize = (size_t)g->n * g->slot;
+	int to = (r->rank + 1) % g->n, from = (r->rank + g->n - 1) % g->n;
+	char *ref = calloc(1, wsize), *win = HV(r->win), *src = HV(r->src);
+	struct load *mine = calloc(1, sizeof(*mine)), *theirs = calloc(1, sizeof(*theirs));
+	void *req[4] = { 0 }, *sreq = NULL;
+
+	load_plan(mine, r->rank, wsize);
+	for (int i = 0; i < LOAD_PUTS && !r->fail[0]; i++) {
+		/* Four in flight, each from its own lane of the source, reused once it is done. */
+		size_t lane = (size_t)(i % 4) * (wsize / 4);
+
+		if (req[i % 4])
+			ROK(r, wait_req(r, req[i % 4]));
+		req[i % 4] = NULL;
+		for (size_t b = 0; b < mine->size[i]; b++)
+			src[lane + b] = load_byte(r->rank, i, b);
+		ROK(r, rma->iput(r->rctx, 0, lane, r->src_mh, mine->size[i], mine->off[i],
+				 r->win_mh, (uint32_t)to, &req[i % 4]));
+	}
+	ROK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)to,
+			       (uint64_t)r->rank * 8, r->sig_mh, 1, NCCL_NET_SIGNAL_OP_INC, true,
+			       &sreq));
+	load_plan(theirs, from, wsize);
+	for (int i = 0; i < LOAD_PUTS; i++)
+		for (size_t b = 0; b < theirs->size[i]; b++)
+			ref[theirs->off[i] + b] = load_byte(from, i, b);
+	if (wait_word(r, &r->sig[from], 1, "signal after the puts")) {
+		for (size_t b = 0; b < wsize; b++) {
+			if (win[b] != ref[b]) {
+				RFAIL(r, "rank %d: byte %zu from rank %d is %d once its signal came, "
+				      "the puts in order leave %d (seed %u)", r->rank, b, from, win[b],
+				      ref[b], load_seed);
+				break;
+			}
+		}
+	}
+	for (int k = 0; k < 4; k++)
+		if (req[k])
+			ROK(r, wait_req(r, req[k]));
+	ROK(r, wait_req(r, sreq));
+	free(ref);
+	free(mine);
+	free(theirs);
+}
+
+static void test_ordering_under_load(void **state)
+{
+	const char *env = getenv("RMA_CUDA_SEED");
+
+	(void)state;
+	load_seed = env ? (unsigned)strtoul(env, NULL, 0) : (unsigned)time(NULL);
+	printf("ordering seed %u (replay: RMA_CUDA_SEED=%u)\n", load_seed, load_seed);
+	fcu_delay(30);
+	run_group(2, 1 << 20, 0, body_load);
+	run_group(3, 512 << 10, 0, body_load);
+	fcu_delay(0);
+}
+
+/* The fake itself refuses a call on a thread with no context (what the tests rely on). */
+static void test_fake_refuses_without_context(void **state)
+{
+	int (*create)(void **, unsigned) = (int (*)(void **, unsigned))dlsym(fake,
+										"cuStreamCreate");
+	unsigned long before = fcu_refused();
+	void *s = NULL;
+
+	(void)state;
+	fcu_set_ctx(NULL);
+	assert_non_null(create);
+	assert_int_equal(create(&s, 1), 201);	/* CUDA_ERROR_INVALID_CONTEXT */
+	assert_int_equal(fcu_refused(), before + 1);
+}
+
+/* ---- harness ----------------------------------------------------------------- */
+
+#define FCU(sym, var) (*(void **)&(var) = dlsym(fake, sym))
+
+static int group_setup(void **state)
+{
+	const char *env = getenv("RAIL_FAKECUDA_LIB");
+
+	(void)state;
+	if (env && env[0])
+		snprintf(fake_path, sizeof(fake_path), "%s", env);
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "20", 1);
+	setenv("NCCL_RAIL_CUDA_LIB", fake_path, 1);
+	fake = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
+	if (fake && FCU("fcu_test_alloc_device", fcu_alloc) && FCU("fcu_test_host", fcu_host) &&
+	    FCU("fcu_test_make_current", fcu_current) && FCU("fcu_test_set_delay_us", fcu_delay) &&
+	    FCU("fcu_test_calls", fcu_calls) && FCU("fcu_test_refused", fcu_refused) &&
+	    FCU("cuCtxSetCurrent", fcu_set_ctx))
+		lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
+	if (lib)
+		rma = dlsym(lib, "ncclRmaPlugin_v14");
+	return 0;
+}
+
+static int group_teardown(void **state)
+{
+	(void)state;
+	if (lib)
+		dlclose(lib);
+	return 0;
+}
+
+static int need_plugin(void **state)
+{
+	(void)state;
+	if (!lib || !rma) {
+		printf("SKIP: %s or the fake driver %s not loadable: run make plugin tests\n",
+		       plugin, fake_path);
+		skip();
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	const struct CMUnitTest tests[] = {
+		cmocka_unit_test_setup(test_no_driver_named, need_plugin),
+		cmocka_unit_test_setup(test_fake_refuses_without_context, need_plugin),
+		cmocka_unit_test_setup(test_put_signal_get, need_plugin),
+		cmocka_unit_test_setup(test_ordering_under_load, need_plugin),
+	};
+	char build_dir[PATH_MAX];
+
+	(void)argc;
+	alarm(300);
+	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
+	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
+	snprintf(fake_path, sizeof(fake_path), "%.*s/test/fakecuda/libfakecuda.so", PATH_MAX - 40,
+		 build_dir);
+	return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
