@@ -26,6 +26,7 @@
  *   0.0  ib_fault    fault injection into that table (NCCL_RAIL_IB_FAULT)
  *   0.0  ib_wire     every format exchanged with the peer: pure codecs
  *   0.1  ib_mqp      ibv_modify_qp retried as NCCL does, on the handshake's thread only
+ *   0.2  ib_job      the handshakes' helper threads, shared (ib_job.h)
  *   1.0  ib_gid      layer 1, devices: RoCE GID choice from the sysfs table
  *   1.0  ib_ladder   the GPU-memory ladder of an HCA
  *   1.1  ib_init     discovery, the device table, properties, NIC fusion
