@@ -9,7 +9,9 @@
  * QP creation, the handshake, the helper threads and the listener.
  *
  * The test opens 256 pairs and fails when they take more than 1.5 s in all
- * (the goal: 1024 pairs in under 2 s; more under the sanitizers). With RAIL_SETUP_SCALE_N set to a list
+ * (the goal: 1024 pairs in under 2 s; more under the sanitizers), or more
+ * than 0.75 s of CPU time (all threads): on a shared host whose load leaves
+ * this process less than half a CPU, the CPU time alone decides. With RAIL_SETUP_SCALE_N set to a list
  * of sizes (1,16,128,512,1024) it prints, for each, the total time, the
  * per-pair connect latency and the process's CPU time over the setup (on a
  * shared host the CPU time varies less than the wall time), and asserts
@@ -250,6 +252,17 @@ static void test_setup_scale(void **state)
 	print_message("%d pairs in %.1f ms (bound %.0f ms, CPU %.1f ms); connect p50 %.2f ms, "
 		      "p99 %.2f ms\n", TEST_N, (double)S.total_ns / 1e6, (double)TEST_BOUND_NS / 1e6,
 		      S.cpu_ms, p50, p99);
+	/* the plugin's own work, whatever the host's load: half the bound */
+	assert_true(S.cpu_ms < (double)TEST_BOUND_NS / 2e6);
+	/*
+	 * The wall time, unless the host gave this process less than half a CPU
+	 * meanwhile (a shared, oversubscribed host: the CPU check above stands)
+	 */
+	if (S.total_ns >= TEST_BOUND_NS && S.cpu_ms < (double)S.total_ns / 2e6) {
+		print_message("over the bound, with %.0f%% of a CPU: the host is busy\n",
+			      100 * S.cpu_ms / ((double)S.total_ns / 1e6));
+		return;
+	}
 	assert_true(S.total_ns < TEST_BOUND_NS);
 }
 
