@@ -4,6 +4,7 @@
 
 #include "pool.h"
 #include "rail.h"
+#include "zmem.h"
 
 /* The first byte after each element's payload marks it in use. */
 static unsigned char *in_use_flag(const struct rail_pool *pool, uint32_t i)
@@ -18,15 +19,15 @@ int rail_pool_init(struct rail_pool *pool, uint32_t capacity, size_t elem_size)
 	/* One extra byte holds the in-use flag; keep elements 64-byte aligned. */
 	elem_size = RAIL_ALIGN_UP(elem_size + 1, 64);
 	memset(pool, 0, sizeof(*pool));
-	if (posix_memalign((void **)&pool->mem, 64, elem_size * capacity))
+	pool->mem = rail_zalloc(elem_size * capacity, 64);	/* zeroed, touched when used */
+	if (!pool->mem)
 		return -ENOMEM;
 	pool->free_stack = calloc(capacity, sizeof(uint32_t));
 	if (!pool->free_stack) {
-		free(pool->mem);
+		rail_zfree(pool->mem, elem_size * capacity);
 		pool->mem = NULL;
 		return -ENOMEM;
 	}
-	memset(pool->mem, 0, elem_size * capacity);
 	pool->elem_size = elem_size;
 	pool->capacity = capacity;
 	pool->nfree = capacity;
@@ -38,7 +39,7 @@ int rail_pool_init(struct rail_pool *pool, uint32_t capacity, size_t elem_size)
 
 void rail_pool_destroy(struct rail_pool *pool)
 {
-	free(pool->mem);
+	rail_zfree(pool->mem, pool->elem_size * pool->capacity);
 	free(pool->free_stack);
 	memset(pool, 0, sizeof(*pool));
 }

@@ -26,6 +26,7 @@
  *   0.0  ib_fault    fault injection into that table (NCCL_RAIL_IB_FAULT)
  *   0.0  ib_wire     every format exchanged with the peer: pure codecs
  *   0.1  ib_mqp      ibv_modify_qp retried as NCCL does, on the handshake's thread only
+ *   0.2  ib_job      the handshakes' helper threads, shared (ib_job.h)
  *   1.0  ib_gid      layer 1, devices: RoCE GID choice from the sysfs table
  *   1.0  ib_ladder   the GPU-memory ladder of an HCA
  *   1.1  ib_init     discovery, the device table, properties, NIC fusion
@@ -434,7 +435,8 @@ struct rail_ib_qp {
  */
 #define RAIL_IB_EARLY_COPY 128	/* with failover, an early batch's entries are this small */
 struct rail_ib_sent {
-	uint64_t num;
+	/* ~ the CTS number it answers (rail_ib_sent_num): zeroed memory reads as no record */
+	uint64_t num_inv;
 	int nreqs;
 	int early;
 	int acked;			/* its data placed: the answer alone goes again */
@@ -443,6 +445,12 @@ struct rail_ib_sent {
 	uint32_t sizes[RAIL_MAX_RECVS];
 	uint8_t copy[RAIL_MAX_RECVS][RAIL_IB_EARLY_COPY];
 };
+
+/* The CTS number a failover record answers; UINT64_MAX: none yet. */
+static inline uint64_t rail_ib_sent_num(const struct rail_ib_sent *rec)
+{
+	return ~rec->num_inv;
+}
 
 /* Move triggers, what the engine and the checks hand to c->on_move. */
 enum {
@@ -698,7 +706,7 @@ static inline void rail_ib_send_complete(struct rail_ib_comm *c, struct rail_ib_
 	if (c->sent) {
 		struct rail_ib_sent *rec = &c->sent[lead->seq & (RAIL_IB_SLOTS - 1)];
 
-		if (rec->num == lead->seq && rec->lead == lead) {
+		if (rail_ib_sent_num(rec) == lead->seq && rec->lead == lead) {
 			rec->lead = NULL;
 			memset(rec->reqs, 0, sizeof(rec->reqs));
 			rec->acked = 1;

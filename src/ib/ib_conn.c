@@ -20,15 +20,16 @@
  * first clear-to-send entry is the receiver's "go". The socket stays open
  * with the comm: its closing tells a waiting side that the peer died.
  *
- * QP creation and the RTR/RTS transitions run in a short-lived helper
- * thread (joined before the call that sees it finish returns): on RoCE the
- * kernel resolves the peer's address inside ibv_modify_qp(RTR), which can
- * take a second, and connect/accept must not block NCCL's proxy thread.
- * There alone a failed ibv_modify_qp is tried again (NCCL_IB_MQP_RETRY_*,
- * ib_mqp.c); freeing the handshake cuts its sleep short.
+ * QP creation and the RTR/RTS transitions run as a job on a helper thread
+ * (ib_job.c: threads shared by every handshake, a new one only when none is
+ * idle, so handshakes progress side by side): on RoCE the kernel resolves
+ * the peer's address inside ibv_modify_qp(RTR), which can take a second,
+ * and connect/accept must not block NCCL's proxy thread. There alone a
+ * failed ibv_modify_qp is tried again (NCCL_IB_MQP_RETRY_*, ib_mqp.c);
+ * freeing the handshake cuts its sleep short, or takes a queued step back.
  */
 #include <poll.h>
-#include <pthread.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +38,7 @@
 #include "fdlimit.h"
 #include "handle.h"
 #include "ib/ib.h"
+#include "ib/ib_job.h"
 #include "ib/ib_subnet.h"
 #include "log.h"
 #include "param.h"
@@ -90,13 +92,11 @@ struct rail_ib_hs {
 	uint8_t buf[RAIL_IB_HDR_SIZE + RAIL_IB_BODY_MAX];
 	size_t len, off;
 	int body_len;
-	/* the helper thread doing the verbs part of a step */
+	/* the helper thread's job: the verbs part of a step (ib_job.c) */
 	struct rail_ib_msg msg;
 	int (*work)(struct rail_ib_hs *hs);
 	enum hs_state after;
-	pthread_t worker;
-	int worker_started;
-	atomic_int worker_done;
+	struct rail_ib_job job;	/* first member's container: hs_job_main */
 	int worker_err;
 	atomic_int cancel;	/* hs_free: a retrying ibv_modify_qp stops (ib_mqp.c) */
 	struct rail_ib_mqp_retry retry;
@@ -166,25 +166,18 @@ static struct rail_ib_comm *comm_new(int vdev, int is_send, const char *peer, in
 
 /* ---- handshake I/O ------------------------------------------------------ */
 
-static void *hs_worker_main(void *arg)
+/* The helper thread's job: one step's verbs work. */
+static void hs_job_main(struct rail_ib_job *j)
 {
-	struct rail_ib_hs *hs = arg;
+	struct rail_ib_hs *hs = (struct rail_ib_hs *)((char *)j - offsetof(struct rail_ib_hs, job));
 
 	hs->worker_err = hs->work(hs);
-	atomic_store(&hs->worker_done, 1);
-	return NULL;
 }
 
-/* The helper thread, the only one whose ibv_modify_qp retries and sleeps. */
-static void *hs_thread_main(void *arg)
-{
-	struct rail_ib_hs *hs = arg;
-
-	rail_ib_mqp_retry_set(&hs->retry);
-	return hs_worker_main(hs);
-}
-
-/* Run work(hs) in a helper thread; the handshake goes to state next after it. */
+/*
+ * Run work(hs) on a helper thread (ib_job.c, shared by every handshake);
+ * the handshake goes to state next after it.
+ */
 static void hs_spawn(struct rail_ib_hs *hs, int (*work)(struct rail_ib_hs *hs),
 		     enum hs_state next)
 {
@@ -195,28 +188,21 @@ static void hs_spawn(struct rail_ib_hs *hs, int (*work)(struct rail_ib_hs *hs),
 	hs->state = HS_WORKING;
 	hs->retry.deadline_ns = limit > 0 ? hs->start_ns + (uint64_t)limit * 1000000000ull : 0;
 	hs->retry.cancel = &hs->cancel;
-	atomic_store(&hs->worker_done, 0);
-	if (pthread_create(&hs->worker, NULL, hs_thread_main, hs) == 0) {
-		hs->worker_started = 1;
+	hs->job.fn = hs_job_main;
+	hs->job.retry = &hs->retry;
+	if (rail_ib_job_start(&hs->job) == 0)
 		return;
-	}
-	hs_worker_main(hs);	/* no thread: do it here, NCCL's thread, without retries */
-}
-
-static void hs_join(struct rail_ib_hs *hs)
-{
-	if (hs->worker_started) {
-		pthread_join(hs->worker, NULL);
-		hs->worker_started = 0;
-	}
+	/* no thread: do it here, NCCL's thread, without retries */
+	hs->worker_err = work(hs);
+	atomic_store(&hs->job.done, 1);
 }
 
 /* -EAGAIN while the helper runs, then its result. */
 static int hs_wait(struct rail_ib_hs *hs)
 {
-	if (!atomic_load(&hs->worker_done))
+	if (!rail_ib_job_done(&hs->job))
 		return -EAGAIN;
-	hs_join(hs);
+	(void)rail_ib_job_cancel(&hs->job);	/* done: the job is free for the next step */
 	if (hs->worker_err)
 		return hs->worker_err;
 	hs->state = hs->after;
@@ -226,7 +212,7 @@ static int hs_wait(struct rail_ib_hs *hs)
 static void hs_free(struct rail_ib_hs *hs)
 {
 	atomic_store(&hs->cancel, 1);	/* a helper asleep between retries ends within 50 ms */
-	hs_join(hs);
+	(void)rail_ib_job_cancel(&hs->job);	/* a queued step never runs; a running one ends */
 	if (hs->fd >= 0)
 		close(hs->fd);
 	rail_ib_comm_free(hs->comm);

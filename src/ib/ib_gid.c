@@ -241,7 +241,9 @@ void rail_ib_gid_choose(const struct rail_ib_gid_entry *tab, int n,
 
 int rail_ib_gid_select(const char *dev, int port, int tbl_len, struct rail_ib_gid_choice *out)
 {
-	struct rail_ib_gid_entry *tab = calloc(RAIL_IB_GID_MAX, sizeof(*tab));
+	/* as many entries as the port has (each connection reads them: ib_qp.c member_ready) */
+	int max = tbl_len > 0 && tbl_len < RAIL_IB_GID_MAX ? tbl_len : RAIL_IB_GID_MAX;
+	struct rail_ib_gid_entry *tab = calloc((size_t)max, sizeof(*tab));
 	struct rail_ib_gid_params p;
 	struct rail_ib_gid_choice c;
 	int n;
@@ -249,7 +251,7 @@ int rail_ib_gid_select(const char *dev, int port, int tbl_len, struct rail_ib_gi
 	if (!tab)
 		return -ENOMEM;
 	rail_ib_gid_params_from_env(&p);
-	n = rail_ib_gid_table(dev, port, tbl_len, tab, RAIL_IB_GID_MAX);
+	n = rail_ib_gid_table(dev, port, tbl_len, tab, max);
 	if (n < 0 && p.forced_index < 0) {
 		snprintf(out->reason, sizeof(out->reason), "cannot read the GID table of %s:%d "
 			 "from sysfs (%s); set NCCL_IB_GID_INDEX", dev, port, RAIL_ERRSTR(n));

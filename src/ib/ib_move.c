@@ -74,6 +74,7 @@
 #include "log.h"
 #include "param.h"
 #include "rail.h"
+#include "zmem.h"
 #include "sock.h"
 
 #define DRAIN_NS (5ull * 1000000000ull)
@@ -710,7 +711,7 @@ static int step_resume(struct rail_ib_comm *c)
 
 			rail_ib_qp_set(c, n, &first, &count);
 			for (int j = 0; j < count; j++)
-				again += c->sent[n & (RAIL_IB_SLOTS - 1)].num == n &&
+				again += rail_ib_sent_num(&c->sent[n & (RAIL_IB_SLOTS - 1)]) == n &&
 					 c->rp_ans[first + j] <= n;
 		}
 		eager = rail_ib_eager_replay(c, ps->e_seen);
@@ -995,11 +996,10 @@ void rail_ib_move_arm(struct rail_ib_comm *c, int peer_failover)
 	if (rail_ib_chan_open(c))
 		return;	/* no room for the messages: no failover for this comm */
 	if (is_send(c)) {
-		c->sent = calloc(RAIL_IB_SLOTS, sizeof(*c->sent));
+		/* zeroed pages, no record in any slot, touched as CTSes are answered (zmem.h) */
+		c->sent = rail_zalloc(RAIL_IB_SLOTS * sizeof(*c->sent), 64);
 		if (!c->sent)
 			return;	/* no records: no failover for this comm */
-		for (int k = 0; k < RAIL_IB_SLOTS; k++)
-			c->sent[k].num = UINT64_MAX;
 	}
 	c->failover = 1;
 	c->base.guarded = rail_guard_setup();	/* NCCL's calls and the move thread take turns */
@@ -1021,7 +1021,7 @@ int rail_ib_move_free(struct rail_ib_comm *c, void (*later)(struct rail_ib_comm 
 	rail_ib_probe_stop(c);
 	if (c->chan)
 		rail_ib_chan_close(c);
-	free(c->sent);
+	rail_zfree(c->sent, RAIL_IB_SLOTS * sizeof(*c->sent));
 	c->sent = NULL;
 	return 0;
 }

@@ -4,8 +4,9 @@
  * address resolution inside the RTR transition can time out while the
  * fabric's neighbour tables fill at start-up, and a later try succeeds.
  *
- * Only a thread that carries a retry policy retries: the connect
- * handshake's helper thread (ib_conn.c sets it). Every other caller makes
+ * Only a thread that carries a retry policy retries: a connect
+ * handshake's helper thread, while it runs that handshake's job (ib_job.c
+ * sets it). Every other caller makes
  * one attempt, as before: NCCL's proxy thread (which runs the handshake's
  * work itself when no helper thread could be started), the move thread
  * (one per process: a sleep there would stall every other move) and the

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "ib/ib.h"
+#include "ib/ib_job.h"
 #include "log.h"
 #include "param.h"
 
@@ -70,6 +71,7 @@ static int ib_init(char *why, size_t why_len)
 
 static void ib_fini(void)
 {
+	rail_ib_job_fini();	/* the handshakes' helper threads */
 	rail_ib_move_fini();
 	for (int i = 0; i < rail_ib_hca_count(); i++) {
 		struct rail_ib_hca *hca = rail_ib_hca_get(i);

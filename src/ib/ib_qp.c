@@ -18,6 +18,7 @@
 #include "log.h"
 #include "param.h"
 #include "rail.h"
+#include "zmem.h"
 
 /* Receive queue depth: one WR per QP per unanswered CTS (<= RAIL_IB_SLOTS). */
 /* answers to CTSes in flight; the order-safe eager ring's receives on QP 0 (ib_eager.c) */
@@ -67,12 +68,11 @@ static int alloc_ctrl(struct rail_ib_comm *c, int is_send)
 	size_t ctrl_len = is_send ? RAIL_IB_SEND_CTRL_BYTES : RAIL_IB_RECV_CTRL_BYTES;
 	size_t scratch_len = is_send ? RAIL_IB_SEND_SCRATCH_BYTES : RAIL_IB_RECV_SCRATCH_BYTES;
 
-	*ctrl = aligned_alloc(4096, RAIL_ALIGN_UP(ctrl_len, 4096));
-	*scratch = aligned_alloc(4096, RAIL_ALIGN_UP(scratch_len, 4096));
+	/* zeroed pages, touched when used (or pinned by ibv_reg_mr): zmem.h */
+	*ctrl = rail_zalloc(ctrl_len, 4096);
+	*scratch = rail_zalloc(scratch_len, 4096);
 	if (!*ctrl || !*scratch)
 		return -ENOMEM;
-	memset(*ctrl, 0, ctrl_len);
-	memset(*scratch, 0, scratch_len);
 	for (int m = 0; m < c->ndevs; m++) {
 		struct rail_ib_devres *r = &c->res[m];
 
@@ -187,10 +187,10 @@ void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 	}
 	for (int m = 0; m < c->ndevs; m++)
 		devres_release(&c->res[m]);
-	free(c->fifo);
-	free(c->sizes);
-	free(c->cmpl);
-	free(c->cts_stage);
+	rail_zfree(c->fifo, RAIL_IB_SEND_CTRL_BYTES);
+	rail_zfree(c->sizes, RAIL_IB_SEND_SCRATCH_BYTES);
+	rail_zfree(c->cmpl, RAIL_IB_RECV_CTRL_BYTES);
+	rail_zfree(c->cts_stage, RAIL_IB_RECV_SCRATCH_BYTES);
 	c->fifo = c->sizes = c->cmpl = c->cts_stage = NULL;
 }
 

@@ -324,7 +324,7 @@ static void sent_record(struct rail_ib_comm *c, struct rail_ib_req *lead, int ea
 	const struct rail_ib_batch *b = &c->batch;
 	struct rail_ib_sent *rec = &c->sent[c->seq & SLOT_MASK];
 
-	rec->num = c->seq;
+	rec->num_inv = ~c->seq;
 	rec->nreqs = b->nreqs;
 	rec->early = early;
 	rec->acked = 0;
@@ -439,8 +439,8 @@ static void sent_finish(struct rail_ib_comm *c)
 		struct rail_ib_req *lead = rec->lead;
 		int left = 0;
 
-		if (!lead || !lead->flushed || rec->num >= c->rp_end ||
-		    rec->num + RAIL_IB_SLOTS < c->rp_end)
+		if (!lead || !lead->flushed || rail_ib_sent_num(rec) >= c->rp_end ||
+		    rail_ib_sent_num(rec) + RAIL_IB_SLOTS < c->rp_end)
 			continue;
 		lead->flushed = 0;
 		for (int m = 0; m < c->ndevs; m++)
@@ -463,7 +463,7 @@ static int send_replay(struct rail_ib_comm *c)
 		rail_ib_qp_set(c, n, &first, &count);
 		for (int j = 0; j < count; j++)
 			lost |= c->rp_ans[first + j] <= n;
-		if (rec->num == n && lost) {
+		if (rail_ib_sent_num(rec) == n && lost) {
 			if (rail_ib_cts_seq(c->fifo + (n & SLOT_MASK) * RAIL_MAX_RECVS *
 					    RAIL_IB_CTS_SIZE) != (uint32_t)(n + 1))
 				return 0;	/* the receiver has not written it again yet */
