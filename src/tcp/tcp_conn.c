@@ -16,11 +16,16 @@
 
 #define TCP_STAGE_MAGIC 0x47545354u /* "TSTG" */
 /*
- * Accepted sockets whose hello has not arrived, at most: beyond, the oldest
- * is dropped (a real connector sends its hello right after connecting; an
- * idle one is a stray: a port scanner, a health check, a confused client).
+ * Accepted sockets whose hello has not arrived, at most. One that has sent
+ * no hello for TCP_STRAY_GRACE_NS is a stray (a port scanner, a health
+ * check, a confused client): beyond the bound the oldest such one is
+ * dropped. A younger one may be a real connector whose hello is late (a
+ * loaded host, NCCL opening many connections at once), so it is never
+ * dropped for room: when every pending socket is younger, the newcomer is
+ * closed instead (the verbs listener uses the same grace, ib_conn.c).
  */
 #define TCP_MAX_PENDING 128
+#define TCP_STRAY_GRACE_NS (2ull * 1000000000ull)
 /* How long a refused connect is retried (listener backlog full, or not yet there). */
 #define TCP_REFUSED_RETRY_NS (5ull * 1000000000ull)
 
@@ -54,6 +59,7 @@ struct tcp_listen_comm {
 	struct tcp_group *groups;
 	int ngroups, cap_groups;
 	unsigned long dropped;	/* strays dropped to make room (the first is a WARN) */
+	struct rail_log_flood turned;	/* newcomers closed: every pending one was young */
 };
 
 /* Connector state, kept in the handle across NCCL's connect() retries. */
@@ -479,15 +485,11 @@ static int progress_pending(struct tcp_listen_comm *lc)
 	return err;
 }
 
-/* Close the pending socket that has waited longest for its hello, to make room. */
-static void drop_oldest(struct tcp_listen_comm *lc, const char *why)
+/* Close pending socket o, which sent no hello, to make room. */
+static void drop_one(struct tcp_listen_comm *lc, int o, const char *why)
 {
-	int o = 0;
 	uint64_t ms;
 
-	for (int i = 1; i < lc->npend; i++)
-		if (lc->pend[i].t0 < lc->pend[o].t0)
-			o = i;
 	ms = (rail_now_ns() - lc->pend[o].t0) / 1000000;
 	if (lc->dropped++ == 0)
 		RAIL_WARN("accept on %s (%s): dropping the connection from %s, which sent no hello "
@@ -501,6 +503,58 @@ static void drop_oldest(struct tcp_listen_comm *lc, const char *why)
 			  RAIL_ADDRSTR(&lc->pend[o].peer), (unsigned long long)ms, why, lc->dropped);
 	close(lc->pend[o].fd);
 	lc->pend[o] = lc->pend[--lc->npend];
+}
+
+/* Close the pending socket that has waited longest for its hello, to make room. */
+static void drop_oldest(struct tcp_listen_comm *lc, const char *why)
+{
+	int o = 0;
+
+	for (int i = 1; i < lc->npend; i++)
+		if (lc->pend[i].t0 < lc->pend[o].t0)
+			o = i;
+	drop_one(lc, o, why);
+}
+
+/* The oldest pending socket past the stray grace, or -1 when all are younger. */
+static int oldest_stray(const struct tcp_listen_comm *lc)
+{
+	uint64_t now = rail_now_ns();
+	int o = -1;
+
+	for (int i = 0; i < lc->npend; i++)
+		if (now - lc->pend[i].t0 >= TCP_STRAY_GRACE_NS &&
+		    (o < 0 || lc->pend[i].t0 < lc->pend[o].t0))
+			o = i;
+	return o;
+}
+
+/*
+ * The pending list is full: drop the oldest stray to make room (0), or
+ * close the newcomer fd (1) when every pending socket is within its grace.
+ */
+static int make_room(struct tcp_listen_comm *lc, int fd, const union rail_sockaddr *peer)
+{
+	unsigned long before;
+	int o = oldest_stray(lc);
+
+	if (o >= 0) {
+		drop_one(lc, o, "too many connections without a hello");
+		return 0;
+	}
+	if (rail_log_flood(&lc->turned, rail_now_ns(), &before) == RAIL_LOG_WARN)
+		RAIL_WARN("accept on %s (%s): closing the new connection from %s: %d connections "
+			  "wait for their hello, all for less than %llu ms (%lu more closed in the "
+			  "minute before, at INFO; further ones this minute are logged at INFO); a "
+			  "flood of port scans or health checks?", tcp_dev_get(lc->base.dev)->name,
+			  RAIL_ADDRSTR(&lc->addr), RAIL_ADDRSTR(peer), lc->npend,
+			  TCP_STRAY_GRACE_NS / 1000000, before);
+	else
+		RAIL_INFO(RAIL_LOG_NET, "accept on %s: closed the new connection from %s (%d "
+			  "younger than %llu ms wait for their hello)", RAIL_ADDRSTR(&lc->addr),
+			  RAIL_ADDRSTR(peer), lc->npend, TCP_STRAY_GRACE_NS / 1000000);
+	close(fd);
+	return 1;
 }
 
 /*
@@ -556,8 +610,8 @@ static int accept_new(struct tcp_listen_comm *lc)
 				close(fd);
 				return err;
 			}
-			if (lc->npend >= TCP_MAX_PENDING)
-				drop_oldest(lc, "too many connections without a hello");
+			if (lc->npend >= TCP_MAX_PENDING && make_room(lc, fd, &peer))
+				continue;
 		}
 		err = grow((void **)&lc->pend, &lc->cap_pend, lc->npend + 1, sizeof(*lc->pend));
 		if (err) {
