@@ -146,12 +146,19 @@ static void stage_layout(struct tcp_stage *s)
 		nt = TCP_DEFAULT_THREADS;
 	if (spt <= 0)
 		spt = TCP_DEFAULT_SOCKS_PER_THREAD;
-	s->layout.nthreads = (uint16_t)RAIL_MIN(nt, TCP_MAX_THREADS);
+	s->layout.nthreads = (uint8_t)RAIL_MIN(nt, TCP_MAX_THREADS);
 	s->layout.nsocks = (uint16_t)RAIL_MIN(s->layout.nthreads * spt, TCP_MAX_SOCKS);
 	s->layout.inline_max = tcp_inline_max(why, sizeof(why));
 	s->layout.min_chunk = (uint32_t)rail_param_int(RAIL_P_TCP_MIN_CHUNK);
 	s->layout.nonce = s->h.nonce;
 	s->layout.conn_id = rail_random64();
+	s->layout.flags = rail_param_int(RAIL_P_TCP_LAZY) ? TCP_HELLO_LAZY : 0;
+}
+
+/* The sockets opened at connect: the control socket, and the data sockets unless lazy. */
+static int layout_fds(const struct tcp_hello *l)
+{
+	return (l->flags & TCP_HELLO_LAZY) ? 1 : l->nsocks + 1;
 }
 
 /* The listener's handle names another release (a wire mismatch is then the likely cause). */
@@ -187,7 +194,7 @@ static int stage_create(int dev, void *handle, struct tcp_stage **out)
 	s->dev = dev;
 	s->t0 = rail_now_ns();
 	stage_layout(s);
-	s->nfds = s->layout.nsocks + 1;
+	s->nfds = layout_fds(&s->layout);
 	for (int i = 0; i < s->nfds; i++) {
 		struct tcp_hello hh = s->layout;
 
@@ -422,6 +429,7 @@ static int group_add(struct tcp_listen_comm *lc, struct tcp_pending *p, const st
 			g->fds[i] = -1;
 	}
 	if (g->layout.nsocks != h->nsocks || g->layout.nthreads != h->nthreads ||
+	    g->layout.flags != h->flags ||
 	    g->layout.inline_max != h->inline_max || g->layout.min_chunk != h->min_chunk ||
 	    g->fds[h->index] >= 0) {
 		refuse(p, EBADMSG, "inconsistent hello within one connection");
@@ -642,12 +650,12 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 		size_t off = 0;
 		int err;
 
-		if (g->nfds < g->layout.nsocks + 1) {
+		if (g->nfds < layout_fds(&g->layout)) {
 			if (tcp_timed_out(g->t0)) {
 				RAIL_WARN("accept: connection %016llx from %s never completed (%d of "
 					  "%d sockets arrived); dropped",
 					  (unsigned long long)g->conn_id, RAIL_ADDRSTR(&g->peer),
-					  g->nfds, g->layout.nsocks + 1);
+					  g->nfds, layout_fds(&g->layout));
 				group_drop(lc, i--);
 			}
 			continue;

@@ -462,6 +462,7 @@ static void test_thread_failure_closes_once(void **state)
 	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
 	setenv("NCCL_RAIL_TCP_FAULT", "pthread_create:EAGAIN:1+", 1);
 	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
+	setenv("NCCL_RAIL_TCP_LAZY", "0", 1);	/* the data sockets at connect */
 	unit_log_capture();
 	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
 	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
@@ -505,6 +506,7 @@ static void test_thread_failure_closes_once(void **state)
 		close(sent[i]);
 	unsetenv("NCCL_RAIL_TCP_FAULT");
 	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
+	unsetenv("NCCL_RAIL_TCP_LAZY");
 }
 
 #define STRAYS 100
