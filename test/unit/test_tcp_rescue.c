@@ -267,18 +267,65 @@ static double ms_since(uint64_t t0)
 	return (double)(rail_now_ns() - t0) / 1e6;
 }
 
-/* Messages until the send comm logs its move (or 10 s); the ms from the link going down. */
-static double until_moved(struct pair *p, uint64_t t_down, unsigned *k)
+/* Messages of len bytes until the send comm logs its move (or 10 s); ms since t_down. */
+static double until_moved_len(struct pair *p, uint64_t t_down, unsigned *k, size_t len)
 {
 	uint64_t until = t_down + 10000000000ull;
 
 	while (rail_now_ns() < until) {
 		if (unit_log_count2(RAIL_LOG_WARN, "send comm to peer", "moved from uta0") > 0)
 			return ms_since(t_down);
-		if (one_message(p, MSG, (*k)++, until, NULL, NULL))
+		if (one_message(p, len, (*k)++, until, NULL, NULL))
 			return -1;
 	}
 	return -1;
+}
+
+static double until_moved(struct pair *p, uint64_t t_down, unsigned *k)
+{
+	return until_moved_len(p, t_down, k, MSG);
+}
+
+/*
+ * Lazy data sockets: a comm that carried only small messages moves its
+ * control socket alone when uta0 goes down; its first large message after
+ * the move opens the data sockets on the new path (uta1), every byte right.
+ */
+static int move_before_open_main(void)
+{
+	struct pair p;
+	unsigned k = 0;
+	double moved_ms;
+
+	unit_log_capture();
+	CHECK(pair_open(&p) == 0, "the send and receive comms (failover on) were not set up");
+	for (int i = 0; i < 8; i++)
+		CHECK(one_message(&p, 1000, k++, rail_now_ns() + 5000000000ull, NULL, NULL) == 0,
+		      "small message %u before the fault", k - 1);
+	CHECK(p.s->nsocks == 0 && p.r->nsocks == 0, "data sockets open after small messages only "
+	      "(send %d, receive %d)", p.s->nsocks, p.r->nsocks);
+	CHECK(sh("ip link set uta0 down") == 0, "ip link set uta0 down failed");
+	moved_ms = until_moved_len(&p, rail_now_ns(), &k, 1000);
+	CHECK(moved_ms >= 0, "no move of the control socket within 10 s of uta0 going down");
+	CHECK(p.s->nsocks == 0 && p.r->nsocks == 0, "data sockets opened by the move (send %d, "
+	      "receive %d)", p.s->nsocks, p.r->nsocks);
+	for (int i = 0; i < 4; i++)
+		CHECK(one_message(&p, MSG, k++, rail_now_ns() + 5000000000ull, NULL, NULL) == 0,
+		      "large message %u after the move", k - 1);
+	CHECK(p.s->nsocks > 0 && p.r->nsocks == p.s->nsocks, "after large messages: %d data "
+	      "sockets on the send comm, %d on the receive comm", p.s->nsocks, p.r->nsocks);
+	fprintf(stderr, "move before open: moved %.1f ms after uta0 went down; then %d data "
+		"sockets opened\n", moved_ms, p.s->nsocks);
+	pair_close(&p);
+	rail_net_finalize(p.ctx);
+	unit_log_release();
+	return 0;
+}
+
+static void test_move_before_open(void **state)
+{
+	(void)state;
+	run_child(move_before_open_main, "a move before the data sockets open", 60);
 }
 
 /*
@@ -708,6 +755,7 @@ static void test_flood(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_move_before_open),
 		cmocka_unit_test(test_finalize_with_strangers),
 		cmocka_unit_test(test_strangers_do_not_stop_the_move),
 		cmocka_unit_test(test_forged_move_refused),
