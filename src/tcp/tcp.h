@@ -16,10 +16,10 @@
  * challenge-response as a move, proving it holds the comm's key; the hello
  * says how many it opens (the layout's nsocks, or 1 once the process holds
  * TCP_LAZY_BUDGET comms with data sockets, tcp_host.c). That message and
- * any after it wait in the sender's FIFO (their frames not written) until
+ * any large one after it wait (their frames sent, their chunks held) until
  * the sockets are up; the receiver takes them (tcp_move_take_open) when it
  * reads the frame of a large message, waiting for the rescue thread to
- * deliver them if need be. A comm moves (failover) the sockets it has: its
+ * deliver them if need be (a wait NCCL_RAIL_STALL_TIMEOUT bounds). A comm moves (failover) the sockets it has: its
  * control socket alone before the open; an open under way is dropped for a
  * move and started again after it. Without a listener on the receiver's
  * side (its reply names none) every message goes on the control socket.
@@ -382,7 +382,8 @@ struct tcp_req {
 	uint64_t ctl_end;		/* send, failover: control stream offset after its bytes */
 	uint64_t first_seq;		/* receive: the message of its first matched entry */
 	uint64_t seq;			/* send: its message number */
-	int held;			/* send: its chunks wait for the lazy open (not dispatched) */
+	int held;			/* send: its chunks wait for the lazy open (one pending) */
+	struct tcp_req *held_next;	/* send: the next held request */
 	_Atomic size_t moved;		/* receive: bytes arrived for its entries */
 	_Atomic int pending;		/* chunks still with helper threads */
 	_Atomic int failed;		/* a helper could not move one of them */
@@ -403,7 +404,8 @@ struct tcp_comm {
 	int lazy_max;			/* the layout's nsocks: at most this many */
 	int lazy_threads;		/* and its nthreads */
 	int counted;			/* in tcp_data_comms */
-	int held;			/* send: large messages waiting for the open (FIFO order) */
+	int held;			/* send: large messages waiting for the open */
+	struct tcp_req *held_head, *held_tail;	/* send: them, in posting order */
 	int help;			/* NCCL_RAIL_TCP_HELP */
 	size_t inline_max;
 	size_t min_chunk;

@@ -257,20 +257,24 @@ static int poll_refusal(struct tcp_comm *c)
 
 /*
  * Send, lazy: once the data sockets are open, dispatch the large messages
- * that waited for them, in order (their frames follow: tcp_ctl_flush stops
- * at the first held request).
+ * that waited for them, in order. Their frames went out at once (so the
+ * receiver sees the message begun, and bounds a stall); a held request
+ * counts one pending chunk until then, so it does not complete.
  */
 static void release_held(struct tcp_comm *c)
 {
 	if (!c->nsocks)
 		return;
-	for (struct tcp_req *r = c->fifo_head; r && c->held; r = r->next) {
-		if (!r->held)
-			continue;
+	while (c->held_head) {
+		struct tcp_req *r = c->held_head;
+
+		c->held_head = r->held_next;
 		dispatch(c, r, 0, r->seq, r->data[0], r->size[0]);
 		r->held = 0;
 		c->held--;
+		atomic_fetch_sub_explicit(&r->pending, 1, memory_order_release);
 	}
+	c->held_tail = NULL;
 }
 
 int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
@@ -287,6 +291,9 @@ int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, siz
 		poll_refusal(c);
 	if (rail_unlikely(tcp_move_due(c)))
 		tcp_move_send(c);
+	/* The open may have completed just now: the messages that waited for it go first. */
+	if (rail_unlikely(c->held))
+		release_held(c);
 	err = atomic_load(&c->error);
 	if (err)
 		return err;
@@ -299,11 +306,20 @@ int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, siz
 	r->held = 0;
 	if (size <= c->inline_max)
 		inline_event(c, r, 0, size);
-	else if (c->nsocks)
+	else if (c->nsocks && !c->held)
 		dispatch(c, r, 0, c->seq, data, size);
 	else
-		r->held = 1;	/* until the data sockets are open */
-	c->held += r->held;
+		r->held = 1;	/* after the data sockets are open and the earlier held ones */
+	if (rail_unlikely(r->held)) {
+		atomic_fetch_add_explicit(&r->pending, 1, memory_order_relaxed);
+		r->held_next = NULL;
+		if (c->held_tail)
+			c->held_tail->held_next = r;
+		else
+			c->held_head = r;
+		c->held_tail = r;
+		c->held++;
+	}
 	c->seq++;
 	tcp_ctl_push(c, r);
 	if (rail_unlikely(r->held) && !c->mv)
@@ -520,8 +536,9 @@ static int check_stall(struct tcp_comm *c, struct tcp_req *r)
 
 	if (!c->stall_ns || (++c->polls & 63))
 		return 0;
-	if (!c->rx_frame_off && !c->rx_req && !atomic_load_explicit(&r->pending,
-								    memory_order_relaxed))
+	/* A frame read and held (its data sockets not open yet) is a message begun too. */
+	if (!c->rx_frame_off && !c->rx_have_frame && !c->rx_req &&
+	    !atomic_load_explicit(&r->pending, memory_order_relaxed))
 		return 0;
 	moved = atomic_load_explicit(&c->rx_moved, memory_order_relaxed);
 	now = rail_now_ns();
@@ -532,7 +549,11 @@ static int check_stall(struct tcp_comm *c, struct tcp_req *r)
 	}
 	if (now - c->stall_since < c->stall_ns)
 		return 0;
-	if (c->rx_frame_off && !c->rx_req && !atomic_load(&r->pending)) {
+	if (c->rx_have_frame) {
+		msg = c->seq;
+		expect = c->rx.size;
+		got = 0;
+	} else if (c->rx_frame_off && !c->rx_req && !atomic_load(&r->pending)) {
 		msg = c->seq;
 		expect = TCP_FRAME_SIZE;
 		got = c->rx_frame_off;

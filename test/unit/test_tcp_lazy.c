@@ -123,10 +123,13 @@ static void batch(struct pair *p, int n, const size_t *sizes, const int *tags, u
 			assert_int_equal(rail_net_irecv(p->rc, 1, &data, &sz, &tag, NULL, &rreq[i]),
 					 ncclSuccess);
 	}
-	for (int i = 0; i < n; i++)
+	/* 1 ms between sends: an open under way completes between two of them. */
+	for (int i = 0; i < n; i++) {
 		while (!sreq[i])
 			assert_int_equal(rail_net_isend(p->sc, sbuf[i], sizes[i], tags[i], NULL,
 							&sreq[i]), ncclSuccess);
+		usleep(1000);
+	}
 	while (left && rail_now_ns() < deadline) {
 		for (int i = 0; i < n; i++) {
 			if (!sdone[i]) {
