@@ -596,6 +596,12 @@ void tcp_pool_ack(struct tcp_comm *c);
 #define TCP_RESCUE_PENDING 512
 #define TCP_RESCUE_HELLO_NS (2ull * 1000000000ull)
 #define TCP_RESCUE_MIN_AGE_NS (500ull * 1000000ull)
+/*
+ * A lazy comm's open: how long the sender waits for its connects and the
+ * challenges, and the listener for the proof of a hello that named one of
+ * its comms (never closed to make room meanwhile).
+ */
+#define TCP_RESCUE_OPEN_NS (30ull * 1000000000ull)
 /* Start the rescue listeners and the link watch (failover on, two interfaces or more). */
 void tcp_rescue_start(void);
 void tcp_rescue_stop(void);

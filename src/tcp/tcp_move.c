@@ -161,6 +161,12 @@ static void dial_note(struct tcp_move *mv, int err)
 						  mv->tried_off ? ", " : "", RAIL_ADDRSTR(&mv->to), why);
 }
 
+/* How long a candidate may take to connect, then to answer the hellos. */
+static uint64_t dial_limit(const struct tcp_move *mv)
+{
+	return mv->open ? TCP_RESCUE_OPEN_NS : TCP_MOVE_CONNECT_NS;
+}
+
 /*
  * Start non-blocking connects of all sockets to the next candidate: the
  * peer's home address for a move back, else any of its rescue addresses
@@ -179,7 +185,7 @@ static int dial_next(struct tcp_comm *c, struct tcp_move *mv)
 		if (mv->open ? same != first : mv->back ? !tcp_same_ip(to, &c->home_peer) : same)
 			continue;
 		mv->to = *to;
-		mv->deadline = rail_now_ns() + TCP_MOVE_CONNECT_NS;
+		mv->deadline = rail_now_ns() + dial_limit(mv);
 		err = 0;
 		for (int i = 0; i < mv->n && !err; i++)
 			err = rail_sock_connect_start(to, &mv->fds[i]);
@@ -268,7 +274,7 @@ static int send_hellos(struct tcp_comm *c, struct tcp_move *mv)
 			return n < 0 ? -errno : -EIO; /* a new socket has room for 56 bytes */
 		mv->chal_off[i] = 0;
 	}
-	mv->deadline = rail_now_ns() + TCP_MOVE_CONNECT_NS;
+	mv->deadline = rail_now_ns() + dial_limit(mv);
 	return 0;
 }
 

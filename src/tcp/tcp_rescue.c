@@ -334,27 +334,45 @@ static int pend_step(struct rs_conn *p)
 	return 1;
 }
 
-/* Close the connections whose handshake is not done within TCP_RESCUE_HELLO_NS. */
+/*
+ * A data socket of an open whose hello named a comm of this process (its
+ * random connection id and nonce, known to the two ends only): its proof
+ * comes at the sender's next progress call, which a loaded host or many
+ * opens at once can delay, so it gets TCP_RESCUE_OPEN_NS and is never
+ * closed to make room.
+ */
+static int pend_is_open(const struct rs_conn *p)
+{
+	return p->proving && p->h.kind == TCP_MOVE_OPEN;
+}
+
+static uint64_t pend_limit(const struct rs_conn *p)
+{
+	return pend_is_open(p) ? TCP_RESCUE_OPEN_NS : TCP_RESCUE_HELLO_NS;
+}
+
+/* Close the connections whose handshake is not done within their limit. */
 static void pend_expire(uint64_t now)
 {
 	for (int i = rs_npend - 1; i >= 0; i--) {
 		struct rs_conn *p = &rs_pend[i];
 
-		if (now - p->t0 < TCP_RESCUE_HELLO_NS)
+		if (now - p->t0 < pend_limit(p))
 			continue;
 		rs_log(p, 0, "rescue listener on %s: dropped the connection from %s: no %s within %llu s",
 		       RS_LST(p), RS_PEER(p), p->proving ? "proof" : "move hello",
-		       TCP_RESCUE_HELLO_NS / 1000000000ull);
+		       (unsigned long long)(pend_limit(p) / 1000000000ull));
 		pend_close(i);
 	}
 }
 
+/* The oldest connection that may be closed to make room, or -1. */
 static int pend_oldest(void)
 {
-	int o = 0;
+	int o = -1;
 
-	for (int i = 1; i < rs_npend; i++)
-		if (rs_pend[i].t0 < rs_pend[o].t0)
+	for (int i = 0; i < rs_npend; i++)
+		if (!pend_is_open(&rs_pend[i]) && (o < 0 || rs_pend[i].t0 < rs_pend[o].t0))
 			o = i;
 	return o;
 }
@@ -367,7 +385,7 @@ static int pend_room(uint64_t now)
 	if (rs_npend < TCP_RESCUE_PENDING)
 		return 1;
 	o = pend_oldest();
-	if (now - rs_pend[o].t0 < TCP_RESCUE_MIN_AGE_NS)
+	if (o < 0 || now - rs_pend[o].t0 < TCP_RESCUE_MIN_AGE_NS)
 		return 0;
 	rs_log(&rs_pend[o], 0, "rescue listener on %s: dropped the connection from %s, without a "
 	       "handshake for %llu ms, to make room (%d connections at once)", RS_LST(&rs_pend[o]),
@@ -409,9 +427,10 @@ static int rs_timeout_ms(uint64_t now, int *accepting)
 	if (!*accepting)
 		next = rs_accept_at;
 	for (int i = 0; i < rs_npend; i++)
-		next = RAIL_MIN(next, rs_pend[i].t0 + TCP_RESCUE_HELLO_NS);
+		next = RAIL_MIN(next, rs_pend[i].t0 + pend_limit(&rs_pend[i]));
 	if (rs_npend == TCP_RESCUE_PENDING) {
-		uint64_t room = rs_pend[pend_oldest()].t0 + TCP_RESCUE_MIN_AGE_NS;
+		int o = pend_oldest();
+		uint64_t room = o < 0 ? UINT64_MAX : rs_pend[o].t0 + TCP_RESCUE_MIN_AGE_NS;
 
 		next = RAIL_MIN(next, room);
 		if (now < room)
