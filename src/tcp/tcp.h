@@ -591,7 +591,9 @@ void tcp_pool_ack(struct tcp_comm *c);
  * handshake is done within TCP_RESCUE_HELLO_NS of the accept. At most
  * TCP_RESCUE_PENDING at once; beyond, the oldest is closed if it has waited
  * TCP_RESCUE_MIN_AGE_NS (a mover answers within one call of its progress
- * thread), else new connections wait in the listener's backlog.
+ * thread), else new connections wait in the listener's backlog. A lazy
+ * comm's data socket whose hello named the comm has TCP_RESCUE_OPEN_NS and
+ * is never closed to make room.
  */
 #define TCP_RESCUE_PENDING 512
 #define TCP_RESCUE_HELLO_NS (2ull * 1000000000ull)
