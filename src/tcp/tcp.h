@@ -1,12 +1,28 @@
 /*
  * nccl-net-rail: the TCP transport.
  *
- * A connection is one control socket plus nsocks data sockets, all opened
- * by the connector and grouped by the listener through a hello message
- * (magic, version, the listen comm's nonce, a connection id, the socket's
- * index and the stream layout). The connector's layout (threads, sockets,
- * inline limit, chunk size) is adopted by the listener, so both sides cut
- * messages identically.
+ * A connection is one control socket plus nsocks data sockets, opened by
+ * the connector and grouped by the listener through a hello message (magic,
+ * version, the listen comm's nonce, a connection id, the socket's index and
+ * the stream layout). The connector's layout (threads, sockets, inline
+ * limit, chunk size) is adopted by the listener, so both sides cut messages
+ * identically.
+ *
+ * Lazy data sockets (NCCL_RAIL_TCP_LAZY, the default; the hello's LAZY
+ * flag): the connection starts with its control socket alone (nsocks 0).
+ * The first message above the inline limit makes the sender open its data
+ * sockets: it dials the receiver's process-wide listener (tcp_rescue.c, the
+ * one failover uses) with an OPEN hello per data socket and the same
+ * challenge-response as a move, proving it holds the comm's key; the hello
+ * says how many it opens (the layout's nsocks, or 1 once the process holds
+ * TCP_LAZY_BUDGET comms with data sockets, tcp_host.c). That message and
+ * any large one after it wait (their frames sent, their chunks held) until
+ * the sockets are up; the receiver takes them (tcp_move_take_open) when it
+ * reads the frame of a large message, waiting for the rescue thread to
+ * deliver them if need be (a wait NCCL_RAIL_STALL_TIMEOUT bounds). A comm moves (failover) the sockets it has: its
+ * control socket alone before the open; an open under way is dropped for a
+ * move and started again after it. Without a listener on the receiver's
+ * side (its reply names none) every message goes on the control socket.
  *
  * Every message starts with a 24-byte frame header on the control socket
  * (sequence number, tag, size). Messages up to the inline limit follow
@@ -71,10 +87,11 @@
 #define TCP_FRAME_MAGIC 0x46u
 /*
  * 2: rescue addresses after the hello and the reply; 3: a key share in that
- * block, and a challenge-response on the rescue listeners.
+ * block, and a challenge-response on the rescue listeners; 4: the hello's
+ * flags (LAZY) and the OPEN kind of move hello.
  */
-#define TCP_WIRE_VERSION 3
-#define TCP_WIRE_VERSION_STR "3"
+#define TCP_WIRE_VERSION 4
+#define TCP_WIRE_VERSION_STR "4"
 #define TCP_HELLO_SIZE 40
 #define TCP_REPLY_SIZE 8
 #define TCP_FRAME_SIZE 24
@@ -85,11 +102,14 @@ struct tcp_hello {
 	uint16_t index;		/* 0: control socket, 1..nsocks: data sockets */
 	uint64_t nonce;		/* the listen comm's, from the handle */
 	uint64_t conn_id;	/* random, groups the sockets of one connection */
-	uint16_t nsocks;
-	uint16_t nthreads;
+	uint16_t nsocks;	/* LAZY: the data sockets the sender may open later */
+	uint8_t nthreads;
+	uint8_t flags;		/* TCP_HELLO_LAZY */
 	uint32_t inline_max;
 	uint32_t min_chunk;
 };
+/* Only the control socket comes now; the data sockets are opened at the first large message. */
+#define TCP_HELLO_LAZY 0x01u
 
 struct tcp_frame {
 	uint64_t seq;
@@ -153,7 +173,8 @@ void tcp_move_key(const uint8_t conn_share[TCP_SHARE_SIZE],
 #define TCP_MOVE_MAGIC 0x4d435452u /* "RTCM" */
 #define TCP_MOVE_HELLO_SIZE 56
 #define TCP_MOVE_RAND_SIZE 16
-enum { TCP_MOVE_SOCKET = 1, TCP_MOVE_KICK = 2, TCP_MOVE_BACK = 3 };
+/* OPEN: a data socket of a lazy comm's first open (index 1..nsocks), on the same interface. */
+enum { TCP_MOVE_SOCKET = 1, TCP_MOVE_KICK = 2, TCP_MOVE_BACK = 3, TCP_MOVE_OPEN = 4 };
 struct tcp_move_hello {
 	int kind;
 	uint16_t index;
@@ -244,6 +265,17 @@ int tcp_pool_size(char *why, size_t why_len);
 #define TCP_INLINE_CROWDED (4u << 20)
 #define TCP_CROWDED_CPUS 4	/* fewer CPUs per local rank: a crowded host */
 uint32_t tcp_inline_max(char *why, size_t why_len);
+/*
+ * Lazy data sockets: how many a comm opens, wanting `want`: all of them
+ * while fewer than TCP_LAZY_BUDGET comms of this process hold data
+ * sockets, else 1 (bandwidth then comes from the many comms at once).
+ * tcp_data_comms_add counts a comm that got (+1) or closed (-1) its data
+ * sockets.
+ */
+#define TCP_LAZY_BUDGET 64
+int tcp_lazy_socks(int want);
+void tcp_data_comms_add(int d);
+int tcp_data_comms(void);
 /*
  * The ranks a launcher says share this host (OMPI_COMM_WORLD_LOCAL_SIZE,
  * MPI_LOCALNRANKS, LOCAL_WORLD_SIZE, SLURM_NTASKS_PER_NODE), or 0; *from
@@ -349,6 +381,9 @@ struct tcp_req {
 	int ctrl_done;			/* nothing left for the control socket */
 	uint64_t ctl_end;		/* send, failover: control stream offset after its bytes */
 	uint64_t first_seq;		/* receive: the message of its first matched entry */
+	uint64_t seq;			/* send: its message number */
+	int held;			/* send: its chunks wait for the lazy open (one pending) */
+	struct tcp_req *held_next;	/* send: the next held request */
 	_Atomic size_t moved;		/* receive: bytes arrived for its entries */
 	_Atomic int pending;		/* chunks still with helper threads */
 	_Atomic int failed;		/* a helper could not move one of them */
@@ -363,6 +398,14 @@ struct tcp_comm {
 	int fds[TCP_MAX_SOCKS];
 	struct tcp_stream streams[TCP_MAX_SOCKS];
 	int nattached;			/* streams handed to the pool */
+	uint32_t stream_ring;		/* entries of each stream's ring (tcp_pool_attach) */
+	/* lazy data sockets: none open yet (nsocks 0) until the first large message */
+	int lazy;
+	int lazy_max;			/* the layout's nsocks: at most this many */
+	int lazy_threads;		/* and its nthreads */
+	int counted;			/* in tcp_data_comms */
+	int held;			/* send: large messages waiting for the open */
+	struct tcp_req *held_head, *held_tail;	/* send: them, in posting order */
 	int help;			/* NCCL_RAIL_TCP_HELP */
 	size_t inline_max;
 	size_t min_chunk;
@@ -428,6 +471,11 @@ struct tcp_comm {
 	int rescue_n;
 	int rescue_fds[TCP_MAX_SOCKS + 1];
 	_Atomic int rescue_ready;
+	/* receive, lazy: the data sockets of an open, delivered by the rescue thread */
+	uint32_t open_gen;
+	int open_nsocks, open_n;
+	int open_fds[TCP_MAX_SOCKS];
+	_Atomic int open_ready;
 	struct tcp_comm *reg_next;	/* the registry of comms that can move */
 	/* live memory registrations (ids handed out as mhandles), any thread */
 	pthread_mutex_t mr_lock;
@@ -543,11 +591,19 @@ void tcp_pool_ack(struct tcp_comm *c);
  * handshake is done within TCP_RESCUE_HELLO_NS of the accept. At most
  * TCP_RESCUE_PENDING at once; beyond, the oldest is closed if it has waited
  * TCP_RESCUE_MIN_AGE_NS (a mover answers within one call of its progress
- * thread), else new connections wait in the listener's backlog.
+ * thread), else new connections wait in the listener's backlog. A lazy
+ * comm's data socket whose hello named the comm has TCP_RESCUE_OPEN_NS and
+ * is never closed to make room.
  */
 #define TCP_RESCUE_PENDING 512
 #define TCP_RESCUE_HELLO_NS (2ull * 1000000000ull)
 #define TCP_RESCUE_MIN_AGE_NS (500ull * 1000000ull)
+/*
+ * A lazy comm's open: how long the sender waits for its connects and the
+ * challenges, and the listener for the proof of a hello that named one of
+ * its comms (never closed to make room meanwhile).
+ */
+#define TCP_RESCUE_OPEN_NS (30ull * 1000000000ull)
 /* Start the rescue listeners and the link watch (failover on, two interfaces or more). */
 void tcp_rescue_start(void);
 void tcp_rescue_stop(void);
@@ -560,14 +616,22 @@ void tcp_rescue_unregister(struct tcp_comm *c);
 int tcp_move_send(struct tcp_comm *c);
 int tcp_move_recv(struct tcp_comm *c);
 void tcp_move_free(struct tcp_comm *c);
+/*
+ * Lazy data sockets. Send: start opening them (none open, no move or open
+ * under way); tcp_move_send drives it, and on return c->nsocks > 0 once they
+ * are up. Receive: take the delivered ones, if complete (1), else 0.
+ */
+int tcp_move_open(struct tcp_comm *c);
+int tcp_move_take_open(struct tcp_comm *c);
 /* The first message completed after a move: log the time since the fault (INFO). */
 void tcp_move_first_done(struct tcp_comm *c);
 static inline int tcp_move_due(struct tcp_comm *c)
 {
-	return c->fo && (c->mv || atomic_load_explicit(&c->path_err, memory_order_relaxed) ||
-			 atomic_load_explicit(&c->rescue_ready, memory_order_relaxed) ||
-			 atomic_load_explicit(&c->peer_kick, memory_order_relaxed) >
-				 (uint32_t)c->moves || c->away || tcp_link_gen() != c->link_gen);
+	return c->mv ||
+	       (c->fo && (atomic_load_explicit(&c->path_err, memory_order_relaxed) ||
+			  atomic_load_explicit(&c->rescue_ready, memory_order_relaxed) ||
+			  atomic_load_explicit(&c->peer_kick, memory_order_relaxed) >
+				  (uint32_t)c->moves || c->away || tcp_link_gen() != c->link_gen));
 }
 
 /* tcp_fault.c: NCCL_RAIL_TCP_FAULT, read at init. */

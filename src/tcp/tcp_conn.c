@@ -16,11 +16,16 @@
 
 #define TCP_STAGE_MAGIC 0x47545354u /* "TSTG" */
 /*
- * Accepted sockets whose hello has not arrived, at most: beyond, the oldest
- * is dropped (a real connector sends its hello right after connecting; an
- * idle one is a stray: a port scanner, a health check, a confused client).
+ * Accepted sockets whose hello has not arrived, at most. One that has sent
+ * no hello for TCP_STRAY_GRACE_NS is a stray (a port scanner, a health
+ * check, a confused client): beyond the bound the oldest such one is
+ * dropped. A younger one may be a real connector whose hello is late (a
+ * loaded host, NCCL opening many connections at once), so it is never
+ * dropped for room: when every pending socket is younger, the newcomer is
+ * closed instead (the verbs listener uses the same grace, ib_conn.c).
  */
 #define TCP_MAX_PENDING 128
+#define TCP_STRAY_GRACE_NS (2ull * 1000000000ull)
 /* How long a refused connect is retried (listener backlog full, or not yet there). */
 #define TCP_REFUSED_RETRY_NS (5ull * 1000000000ull)
 
@@ -54,6 +59,7 @@ struct tcp_listen_comm {
 	struct tcp_group *groups;
 	int ngroups, cap_groups;
 	unsigned long dropped;	/* strays dropped to make room (the first is a WARN) */
+	struct rail_log_flood turned;	/* newcomers closed: every pending one was young */
 };
 
 /* Connector state, kept in the handle across NCCL's connect() retries. */
@@ -140,12 +146,19 @@ static void stage_layout(struct tcp_stage *s)
 		nt = TCP_DEFAULT_THREADS;
 	if (spt <= 0)
 		spt = TCP_DEFAULT_SOCKS_PER_THREAD;
-	s->layout.nthreads = (uint16_t)RAIL_MIN(nt, TCP_MAX_THREADS);
+	s->layout.nthreads = (uint8_t)RAIL_MIN(nt, TCP_MAX_THREADS);
 	s->layout.nsocks = (uint16_t)RAIL_MIN(s->layout.nthreads * spt, TCP_MAX_SOCKS);
 	s->layout.inline_max = tcp_inline_max(why, sizeof(why));
 	s->layout.min_chunk = (uint32_t)rail_param_int(RAIL_P_TCP_MIN_CHUNK);
 	s->layout.nonce = s->h.nonce;
 	s->layout.conn_id = rail_random64();
+	s->layout.flags = rail_param_int(RAIL_P_TCP_LAZY) ? TCP_HELLO_LAZY : 0;
+}
+
+/* The sockets opened at connect: the control socket, and the data sockets unless lazy. */
+static int layout_fds(const struct tcp_hello *l)
+{
+	return (l->flags & TCP_HELLO_LAZY) ? 1 : l->nsocks + 1;
 }
 
 /* The listener's handle names another release (a wire mismatch is then the likely cause). */
@@ -181,7 +194,7 @@ static int stage_create(int dev, void *handle, struct tcp_stage **out)
 	s->dev = dev;
 	s->t0 = rail_now_ns();
 	stage_layout(s);
-	s->nfds = s->layout.nsocks + 1;
+	s->nfds = layout_fds(&s->layout);
 	for (int i = 0; i < s->nfds; i++) {
 		struct tcp_hello hh = s->layout;
 
@@ -416,6 +429,7 @@ static int group_add(struct tcp_listen_comm *lc, struct tcp_pending *p, const st
 			g->fds[i] = -1;
 	}
 	if (g->layout.nsocks != h->nsocks || g->layout.nthreads != h->nthreads ||
+	    g->layout.flags != h->flags ||
 	    g->layout.inline_max != h->inline_max || g->layout.min_chunk != h->min_chunk ||
 	    g->fds[h->index] >= 0) {
 		refuse(p, EBADMSG, "inconsistent hello within one connection");
@@ -479,15 +493,11 @@ static int progress_pending(struct tcp_listen_comm *lc)
 	return err;
 }
 
-/* Close the pending socket that has waited longest for its hello, to make room. */
-static void drop_oldest(struct tcp_listen_comm *lc, const char *why)
+/* Close pending socket o, which sent no hello, to make room. */
+static void drop_one(struct tcp_listen_comm *lc, int o, const char *why)
 {
-	int o = 0;
 	uint64_t ms;
 
-	for (int i = 1; i < lc->npend; i++)
-		if (lc->pend[i].t0 < lc->pend[o].t0)
-			o = i;
 	ms = (rail_now_ns() - lc->pend[o].t0) / 1000000;
 	if (lc->dropped++ == 0)
 		RAIL_WARN("accept on %s (%s): dropping the connection from %s, which sent no hello "
@@ -501,6 +511,58 @@ static void drop_oldest(struct tcp_listen_comm *lc, const char *why)
 			  RAIL_ADDRSTR(&lc->pend[o].peer), (unsigned long long)ms, why, lc->dropped);
 	close(lc->pend[o].fd);
 	lc->pend[o] = lc->pend[--lc->npend];
+}
+
+/* Close the pending socket that has waited longest for its hello, to make room. */
+static void drop_oldest(struct tcp_listen_comm *lc, const char *why)
+{
+	int o = 0;
+
+	for (int i = 1; i < lc->npend; i++)
+		if (lc->pend[i].t0 < lc->pend[o].t0)
+			o = i;
+	drop_one(lc, o, why);
+}
+
+/* The oldest pending socket past the stray grace, or -1 when all are younger. */
+static int oldest_stray(const struct tcp_listen_comm *lc)
+{
+	uint64_t now = rail_now_ns();
+	int o = -1;
+
+	for (int i = 0; i < lc->npend; i++)
+		if (now - lc->pend[i].t0 >= TCP_STRAY_GRACE_NS &&
+		    (o < 0 || lc->pend[i].t0 < lc->pend[o].t0))
+			o = i;
+	return o;
+}
+
+/*
+ * The pending list is full: drop the oldest stray to make room (0), or
+ * close the newcomer fd (1) when every pending socket is within its grace.
+ */
+static int make_room(struct tcp_listen_comm *lc, int fd, const union rail_sockaddr *peer)
+{
+	unsigned long before;
+	int o = oldest_stray(lc);
+
+	if (o >= 0) {
+		drop_one(lc, o, "too many connections without a hello");
+		return 0;
+	}
+	if (rail_log_flood(&lc->turned, rail_now_ns(), &before) == RAIL_LOG_WARN)
+		RAIL_WARN("accept on %s (%s): closing the new connection from %s: %d connections "
+			  "wait for their hello, all for less than %llu ms (%lu more closed in the "
+			  "minute before, at INFO; further ones this minute are logged at INFO); a "
+			  "flood of port scans or health checks?", tcp_dev_get(lc->base.dev)->name,
+			  RAIL_ADDRSTR(&lc->addr), RAIL_ADDRSTR(peer), lc->npend,
+			  TCP_STRAY_GRACE_NS / 1000000, before);
+	else
+		RAIL_INFO(RAIL_LOG_NET, "accept on %s: closed the new connection from %s (%d "
+			  "younger than %llu ms wait for their hello)", RAIL_ADDRSTR(&lc->addr),
+			  RAIL_ADDRSTR(peer), lc->npend, TCP_STRAY_GRACE_NS / 1000000);
+	close(fd);
+	return 1;
 }
 
 /*
@@ -556,8 +618,8 @@ static int accept_new(struct tcp_listen_comm *lc)
 				close(fd);
 				return err;
 			}
-			if (lc->npend >= TCP_MAX_PENDING)
-				drop_oldest(lc, "too many connections without a hello");
+			if (lc->npend >= TCP_MAX_PENDING && make_room(lc, fd, &peer))
+				continue;
 		}
 		err = grow((void **)&lc->pend, &lc->cap_pend, lc->npend + 1, sizeof(*lc->pend));
 		if (err) {
@@ -588,12 +650,12 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 		size_t off = 0;
 		int err;
 
-		if (g->nfds < g->layout.nsocks + 1) {
+		if (g->nfds < layout_fds(&g->layout)) {
 			if (tcp_timed_out(g->t0)) {
 				RAIL_WARN("accept: connection %016llx from %s never completed (%d of "
 					  "%d sockets arrived); dropped",
 					  (unsigned long long)g->conn_id, RAIL_ADDRSTR(&g->peer),
-					  g->nfds, g->layout.nsocks + 1);
+					  g->nfds, layout_fds(&g->layout));
 				group_drop(lc, i--);
 			}
 			continue;

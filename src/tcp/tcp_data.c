@@ -26,9 +26,14 @@ static uint32_t next_pow2(uint32_t v)
 
 static void comm_free(struct tcp_comm *c)
 {
-	if (c->fo)
+	if (c->fo || c->lazy)
 		tcp_rescue_unregister(c);
 	tcp_move_free(c);
+	if (c->counted)
+		tcp_data_comms_add(-1);
+	for (int i = 0; i < TCP_MAX_SOCKS; i++)
+		if (c->open_fds[i] >= 0)
+			close(c->open_fds[i]);
 	if (c->ctrl_fd >= 0)
 		close(c->ctrl_fd);
 	if (c->ctl_old_fd >= 0)
@@ -76,6 +81,8 @@ static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
 	for (int i = 0; i <= TCP_MAX_SOCKS; i++)
 		c->rescue_fds[i] = -1;
 	for (int i = 0; i < TCP_MAX_SOCKS; i++)
+		c->open_fds[i] = -1;
+	for (int i = 0; i < TCP_MAX_SOCKS; i++)
 		c->streams[i].old_fd = -1;
 	pthread_mutex_init(&c->rescue_lock, NULL);
 	c->cur_dev = c->base.dev;
@@ -85,9 +92,17 @@ static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
 	c->nonce = layout->nonce;
 	memcpy(c->key, key, TCP_KEY_SIZE);
 	tcp_rescue_mine(&mine);
+	if (rescue)
+		c->peer_rescue = *rescue;
+	/* Lazy: the data sockets come to the receiver's listener; none there, none come. */
+	if (c->lazy && (c->is_send ? !rescue || !rescue->count : !mine.count)) {
+		c->lazy = 0;
+		c->inline_max = SIZE_MAX;	/* every message on the control socket */
+	}
+	if (c->lazy && !c->is_send)
+		tcp_rescue_register(c);
 	if (!rail_param_int(RAIL_P_FAILOVER) || mine.count < 2 || !rescue || rescue->count < 2)
 		return 0;
-	c->peer_rescue = *rescue;
 	if (c->is_send) {
 		c->ring_size = 1;
 		while (c->ring_size < RAIL_MAX((size_t)256 << 10, 2 * (c->inline_max + TCP_FRAME_SIZE)))
@@ -99,7 +114,8 @@ static int failover_setup(struct tcp_comm *c, const struct tcp_hello *layout,
 	}
 	c->fo = 1;
 	c->link_gen = tcp_link_gen();
-	tcp_rescue_register(c);
+	if (!c->lazy || c->is_send)
+		tcp_rescue_register(c);
 	return 0;
 }
 
@@ -110,6 +126,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	long sndbuf = (long)rail_param_int(RAIL_P_SOCKET_SNDBUF);
 	long rcvbuf = (long)rail_param_int(RAIL_P_SOCKET_RCVBUF);
 	struct tcp_comm *c = calloc(1, sizeof(*c));
+	int lazy = (layout->flags & TCP_HELLO_LAZY) != 0, nfds = lazy ? 1 : layout->nsocks + 1;
 	uint32_t per_sock;
 	int err, liveness;
 
@@ -119,14 +136,17 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 		RAIL_WARN("setting up the %s comm to %s on %s failed: %s", is_send ? "send"
 			  : "receive", RAIL_ADDRSTR(peer), tcp_dev_get(dev)->name, RAIL_ERRSTR(err));
 		free(c);
-		fds_close(fds, layout->nsocks + 1);
+		fds_close(fds, nfds);
 		return err;
 	}
 	pthread_mutex_init(&c->mr_lock, NULL);
 	c->is_send = is_send;
 	c->ctrl_fd = fds[0];
-	c->nsocks = layout->nsocks;
-	c->nthreads = layout->nthreads;
+	c->nsocks = nfds - 1;
+	c->nthreads = lazy ? 0 : layout->nthreads;
+	c->lazy = lazy;
+	c->lazy_max = layout->nsocks;
+	c->lazy_threads = layout->nthreads;
 	c->inline_max = layout->inline_max;
 	for (int i = 0; i < c->nsocks; i++)
 		c->fds[i] = fds[i + 1];
@@ -151,7 +171,12 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	/* Worst case: every request of the pool has a chunk (x8 entries on a
 	 * grouped receive) on the socket. */
 	per_sock = c->base.reqs.capacity * (is_send ? 1 : RAIL_MAX_RECVS);
-	err = tcp_pool_attach(c, next_pow2(per_sock));
+	c->stream_ring = next_pow2(per_sock);
+	if (c->nsocks) {
+		c->counted = 1;
+		tcp_data_comms_add(1);
+	}
+	err = tcp_pool_attach(c, c->stream_ring);
 	if (err) {
 		RAIL_WARN("%s comm on %s, peer %s: handing its %d data sockets to the TCP helper "
 			  "threads failed: %s (no helper thread runs and pthread_create failed, or "
@@ -230,6 +255,28 @@ static int poll_refusal(struct tcp_comm *c)
 			     (unsigned long long)f.seq, (unsigned long long)f.size, f.tag, f.want_tag);
 }
 
+/*
+ * Send, lazy: once the data sockets are open, dispatch the large messages
+ * that waited for them, in order. Their frames went out at once (so the
+ * receiver sees the message begun, and bounds a stall); a held request
+ * counts one pending chunk until then, so it does not complete.
+ */
+static void release_held(struct tcp_comm *c)
+{
+	if (!c->nsocks)
+		return;
+	while (c->held_head) {
+		struct tcp_req *r = c->held_head;
+
+		c->held_head = r->held_next;
+		dispatch(c, r, 0, r->seq, r->data[0], r->size[0]);
+		r->held = 0;
+		c->held--;
+		atomic_fetch_sub_explicit(&r->pending, 1, memory_order_release);
+	}
+	c->held_tail = NULL;
+}
+
 int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, size_t size,
 	      int tag, void *mhandle)
 {
@@ -244,6 +291,9 @@ int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, siz
 		poll_refusal(c);
 	if (rail_unlikely(tcp_move_due(c)))
 		tcp_move_send(c);
+	/* The open may have completed just now: the messages that waited for it go first. */
+	if (rail_unlikely(c->held))
+		release_held(c);
 	err = atomic_load(&c->error);
 	if (err)
 		return err;
@@ -252,12 +302,30 @@ int tcp_isend(struct rail_comm *send_comm, struct rail_req *req, void *data, siz
 	r->got[0] = size;
 	r->tag[0] = tag;
 	tcp_frame_encode(&f, r->frame);
-	if (size > c->inline_max)
+	r->seq = c->seq;
+	r->held = 0;
+	if (size <= c->inline_max)
+		inline_event(c, r, 0, size);
+	else if (c->nsocks && !c->held)
 		dispatch(c, r, 0, c->seq, data, size);
 	else
-		inline_event(c, r, 0, size);
+		r->held = 1;	/* after the data sockets are open and the earlier held ones */
+	if (rail_unlikely(r->held)) {
+		atomic_fetch_add_explicit(&r->pending, 1, memory_order_relaxed);
+		r->held_next = NULL;
+		if (c->held_tail)
+			c->held_tail->held_next = r;
+		else
+			c->held_head = r;
+		c->held_tail = r;
+		c->held++;
+	}
 	c->seq++;
 	tcp_ctl_push(c, r);
+	if (rail_unlikely(r->held) && !c->mv)
+		tcp_move_open(c);
+	if (rail_unlikely(c->held))
+		release_held(c);
 	return tcp_ctl_flush(c);
 }
 
@@ -404,6 +472,10 @@ static int progress_recv(struct tcp_comm *c)
 		err = read_frame(c);
 		if (err <= 0)
 			return err;
+		/* Lazy: a large message needs the data sockets the sender opened for it. */
+		if (rail_unlikely(c->rx.size > c->inline_max && !c->nsocks) &&
+		    !tcp_move_take_open(c))
+			return atomic_load(&c->error);
 		e = match_entry(c, r);
 		if (e < 0)
 			return e;
@@ -464,8 +536,9 @@ static int check_stall(struct tcp_comm *c, struct tcp_req *r)
 
 	if (!c->stall_ns || (++c->polls & 63))
 		return 0;
-	if (!c->rx_frame_off && !c->rx_req && !atomic_load_explicit(&r->pending,
-								    memory_order_relaxed))
+	/* A frame read and held (its data sockets not open yet) is a message begun too. */
+	if (!c->rx_frame_off && !c->rx_have_frame && !c->rx_req &&
+	    !atomic_load_explicit(&r->pending, memory_order_relaxed))
 		return 0;
 	moved = atomic_load_explicit(&c->rx_moved, memory_order_relaxed);
 	now = rail_now_ns();
@@ -476,7 +549,11 @@ static int check_stall(struct tcp_comm *c, struct tcp_req *r)
 	}
 	if (now - c->stall_since < c->stall_ns)
 		return 0;
-	if (c->rx_frame_off && !c->rx_req && !atomic_load(&r->pending)) {
+	if (c->rx_have_frame) {
+		msg = c->seq;
+		expect = c->rx.size;
+		got = 0;
+	} else if (c->rx_frame_off && !c->rx_req && !atomic_load(&r->pending)) {
 		msg = c->seq;
 		expect = TCP_FRAME_SIZE;
 		got = c->rx_frame_off;
@@ -506,6 +583,11 @@ int tcp_test(struct rail_req *req, int *done, size_t *sizes)
 			tcp_move_send(c);
 		else
 			tcp_move_recv(c);
+	}
+	if (rail_unlikely(c->held)) {
+		if (!c->mv)
+			tcp_move_open(c);	/* again, after a move that dropped it */
+		release_held(c);
 	}
 	/* Requests match in posting order, so only the oldest one needs to
 	 * poll the control socket (saving a syscall per test); a later one

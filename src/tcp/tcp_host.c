@@ -106,3 +106,21 @@ uint32_t tcp_inline_max(char *why, size_t why_len)
 		snprintf(why, why_len, "default");
 	return TCP_INLINE_DEFAULT;
 }
+
+/* Comms of this process holding data sockets (tcp.h, lazy data sockets). */
+static _Atomic int data_comms;
+
+void tcp_data_comms_add(int d)
+{
+	atomic_fetch_add_explicit(&data_comms, d, memory_order_relaxed);
+}
+
+int tcp_data_comms(void)
+{
+	return atomic_load_explicit(&data_comms, memory_order_relaxed);
+}
+
+int tcp_lazy_socks(int want)
+{
+	return tcp_data_comms() >= TCP_LAZY_BUDGET ? RAIL_MIN(want, 1) : want;
+}

@@ -43,8 +43,10 @@ struct tcp_move {
 	uint64_t t0;			/* the fault was seen (a move back: it was decided) */
 	uint32_t gen;			/* the attempt's number, set when its hellos go out */
 	int back;			/* send: back to the home interface, which runs again */
+	int open;			/* send: a lazy comm's data sockets, not a move */
 	uint32_t up_s;			/* back: how long the home interface has been running */
-	int n;				/* sockets to dial: nsocks + 1 (send), 1 (a receiver's KICK) */
+	int n;				/* sockets to dial: nsocks + 1 (send), 1 (a receiver's KICK),
+					 * the data sockets to open (open) */
 	int hellos_out;			/* connected, hellos sent: reading the challenges */
 	int dialed;			/* every listener proved itself, and every proof went out */
 	int cand;			/* the next of the peer's rescue addresses to look at */
@@ -159,6 +161,12 @@ static void dial_note(struct tcp_move *mv, int err)
 						  mv->tried_off ? ", " : "", RAIL_ADDRSTR(&mv->to), why);
 }
 
+/* How long a candidate may take to connect, then to answer the hellos. */
+static uint64_t dial_limit(const struct tcp_move *mv)
+{
+	return mv->open ? TCP_RESCUE_OPEN_NS : TCP_MOVE_CONNECT_NS;
+}
+
 /*
  * Start non-blocking connects of all sockets to the next candidate: the
  * peer's home address for a move back, else any of its rescue addresses
@@ -168,13 +176,16 @@ static int dial_next(struct tcp_comm *c, struct tcp_move *mv)
 {
 	int err = -ENETDOWN;
 
-	while (mv->cand < c->peer_rescue.count) {
-		const union rail_sockaddr *to = &c->peer_rescue.addr[mv->cand++];
+	/* An open tries the listener on the peer's current address, then any other. */
+	while (mv->cand < c->peer_rescue.count * (mv->open ? 2 : 1)) {
+		int k = mv->cand % c->peer_rescue.count, first = mv->cand++ < c->peer_rescue.count;
+		const union rail_sockaddr *to = &c->peer_rescue.addr[k];
+		int same = tcp_same_ip(to, &c->peer_addr);
 
-		if (mv->back ? !tcp_same_ip(to, &c->home_peer) : tcp_same_ip(to, &c->peer_addr))
+		if (mv->open ? same != first : mv->back ? !tcp_same_ip(to, &c->home_peer) : same)
 			continue;
 		mv->to = *to;
-		mv->deadline = rail_now_ns() + TCP_MOVE_CONNECT_NS;
+		mv->deadline = rail_now_ns() + dial_limit(mv);
 		err = 0;
 		for (int i = 0; i < mv->n && !err; i++)
 			err = rail_sock_connect_start(to, &mv->fds[i]);
@@ -184,9 +195,9 @@ static int dial_next(struct tcp_comm *c, struct tcp_move *mv)
 		dial_close(mv);
 	}
 	if (!mv->tried_off)
-		snprintf(mv->tried, sizeof(mv->tried), "%s", mv->back ? "the peer has no rescue "
-			 "listener on its first address" : "no rescue address of the peer on "
-			 "another interface");
+		snprintf(mv->tried, sizeof(mv->tried), "%s", mv->open ? "the peer has no listener "
+			 "for data sockets" : mv->back ? "the peer has no rescue listener on its "
+			 "first address" : "no rescue address of the peer on another interface");
 	return err;
 }
 
@@ -232,6 +243,12 @@ static int dial_poll(struct tcp_comm *c, struct tcp_move *mv)
 	}
 }
 
+/* The index in the hello of dialed socket i: an open's are data sockets 1..n. */
+static uint16_t hello_index(const struct tcp_move *mv, int i)
+{
+	return (uint16_t)(mv->open ? i + 1 : i);
+}
+
 /* Each new socket's hello: which move and which socket it is, and a fresh random. */
 static int send_hellos(struct tcp_comm *c, struct tcp_move *mv)
 {
@@ -239,23 +256,25 @@ static int send_hellos(struct tcp_comm *c, struct tcp_move *mv)
 	uint8_t buf[TCP_MOVE_HELLO_SIZE];
 	int err;
 
-	*h = (struct tcp_move_hello){ .nsocks = (uint16_t)c->nsocks, .gen = mv->gen,
-				      .up_s = mv->up_s, .nonce = c->nonce, .conn_id = c->conn_id };
-	h->kind = !c->is_send ? TCP_MOVE_KICK : mv->back ? TCP_MOVE_BACK : TCP_MOVE_SOCKET;
+	*h = (struct tcp_move_hello){ .nsocks = (uint16_t)(mv->open ? mv->n : c->nsocks),
+				      .gen = mv->gen, .up_s = mv->up_s, .nonce = c->nonce,
+				      .conn_id = c->conn_id };
+	h->kind = !c->is_send ? TCP_MOVE_KICK : mv->open ? TCP_MOVE_OPEN
+		  : mv->back ? TCP_MOVE_BACK : TCP_MOVE_SOCKET;
 	err = rail_random_bytes(h->rand, sizeof(h->rand));
 	if (err)
 		return err;
 	for (int i = 0; i < mv->n; i++) {
 		ssize_t n;
 
-		h->index = (uint16_t)i;
+		h->index = hello_index(mv, i);
 		tcp_move_hello_encode(h, buf);
 		n = send(mv->fds[i], buf, sizeof(buf), MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (n != (ssize_t)sizeof(buf))
 			return n < 0 ? -errno : -EIO; /* a new socket has room for 56 bytes */
 		mv->chal_off[i] = 0;
 	}
-	mv->deadline = rail_now_ns() + TCP_MOVE_CONNECT_NS;
+	mv->deadline = rail_now_ns() + dial_limit(mv);
 	return 0;
 }
 
@@ -281,7 +300,7 @@ static int read_challenges(struct tcp_comm *c, struct tcp_move *mv)
 	if (missing)
 		return rail_now_ns() < mv->deadline ? -EAGAIN : -ETIMEDOUT;
 	for (int i = 0; i < mv->n; i++) {
-		mv->hello.index = (uint16_t)i;
+		mv->hello.index = hello_index(mv, i);
 		tcp_move_hello_encode(&mv->hello, hello);
 		if (tcp_move_challenge_decode(mv->chal[i], rnd, mac))
 			return -EPROTO;
@@ -301,7 +320,7 @@ static int send_proofs(struct tcp_comm *c, struct tcp_move *mv)
 	for (int i = 0; i < mv->n; i++) {
 		ssize_t n;
 
-		mv->hello.index = (uint16_t)i;
+		mv->hello.index = hello_index(mv, i);
 		tcp_move_hello_encode(&mv->hello, hello);
 		tcp_move_challenge_decode(mv->chal[i], rnd, mac);
 		tcp_move_mac(c->key, TCP_ROLE_MOVER, hello, rnd, mac);
@@ -352,7 +371,7 @@ static int dial_peer(struct tcp_comm *c, struct tcp_move *mv)
 				return err;
 		}
 		/* With the proofs the receiver may take its positions: the streams stop first. */
-		if (!err && c->is_send && !atomic_load(&c->moving))
+		if (!err && c->is_send && !mv->open && !atomic_load(&c->moving))
 			streams_stop(c);
 		if (!err)
 			err = send_proofs(c, mv);
@@ -507,18 +526,90 @@ static int send_gave_up(struct tcp_comm *c, struct tcp_move *mv, int err, uint64
 	return 0;
 }
 
+/*
+ * Both sides, lazy: the data sockets are up (fds, n of them): hand them to
+ * the pool. 0, or the comm's error (the comm owns the fds either way).
+ */
+static int open_install(struct tcp_comm *c, int *fds, int n)
+{
+	int err;
+
+	for (int i = 0; i < n; i++) {
+		new_socket_opts(fds[i]);
+		c->fds[i] = fds[i];
+		fds[i] = -1;
+	}
+	c->nsocks = n;
+	c->nthreads = RAIL_MIN(c->lazy_threads, n);
+	c->counted = 1;
+	tcp_data_comms_add(1);
+	err = tcp_pool_attach(c, c->stream_ring);
+	if (err) {
+		RAIL_WARN("%s comm on %s, peer %s: handing its %d new data sockets to the TCP helper "
+			  "threads failed: %s; check the process and thread limits (ulimit -u, "
+			  "RLIMIT_NPROC)", c->is_send ? "send" : "receive", tcp_comm_dev_name(c),
+			  c->peer, n, RAIL_ERRSTR(err));
+		atomic_store(&c->error, err == -EAGAIN ? -ENOMEM : err);
+		return atomic_load(&c->error);
+	}
+	RAIL_INFO(RAIL_LOG_NET, "%s comm on %s, peer %s: %d data sockets open (%d comms of this "
+		  "process hold data sockets)", c->is_send ? "send" : "receive",
+		  tcp_comm_dev_name(c), c->peer, n, tcp_data_comms());
+	return 0;
+}
+
+int tcp_move_open(struct tcp_comm *c)
+{
+	struct tcp_move *mv;
+
+	if (c->mv || c->nsocks || !c->lazy || atomic_load(&c->error))
+		return atomic_load(&c->error);
+	mv = move_new(c, "opening the data sockets", 0, 0);
+	if (!mv)
+		return tcp_comm_fail(c, -ENOMEM, "opening the data sockets: out of memory");
+	mv->open = 1;
+	mv->n = tcp_lazy_socks(c->lazy_max);
+	c->mv = mv;
+	return tcp_move_send(c);
+}
+
+/* Send: drive the open of the data sockets; 0 (maybe not done yet) or the comm's error. */
+static int open_step(struct tcp_comm *c, struct tcp_move *mv)
+{
+	int err = dial_peer(c, mv);
+
+	if (err == -EAGAIN)
+		return 0;
+	if (err)
+		return tcp_comm_fail(c, err == -ECONNREFUSED ? -ECONNRESET : err, "opening %d data "
+				     "sockets to the receiver failed (%s)%s", mv->n, mv->tried,
+				     err == -ECONNREFUSED ? "; its process has probably exited" : "");
+	err = open_install(c, mv->fds, mv->n);
+	tcp_move_free(c);
+	return err;
+}
+
 int tcp_move_send(struct tcp_comm *c)
 {
 	uint64_t pos[TCP_MAX_SOCKS + 1];
 	struct tcp_move *mv = c->mv;
 	uint32_t up_s = 0;
 	char why[200];
-	int err;
+	int err = 0;
 
 	if (atomic_load(&c->error))
 		return atomic_load(&c->error);
+	/* A move due drops an open under way (its sockets dialed again after the move). */
+	if (mv && mv->open) {
+		err = c->fo ? move_reason(c, why, sizeof(why), &up_s) : 0;
+		if (!err)
+			return open_step(c, mv);
+		tcp_move_free(c);
+		mv = NULL;
+	}
 	if (!mv) {
-		err = move_reason(c, why, sizeof(why), &up_s);
+		if (!err)
+			err = move_reason(c, why, sizeof(why), &up_s);
 		if (!err)
 			return 0;
 		mv = c->mv = move_new(c, why, err == 2, up_s);
@@ -558,7 +649,8 @@ static int take_rescue(struct tcp_comm *c, int *fds, struct tcp_move_hello *h)
 	if (!atomic_load(&c->rescue_ready))
 		return 0;
 	pthread_mutex_lock(&c->rescue_lock);
-	if (atomic_load(&c->rescue_ready)) {
+	/* A move of data sockets this side has not taken from their open yet: wait for them. */
+	if (atomic_load(&c->rescue_ready) && c->rescue_hello.nsocks == c->nsocks) {
 		memcpy(fds, c->rescue_fds, sizeof(int) * ((size_t)c->nsocks + 1));
 		for (int i = 0; i <= c->nsocks; i++)
 			c->rescue_fds[i] = -1;
@@ -676,6 +768,8 @@ int tcp_move_recv(struct tcp_comm *c)
 
 	if (atomic_load(&c->error))
 		return atomic_load(&c->error);
+	if (c->lazy && !c->nsocks)
+		tcp_move_take_open(c);
 	if (take_rescue(c, fds, &h)) {
 		uint64_t t0 = c->mv ? c->mv->t0 : rail_now_ns();
 
@@ -716,6 +810,28 @@ int tcp_move_recv(struct tcp_comm *c)
 	RAIL_INFO(RAIL_LOG_NET, "receive comm from peer %s: %s; asked the sender to move (%s)",
 		  c->peer, c->mv->reason, RAIL_ADDRSTR(&c->mv->to));
 	return 0;
+}
+
+int tcp_move_take_open(struct tcp_comm *c)
+{
+	int fds[TCP_MAX_SOCKS], n = 0;
+
+	if (c->nsocks)
+		return 1;
+	if (!atomic_load(&c->open_ready) || atomic_load(&c->error))
+		return 0;
+	pthread_mutex_lock(&c->rescue_lock);
+	if (atomic_load(&c->open_ready)) {
+		n = c->open_nsocks;
+		for (int i = 0; i < n; i++) {
+			fds[i] = c->open_fds[i];
+			c->open_fds[i] = -1;
+		}
+		c->open_n = 0;
+		atomic_store(&c->open_ready, 0);
+	}
+	pthread_mutex_unlock(&c->rescue_lock);
+	return n && open_install(c, fds, n) == 0;
 }
 
 void tcp_move_first_done(struct tcp_comm *c)

@@ -81,10 +81,40 @@ void tcp_rescue_unregister(struct tcp_comm *c)
 	pthread_mutex_unlock(&rs_lock);
 }
 
-/* Hand one socket of a move to its receive comm (rs_lock held). */
+/* Hand one data socket of a lazy comm's open to its receive comm (c->rescue_lock held). */
+static int deliver_open(struct tcp_comm *c, const struct tcp_move_hello *h, int fd)
+{
+	if (h->gen > c->open_gen) {
+		/* A newer attempt (the last one was dropped for a move): the older sockets go. */
+		for (int i = 0; i < TCP_MAX_SOCKS; i++) {
+			if (c->open_fds[i] >= 0)
+				close(c->open_fds[i]);
+			c->open_fds[i] = -1;
+		}
+		c->open_gen = h->gen;
+		c->open_nsocks = h->nsocks;
+		c->open_n = 0;
+		atomic_store(&c->open_ready, 0);
+	}
+	if (h->gen != c->open_gen || h->nsocks != c->open_nsocks || c->open_fds[h->index - 1] >= 0)
+		return fd;
+	c->open_fds[h->index - 1] = fd;
+	if (++c->open_n == c->open_nsocks)
+		atomic_store(&c->open_ready, 1);
+	return -1;
+}
+
+/* Hand one socket of a move (or of an open) to its receive comm (rs_lock held). */
 static void deliver(struct tcp_comm *c, const struct tcp_move_hello *h, int fd)
 {
 	pthread_mutex_lock(&c->rescue_lock);
+	if (h->kind == TCP_MOVE_OPEN) {
+		fd = deliver_open(c, h, fd);
+		pthread_mutex_unlock(&c->rescue_lock);
+		if (fd >= 0)
+			close(fd);
+		return;
+	}
 	if (h->gen > c->rescue_gen) {
 		/* A newer attempt: the sockets of an older one are stale. */
 		for (int i = 0; i <= TCP_MAX_SOCKS; i++)
@@ -97,10 +127,11 @@ static void deliver(struct tcp_comm *c, const struct tcp_move_hello *h, int fd)
 		c->rescue_n = 0;
 		atomic_store(&c->rescue_ready, 0);
 	}
-	if (h->gen == c->rescue_gen && c->rescue_fds[h->index] < 0) {
+	if (h->gen == c->rescue_gen && h->nsocks == c->rescue_hello.nsocks &&
+	    c->rescue_fds[h->index] < 0) {
 		c->rescue_fds[h->index] = fd;
 		fd = -1;
-		if (++c->rescue_n == c->nsocks + 1)
+		if (++c->rescue_n == h->nsocks + 1)
 			atomic_store(&c->rescue_ready, 1);
 	}
 	pthread_mutex_unlock(&c->rescue_lock);
@@ -194,12 +225,17 @@ static void pend_close(int i)
 	rs_pend[i] = rs_pend[--rs_npend];
 }
 
-/* The registered comm a move hello names (rs_lock held), or NULL. */
+/*
+ * The registered comm a move hello names (rs_lock held), or NULL. Its data
+ * sockets' count, which a lazy comm's open changes on NCCL's thread, is
+ * checked there (tcp_move.c); an open's, against what the comm allows.
+ */
 static struct tcp_comm *comm_of_hello(const struct tcp_move_hello *h)
 {
 	for (struct tcp_comm *c = rs_comms; c; c = c->reg_next)
 		if (c->conn_id == h->conn_id && c->nonce == h->nonce &&
-		    c->is_send == (h->kind == TCP_MOVE_KICK) && h->nsocks == c->nsocks)
+		    c->is_send == (h->kind == TCP_MOVE_KICK) &&
+		    (h->kind == TCP_MOVE_OPEN ? c->lazy && h->nsocks <= c->lazy_max : c->fo))
 			return c;
 	return NULL;
 }
@@ -298,27 +334,45 @@ static int pend_step(struct rs_conn *p)
 	return 1;
 }
 
-/* Close the connections whose handshake is not done within TCP_RESCUE_HELLO_NS. */
+/*
+ * A data socket of an open whose hello named a comm of this process (its
+ * random connection id and nonce, known to the two ends only): its proof
+ * comes at the sender's next progress call, which a loaded host or many
+ * opens at once can delay, so it gets TCP_RESCUE_OPEN_NS and is never
+ * closed to make room.
+ */
+static int pend_is_open(const struct rs_conn *p)
+{
+	return p->proving && p->h.kind == TCP_MOVE_OPEN;
+}
+
+static uint64_t pend_limit(const struct rs_conn *p)
+{
+	return pend_is_open(p) ? TCP_RESCUE_OPEN_NS : TCP_RESCUE_HELLO_NS;
+}
+
+/* Close the connections whose handshake is not done within their limit. */
 static void pend_expire(uint64_t now)
 {
 	for (int i = rs_npend - 1; i >= 0; i--) {
 		struct rs_conn *p = &rs_pend[i];
 
-		if (now - p->t0 < TCP_RESCUE_HELLO_NS)
+		if (now - p->t0 < pend_limit(p))
 			continue;
 		rs_log(p, 0, "rescue listener on %s: dropped the connection from %s: no %s within %llu s",
 		       RS_LST(p), RS_PEER(p), p->proving ? "proof" : "move hello",
-		       TCP_RESCUE_HELLO_NS / 1000000000ull);
+		       (unsigned long long)(pend_limit(p) / 1000000000ull));
 		pend_close(i);
 	}
 }
 
+/* The oldest connection that may be closed to make room, or -1. */
 static int pend_oldest(void)
 {
-	int o = 0;
+	int o = -1;
 
-	for (int i = 1; i < rs_npend; i++)
-		if (rs_pend[i].t0 < rs_pend[o].t0)
+	for (int i = 0; i < rs_npend; i++)
+		if (!pend_is_open(&rs_pend[i]) && (o < 0 || rs_pend[i].t0 < rs_pend[o].t0))
 			o = i;
 	return o;
 }
@@ -331,7 +385,7 @@ static int pend_room(uint64_t now)
 	if (rs_npend < TCP_RESCUE_PENDING)
 		return 1;
 	o = pend_oldest();
-	if (now - rs_pend[o].t0 < TCP_RESCUE_MIN_AGE_NS)
+	if (o < 0 || now - rs_pend[o].t0 < TCP_RESCUE_MIN_AGE_NS)
 		return 0;
 	rs_log(&rs_pend[o], 0, "rescue listener on %s: dropped the connection from %s, without a "
 	       "handshake for %llu ms, to make room (%d connections at once)", RS_LST(&rs_pend[o]),
@@ -373,9 +427,10 @@ static int rs_timeout_ms(uint64_t now, int *accepting)
 	if (!*accepting)
 		next = rs_accept_at;
 	for (int i = 0; i < rs_npend; i++)
-		next = RAIL_MIN(next, rs_pend[i].t0 + TCP_RESCUE_HELLO_NS);
+		next = RAIL_MIN(next, rs_pend[i].t0 + pend_limit(&rs_pend[i]));
 	if (rs_npend == TCP_RESCUE_PENDING) {
-		uint64_t room = rs_pend[pend_oldest()].t0 + TCP_RESCUE_MIN_AGE_NS;
+		int o = pend_oldest();
+		uint64_t room = o < 0 ? UINT64_MAX : rs_pend[o].t0 + TCP_RESCUE_MIN_AGE_NS;
 
 		next = RAIL_MIN(next, room);
 		if (now < room)
@@ -483,8 +538,8 @@ static void rescue_close_all(void)
 	rs_wake[0] = rs_wake[1] = -1;
 }
 
-/* Holds rs_lock. */
-static int rescue_open(void)
+/* Holds rs_lock; watch: the link watch too (failover). */
+static int rescue_open(int watch)
 {
 	int n = RAIL_MIN(tcp_ndevs_now(), TCP_RESCUE_MAX), err;
 
@@ -505,8 +560,8 @@ static int rescue_open(void)
 		}
 		rs_n++;
 	}
-	rs_nl = netlink_open();
-	if (rs_nl < 0) {
+	rs_nl = watch ? netlink_open() : -1;
+	if (watch && rs_nl < 0) {
 		err = rs_nl;
 		RAIL_WARN("failover: the link watch (netlink socket) failed: %s; TCP connections "
 			  "will not move to another interface", RAIL_ERRSTR(err));
@@ -517,17 +572,19 @@ static int rescue_open(void)
 	rs_pend = calloc(TCP_RESCUE_PENDING, sizeof(*rs_pend));
 	if (!rs_pend)
 		return -ENOMEM;
-	return rs_n >= 2 ? 0 : -ENODEV;
+	return rs_n >= (watch ? 2 : 1) ? 0 : -ENODEV;
 }
 
 void tcp_rescue_start(void)
 {
+	int watch = rail_param_int(RAIL_P_FAILOVER) && tcp_ndevs_now() >= 2;
 	sigset_t all, old;
 
-	if (!rail_param_int(RAIL_P_FAILOVER) || tcp_ndevs_now() < 2)
+	/* Lazy data sockets need the listeners alone (one interface will do). */
+	if (!watch && !rail_param_int(RAIL_P_TCP_LAZY))
 		return;
 	pthread_mutex_lock(&rs_lock);
-	if (rs_running || rescue_open()) {
+	if (rs_running || rescue_open(watch)) {
 		if (!rs_running)
 			rescue_close_all();
 		pthread_mutex_unlock(&rs_lock);
@@ -547,8 +604,8 @@ void tcp_rescue_start(void)
 		for (int i = 0; i < rs_n && off < sizeof(list); i++)
 			off += (size_t)snprintf(list + off, sizeof(list) - off, "%s%s", i ? ", " : "",
 						RAIL_ADDRSTR(&rs_addr[i]));
-		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "failover: rescue listeners on %s; link "
-			  "watch on", list);
+		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "%s listeners on %s%s", watch ? "failover: "
+			  "rescue" : "TCP: data socket", list, watch ? "; link watch on" : "");
 	}
 	pthread_mutex_unlock(&rs_lock);
 }

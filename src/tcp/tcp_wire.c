@@ -13,7 +13,7 @@
 
 /*
  * hello: magic u32 | version u16 | index u16 | nonce u64 | conn_id u64 |
- *        nsocks u16 | nthreads u16 | inline_max u32 | min_chunk u32 | fnv u32
+ *        nsocks u16 | nthreads u8 | flags u8 | inline_max u32 | min_chunk u32 | fnv u32
  */
 void tcp_hello_encode(const struct tcp_hello *h, uint8_t out[TCP_HELLO_SIZE])
 {
@@ -23,7 +23,8 @@ void tcp_hello_encode(const struct tcp_hello *h, uint8_t out[TCP_HELLO_SIZE])
 	rail_put_u64(out + 8, h->nonce);
 	rail_put_u64(out + 16, h->conn_id);
 	rail_put_u16(out + 24, h->nsocks);
-	rail_put_u16(out + 26, h->nthreads);
+	out[26] = h->nthreads;
+	out[27] = h->flags;
 	rail_put_u32(out + 28, h->inline_max);
 	rail_put_u32(out + 32, h->min_chunk);
 	rail_put_u32(out + 36, rail_fnv1a(out, 36));
@@ -53,12 +54,13 @@ int tcp_hello_decode(const uint8_t in[TCP_HELLO_SIZE], struct tcp_hello *h, char
 	v.nonce = rail_get_u64(in + 8);
 	v.conn_id = rail_get_u64(in + 16);
 	v.nsocks = rail_get_u16(in + 24);
-	v.nthreads = rail_get_u16(in + 26);
+	v.nthreads = in[26];
+	v.flags = in[27];
 	v.inline_max = rail_get_u32(in + 28);
 	v.min_chunk = rail_get_u32(in + 32);
 	if (v.nsocks < 1 || v.nsocks > TCP_MAX_SOCKS || v.nthreads < 1 ||
 	    v.nthreads > TCP_MAX_THREADS || v.nthreads > v.nsocks || v.index > v.nsocks ||
-	    v.min_chunk == 0) {
+	    v.min_chunk == 0 || (v.flags & ~TCP_HELLO_LAZY) || ((v.flags & TCP_HELLO_LAZY) && v.index)) {
 		snprintf(why, why_len, "corrupt hello (socket %u of %u, %u threads, chunk %u)",
 			 v.index, v.nsocks, v.nthreads, v.min_chunk);
 		return -EBADMSG;
@@ -267,9 +269,12 @@ int tcp_move_hello_decode(const uint8_t in[TCP_MOVE_HELLO_SIZE], struct tcp_move
 	v.conn_id = rail_get_u64(in + 24);
 	v.up_s = rail_get_u32(in + 32);
 	memcpy(v.rand, in + 36, TCP_MOVE_RAND_SIZE);
-	if ((v.kind != TCP_MOVE_SOCKET && v.kind != TCP_MOVE_KICK && v.kind != TCP_MOVE_BACK) ||
-	    (v.kind != TCP_MOVE_BACK && v.up_s) || v.nsocks < 1 ||
-	    v.nsocks > TCP_MAX_SOCKS || v.index > v.nsocks || (v.kind == TCP_MOVE_KICK && v.index))
+	/* nsocks 0: a lazy comm without data sockets yet moves its control socket alone */
+	if ((v.kind != TCP_MOVE_SOCKET && v.kind != TCP_MOVE_KICK && v.kind != TCP_MOVE_BACK &&
+	     v.kind != TCP_MOVE_OPEN) ||
+	    (v.kind != TCP_MOVE_BACK && v.up_s) || v.nsocks > TCP_MAX_SOCKS ||
+	    v.index > v.nsocks || (v.kind == TCP_MOVE_KICK && v.index) ||
+	    (v.kind == TCP_MOVE_OPEN && !v.index))
 		return -EPROTO;
 	*h = v;
 	return 0;

@@ -18,7 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 static int hello_eq(const struct tcp_hello *a, const struct tcp_hello *b)
 {
 	return a->index == b->index && a->nonce == b->nonce && a->conn_id == b->conn_id &&
-	       a->nsocks == b->nsocks && a->nthreads == b->nthreads &&
+	       a->nsocks == b->nsocks && a->nthreads == b->nthreads && a->flags == b->flags &&
 	       a->inline_max == b->inline_max && a->min_chunk == b->min_chunk;
 }
 

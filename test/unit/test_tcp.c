@@ -47,6 +47,20 @@ static void test_hello_round_trip(void **state)
 	assert_int_equal(out.nthreads, 2);
 	assert_int_equal(out.inline_max, 65536);
 	assert_int_equal(out.min_chunk, 524288);
+	assert_int_equal(out.flags, 0);
+	/* The lazy flag travels on socket 0 only; an unknown flag is refused. */
+	in.index = 0;
+	in.flags = TCP_HELLO_LAZY;
+	tcp_hello_encode(&in, buf);
+	assert_int_equal(tcp_hello_decode(buf, &out, why, sizeof(why)), 0);
+	assert_int_equal(out.flags, TCP_HELLO_LAZY);
+	in.index = 1;
+	tcp_hello_encode(&in, buf);
+	assert_int_equal(tcp_hello_decode(buf, &out, why, sizeof(why)), -EBADMSG);
+	in.index = 0;
+	in.flags = 0x80;
+	tcp_hello_encode(&in, buf);
+	assert_int_equal(tcp_hello_decode(buf, &out, why, sizeof(why)), -EBADMSG);
 }
 
 static void test_hello_rejects(void **state)
@@ -156,6 +170,21 @@ static void test_failover_wire(void **state)
 	tcp_move_hello_encode(&h, mh);
 	assert_int_equal(tcp_move_hello_decode(mh, &hg), 0);
 	assert_int_equal(hg.up_s, 0);
+	/* Version 4: an OPEN names a data socket (1..nsocks); a move may carry no data socket. */
+	h.kind = TCP_MOVE_OPEN;
+	tcp_move_hello_encode(&h, mh);
+	assert_int_equal(tcp_move_hello_decode(mh, &hg), 0);
+	assert_true(hg.kind == TCP_MOVE_OPEN && hg.index == 4 && hg.nsocks == 4);
+	h.index = 0;
+	tcp_move_hello_encode(&h, mh);
+	assert_int_equal(tcp_move_hello_decode(mh, &hg), -EPROTO);
+	h.kind = TCP_MOVE_SOCKET;
+	h.nsocks = 0;
+	tcp_move_hello_encode(&h, mh);
+	assert_int_equal(tcp_move_hello_decode(mh, &hg), 0);
+	assert_int_equal(hg.nsocks, 0);
+	h.index = 4;
+	h.nsocks = 4;
 	assert_int_equal(tcp_state_encode(3, 0, 4, pos, st), (int)TCP_STATE_SIZE(4));
 	assert_int_equal(tcp_state_decode(st, 3, 4, got), 0);
 	assert_memory_equal(got, pos, sizeof(pos));
@@ -462,6 +491,7 @@ static void test_thread_failure_closes_once(void **state)
 	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
 	setenv("NCCL_RAIL_TCP_FAULT", "pthread_create:EAGAIN:1+", 1);
 	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
+	setenv("NCCL_RAIL_TCP_LAZY", "0", 1);	/* the data sockets at connect */
 	unit_log_capture();
 	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
 	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
@@ -505,6 +535,7 @@ static void test_thread_failure_closes_once(void **state)
 		close(sent[i]);
 	unsetenv("NCCL_RAIL_TCP_FAULT");
 	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
+	unsetenv("NCCL_RAIL_TCP_LAZY");
 }
 
 #define STRAYS 100

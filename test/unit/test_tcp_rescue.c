@@ -267,18 +267,160 @@ static double ms_since(uint64_t t0)
 	return (double)(rail_now_ns() - t0) / 1e6;
 }
 
-/* Messages until the send comm logs its move (or 10 s); the ms from the link going down. */
-static double until_moved(struct pair *p, uint64_t t_down, unsigned *k)
+/* Messages of len bytes until the send comm logs its move (or 10 s); ms since t_down. */
+static double until_moved_len(struct pair *p, uint64_t t_down, unsigned *k, size_t len)
 {
 	uint64_t until = t_down + 10000000000ull;
 
 	while (rail_now_ns() < until) {
 		if (unit_log_count2(RAIL_LOG_WARN, "send comm to peer", "moved from uta0") > 0)
 			return ms_since(t_down);
-		if (one_message(p, MSG, (*k)++, until, NULL, NULL))
+		if (one_message(p, len, (*k)++, until, NULL, NULL))
 			return -1;
 	}
 	return -1;
+}
+
+static double until_moved(struct pair *p, uint64_t t_down, unsigned *k)
+{
+	return until_moved_len(p, t_down, k, MSG);
+}
+
+/*
+ * Lazy data sockets: a comm that carried only small messages moves its
+ * control socket alone when uta0 goes down; its first large message after
+ * the move opens the data sockets on the new path (uta1), every byte right.
+ */
+static int move_before_open_main(void)
+{
+	struct pair p;
+	unsigned k = 0;
+	double moved_ms;
+
+	unit_log_capture();
+	CHECK(pair_open(&p) == 0, "the send and receive comms (failover on) were not set up");
+	for (int i = 0; i < 8; i++)
+		CHECK(one_message(&p, 1000, k++, rail_now_ns() + 5000000000ull, NULL, NULL) == 0,
+		      "small message %u before the fault", k - 1);
+	CHECK(p.s->nsocks == 0 && p.r->nsocks == 0, "data sockets open after small messages only "
+	      "(send %d, receive %d)", p.s->nsocks, p.r->nsocks);
+	CHECK(sh("ip link set uta0 down") == 0, "ip link set uta0 down failed");
+	moved_ms = until_moved_len(&p, rail_now_ns(), &k, 1000);
+	CHECK(moved_ms >= 0, "no move of the control socket within 10 s of uta0 going down");
+	CHECK(p.s->nsocks == 0 && p.r->nsocks == 0, "data sockets opened by the move (send %d, "
+	      "receive %d)", p.s->nsocks, p.r->nsocks);
+	for (int i = 0; i < 4; i++)
+		CHECK(one_message(&p, MSG, k++, rail_now_ns() + 5000000000ull, NULL, NULL) == 0,
+		      "large message %u after the move", k - 1);
+	CHECK(p.s->nsocks > 0 && p.r->nsocks == p.s->nsocks, "after large messages: %d data "
+	      "sockets on the send comm, %d on the receive comm", p.s->nsocks, p.r->nsocks);
+	fprintf(stderr, "move before open: moved %.1f ms after uta0 went down; then %d data "
+		"sockets opened\n", moved_ms, p.s->nsocks);
+	pair_close(&p);
+	rail_net_finalize(p.ctx);
+	unit_log_release();
+	return 0;
+}
+
+/*
+ * A move racing the open: the first large message starts the open of the
+ * data sockets, and uta0 goes down before the open is driven further (the
+ * open progresses only in isend/test). The move drops the open, moves the
+ * control socket, and the open starts again on uta1: the message arrives
+ * whole, and the comm carries large messages after.
+ */
+/* Test a send and a receive until both are done (10 s); 0, or -1. */
+static int finish_pair(struct pair *p, void *sreq, void *rreq)
+{
+	uint64_t until = rail_now_ns() + 10000000000ull;
+	int sdone = 0, rdone = 0, size = 0;
+
+	while ((!sdone || !rdone) && rail_now_ns() < until) {
+		if (!sdone && rail_net_test(sreq, &sdone, &size) != ncclSuccess)
+			return -1;
+		if (!rdone && rail_net_test(rreq, &rdone, &size) != ncclSuccess)
+			return -1;
+		if (tcp_move_due(p->r) && tcp_move_recv(p->r))
+			return -1;
+	}
+	return sdone && rdone ? 0 : -1;
+}
+
+/* A new pair, a small message, then a large one posted: 1 when it waits for the open. */
+static int pair_held(struct pair *p, unsigned k, void **sreq, void **rreq)
+{
+	void *data[1] = { rbuf };
+	size_t room[1] = { MSG };
+	int tag[1] = { 1 };
+
+	*sreq = *rreq = NULL;
+	if (pair_open(p) || one_message(p, 1000, k, rail_now_ns() + 5000000000ull, NULL, NULL))
+		return -1;
+	fill(sbuf, MSG, k + 1);
+	memset(rbuf, 0, MSG);
+	if (rail_net_irecv(p->rc, 1, data, room, tag, NULL, rreq) != ncclSuccess || !*rreq ||
+	    rail_net_isend(p->sc, sbuf, MSG, 1, NULL, sreq) != ncclSuccess || !*sreq)
+		return -1;
+	return p->s->nsocks == 0 && p->s->held == 1;
+}
+
+/*
+ * A move racing the open: the first large message starts the open of the
+ * data sockets, and uta0 goes down before the open is driven further (the
+ * open progresses only in isend/test). The move drops the open, moves the
+ * control socket, and the open starts again on uta1: the message arrives
+ * whole, and the comm carries large messages after. (Where the open was
+ * done within the isend already, a new pair tries again.)
+ */
+static int move_during_open_main(void)
+{
+	void *sreq = NULL, *rreq = NULL;
+	struct pair p;
+	unsigned k = 0;
+	int held = 0;
+
+	unit_log_capture();
+	for (int attempt = 0; attempt < 10 && held != 1; attempt++) {
+		held = pair_held(&p, k, &sreq, &rreq);
+		CHECK(held >= 0, "setting up a pair and its first large message failed");
+		k += 2;
+		if (held)
+			break;
+		CHECK(finish_pair(&p, sreq, rreq) == 0, "a large message (no fault)");
+		pair_close(&p);
+		rail_net_finalize(p.ctx);
+	}
+	CHECK(held == 1, "the open completed within the isend on 10 pairs in a row");
+	CHECK(sh("ip link set uta0 down") == 0, "ip link set uta0 down failed");
+	usleep(200000);	/* the link watch sees it before the open goes on */
+	CHECK(finish_pair(&p, sreq, rreq) == 0, "the message posted during the open not done in "
+	      "10 s");
+	CHECK(memcmp(sbuf, rbuf, MSG) == 0, "the message posted during the open arrived wrong");
+	CHECK(unit_log_count2(RAIL_LOG_WARN, "moved from uta0", "0 bytes on 0 data sockets") > 0,
+	      "no move of the control socket alone logged (the open was not dropped for it)");
+	for (int i = 0; i < 4; i++)
+		CHECK(one_message(&p, MSG, k++, rail_now_ns() + 5000000000ull, NULL, NULL) == 0,
+		      "large message %u after the move", k - 1);
+	CHECK(p.s->nsocks > 0 && p.r->nsocks == p.s->nsocks, "%d data sockets on the send comm, "
+	      "%d on the receive comm", p.s->nsocks, p.r->nsocks);
+	fprintf(stderr, "move during open: the message arrived; %d data sockets open after "
+		"the move\n", p.s->nsocks);
+	pair_close(&p);
+	rail_net_finalize(p.ctx);
+	unit_log_release();
+	return 0;
+}
+
+static void test_move_during_open(void **state)
+{
+	(void)state;
+	run_child(move_during_open_main, "a move racing the open of the data sockets", 60);
+}
+
+static void test_move_before_open(void **state)
+{
+	(void)state;
+	run_child(move_before_open_main, "a move before the data sockets open", 60);
 }
 
 /*
@@ -708,6 +850,8 @@ static void test_flood(void **state)
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
+		cmocka_unit_test(test_move_before_open),
+		cmocka_unit_test(test_move_during_open),
 		cmocka_unit_test(test_finalize_with_strangers),
 		cmocka_unit_test(test_strangers_do_not_stop_the_move),
 		cmocka_unit_test(test_forged_move_refused),
