@@ -15,6 +15,14 @@
 #include "rail.h"
 
 #define LINGER_NS (1000ull * 1000000ull)
+/*
+ * At most this many threads: a handshake step beyond waits in the queue.
+ * Enough that a few slow RoCE RTRs (ibv_modify_qp retried for seconds)
+ * hold up no other handshake, few enough that 1024 connects in flight do
+ * not start a thread each (NCCL's own IB transport runs these steps on its
+ * proxy thread, one at a time).
+ */
+#define MAX_THREADS 16
 
 enum { J_IDLE, J_QUEUED, J_RUNNING, J_DONE };
 
@@ -146,7 +154,7 @@ int rail_ib_job_start(struct rail_ib_job *j)
 	atomic_store(&j->done, 0);
 	j->next = NULL;
 	/* an idle thread for it, else a new one; with none at all, the caller runs it */
-	if (P.nidle <= P.nqueued)
+	if (P.nidle <= P.nqueued && P.nthreads < MAX_THREADS)
 		err = grow();
 	if (err && P.nthreads > 0)
 		err = 0;

@@ -88,6 +88,7 @@ struct row {
 	double connect_s, msg_s, p50_ms, p99_ms;
 	double idle_s, cpu_ms;
 	long ctx_sw;
+	int threads_idle;	/* at the idle window's end (setup's helpers gone) */
 };
 
 /* What the parent tells every child. */
@@ -356,7 +357,7 @@ static double pinned_kib(const struct row *R, int added)
 
 static void print_header(const struct opts *O)
 {
-	printf("| transport | pairs |%s fds: init + pairs (per pair) | threads (added) "
+	printf("| transport | pairs |%s fds: init + pairs (per pair) | threads idle (added; at setup) "
 	       "| RSS KiB: init + pairs (per pair) | pinned KiB (per pair) "
 	       "| setup s: connect + 1st message | connect p50 / p99 ms "
 	       "| idle CPU ms in %g s (%% of a core) | context switches |\n",
@@ -373,11 +374,11 @@ static void print_row(const struct row *R, const struct opts *O)
 
 	if (O->show_failover)
 		snprintf(fo, sizeof(fo), " %d |", R->failover);
-	printf("| %s | %d |%s %d + %d (%.2f) | %d (%+d) | %ld + %ld (%.1f) | %.1f (%.2f) "
+	printf("| %s | %d |%s %d + %d (%.2f) | %d (%+d; %+d) | %ld + %ld (%.1f) | %.1f (%.2f) "
 	       "| %.3f + %.3f | %.2f / %.2f | %.1f (%.3f) | %ld |\n",
 	       transports[!R->tcp], n, fo, R->s1.fds - R->s0.fds, R->s2.fds - R->s1.fds,
-	       (double)(R->s2.fds - R->s1.fds) / n, R->s2.threads, R->s2.threads - R->s0.threads,
-	       R->s1.rss_kib - R->s0.rss_kib, R->s2.rss_kib - R->s1.rss_kib,
+	       (double)(R->s2.fds - R->s1.fds) / n, R->threads_idle, R->threads_idle - R->s0.threads,
+	       R->s2.threads - R->s0.threads, R->s1.rss_kib - R->s0.rss_kib, R->s2.rss_kib - R->s1.rss_kib,
 	       (double)(R->s2.rss_kib - R->s1.rss_kib) / n, pinned_kib(R, 0),
 	       pinned_kib(R, 1) / n, R->connect_s, R->msg_s, R->p50_ms, R->p99_ms, R->cpu_ms,
 	       100 * R->cpu_ms / 1e3 / R->idle_s, R->ctx_sw);
@@ -390,13 +391,13 @@ static void write_kv(const struct row *R, FILE *f)
 	int n = R->n;
 
 	fprintf(f, "transport=%s n=%d failover=%d fds_init=%d fds_added=%d fds_per_pair=%.3f "
-		"threads=%d threads_added=%d rss_init_kib=%ld rss_added_kib=%ld "
+		"threads=%d threads_added=%d threads_setup_added=%d rss_init_kib=%ld rss_added_kib=%ld "
 		"rss_kib_per_pair=%.2f pinned_kib=%.1f pinned_kib_per_pair=%.3f connect_s=%.4f "
 		"msg_s=%.4f setup_s=%.4f connect_p50_ms=%.3f connect_p99_ms=%.3f idle_s=%.2f "
 		"cpu_ms=%.2f cpu_pct=%.4f ctx_sw=%ld\n",
 		transports[!R->tcp], n, R->failover, R->s1.fds - R->s0.fds, R->s2.fds - R->s1.fds,
-		(double)(R->s2.fds - R->s1.fds) / n, R->s2.threads, R->s2.threads - R->s0.threads,
-		R->s1.rss_kib - R->s0.rss_kib, R->s2.rss_kib - R->s1.rss_kib,
+		(double)(R->s2.fds - R->s1.fds) / n, R->threads_idle, R->threads_idle - R->s0.threads,
+		R->s2.threads - R->s0.threads, R->s1.rss_kib - R->s0.rss_kib, R->s2.rss_kib - R->s1.rss_kib,
 		(double)(R->s2.rss_kib - R->s1.rss_kib) / n, pinned_kib(R, 0),
 		pinned_kib(R, 1) / n, R->connect_s, R->msg_s, R->connect_s + R->msg_s, R->p50_ms,
 		R->p99_ms, R->idle_s, R->cpu_ms, 100 * R->cpu_ms / 1e3 / R->idle_s, R->ctx_sw);
@@ -428,6 +429,7 @@ static int run(int tcp, int n, int failover, const struct opts *O)
 	R.idle_s = t1 - t0;
 	R.cpu_ms = (cpu_s(&u1) - cpu_s(&u0)) * 1e3;
 	R.ctx_sw = (u1.ru_nvcsw - u0.ru_nvcsw) + (u1.ru_nivcsw - u0.ru_nivcsw);
+	R.threads_idle = count_dir("/proc/self/task");
 	print_row(&R, O);
 	kv = fopen(O->kv, "a");
 	if (!kv) {
