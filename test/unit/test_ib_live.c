@@ -22,6 +22,7 @@
 
 #include "api.h"
 #include "handle.h"
+#include "ib/ib.h"
 #include "ib/ib_verbs.h"
 #include "param.h"
 #include "rail.h"
@@ -583,7 +584,8 @@ static void test_eager_mixed(void **state)
 
 /*
  * The receiver posts nothing while the sender sends 200 small messages: the
- * ring holds 64, the 65th is refused (no credits) and asks for them; then
+ * ring holds RAIL_IB_EAGER_SLOTS (16), the next is refused (no credits) and
+ * asks for them; then
  * receives drain the ring, credits come back, and the rest flows, partly
  * through CTSes the want made the receiver write.
  */
@@ -604,15 +606,17 @@ static void test_eager_credits(void **state)
 	live_connect(&L);
 	assert_non_null(L.rc);
 	/* The first refusal comes when the ring is full. */
-	assert_int_equal(stream_run(&L, &st), 64);
+	assert_int_equal(stream_run(&L, &st), RAIL_IB_EAGER_SLOTS);
 	/*
 	 * Again, on a connection whose counters went around: the receiver hands
-	 * credits back 16 at a time, so up to 15 slots may still count as used.
+	 * credits back a quarter of the ring at a time, so up to a quarter less
+	 * one slot may still count as used.
 	 */
 	for (int i = 0; i < 200; i++)
 		sizes[i] = rooms[i] = (size_t)(i % 3) * 2000;
 	ahead = stream_run(&L, &st);
-	assert_true(ahead > 64 - 16 && ahead <= 64);
+	assert_true(ahead > RAIL_IB_EAGER_SLOTS - RAIL_IB_EAGER_SLOTS / 4 &&
+		    ahead <= RAIL_IB_EAGER_SLOTS);
 	live_fini(&L);
 }
 
