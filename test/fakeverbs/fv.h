@@ -274,8 +274,6 @@ int fv_test_port_speed(const char *dev, int port, unsigned speed, int width, lon
  * Returns its QP number, or -ENODEV.
  */
 int fv_test_qp_fatal(const char *dev);
-/* fv_verbs.c: the bytes of every open registration, their number in *count (if not NULL). */
-long long fv_test_mr_bytes(int *count);
 /*
  * The next count ibv_modify_qp to state (enum ibv_qp_state) on dev's QPs
  * fail with err (a positive errno), as the kernel's address resolution

@@ -479,25 +479,6 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 	return 0;
 }
 
-/*
- * Exported for tests (FAKEVERBS_TEST): the bytes of every registration now
- * open, and their number in *count (if not NULL): what a real provider
- * would pin.
- */
-long long fv_test_mr_bytes(int *count)
-{
-	long long bytes = 0;
-	int n = 0;
-
-	pthread_mutex_lock(&fv_lock);
-	for (const struct fv_mr *m = mrs; m; m = m->next, n++)
-		bytes += (long long)m->mr.length;
-	pthread_mutex_unlock(&fv_lock);
-	if (count)
-		*count = n;
-	return bytes;
-}
-
 /* Under fv_lock. remote: match the rkey, else the lkey. */
 struct fv_mr *fv_mr_by_key(uint32_t key, int remote)
 {

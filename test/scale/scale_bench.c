@@ -8,7 +8,7 @@
  *     memory (VmRSS) that init and listen added, then that the N pairs
  *     added, and per pair;
  *   - pinned memory: on verbs the bytes registered with the fake provider
- *     (fv_test_mr_bytes, what a real NIC pins), on TCP VmLck;
+ *     (fv_test_mem's FV_MEM_MR_BYTES, what a real NIC pins), on TCP VmLck;
  *   - setup time: all connects and accepts, then the first message through
  *     every pair; each connect's time from its first call to its send comm
  *     (median and 99th percentile);
@@ -241,18 +241,17 @@ static long long mr_bytes(void)
 {
 	const char *lib = getenv("NCCL_IBVERBS_LIB");
 	void *h = lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
-	long long (*bytes)(int *);
+	long long (*mem)(int);
 	long long b = 0;
 
 	if (!h)
 		return 0;
-	*(void **)&bytes = dlsym(h, "fv_test_mr_bytes");
-	if (!bytes) {
-		fprintf(stderr, "scale_bench: %s lacks fv_test_mr_bytes: rebuild it (make tests)\n",
-			lib);
+	*(void **)&mem = dlsym(h, "fv_test_mem");
+	if (!mem) {
+		fprintf(stderr, "scale_bench: %s lacks fv_test_mem: rebuild it (make tests)\n", lib);
 		exit(1);
 	}
-	b = bytes(NULL);
+	b = mem(1);	/* FV_MEM_MR_BYTES (test/fakeverbs/fv.h) */
 	dlclose(h);
 	return b;
 }
