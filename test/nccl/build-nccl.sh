@@ -2,12 +2,20 @@
 # Build an NCCL release from a source tarball on the GPU machine (it has no
 # network: carry the tarball), for runs against another NCCL than the
 # installed one: RUN_NCCL_LIB=BUILDDIR/lib test/nccl/run.sh ...
-#   test/nccl/build-nccl.sh SRC.tgz BUILDDIR     (about 3.5 min on 16 cores, sm_90 only)
+#   test/nccl/build-nccl.sh SRC.tgz BUILDDIR     (about 4 min on 16 cores, sm_90 only)
+# SRC.tgz: NCCL's tree at its top, or in one folder (e.g. from the NCCL
+# mirror: git archive --prefix=nccl/ v2.30.7-1 | gzip > .carry/nccl-2.30.7.tgz).
 set -euo pipefail
 src=${1:?usage: build-nccl.sh SRC.tgz BUILDDIR} out=${2:?usage: build-nccl.sh SRC.tgz BUILDDIR}
 if [ -e "$out/lib/libnccl.so" ]; then echo "build-nccl: $out already built"; exit 0; fi
 tree=$(mktemp -d /tmp/nccl-src.XXXXXX)
 tar -xzf "$src" -C "$tree"
+# A tarball of one top folder (git archive --prefix=nccl/, GitHub's release
+# tarballs): build in that folder.
+top=$(find "$tree" -mindepth 1 -maxdepth 1)
+if [ ! -e "$tree/Makefile" ] && [ "$(printf '%s\n' "$top" | wc -l)" = 1 ] && [ -d "$top" ]; then
+	tree=$top
+fi
 make -C "$tree" -j"$(nproc)" src.build BUILDDIR="$out" \
 	NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" >"$out.build.log" 2>&1 ||
 	{ tail -30 "$out.build.log"; exit 1; }
