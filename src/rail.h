@@ -21,6 +21,18 @@
 #define RAIL_VERSION_STRING RAIL_VERSION
 
 #define RAIL_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* 1 in a ThreadSanitizer build (gcc defines __SANITIZE_THREAD__, clang has the feature). */
+#if defined(__SANITIZE_THREAD__)
+#define RAIL_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define RAIL_TSAN 1
+#endif
+#endif
+#ifndef RAIL_TSAN
+#define RAIL_TSAN 0
+#endif
 #define RAIL_MIN(a, b) ((a) < (b) ? (a) : (b))
 #define RAIL_MAX(a, b) ((a) > (b) ? (a) : (b))
 #define RAIL_DIV_UP(x, y) (((x) + (y)-1) / (y))

@@ -1,4 +1,5 @@
 /* nccl-net-rail: zeroed buffers whose pages are touched only when used (zmem.h). */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -6,8 +7,14 @@
 #include "rail.h"
 #include "zmem.h"
 
-/* From this size on, a buffer has pages of its own (mmap). */
-#define ZMEM_MMAP_MIN (16u * 1024u)
+/*
+ * From this size on, a buffer has pages of its own (mmap). Not under
+ * ThreadSanitizer: an address range glibc unmapped behind its back (a
+ * thread's stack) and mmap handed out again kept the old thread's accesses
+ * in its shadow, so the first reads of a new CTS FIFO were reported as
+ * racing with a pthread_create of long before; heap blocks it tracks.
+ */
+#define ZMEM_MMAP_MIN (RAIL_TSAN ? SIZE_MAX : 16u * 1024u)
 #define ZMEM_PAGE 4096u
 
 void *rail_zalloc(size_t len, size_t align)
