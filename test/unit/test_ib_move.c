@@ -430,6 +430,16 @@ static void test_move_idle_peer(void **state)
 	mhs[0] = L.rmh;
 	assert_int_equal(rail_net_irecv(L.F->rc, 1, data, sizes, tags, mhs, &rreq), 0);
 	assert_non_null(rreq);
+	/*
+	 * NCCL's proxy keeps testing the receive; give its clear-to-send 100 ms
+	 * to reach the sender (under ThreadSanitizer the fake's delivery can lag
+	 * the post), so that the send below goes into it, inline, complete at
+	 * post, and not through the eager ring (not inline: complete later).
+	 */
+	deadline = rail_now_ns() + 100000000ull;
+	while (rail_now_ns() < deadline)
+		assert_int_equal(rail_net_test(rreq, &done, got), 0);
+	assert_false(done);
 	port_state(L.F, "mlx5_0", IBV_PORT_DOWN, NCCL_LOG_WARN, "went down");
 	/* the receiver's next call starts its move: its QPs go to error first */
 	assert_int_equal(rail_net_test(rreq, &done, got), 0);
