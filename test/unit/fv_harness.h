@@ -170,6 +170,18 @@ static inline void fvh_write_file(const char *path, const char *text)
 	fclose(f);
 }
 
+/* The plugin loads the fake libibverbs (fvh_lib) and the fake libmlx5 beside it, never the host's. */
+static inline void fvh_use_fake_libs(void)
+{
+	char mlx5[PATH_MAX];
+	const char *slash = strrchr(fvh_lib, '/');
+
+	setenv("NCCL_IBVERBS_LIB", fvh_lib, 1);
+	snprintf(mlx5, sizeof(mlx5), "%.*s/libfakemlx5.so", slash ? (int)(slash - fvh_lib) : 1,
+		 slash ? fvh_lib : ".");
+	setenv("NCCL_RAIL_MLX5_LIB", mlx5, 1);
+}
+
 /*
  * The plugin on the devices of conf; files: NULL, or pairs of a sysfs path
  * ("/sys/module/nvidia_peermem/version") and its text, NULL-ended, written
@@ -194,15 +206,7 @@ static inline struct fvh *fvh_start_with(const char *conf, const char *const *fi
 		assert_int_equal(system(cmd), 0);
 		fvh_write_file(path, files[i + 1]);
 	}
-	setenv("NCCL_IBVERBS_LIB", fvh_lib, 1);
-	{	/* the fake libmlx5 beside it, never the host's */
-		char mlx5[PATH_MAX];
-		const char *slash = strrchr(fvh_lib, '/');
-
-		snprintf(mlx5, sizeof(mlx5), "%.*s/libfakemlx5.so",
-			 slash ? (int)(slash - fvh_lib) : 1, slash ? fvh_lib : ".");
-		setenv("NCCL_RAIL_MLX5_LIB", mlx5, 1);
-	}
+	fvh_use_fake_libs();
 	setenv("RAIL_FAKEVERBS_CONF", F->conf, 1);
 	setenv("RAIL_FAKEVERBS_LOG", F->log, 1);
 	setenv("RAIL_FAKEVERBS_SYSFS", F->dir, 1);

@@ -87,15 +87,7 @@ static void start(struct setup *S)
 	assert_non_null(mkdtemp(F->dir));
 	snprintf(F->conf, sizeof(F->conf), "%.60s/devices.conf", F->dir);
 	fvh_write_file(F->conf, conf);
-	setenv("NCCL_IBVERBS_LIB", fvh_lib, 1);
-	{	/* the fake libmlx5 beside it, never the host's */
-		char mlx5[PATH_MAX];
-		const char *slash = strrchr(fvh_lib, '/');
-
-		snprintf(mlx5, sizeof(mlx5), "%.*s/libfakemlx5.so",
-			 slash ? (int)(slash - fvh_lib) : 1, slash ? fvh_lib : ".");
-		setenv("NCCL_RAIL_MLX5_LIB", mlx5, 1);
-	}
+	fvh_use_fake_libs();
 	unsetenv("RAIL_FAKEVERBS_LOG");
 	setenv("RAIL_FAKEVERBS_CONF", F->conf, 1);
 	setenv("RAIL_FAKEVERBS_SYSFS", F->dir, 1);
