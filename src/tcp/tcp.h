@@ -407,6 +407,7 @@ struct tcp_comm {
 	int held;			/* send: large messages waiting for the open */
 	struct tcp_req *held_head, *held_tail;	/* send: them, in posting order */
 	int help;			/* NCCL_RAIL_TCP_HELP */
+	size_t direct_max;		/* NCCL_RAIL_TCP_DIRECT, 0 without help */
 	size_t inline_max;
 	size_t min_chunk;
 	uint64_t seq;			/* next message to post (send) or match (recv) */
@@ -555,9 +556,14 @@ void tcp_pool_detach(struct tcp_comm *c);
 /*
  * Queue a chunk on data socket sock (NCCL's progress thread only); ev: its
  * profiler event, stopped by whoever moves the chunk (prof.h), or NULL.
+ * direct: the caller moves it now and in later test() calls (tcp_pool_help),
+ * and no helper is woken for it (a socket that is not ready then is polled
+ * by those calls, not watched by a helper).
  */
 void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req,
-		   void *ev);
+		   void *ev, int direct);
+/* No chunk of the comm waits to be moved. */
+int tcp_pool_idle(const struct tcp_comm *c);
 /*
  * NCCL's progress thread, in test(): move the comm's queued chunks itself
  * where no helper is moving them (a bounded amount), so a message does not
@@ -566,6 +572,8 @@ void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct t
 void tcp_pool_help(struct tcp_comm *c);
 /* Threads running now. */
 int tcp_pool_threads(void);
+/* Chunks the helper threads moved since the process started (tests). */
+uint64_t tcp_pool_helper_chunks(void);
 /* Stop and join every pool thread (no comm may be attached). */
 void tcp_pool_stop(void);
 

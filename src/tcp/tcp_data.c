@@ -159,6 +159,7 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 	}
 	c->min_chunk = layout->min_chunk;
 	c->help = (int)rail_param_int(RAIL_P_TCP_HELP);
+	c->direct_max = c->help ? (size_t)rail_param_int(RAIL_P_TCP_DIRECT) : 0;
 	rail_sockaddr_str(peer, c->peer, sizeof(c->peer));
 	c->stall_ns = (uint64_t)rail_param_int(RAIL_P_STALL_TIMEOUT) * 1000000000ull;
 	liveness = (int)rail_param_int(RAIL_P_PEER_TIMEOUT);
@@ -194,13 +195,19 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 /*
  * Give the chunks of one large message (buffer e of r) to the helper
  * threads; with the profiler, each chunk is one socket operation event.
+ * A message of one chunk up to NCCL_RAIL_TCP_DIRECT with nothing queued
+ * before it is moved by this (NCCL's progress) thread instead: waking a
+ * helper on each side costs more than the copy, and with nothing else
+ * queued there is nothing for a helper to move in parallel.
  */
 static void dispatch(struct tcp_comm *c, struct tcp_req *r, int e, uint64_t seq, char *buf,
 		     size_t size)
 {
 	struct tcp_plan p;
+	int direct;
 
 	tcp_plan_message(size, seq, c->nsocks, c->min_chunk, &p);
+	direct = p.nchunks == 1 && size <= c->direct_max && tcp_pool_idle(c);
 	atomic_fetch_add_explicit(&r->pending, p.nchunks, memory_order_relaxed);
 	for (int i = 0; i < p.nchunks; i++) {
 		size_t off = (size_t)i * p.chunk, len = RAIL_MIN(p.chunk, size - off);
@@ -211,7 +218,7 @@ static void dispatch(struct tcp_comm *c, struct tcp_req *r, int e, uint64_t seq,
 			ev = rail_prof_sock(r->base.prof, e, 0, c->fds[sock],
 					    c->is_send ? RAIL_PROF_SOCK_SEND : RAIL_PROF_SOCK_RECV,
 					    len);
-		tcp_pool_push(c, sock, buf + off, len, r, ev);
+		tcp_pool_push(c, sock, buf + off, len, r, ev, direct);
 	}
 }
 

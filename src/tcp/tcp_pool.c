@@ -9,10 +9,13 @@
  * queued, on its owner's inbox (a lock-free list), waking the owner through
  * an eventfd if it sleeps. The owner moves the chunks of each socket strictly
  * in order with non-blocking send/recv; a socket that is not ready waits in
- * the owner's epoll set (edge-triggered) while the owner serves others, so
- * no socket of any comm waits behind another (a blocking shared thread could
- * deadlock two processes). An owner with nothing to do polls for
- * NCCL_RAIL_TCP_SPIN_US, then sleeps in epoll_wait.
+ * the owner's epoll set while the owner serves others, so no socket of any
+ * comm waits behind another (a blocking shared thread could deadlock two
+ * processes). The watch is one-shot, armed again only when the owner leaves
+ * the socket with chunks it could not move: bytes arriving for a message
+ * that NCCL's progress thread moves itself (tcp_pool_help, NCCL_RAIL_TCP_DIRECT)
+ * wake no helper. An owner with nothing to do polls for NCCL_RAIL_TCP_SPIN_US,
+ * then sleeps in epoll_wait.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -96,8 +99,19 @@ static void kick(struct tcp_stream *s)
 	wake(t);
 }
 
+static int try_serve(struct tcp_stream *s, size_t budget);
+
+int tcp_pool_idle(const struct tcp_comm *c)
+{
+	for (int i = 0; i < c->nattached; i++)
+		if (atomic_load_explicit(&c->streams[i].head, memory_order_relaxed) !=
+		    atomic_load_explicit(&c->streams[i].tail, memory_order_acquire))
+			return 0;
+	return 1;
+}
+
 void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req,
-		   void *ev)
+		   void *ev, int direct)
 {
 	struct tcp_stream *s = &c->streams[sock];
 	uint32_t head = atomic_load_explicit(&s->head, memory_order_relaxed);
@@ -109,7 +123,34 @@ void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct t
 	s->ring[head & s->mask] = (struct tcp_task){ buf, len, s->fd, req, ev, s->pushed };
 	s->pushed += len;
 	atomic_store_explicit(&s->head, head + 1, memory_order_release);
-	kick(s);
+	if (!direct || try_serve(s, TCP_HELP_BYTES) > 0)
+		kick(s);
+}
+
+/* What the owner's epoll set watches for on the stream's socket: one event, then re-armed. */
+static struct epoll_event stream_event(struct tcp_stream *s)
+{
+	return (struct epoll_event){ .events = (s->comm->is_send ? EPOLLOUT : EPOLLIN) |
+					       EPOLLET | EPOLLONESHOT, .data.ptr = s };
+}
+
+/*
+ * The owner leaves the socket with chunks still queued: watch it again. A
+ * socket ready already reports at once (epoll polls it when re-armed), so
+ * readiness between the last EAGAIN and this call is not lost.
+ */
+static void rewatch(struct tcp_pool_thread *t, struct tcp_stream *s)
+{
+	struct epoll_event ev = stream_event(s);
+
+	if (atomic_load_explicit(&s->head, memory_order_acquire) ==
+	    atomic_load_explicit(&s->tail, memory_order_acquire))
+		return;
+	if (epoll_ctl(t->epfd, EPOLL_CTL_MOD, s->fd, &ev))
+		RAIL_WARN("TCP helper: watching data socket %d (fd %d) of the %s comm to %s again "
+			  "failed: %s; its chunks move only while NCCL polls the request",
+			  s->index + 1, s->fd, s->comm->is_send ? "send" : "receive",
+			  s->comm->peer, RAIL_ERRSTR(-errno));
 }
 
 static void activate(struct tcp_pool_thread *t, struct tcp_stream *s)
@@ -186,9 +227,20 @@ static int move_some(struct tcp_stream *s, const struct tcp_task *t, size_t *bud
 	return 0;
 }
 
+/* Chunks moved by helper threads (not by NCCL's progress thread), for tests. */
+static _Atomic uint64_t helper_chunks;
+static _Thread_local int on_helper;
+
+uint64_t tcp_pool_helper_chunks(void)
+{
+	return atomic_load_explicit(&helper_chunks, memory_order_relaxed);
+}
+
 /* A chunk is done: its request may complete (the profiler event ends first). */
 static void task_done(struct tcp_task *t)
 {
+	if (on_helper)
+		atomic_fetch_add_explicit(&helper_chunks, 1, memory_order_relaxed);
 	/* Before the request can complete: NCCL ends the parent step after that. */
 	if (rail_unlikely(t->ev != NULL))
 		rail_prof_stop(t->ev);
@@ -406,6 +458,7 @@ static void *pool_main(void *arg)
 	struct tcp_pool_thread *t = arg;
 	uint64_t idle_since = 0;
 
+	on_helper = 1;
 	while (!atomic_load(&t->stop)) {
 		struct tcp_stream *s, *next;
 
@@ -413,8 +466,10 @@ static void *pool_main(void *arg)
 		take_inbox(t);
 		for (s = t->act_head; s; s = next) {
 			next = s->act_next;
-			if (try_serve(s, TCP_TURN_BYTES) <= 0)
+			if (try_serve(s, TCP_TURN_BYTES) <= 0) {
 				deactivate(t, s);
+				rewatch(t, s);
+			}
 		}
 	}
 	return NULL;
@@ -570,8 +625,7 @@ void tcp_pool_reserve(void)
 static int stream_attach(struct tcp_comm *c, int i, uint32_t ring_size, int bound)
 {
 	struct tcp_stream *s = &c->streams[i];
-	struct epoll_event ev = { .events = (c->is_send ? EPOLLOUT : EPOLLIN) | EPOLLET,
-				  .data.ptr = s };
+	struct epoll_event ev;
 	int err;
 
 	s->comm = c;
@@ -585,6 +639,9 @@ static int stream_attach(struct tcp_comm *c, int i, uint32_t ring_size, int boun
 	if (err)
 		goto free_ring;
 	atomic_store_explicit(&s->ready, 1, memory_order_release);
+	/* Not armed: the first chunk the owner cannot move arms it (rewatch). */
+	ev = stream_event(s);
+	ev.events &= ~(uint32_t)(EPOLLIN | EPOLLOUT);
 	if (epoll_ctl(s->owner->epfd, EPOLL_CTL_ADD, s->fd, &ev)) {
 		err = -errno;
 		goto free_ring;
@@ -691,8 +748,7 @@ void tcp_pool_resume(struct tcp_comm *c)
 
 static void swap_fd(struct tcp_stream *s, int fd)
 {
-	struct epoll_event ev = { .events = (s->comm->is_send ? EPOLLOUT : EPOLLIN) | EPOLLET,
-				  .data.ptr = s };
+	struct epoll_event ev = stream_event(s);
 
 	epoll_ctl(s->owner->epfd, EPOLL_CTL_DEL, s->fd, NULL);
 	s->fd = fd;

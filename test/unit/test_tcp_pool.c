@@ -5,7 +5,9 @@
  * serves the send and the receive side of one process at once (a blocking
  * shared helper would deadlock), the last finalize joins every thread, and
  * a close that races with the owner taking the socket off its inbox leaves
- * the owner serving other comms; the inline limit grows on a crowded host.
+ * the owner serving other comms; the inline limit grows on a crowded host;
+ * messages NCCL's progress thread moves itself (NCCL_RAIL_TCP_DIRECT) wake
+ * no helper, and mixed with helper-moved ones keep every byte in order.
  */
 #include "unit.h"
 
@@ -221,16 +223,6 @@ static int wait_flag(_Atomic int *flag, int want)
 	return atomic_load(flag) == want;
 }
 
-/*
- * The closer's kick comes after the owner took the socket off its inbox and
- * forgot it (the comm was closing already): tcp_pool_detach kicks every
- * socket of its comm. The owner must not forget it a second time: that
- * second forget spun forever on the socket's busy flag (which the first
- * leaves set), so no other comm of that thread moved a byte and its close,
- * then finalize's join, hung (or it wrote into the freed comm: ASan's
- * heap-use-after-free in forget). With one helper thread, a comm attached
- * after the close must still be served.
- */
 /* The inline limit per host: the process pinned to one CPU, the launcher's rank count varied. */
 static void test_inline_crowded_host(void **state)
 {
@@ -266,6 +258,16 @@ static void test_inline_crowded_host(void **state)
 	assert_int_equal(sched_setaffinity(0, sizeof(old), &old), 0);
 }
 
+/*
+ * The closer's kick comes after the owner took the socket off its inbox and
+ * forgot it (the comm was closing already): tcp_pool_detach kicks every
+ * socket of its comm. The owner must not forget it a second time: that
+ * second forget spun forever on the socket's busy flag (which the first
+ * leaves set), so no other comm of that thread moved a byte and its close,
+ * then finalize's join, hung (or it wrote into the freed comm: ASan's
+ * heap-use-after-free in forget). With one helper thread, a comm attached
+ * after the close must still be served.
+ */
 static void test_close_after_forget(void **state)
 {
 	struct tcp_req r = { 0 }, r2 = { 0 };
@@ -280,7 +282,7 @@ static void test_close_after_forget(void **state)
 	/* The owner takes the socket off its inbox while its comm closes. */
 	atomic_store(&c->closing, 1);
 	atomic_store(&r.pending, 1);
-	tcp_pool_push(c, 0, out, sizeof(out), &r, NULL);
+	tcp_pool_push(c, 0, out, sizeof(out), &r, NULL, 0);
 	if (!wait_flag(&c->streams[0].detached, 1))
 		fail_msg("the helper thread did not forget the socket of a closing comm in 5 s");
 	assert_int_equal(atomic_load(&r.pending), 0);
@@ -289,7 +291,7 @@ static void test_close_after_forget(void **state)
 	tcp_pool_detach(c);
 	c2 = bare_comm(&peer2);
 	atomic_store(&r2.pending, 1);
-	tcp_pool_push(c2, 0, out, sizeof(out), &r2, NULL);
+	tcp_pool_push(c2, 0, out, sizeof(out), &r2, NULL, 0);
 	if (!wait_flag(&r2.pending, 0))
 		fail_msg("a chunk of a new comm was not moved in 5 s: the only helper thread is "
 			 "stuck since a close kicked a socket it had forgotten (forgot it twice?)");
@@ -311,6 +313,169 @@ static void test_close_after_forget(void **state)
 	rail_params_reload();
 }
 
+/* One TCP pair in a fresh context, buffers of size bytes. */
+static void direct_open(void **ctx, void **lc, struct pair *p, size_t size)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	rail_params_reload();
+	*ctx = *lc = NULL;
+	assert_int_equal(rail_net_init(ctx, 1, -1, NULL, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(*ctx, 0, handle, lc), ncclSuccess);
+	pair_open(*ctx, *lc, handle, p);
+	p->sbuf = malloc(size);
+	p->rbuf = malloc(size);
+	assert_non_null(p->sbuf);
+	assert_non_null(p->rbuf);
+}
+
+static void direct_close(void *ctx, void *lc, struct pair *p)
+{
+	assert_int_equal(rail_net_close_send(p->sc), ncclSuccess);
+	assert_int_equal(rail_net_close_recv(p->rc), ncclSuccess);
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	free(p->sbuf);
+	free(p->rbuf);
+}
+
+/*
+ * A window of n messages (sizes[i] bytes at offset offs[i] of the buffers)
+ * posted at once on the pair, tested to the end; then every byte checked.
+ */
+static void window_run(struct pair *p, int n, const size_t *sizes, const size_t *offs,
+		       unsigned seed, const char *what)
+{
+	void *sreq[8] = { 0 }, *rreq[8] = { 0 };
+	int sdone[8] = { 0 }, rdone[8] = { 0 }, left = 2 * n, got;
+	uint64_t deadline = rail_now_ns() + 30ull * 1000000000ull;
+
+	for (int i = 0; i < n; i++) {
+		void *data = p->rbuf + offs[i];
+		size_t sz = sizes[i];
+		int tag = 7;
+
+		for (size_t k = 0; k < sizes[i]; k++)
+			p->sbuf[offs[i] + k] = (char)(k * 131 + (size_t)i * 29 + seed);
+		memset(data, 0, sizes[i]);
+		while (!rreq[i])
+			assert_int_equal(rail_net_irecv(p->rc, 1, &data, &sz, &tag, NULL, &rreq[i]),
+					 ncclSuccess);
+		while (!sreq[i])
+			assert_int_equal(rail_net_isend(p->sc, p->sbuf + offs[i], sizes[i], 7, NULL,
+							&sreq[i]), ncclSuccess);
+	}
+	while (left && rail_now_ns() < deadline) {
+		for (int i = 0; i < n; i++) {
+			if (!sdone[i]) {
+				assert_int_equal(rail_net_test(sreq[i], &sdone[i], &got), ncclSuccess);
+				left -= sdone[i];
+			}
+			if (!rdone[i]) {
+				assert_int_equal(rail_net_test(rreq[i], &rdone[i], &got), ncclSuccess);
+				if (rdone[i] && got != (int)sizes[i])
+					fail_msg("%s: message %d of %zu bytes arrived as %d", what, i,
+						 sizes[i], got);
+				left -= rdone[i];
+			}
+		}
+	}
+	if (left)
+		fail_msg("%s: %d of %d requests not done in 30 s", what, left, 2 * n);
+	for (int i = 0; i < n; i++)
+		if (memcmp(p->sbuf + offs[i], p->rbuf + offs[i], sizes[i]))
+			fail_msg("%s: message %d of %d (%zu bytes): the bytes received differ from "
+				 "those sent", what, i, n, sizes[i]);
+}
+
+/* n messages of size bytes one after another: the chunks helper threads moved meanwhile. */
+static uint64_t one_by_one(const char *direct, const char *help, int n, size_t size)
+{
+	struct pair p;
+	void *ctx, *lc;
+	uint64_t before;
+	size_t off = 0;
+
+	setenv("NCCL_RAIL_TCP_DIRECT", direct, 1);
+	setenv("NCCL_RAIL_TCP_HELP", help, 1);
+	direct_open(&ctx, &lc, &p, size);
+	window_run(&p, 1, &size, &off, 1, "warm-up"); /* opens the data sockets */
+	before = tcp_pool_helper_chunks();
+	for (int i = 0; i < n; i++)
+		window_run(&p, 1, &size, &off, (unsigned)i, "one by one");
+	before = tcp_pool_helper_chunks() - before;
+	direct_close(ctx, lc, &p);
+	unsetenv("NCCL_RAIL_TCP_DIRECT");
+	unsetenv("NCCL_RAIL_TCP_HELP");
+	rail_params_reload();
+	return before;
+}
+
+/*
+ * 64 KiB messages one at a time (a ping-pong's pattern): with the default
+ * NCCL_RAIL_TCP_DIRECT no helper thread moves any of their chunks (a
+ * hand-off woke one on each side: 64 instead of 20 us at 32 KiB on this
+ * VM); with NCCL_RAIL_TCP_HELP=0 the helpers move all of them.
+ */
+static void test_direct_wakes_no_helper(void **state)
+{
+	uint64_t moved;
+
+	(void)state;
+	moved = one_by_one("512k", "1", 100, 64u << 10);
+	if (moved)
+		fail_msg("helper threads moved %llu chunks of 100 messages of 64 KiB sent one at a "
+			 "time with NCCL_RAIL_TCP_DIRECT=512k: NCCL's progress thread should move "
+			 "them all", (unsigned long long)moved);
+	moved = one_by_one("512k", "0", 100, 64u << 10);
+	if (moved != 200)
+		fail_msg("with NCCL_RAIL_TCP_HELP=0 helper threads moved %llu chunks of 100 "
+			 "messages (200 chunks, both sides)", (unsigned long long)moved);
+}
+
+/*
+ * Seeded: windows of 1-8 messages of mixed sizes (inline, direct, several
+ * chunks) on one pair, so direct and helper-moved chunks share sockets in
+ * every order; every byte must arrive. TCP_DIRECT_SEEDS=N runs N seeds;
+ * a failure names its seed, and TCP_DIRECT_SEED=S replays it alone.
+ */
+static void test_direct_mixed(void **state)
+{
+	const char *one = getenv("TCP_DIRECT_SEED"), *many = getenv("TCP_DIRECT_SEEDS");
+	unsigned first = one ? (unsigned)atoi(one) : 1, nseeds = one ? 1 :
+		many ? (unsigned)atoi(many) : 6;
+	size_t cap = 8 * (3u << 20);
+	struct pair p;
+	void *ctx, *lc;
+
+	(void)state;
+	direct_open(&ctx, &lc, &p, cap);
+	for (unsigned seed = first; seed < first + nseeds; seed++) {
+		unsigned r = seed;
+		char what[64];
+
+		snprintf(what, sizeof(what), "seed %u (TCP_DIRECT_SEED=%u replays it)", seed, seed);
+		for (int round = 0; round < 20; round++) {
+			size_t sizes[8], offs[8], off = 0;
+			int n = 1 + rand_r(&r) % 8;
+
+			for (int i = 0; i < n; i++) {
+				int kind = rand_r(&r) % 3;
+
+				sizes[i] = kind == 0 ? (size_t)(rand_r(&r) % (16 << 10))
+					 : kind == 1 ? (16u << 10) + 1 + (size_t)(rand_r(&r) % (496 << 10))
+					 : (512u << 10) + 1 + (size_t)(rand_r(&r) % (2560 << 10));
+				offs[i] = off;
+				off += sizes[i];
+			}
+			window_run(&p, n, sizes, offs, seed * 131 + (unsigned)round, what);
+		}
+	}
+	direct_close(ctx, lc, &p);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -319,6 +484,8 @@ int main(void)
 		cmocka_unit_test(test_threads_lazy),
 		cmocka_unit_test(test_close_after_forget),
 		cmocka_unit_test(test_inline_crowded_host),
+		cmocka_unit_test(test_direct_wakes_no_helper),
+		cmocka_unit_test(test_direct_mixed),
 	};
 
 	return cmocka_run_group_tests(tests, NULL, NULL);
