@@ -562,8 +562,11 @@ void tcp_pool_detach(struct tcp_comm *c);
  */
 void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req,
 		   void *ev, int direct);
-/* No chunk of the comm waits to be moved. */
-int tcp_pool_idle(const struct tcp_comm *c);
+/*
+ * No chunk of any comm of the process is queued or in flight: a message
+ * moved now by the progress thread delays nothing else it would move.
+ */
+int tcp_pool_idle(void);
 /*
  * NCCL's progress thread, in test(): move the comm's queued chunks itself
  * where no helper is moving them (a bounded amount), so a message does not
@@ -572,8 +575,8 @@ int tcp_pool_idle(const struct tcp_comm *c);
 void tcp_pool_help(struct tcp_comm *c);
 /* Threads running now. */
 int tcp_pool_threads(void);
-/* Chunks the helper threads moved since the process started (tests). */
-uint64_t tcp_pool_helper_chunks(void);
+/* Since the process started: chunks pushed direct, chunks helper threads moved (tests). */
+void tcp_pool_counts(uint64_t *direct, uint64_t *helper);
 /* Stop and join every pool thread (no comm may be attached). */
 void tcp_pool_stop(void);
 

@@ -195,10 +195,13 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
 /*
  * Give the chunks of one large message (buffer e of r) to the helper
  * threads; with the profiler, each chunk is one socket operation event.
- * A message of one chunk up to NCCL_RAIL_TCP_DIRECT with nothing queued
- * before it is moved by this (NCCL's progress) thread instead: waking a
- * helper on each side costs more than the copy, and with nothing else
- * queued there is nothing for a helper to move in parallel.
+ * A message of one chunk up to NCCL_RAIL_TCP_DIRECT, while no chunk of any
+ * comm of the process is queued, is moved by this (NCCL's progress) thread
+ * instead: waking a helper on each side costs more than the copy, and with
+ * nothing else in flight there is nothing a helper would move in parallel.
+ * (With several channels or both directions busy, as in an all-reduce, the
+ * helpers move them: there the progress thread's own copies delayed the
+ * other comms it serves, 2-rank all-reduces of 1-4 MiB by 6-12%.)
  */
 static void dispatch(struct tcp_comm *c, struct tcp_req *r, int e, uint64_t seq, char *buf,
 		     size_t size)
@@ -207,7 +210,7 @@ static void dispatch(struct tcp_comm *c, struct tcp_req *r, int e, uint64_t seq,
 	int direct;
 
 	tcp_plan_message(size, seq, c->nsocks, c->min_chunk, &p);
-	direct = p.nchunks == 1 && size <= c->direct_max && tcp_pool_idle(c);
+	direct = p.nchunks == 1 && size <= c->direct_max && tcp_pool_idle();
 	atomic_fetch_add_explicit(&r->pending, p.nchunks, memory_order_relaxed);
 	for (int i = 0; i < p.nchunks; i++) {
 		size_t off = (size_t)i * p.chunk, len = RAIL_MIN(p.chunk, size - off);

@@ -101,13 +101,14 @@ static void kick(struct tcp_stream *s)
 
 static int try_serve(struct tcp_stream *s, size_t budget);
 
-int tcp_pool_idle(const struct tcp_comm *c)
+/* Chunks of every comm of the process pushed and not yet done (moved, or acknowledged). */
+static _Atomic int pool_queued;
+/* Chunks pushed direct, and chunks helper threads moved (for tests). */
+static _Atomic uint64_t direct_chunks, helper_chunks;
+
+int tcp_pool_idle(void)
 {
-	for (int i = 0; i < c->nattached; i++)
-		if (atomic_load_explicit(&c->streams[i].head, memory_order_relaxed) !=
-		    atomic_load_explicit(&c->streams[i].tail, memory_order_acquire))
-			return 0;
-	return 1;
+	return atomic_load_explicit(&pool_queued, memory_order_relaxed) == 0;
 }
 
 void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct tcp_req *req,
@@ -122,7 +123,10 @@ void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct t
 		cpu_relax();
 	s->ring[head & s->mask] = (struct tcp_task){ buf, len, s->fd, req, ev, s->pushed };
 	s->pushed += len;
+	atomic_fetch_add_explicit(&pool_queued, 1, memory_order_relaxed);
 	atomic_store_explicit(&s->head, head + 1, memory_order_release);
+	if (direct)
+		atomic_fetch_add_explicit(&direct_chunks, 1, memory_order_relaxed);
 	if (!direct || try_serve(s, TCP_HELP_BYTES) > 0)
 		kick(s);
 }
@@ -227,13 +231,12 @@ static int move_some(struct tcp_stream *s, const struct tcp_task *t, size_t *bud
 	return 0;
 }
 
-/* Chunks moved by helper threads (not by NCCL's progress thread), for tests. */
-static _Atomic uint64_t helper_chunks;
-static _Thread_local int on_helper;
+static _Thread_local int on_helper;	/* this thread is a helper */
 
-uint64_t tcp_pool_helper_chunks(void)
+void tcp_pool_counts(uint64_t *direct, uint64_t *helper)
 {
-	return atomic_load_explicit(&helper_chunks, memory_order_relaxed);
+	*direct = atomic_load_explicit(&direct_chunks, memory_order_relaxed);
+	*helper = atomic_load_explicit(&helper_chunks, memory_order_relaxed);
 }
 
 /* A chunk is done: its request may complete (the profiler event ends first). */
@@ -241,6 +244,7 @@ static void task_done(struct tcp_task *t)
 {
 	if (on_helper)
 		atomic_fetch_add_explicit(&helper_chunks, 1, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&pool_queued, 1, memory_order_relaxed);
 	/* Before the request can complete: NCCL ends the parent step after that. */
 	if (rail_unlikely(t->ev != NULL))
 		rail_prof_stop(t->ev);
@@ -365,6 +369,7 @@ static void forget(struct tcp_pool_thread *t, struct tcp_stream *s)
 		struct tcp_task *k = &s->ring[tail & s->mask];
 
 		atomic_store(&k->req->failed, 1);
+		atomic_fetch_sub_explicit(&pool_queued, 1, memory_order_relaxed);
 		atomic_fetch_sub_explicit(&k->req->pending, 1, memory_order_release);
 		++tail;
 		atomic_store_explicit(&s->ack_tail, tail, memory_order_release);

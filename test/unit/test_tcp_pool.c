@@ -390,49 +390,91 @@ static void window_run(struct pair *p, int n, const size_t *sizes, const size_t 
 				 "those sent", what, i, n, sizes[i]);
 }
 
-/* n messages of size bytes one after another: the chunks helper threads moved meanwhile. */
-static uint64_t one_by_one(const char *direct, const char *help, int n, size_t size)
+/*
+ * n messages of size bytes one after another on a new pair: the chunks
+ * pushed direct and those helper threads moved meanwhile. busy: another
+ * pair of the process keeps a 64 MiB message in flight (its receiver never
+ * reads), so its chunks stay queued all along.
+ */
+static void one_by_one(const char *direct, const char *help, int n, size_t size, int busy,
+		       uint64_t *ndirect, uint64_t *nhelper)
 {
-	struct pair p;
-	void *ctx, *lc;
-	uint64_t before;
+	struct pair p, q;
+	void *ctx, *lc, *qreq = NULL;
+	uint64_t d0, h0;
 	size_t off = 0;
 
 	setenv("NCCL_RAIL_TCP_DIRECT", direct, 1);
 	setenv("NCCL_RAIL_TCP_HELP", help, 1);
 	direct_open(&ctx, &lc, &p, size);
 	window_run(&p, 1, &size, &off, 1, "warm-up"); /* opens the data sockets */
-	before = tcp_pool_helper_chunks();
+	if (busy) {
+		uint8_t handle[RAIL_HANDLE_SIZE];
+		void *qlc;
+		size_t big = 64u << 20;
+
+		assert_int_equal(rail_net_listen(ctx, 0, handle, &qlc), ncclSuccess);
+		pair_open(ctx, qlc, handle, &q);
+		assert_int_equal(rail_net_close_listen(qlc), ncclSuccess);
+		q.sbuf = calloc(1, big);
+		q.rbuf = malloc(size);
+		assert_non_null(q.sbuf);
+		assert_non_null(q.rbuf);
+		window_run(&q, 1, &size, &off, 2, "warm-up"); /* opens its data sockets */
+		while (!qreq)
+			assert_int_equal(rail_net_isend(q.sc, q.sbuf, big, 1, NULL, &qreq),
+					 ncclSuccess);
+	}
+	tcp_pool_counts(&d0, &h0);
 	for (int i = 0; i < n; i++)
 		window_run(&p, 1, &size, &off, (unsigned)i, "one by one");
-	before = tcp_pool_helper_chunks() - before;
+	tcp_pool_counts(ndirect, nhelper);
+	*ndirect -= d0;
+	*nhelper -= h0;
+	if (busy) {
+		/* never completes: its receiver posted nothing; closing fails its chunks */
+		assert_int_equal(rail_net_close_send(q.sc), ncclSuccess);
+		assert_int_equal(rail_net_close_recv(q.rc), ncclSuccess);
+		free(q.sbuf);
+		free(q.rbuf);
+	}
 	direct_close(ctx, lc, &p);
+	if (!tcp_pool_idle())
+		fail_msg("chunks still counted as queued after every comm closed: a path that "
+			 "ends a chunk without counting it");
 	unsetenv("NCCL_RAIL_TCP_DIRECT");
 	unsetenv("NCCL_RAIL_TCP_HELP");
 	rail_params_reload();
-	return before;
 }
 
 /*
  * 64 KiB messages one at a time (a ping-pong's pattern): with the default
- * NCCL_RAIL_TCP_DIRECT no helper thread moves any of their chunks (a
- * hand-off woke one on each side: 64 instead of 20 us at 32 KiB on this
- * VM); with NCCL_RAIL_TCP_HELP=0 the helpers move all of them.
+ * NCCL_RAIL_TCP_DIRECT every chunk is pushed direct and no helper thread
+ * moves any (a hand-off woke one on each side: 64 instead of 20 us at
+ * 32 KiB on this VM); with NCCL_RAIL_TCP_HELP=0 the helpers move all of
+ * them; and while another pair of the process has chunks in flight (as
+ * the other channels and direction of an all-reduce do), none is direct.
  */
 static void test_direct_wakes_no_helper(void **state)
 {
-	uint64_t moved;
+	uint64_t direct, helper;
 
 	(void)state;
-	moved = one_by_one("512k", "1", 100, 64u << 10);
-	if (moved)
-		fail_msg("helper threads moved %llu chunks of 100 messages of 64 KiB sent one at a "
-			 "time with NCCL_RAIL_TCP_DIRECT=512k: NCCL's progress thread should move "
-			 "them all", (unsigned long long)moved);
-	moved = one_by_one("512k", "0", 100, 64u << 10);
-	if (moved != 200)
-		fail_msg("with NCCL_RAIL_TCP_HELP=0 helper threads moved %llu chunks of 100 "
-			 "messages (200 chunks, both sides)", (unsigned long long)moved);
+	one_by_one("512k", "1", 100, 64u << 10, 0, &direct, &helper);
+	if (direct != 200 || helper)
+		fail_msg("100 messages of 64 KiB sent one at a time, NCCL_RAIL_TCP_DIRECT=512k: "
+			 "%llu of 200 chunks pushed direct, %llu moved by helper threads (want 200 "
+			 "and 0)", (unsigned long long)direct, (unsigned long long)helper);
+	one_by_one("512k", "0", 100, 64u << 10, 0, &direct, &helper);
+	if (direct || helper != 200)
+		fail_msg("with NCCL_RAIL_TCP_HELP=0: %llu chunks pushed direct, helper threads "
+			 "moved %llu (want 0 and 200)", (unsigned long long)direct,
+			 (unsigned long long)helper);
+	one_by_one("512k", "1", 50, 64u << 10, 1, &direct, &helper);
+	if (direct)
+		fail_msg("with another pair's message in flight, %llu of 100 chunks were pushed "
+			 "direct (want 0: the progress thread's copies would delay that pair)",
+			 (unsigned long long)direct);
 }
 
 /*
@@ -474,6 +516,8 @@ static void test_direct_mixed(void **state)
 		}
 	}
 	direct_close(ctx, lc, &p);
+	if (!tcp_pool_idle())
+		fail_msg("chunks still counted as queued after every comm closed");
 }
 
 int main(void)
