@@ -23,7 +23,10 @@
  * An idle comm costs no wake-up. A look takes the comm (the guard,
  * transport.h; one membarrier for the whole batch of a round); one NCCL is
  * in a call on, or has called within a tick, is left to NCCL's calls,
- * which drive its move, and looked at again a tick later. The work runs
+ * which drive its move, and looked at again a tick later; unless its move
+ * stays wanted for UNDRIVEN_NS while it is called (calls that drive no
+ * move, such as an iflush with nothing to flush): then the thread drives
+ * it too, a step a tick. The work runs
  * one item at a time, outside the comm's guard.
  *
  * Locking: mt.lock guards the table, each entry's work and later, and the
@@ -47,6 +50,8 @@
 #include "rail.h"
 
 #define TICK_NS (20ull * 1000000ull)	/* a comm with a move to drive: looked at this often */
+/* A move NCCL's calls leave undriven this long (calls that do not drive one) is the thread's. */
+#define UNDRIVEN_NS (200ull * 1000000ull)
 #define EVENTS 64
 
 enum { W_NONE, W_QUEUED, W_RUNNING };
@@ -57,6 +62,7 @@ struct rail_ib_mt {
 	_Atomic uint64_t due;		/* look at it then (rail_now_ns); 0: on an event only */
 	unsigned seen_calls;		/* base.calls, as first seen ... */
 	uint64_t seen_ns;		/* ... then */
+	uint64_t wanted_ns;		/* a move wanted since then (0: none) */
 	int flagged;			/* an event for it: looked at in the next round */
 	int armed;			/* its socket waits in the epoll set */
 	int sock_gone;			/* end of file or an error there: not watched again */
@@ -256,7 +262,13 @@ static void look(struct rail_ib_mt *e, uint64_t now)
 		e->seen_ns = now;
 	}
 	called = now - e->seen_ns < TICK_NS;
-	if (!called && wanted)
+	e->wanted_ns = !wanted ? 0 : e->wanted_ns ? e->wanted_ns : now;
+	/*
+	 * Called, yet wanted for UNDRIVEN_NS: the calls do not drive it (an
+	 * iflush with nothing to flush reads no MOVE), so the thread does, once
+	 * a tick, under the guard like any look.
+	 */
+	if (wanted && (!called || now - e->wanted_ns >= UNDRIVEN_NS))
 		(void)c->on_move(c, rail_ib_move_trigger(c), "the move thread");
 	if (!called && !c->mv && !c->error && pieces_left(c))
 		(void)rail_ib_send_progress(c);
