@@ -29,6 +29,7 @@
 #include "rail.h"
 #include "tcp/tcp.h"
 #include "unit.h"
+#include "reqs.h"
 
 #define NPAIRS 40	/* 80 comms: more than TCP_LAZY_BUDGET hold data sockets */
 #define BATCH 8
@@ -108,8 +109,6 @@ static unsigned rnd(unsigned *state)
 static void batch(struct pair *p, int n, const size_t *sizes, const int *tags, unsigned k)
 {
 	void *sreq[BATCH] = { 0 }, *rreq[BATCH] = { 0 };
-	int sdone[BATCH] = { 0 }, rdone[BATCH] = { 0 }, left = 2 * n, got;
-	uint64_t deadline = rail_now_ns() + 30ull * 1000000000ull;
 
 	for (int i = 0; i < n; i++) {
 		size_t sz = sizes[i];
@@ -130,22 +129,7 @@ static void batch(struct pair *p, int n, const size_t *sizes, const int *tags, u
 							&sreq[i]), ncclSuccess);
 		usleep(1000);
 	}
-	while (left && rail_now_ns() < deadline) {
-		for (int i = 0; i < n; i++) {
-			if (!sdone[i]) {
-				assert_int_equal(rail_net_test(sreq[i], &sdone[i], &got), ncclSuccess);
-				left -= sdone[i];
-			}
-			if (!rdone[i]) {
-				assert_int_equal(rail_net_test(rreq[i], &rdone[i], &got), ncclSuccess);
-				if (rdone[i])
-					assert_int_equal(got, (int)sizes[i]);
-				left -= rdone[i];
-			}
-		}
-	}
-	if (left)
-		fail_msg("%d of %d requests not done in 30 s", left, 2 * n);
+	reqs_wait(sreq, rreq, sizes, n, 30, "a batch of mixed sizes and tags");
 	for (int i = 0; i < n; i++)
 		if (memcmp(sbuf[i], rbuf[i], sizes[i]) || rbuf[i][sizes[i]])
 			fail_msg("message %d of %zu bytes (tag %d): the bytes received differ from "

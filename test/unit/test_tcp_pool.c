@@ -23,6 +23,7 @@
 #include "param.h"
 #include "rail.h"
 #include "tcp/tcp.h"
+#include "reqs.h"
 
 #define NCONN 32
 #define MSG (1u << 20)
@@ -85,14 +86,14 @@ static void pair_open(void *ctx, void *lc, const uint8_t *handle, struct pair *p
 static void traffic(struct pair *ps, int n, size_t size, unsigned seed)
 {
 	void *sreq[NCONN] = { 0 }, *rreq[NCONN] = { 0 };
-	int sdone[NCONN] = { 0 }, rdone[NCONN] = { 0 }, left = 2 * n, got;
-	uint64_t deadline = rail_now_ns() + 60ull * 1000000000ull;
+	size_t want[NCONN];
 
 	for (int i = 0; i < n; i++) {
 		int tag = 1;
 		size_t sz = size;
 		void *data = ps[i].rbuf;
 
+		want[i] = size;
 		for (size_t k = 0; k < size; k++)
 			ps[i].sbuf[k] = (char)(k * 131 + (size_t)i * 7 + seed);
 		memset(ps[i].rbuf, 0, size);
@@ -103,22 +104,7 @@ static void traffic(struct pair *ps, int n, size_t size, unsigned seed)
 			assert_int_equal(rail_net_isend(ps[i].sc, ps[i].sbuf, size, 1, NULL,
 							&sreq[i]), ncclSuccess);
 	}
-	while (left && rail_now_ns() < deadline) {
-		for (int i = 0; i < n; i++) {
-			if (!sdone[i]) {
-				assert_int_equal(rail_net_test(sreq[i], &sdone[i], &got), ncclSuccess);
-				left -= sdone[i];
-			}
-			if (!rdone[i]) {
-				assert_int_equal(rail_net_test(rreq[i], &rdone[i], &got), ncclSuccess);
-				if (rdone[i])
-					assert_int_equal(got, (int)size);
-				left -= rdone[i];
-			}
-		}
-	}
-	if (left)
-		fail_msg("%d of %d requests not done in 60 s (helper threads stuck?)", left, 2 * n);
+	reqs_wait(sreq, rreq, want, n, 60, "one message per connection (helper threads stuck?)");
 	for (int i = 0; i < n; i++)
 		if (memcmp(ps[i].sbuf, ps[i].rbuf, size))
 			fail_msg("connection %d: the %zu bytes received differ from those sent", i,
@@ -349,8 +335,6 @@ static void window_run(struct pair *p, int n, const size_t *sizes, const size_t 
 		       unsigned seed, const char *what)
 {
 	void *sreq[8] = { 0 }, *rreq[8] = { 0 };
-	int sdone[8] = { 0 }, rdone[8] = { 0 }, left = 2 * n, got;
-	uint64_t deadline = rail_now_ns() + 30ull * 1000000000ull;
 
 	for (int i = 0; i < n; i++) {
 		void *data = p->rbuf + offs[i];
@@ -367,23 +351,7 @@ static void window_run(struct pair *p, int n, const size_t *sizes, const size_t 
 			assert_int_equal(rail_net_isend(p->sc, p->sbuf + offs[i], sizes[i], 7, NULL,
 							&sreq[i]), ncclSuccess);
 	}
-	while (left && rail_now_ns() < deadline) {
-		for (int i = 0; i < n; i++) {
-			if (!sdone[i]) {
-				assert_int_equal(rail_net_test(sreq[i], &sdone[i], &got), ncclSuccess);
-				left -= sdone[i];
-			}
-			if (!rdone[i]) {
-				assert_int_equal(rail_net_test(rreq[i], &rdone[i], &got), ncclSuccess);
-				if (rdone[i] && got != (int)sizes[i])
-					fail_msg("%s: message %d of %zu bytes arrived as %d", what, i,
-						 sizes[i], got);
-				left -= rdone[i];
-			}
-		}
-	}
-	if (left)
-		fail_msg("%s: %d of %d requests not done in 30 s", what, left, 2 * n);
+	reqs_wait(sreq, rreq, sizes, n, 30, what);
 	for (int i = 0; i < n; i++)
 		if (memcmp(p->sbuf + offs[i], p->rbuf + offs[i], sizes[i]))
 			fail_msg("%s: message %d of %d (%zu bytes): the bytes received differ from "
