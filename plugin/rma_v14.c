@@ -4,34 +4,12 @@
  * Properties are the net ABI v12's, with the GIN proxy device type, which
  * puts NCCL's own GIN proxy on top of this table.
  */
-#include "api_rma.h"
-#include "net_v12.h"
+#include "rma_shim.h"
 #include "rma_v14.h"
-#include "shim.h"
 
 static ncclResult_t v14_init(void **ctx, uint64_t comm_id, ncclDebugLogger_t logger)
 {
 	return rail_rma_init(ctx, comm_id, logger, 14);
-}
-
-static ncclResult_t v14_get_properties(int dev, ncclNetProperties_v12_t *props)
-{
-	struct rail_props p;
-	ncclResult_t res;
-
-	if (!props) {
-		RAIL_WARN("RMA getProperties(dev %d): the properties pointer is NULL", dev);
-		return ncclInvalidArgument;
-	}
-	res = rail_rma_get_properties(dev, &p);
-	if (res == ncclSuccess) {
-		RAIL_SHIM_COPY_V9(props, p, NCCL_NET_MAX_DEVS_PER_NIC_V12);
-		props->maxMultiRequestSize = p.max_multi_request_size;
-		props->railId = (int16_t)p.rail_id;
-		props->planeId = (int16_t)p.plane_id;
-		props->netDeviceType = NCCL_NET_DEVICE_GIN_PROXY;
-	}
-	return res;
 }
 
 static ncclResult_t v14_connect(void *ctx, void *handles[], int nranks, int rank,
@@ -73,24 +51,11 @@ static ncclResult_t v14_iput_signal(void *rma_ctx, int context, uint64_t src_off
 				    sig_off, sig_mh, sig_value, sig_op, request);
 }
 
-static ncclResult_t v14_query_last_error(void *rma_ctx, bool *has_error)
-{
-	int e = 0;
-	ncclResult_t res;
-
-	if (!has_error)
-		return ncclInvalidArgument;
-	res = rail_rma_query_last_error(rma_ctx, &e);
-	if (res == ncclSuccess)
-		*has_error = e != 0;
-	return res;
-}
-
 RAIL_EXPORT ncclRma_v14_t ncclRmaPlugin_v14 = {
 	.name = RAIL_PLUGIN_NAME,
 	.init = v14_init,
 	.devices = rail_rma_devices,
-	.getProperties = v14_get_properties,
+	.getProperties = rail_rma_shim_props_v12,
 	.listen = rail_rma_listen,
 	.connect = v14_connect,
 	.createContext = v14_create_context,
@@ -106,6 +71,6 @@ RAIL_EXPORT ncclRma_v14_t ncclRmaPlugin_v14 = {
 	.iflush = rail_rma_iflush,
 	.test = rail_rma_test,
 	.rmaProgress = rail_rma_progress,
-	.queryLastError = v14_query_last_error,
+	.queryLastError = rail_rma_shim_query_last_error,
 	.finalize = rail_rma_finalize,
 };

@@ -4,9 +4,9 @@
 #   test/check-exports.sh PLUGIN.so
 #
 # Passes only when the defined dynamic symbols are exactly the net plugin
-# tables ncclNetPlugin_v6 .. ncclNetPlugin_v12, the RMA table
-# ncclRmaPlugin_v14 and the tuner tables ncclTunerPlugin_v3 ..
-# ncclTunerPlugin_v6, each a data object (NCCL
+# tables ncclNetPlugin_v6 .. ncclNetPlugin_v12, the RMA tables
+# ncclRmaPlugin_v13 and ncclRmaPlugin_v14 and the tuner tables
+# ncclTunerPlugin_v3 .. ncclTunerPlugin_v6, each a data object (NCCL
 # finds them with dlsym and reads them as structs). Anything else leaking
 # out of the .so (a core function, a libc wrapper, a C++ symbol) fails,
 # listed by name. Exit status: 0 pass, 1 mismatch, 2 usage or tool error.
@@ -14,7 +14,7 @@ set -eu
 
 prog=check-exports
 expected="ncclNetPlugin_v6 ncclNetPlugin_v7 ncclNetPlugin_v8 ncclNetPlugin_v9
-ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12 ncclRmaPlugin_v14
+ncclNetPlugin_v10 ncclNetPlugin_v11 ncclNetPlugin_v12 ncclRmaPlugin_v13 ncclRmaPlugin_v14
 ncclTunerPlugin_v3 ncclTunerPlugin_v4 ncclTunerPlugin_v5 ncclTunerPlugin_v6"
 # Symbols some linkers add to every shared object; none are expected with
 # plugin/exports.map ("local: *"), but they are not ours if they appear.
@@ -82,7 +82,7 @@ if [ -s "$tmp/missing" ]; then
 	status=1
 fi
 if [ -s "$tmp/extra" ]; then
-	echo "$prog: $so exports symbols other than ncclNetPlugin_v6..v12, ncclRmaPlugin_v14 and ncclTunerPlugin_v3..v6" \
+	echo "$prog: $so exports symbols other than ncclNetPlugin_v6..v12, ncclRmaPlugin_v13, ncclRmaPlugin_v14 and ncclTunerPlugin_v3..v6" \
 		"(give them static or hidden visibility; plugin/exports.map lists the exports):" >&2
 	sed 's/^/  /' "$tmp/extra" >&2
 	status=1
@@ -93,6 +93,6 @@ if [ -s "$tmp/badtype" ]; then
 	status=1
 fi
 if [ $status -eq 0 ]; then
-	echo "$prog: $so exports exactly ncclNetPlugin_v6 .. ncclNetPlugin_v12, ncclRmaPlugin_v14 and ncclTunerPlugin_v3 .. ncclTunerPlugin_v6"
+	echo "$prog: $so exports exactly ncclNetPlugin_v6 .. ncclNetPlugin_v12, ncclRmaPlugin_v13, ncclRmaPlugin_v14 and ncclTunerPlugin_v3 .. ncclTunerPlugin_v6"
 fi
 exit $status

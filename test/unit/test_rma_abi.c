@@ -1,10 +1,12 @@
 /*
- * nccl-net-rail unit tests: the layout of our RMA ABI v14 declaration
- * (include/rma_v14.h) against NCCL 2.30.7's, on LP64 Linux.
+ * nccl-net-rail unit tests: the layout of our RMA ABI v14 and v13
+ * declarations (include/rma_v14.h, include/rma_v13.h) against NCCL 2.30.7's,
+ * on LP64 Linux.
  *
  * The figures were read by compiling a small program against NCCL's own
- * rma_v14.h (tag v2.30.7-1, src/include/plugin/rma/rma_v14.h) outside this
- * tree; NCCL's header is not part of the project. A field moved, added or
+ * rma_v14.h and rma_v13.h (tag v2.30.7-1, src/include/plugin/rma/; v13 is
+ * plugin/gin/gin_v13.h's ncclGin_v13_t) outside this tree; NCCL's headers
+ * are not part of the project. A field moved, added or
  * retyped in ours fails the build here (static assertions), and the run
  * checks the constants NCCL passes as values.
  */
@@ -12,6 +14,7 @@
 
 #include <stddef.h>
 
+#include "rma_v13.h"
 #include "rma_v14.h"
 
 #define OFF(T, m, v) _Static_assert(offsetof(T, m) == (v), #T "." #m " is at " #v " in NCCL 2.30.7")
@@ -45,6 +48,31 @@ OFF(ncclRma_v14_t, test, 136);
 OFF(ncclRma_v14_t, rmaProgress, 144);
 OFF(ncclRma_v14_t, queryLastError, 152);
 OFF(ncclRma_v14_t, finalize, 160);
+
+/* v13: the GIN v13 config and table (21 slots, as v14, other signatures). */
+_Static_assert(sizeof(ncclGinConfig_v13_t) == 20, "ncclGinConfig_v13_t is 20 bytes in NCCL 2.30.7");
+OFF(ncclGinConfig_v13_t, nSignals, 0);
+OFF(ncclGinConfig_v13_t, nCounters, 4);
+OFF(ncclGinConfig_v13_t, nContexts, 8);
+OFF(ncclGinConfig_v13_t, queueDepth, 12);
+OFF(ncclGinConfig_v13_t, trafficClass, 16);
+
+_Static_assert(sizeof(ncclRma_v13_t) == 168, "ncclRma_v13_t is a name and 20 calls");
+OFF(ncclRma_v13_t, name, 0);
+OFF(ncclRma_v13_t, init, 8);
+OFF(ncclRma_v13_t, getProperties, 24);
+OFF(ncclRma_v13_t, connect, 40);
+OFF(ncclRma_v13_t, createContext, 48);
+OFF(ncclRma_v13_t, regMrSym, 56);
+OFF(ncclRma_v13_t, regMrSymDmaBuf, 64);
+OFF(ncclRma_v13_t, deregMrSym, 72);
+OFF(ncclRma_v13_t, iput, 104);
+OFF(ncclRma_v13_t, iputSignal, 112);
+OFF(ncclRma_v13_t, iget, 120);
+OFF(ncclRma_v13_t, test, 136);
+OFF(ncclRma_v13_t, ginProgress, 144);
+OFF(ncclRma_v13_t, queryLastError, 152);
+OFF(ncclRma_v13_t, finalize, 160);
 
 /* getProperties fills the net ABI v12 struct. */
 _Static_assert(sizeof(ncclNetProperties_v12_t) == 128, "ncclNetProperties_v12_t is 128 bytes");
