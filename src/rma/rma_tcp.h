@@ -178,6 +178,15 @@ void rma_mesh_fini(struct rma_mesh *m);
  */
 int rma_mesh_links(struct rma_mesh *m, enum rma_link_kind kind, uint32_t seq, int n,
 		   const struct rma_link *want, int *out, int *in, const char *call);
+/* Collective: the control mesh (a link each way with every other rank), checked. */
+int rma_mesh_group(struct rma_mesh *m);
+/*
+ * Collective over the control mesh: out[q * len] goes to rank q, in[q *
+ * len] comes from rank q (in[rank] = out[rank]); fixed length, so a peer
+ * can send nothing longer.
+ */
+int rma_mesh_alltoall(struct rma_mesh *m, const void *out, void *in, size_t len,
+		      const char *call);
 /* Collective over the control mesh: every rank's record, all[rank] = *mine. */
 int rma_mesh_exchange(struct rma_mesh *m, const struct rma_record *mine,
 		      struct rma_record *all, const char *call);
