@@ -2,7 +2,9 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "param.h"
 #include "rma/rma.h"
+#include "rma/rma_ib.h"
 #include "rma/rma_tcp.h"
 
 const struct rail_rma_ops *rail_rma_backend(const char *transport, char *why, size_t why_len)
@@ -13,7 +15,25 @@ const struct rail_rma_ops *rail_rma_backend(const char *transport, char *why, si
 			 "through the CUDA driver and pinned staging");
 		return &rail_rma_tcp_ops;
 	}
-	snprintf(why, why_len, "this build has no RMA backend for the %s transport yet (the "
-		 "verbs one is to come)", transport);
+	if (!strcmp(transport, "ib")) {
+		char no[200];
+
+		if (!rail_param_int(RAIL_P_RMA_IB)) {
+			snprintf(why, why_len, "the net transport is ib and the plugin's verbs backend "
+				 "serves host memory only, while NCCL registers GPU memory "
+				 "(NCCL_RAIL_RMA_IB=1 uses it anyway): NCCL's own backend serves");
+			return NULL;
+		}
+		if (!rma_ib_usable(no, sizeof(no))) {
+			snprintf(why, why_len, "the net transport is ib, but %s: NCCL's own backend "
+				 "serves", no);
+			return NULL;
+		}
+		snprintf(why, why_len, "the net transport is ib: one RC QP per context and peer, a "
+			 "put an RDMA WRITE, a signal a FETCH_AND_ADD after it on the same QP; host "
+			 "memory only");
+		return &rail_rma_ib_ops;
+	}
+	snprintf(why, why_len, "this build has no RMA backend for the %s transport", transport);
 	return NULL;
 }

@@ -4,7 +4,8 @@
  * exchanges of one record per rank over the control mesh. Everything here
  * is collective and runs on NCCL's application thread; nothing blocks
  * without a deadline (NCCL_RAIL_CONNECT_TIMEOUT), and every rank connects
- * and accepts in the same loop, so no order of arrival can deadlock.
+ * and accepts in the same loop, so no order of arrival can deadlock. The
+ * verbs backend (rma_ib.h) uses the same mesh as its out-of-band channel.
  */
 #include <poll.h>
 #include <stdio.h>
@@ -502,11 +503,65 @@ out:
 	return err;
 }
 
+/* ---- the group ---------------------------------------------------------------- */
+
+/* Every rank reached every other one, and all agree on the group. */
+static int group_check(struct rma_mesh *m)
+{
+	struct rma_record mine = { .index = (uint32_t)m->rank, .nranks = (uint32_t)m->nranks };
+	struct rma_record *all = calloc((size_t)m->nranks, sizeof(*all));
+	int err = all ? rma_mesh_exchange(m, &mine, all, "connect") : -ENOMEM;
+
+	for (int q = 0; !err && q < m->nranks; q++) {
+		if (all[q].index != (uint32_t)q || all[q].nranks != (uint32_t)m->nranks) {
+			RAIL_WARN("RMA connect (rank %d of %d, device %d): %s says it is rank %u of %u",
+				  m->rank, m->nranks, m->dev, RMA_PEER(m, q), all[q].index,
+				  all[q].nranks);
+			err = -EPROTO;
+		}
+	}
+	free(all);
+	return err;
+}
+
+/* The control mesh: one link each way with every other rank. */
+static int group_links(struct rma_mesh *m)
+{
+	int n = 0, err;
+	struct rma_link *want = malloc((size_t)m->nranks * sizeof(*want));
+	int *out = malloc((size_t)m->nranks * sizeof(int));
+	int *in = malloc((size_t)m->nranks * sizeof(int));
+
+	err = want && out && in ? 0 : -ENOMEM;
+	for (int q = 0; !err && q < m->nranks; q++) {
+		if (q != m->rank)
+			want[n++] = (struct rma_link){ .peer = q, .index = 0 };
+	}
+	if (!err)
+		err = rma_mesh_links(m, RMA_LINK_CTRL, 0, n, want, out, in, "connect");
+	for (int i = 0; !err && i < n; i++) {
+		m->ctrl_out[want[i].peer] = out[i];
+		m->ctrl_in[want[i].peer] = in[i];
+	}
+	free(want);
+	free(out);
+	free(in);
+	return err;
+}
+
+int rma_mesh_group(struct rma_mesh *m)
+{
+	int err = m->nranks > 1 ? group_links(m) : 0;
+
+	return !err && m->nranks > 1 ? group_check(m) : err;
+}
+
 /* ---- exchanges ---------------------------------------------------------------- */
 
 struct xchg {
-	uint8_t mine[RMA_RECORD_SIZE];
-	uint8_t (*buf)[RMA_RECORD_SIZE];	/* [peer] */
+	const uint8_t *out;			/* [peer][len] */
+	uint8_t *in;				/* [peer][len] */
+	size_t len;
 	size_t *sent, *got;			/* [peer] */
 };
 
@@ -520,19 +575,20 @@ static int xchg_round(struct rma_mesh *m, struct xchg *x, struct pollfd *p, int 
 		if (q == m->rank)
 			continue;
 		p[np++] = (struct pollfd){ .fd = m->ctrl_out[q],
-					   .events = x->sent[q] < RMA_RECORD_SIZE ? POLLOUT : 0 };
+					   .events = x->sent[q] < x->len ? POLLOUT : 0 };
 		p[np++] = (struct pollfd){ .fd = m->ctrl_in[q],
-					   .events = x->got[q] < RMA_RECORD_SIZE ? POLLIN : 0 };
+					   .events = x->got[q] < x->len ? POLLIN : 0 };
 	}
 	if (np && poll(p, (nfds_t)np, ms) < 0 && errno != EINTR)
 		return -errno;
 	for (int q = 0; q < m->nranks; q++) {
+		size_t at = (size_t)q * x->len;
 		int e1, e2;
 
 		if (q == m->rank)
 			continue;
-		e1 = rail_sock_send_nb(m->ctrl_out[q], x->mine, RMA_RECORD_SIZE, &x->sent[q]);
-		e2 = rail_sock_recv_nb(m->ctrl_in[q], x->buf[q], RMA_RECORD_SIZE, &x->got[q]);
+		e1 = rail_sock_send_nb(m->ctrl_out[q], x->out + at, x->len, &x->sent[q]);
+		e2 = rail_sock_recv_nb(m->ctrl_in[q], x->in + at, x->len, &x->got[q]);
 		if ((e1 && e1 != -EAGAIN) || (e2 && e2 != -EAGAIN)) {
 			int err = e1 && e1 != -EAGAIN ? e1 : e2;
 
@@ -545,35 +601,19 @@ static int xchg_round(struct rma_mesh *m, struct xchg *x, struct pollfd *p, int 
 	return !busy;
 }
 
-static int xchg_decode(struct rma_mesh *m, struct xchg *x, const struct rma_record *mine,
-		       struct rma_record *all, const char *call)
+int rma_mesh_alltoall(struct rma_mesh *m, const void *out, void *in, size_t len,
+		      const char *call)
 {
-	for (int q = 0; q < m->nranks; q++) {
-		if (q == m->rank) {
-			all[q] = *mine;
-		} else if (rma_record_decode(x->buf[q], &all[q])) {
-			RAIL_WARN("RMA %s (rank %d of %d, device %d): %s sent a malformed record",
-				  call, m->rank, m->nranks, m->dev, RMA_PEER(m, q));
-			return -EPROTO;
-		}
-	}
-	return 0;
-}
-
-int rma_mesh_exchange(struct rma_mesh *m, const struct rma_record *mine,
-		      struct rma_record *all, const char *call)
-{
-	struct xchg x;
+	struct xchg x = { .out = out, .in = in, .len = len };
 	struct pollfd *p = malloc((size_t)(2 * m->nranks) * sizeof(*p));
 	uint64_t until = deadline();
 	int err = 0;
 
-	x.buf = malloc((size_t)m->nranks * RMA_RECORD_SIZE);
 	x.sent = calloc((size_t)m->nranks, sizeof(size_t));
 	x.got = calloc((size_t)m->nranks, sizeof(size_t));
-	if (!p || !x.buf || !x.sent || !x.got)
+	if (!p || !x.sent || !x.got)
 		err = -ENOMEM;
-	rma_record_encode(mine, x.mine);
+	memcpy(x.in + (size_t)m->rank * len, x.out + (size_t)m->rank * len, len);
 	while (!err) {
 		int ms = wait_ms(until);
 
@@ -586,14 +626,39 @@ int rma_mesh_exchange(struct rma_mesh *m, const struct rma_record *mine,
 			break;
 		}
 		err = xchg_round(m, &x, p, ms, call);
-		if (err == 1) {
-			err = xchg_decode(m, &x, mine, all, call);
-			break;
-		}
+		if (err == 1)
+			err = 0;
+		else if (!err)
+			continue;
+		break;
 	}
 	free(p);
-	free(x.buf);
 	free(x.sent);
 	free(x.got);
+	return err;
+}
+
+int rma_mesh_exchange(struct rma_mesh *m, const struct rma_record *mine,
+		      struct rma_record *all, const char *call)
+{
+	size_t n = (size_t)m->nranks;
+	uint8_t *out = malloc(n * RMA_RECORD_SIZE), *in = malloc(n * RMA_RECORD_SIZE);
+	int err = out && in ? 0 : -ENOMEM;
+
+	for (size_t q = 0; !err && q < n; q++)
+		rma_record_encode(mine, out + q * RMA_RECORD_SIZE);
+	if (!err)
+		err = rma_mesh_alltoall(m, out, in, RMA_RECORD_SIZE, call);
+	for (int q = 0; !err && q < m->nranks; q++) {
+		if (q == m->rank) {
+			all[q] = *mine;
+		} else if (rma_record_decode(in + (size_t)q * RMA_RECORD_SIZE, &all[q])) {
+			RAIL_WARN("RMA %s (rank %d of %d, device %d): %s sent a malformed record",
+				  call, m->rank, m->nranks, m->dev, RMA_PEER(m, q));
+			err = -EPROTO;
+		}
+	}
+	free(out);
+	free(in);
 	return err;
 }

@@ -37,52 +37,6 @@ static int tcp_rma_close_listen(struct rail_rma_listen *l)
 	return 0;
 }
 
-/* Every rank reached every other one, and all agree on the group. */
-static int group_check(struct rma_tcp_coll *c)
-{
-	struct rma_mesh *m = &c->mesh;
-	struct rma_record mine = { .index = (uint32_t)m->rank, .nranks = (uint32_t)m->nranks };
-	struct rma_record *all = calloc((size_t)m->nranks, sizeof(*all));
-	int err = all ? rma_mesh_exchange(m, &mine, all, "connect") : -ENOMEM;
-
-	for (int q = 0; !err && q < m->nranks; q++) {
-		if (all[q].index != (uint32_t)q || all[q].nranks != (uint32_t)m->nranks) {
-			RAIL_WARN("RMA connect (rank %d of %d, device %d): %s says it is rank %u of %u",
-				  m->rank, m->nranks, m->dev, RMA_PEER(m, q), all[q].index,
-				  all[q].nranks);
-			err = -EPROTO;
-		}
-	}
-	free(all);
-	return err;
-}
-
-/* The control mesh: one link each way with every other rank. */
-static int coll_links(struct rma_tcp_coll *c)
-{
-	struct rma_mesh *m = &c->mesh;
-	int n = 0, err;
-	struct rma_link *want = malloc((size_t)m->nranks * sizeof(*want));
-	int *out = malloc((size_t)m->nranks * sizeof(int));
-	int *in = malloc((size_t)m->nranks * sizeof(int));
-
-	err = want && out && in ? 0 : -ENOMEM;
-	for (int q = 0; !err && q < m->nranks; q++) {
-		if (q != m->rank)
-			want[n++] = (struct rma_link){ .peer = q, .index = 0 };
-	}
-	if (!err)
-		err = rma_mesh_links(m, RMA_LINK_CTRL, 0, n, want, out, in, "connect");
-	for (int i = 0; !err && i < n; i++) {
-		m->ctrl_out[want[i].peer] = out[i];
-		m->ctrl_in[want[i].peer] = in[i];
-	}
-	free(want);
-	free(out);
-	free(in);
-	return err;
-}
-
 static int tcp_rma_close_coll(struct rail_rma_coll *base)
 {
 	struct rma_tcp_coll *c = (struct rma_tcp_coll *)base;
@@ -110,10 +64,8 @@ static int tcp_rma_connect(struct rail_rma_listen *l, void *const *handles, int 
 	rma_gpu_init(&c->gpu, l->dev, rank, nranks);
 	rail_comm_live_add(1);
 	err = rma_mesh_init(&c->mesh, (const struct rma_tcp_listen *)l, handles, nranks, rank);
-	if (!err && nranks > 1)
-		err = coll_links(c);
-	if (!err && nranks > 1)
-		err = group_check(c);
+	if (!err)
+		err = rma_mesh_group(&c->mesh);
 	if (!err)
 		err = rma_apply_start(c);
 	if (err) {

@@ -49,9 +49,12 @@
  *   0.1  rma_mem      a window's bytes: host directly, GPU through the CUDA driver and staging
  *   1.0  rma_mesh     sockets between the ranks: listen, links to a set of peers, exchanges
  *   1.1  rma_mr       the windows of a collComm: the table, bounds, registration
+ *   1.2  rma_ib_qp    the verbs backend: a context's CQ and QPs, connected over the mesh
  *   2.0  rma_apply    the target side: the applier thread of a collComm
  *   2.1  rma_send     the initiator side: requests, streams, post and test
+ *   2.2  rma_ib_data  the verbs backend: requests, post, test
  *   3.0  rma_tcp      the TCP backend's ops: listen, connect, contexts, close
+ *   3.1  rma_ib       the verbs backend's ops (rma_ib.h)
  *   4.0  rma_backend  which backend serves which net transport
  */
 #ifndef RAIL_RMA_TCP_H
@@ -178,6 +181,15 @@ void rma_mesh_fini(struct rma_mesh *m);
  */
 int rma_mesh_links(struct rma_mesh *m, enum rma_link_kind kind, uint32_t seq, int n,
 		   const struct rma_link *want, int *out, int *in, const char *call);
+/* Collective: the control mesh (a link each way with every other rank), checked. */
+int rma_mesh_group(struct rma_mesh *m);
+/*
+ * Collective over the control mesh: out[q * len] goes to rank q, in[q *
+ * len] comes from rank q (in[rank] = out[rank]); fixed length, so a peer
+ * can send nothing longer.
+ */
+int rma_mesh_alltoall(struct rma_mesh *m, const void *out, void *in, size_t len,
+		      const char *call);
 /* Collective over the control mesh: every rank's record, all[rank] = *mine. */
 int rma_mesh_exchange(struct rma_mesh *m, const struct rma_record *mine,
 		      struct rma_record *all, const char *call);

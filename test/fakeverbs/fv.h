@@ -65,6 +65,7 @@ struct fv_dev {
 	int reorder_head;	/* N: its first N bytes are placed first instead (0: the tail) */
 	int reorder_delay;	/* entries into the provider before the rest lands (0: 1) */
 	int ece;		/* 0: EOPNOTSUPP, else the vendor_id/options answered */
+	int atomic;		/* 0: atomic_cap NONE, every atomic WR fails (REM_ACCESS_ERR) */
 	int retrying;		/* a WR to a QP that is gone never completes (still retrying) */
 	int retry_ms;		/* a held send WR fails after this long; -1: not given (200) */
 	int rtr_ms;		/* ibv_modify_qp to RTR toward another QP takes this long */

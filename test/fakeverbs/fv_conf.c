@@ -113,7 +113,7 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 	if (!strcmp(k, "node_guid"))
 		return u64(v, &d->node_guid);
 	err = !strcmp(k, "dmabuf") || !strcmp(k, "data_in_order") || !strcmp(k, "reorder") ||
-		      !strcmp(k, "retrying")
+		      !strcmp(k, "retrying") || !strcmp(k, "atomic")
 		      ? lookup(yesno, v, &n)
 		      : num(v, &n);
 	if (err)
@@ -131,6 +131,7 @@ static int dev_key(struct parse *p, const char *k, const char *v)
 	else if (!strcmp(k, "reorder_delay") && n > 0 && n <= 100000) d->reorder_delay = (int)n;
 	else if (!strcmp(k, "ece")) d->ece = (int)n;
 	else if (!strcmp(k, "retrying")) d->retrying = (int)n;
+	else if (!strcmp(k, "atomic")) d->atomic = (int)n;
 	else if (!strcmp(k, "retry_ms") && n >= 0 && n <= 3600000) d->retry_ms = (int)n;
 	else if (!strcmp(k, "rtr_ms") && n >= 0 && n <= 60000) d->rtr_ms = (int)n;
 	else return EINVAL;
@@ -224,6 +225,7 @@ static void dev_defaults(struct fv_dev *d, const char *name, int idx)
 	d->max_inline = 256;
 	d->dmabuf = 1;
 	d->data_in_order = 1;
+	d->atomic = 1;
 	d->retry_ms = -1;	/* FV_RETRY_MS; a destination in ERR fails at once */
 }
 

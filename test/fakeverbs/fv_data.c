@@ -2,7 +2,8 @@
  * fakeverbs: the data path between QPs of one process. A work request is
  * carried out when it is posted: RDMA WRITE and READ copy with memcpy
  * between the registered ranges (checked against lkey, rkey -- each must
- * be of its QP's PD --, bounds and access rights), WRITE_WITH_IMM and SEND take a posted receive of the
+ * be of its QP's PD --, bounds and access rights), ATOMIC_FETCH_AND_ADD
+ * adds to an aligned 8-byte word after the writes before it on its QP, WRITE_WITH_IMM and SEND take a posted receive of the
  * destination QP, and completions go to the CQs at once. Memory registered
  * through DMA-BUF has no host mapping here: its copies are skipped (the
  * request still completes). A destination QP in another process cannot be
@@ -62,6 +63,7 @@ static const char *opname(enum ibv_wr_opcode op)
 	case IBV_WR_SEND: return "SEND";
 	case IBV_WR_SEND_WITH_IMM: return "SEND_WITH_IMM";
 	case IBV_WR_RDMA_READ: return "RDMA_READ";
+	case IBV_WR_ATOMIC_FETCH_AND_ADD: return "ATOMIC_FETCH_AND_ADD";
 	default: return "OTHER";
 	}
 }
@@ -108,10 +110,29 @@ struct held {
 	size_t len;
 	int left;		/* entries into the provider before it lands */
 	const void *mr;		/* the registration it writes through */
+	uint32_t qpn;		/* the QP that wrote it */
 	struct held *next;
 	char data[];
 };
 static struct held *held_head;
+
+/* Place every held part that qpn wrote (an atomic after them on that QP). */
+static void place_held_of(uint32_t qpn)
+{
+	struct held **pp = &held_head;
+
+	while (*pp) {
+		struct held *h = *pp;
+
+		if (h->qpn != qpn) {
+			pp = &h->next;
+			continue;
+		}
+		dma_copy(h->dst, h->data, h->len);
+		*pp = h->next;
+		free(h);
+	}
+}
 
 void fv_place_held(const void *mr)
 {
@@ -152,6 +173,7 @@ static int place_reordered(const struct fv_qp *q, const struct fv_dev *dev, cons
 	h->len = (size_t)n - now;
 	h->left = dev->reorder_delay ? dev->reorder_delay : 1;
 	h->mr = mr;
+	h->qpn = q->qp.qp_num;
 	h->next = NULL;
 	while (*pp)
 		pp = &(*pp)->next;
@@ -173,6 +195,40 @@ static struct fv_recv *take_recv(struct fv_qp *d)
 	return r;
 }
 
+/*
+ * An 8-byte fetch-and-add at the responder, after every byte of the writes
+ * posted before it on the QP (their held parts placed first): the old
+ * value goes to the one local SGE. The remote address must be 8-byte
+ * aligned and its MR allow REMOTE_ATOMIC; the device must do atomics.
+ */
+static enum ibv_wc_status fetch_add(struct fv_qp *q, struct fv_qp *d,
+				    const struct ibv_send_wr *wr, uint32_t *len)
+{
+	const struct ibv_sge *s = wr->num_sge == 1 ? &wr->sg_list[0] : NULL;
+	struct fv_mr *lm = s ? fv_mr_by_key(s->lkey, 0) : NULL;
+	struct fv_mr *rm = fv_mr_by_key(wr->wr.atomic.rkey, 1);
+	uint64_t old;
+	char *dst, *p;
+	int lskip = 0, skip = 0;
+
+	if (!s || s->length != 8 || !lm || lm->mr.pd != q->qp.pd ||
+	    !(dst = mr_addr(lm, s->addr, 8, &lskip)))
+		return IBV_WC_LOC_PROT_ERR;
+	if (!q->dev->atomic || !d->dev->atomic || (wr->wr.atomic.remote_addr & 7) || !rm ||
+	    rm->mr.pd != d->qp.pd || !(rm->access & IBV_ACCESS_REMOTE_ATOMIC) ||
+	    !(p = mr_addr(rm, wr->wr.atomic.remote_addr, 8, &skip)))
+		return IBV_WC_REM_ACCESS_ERR;
+	place_held_of(q->qp.qp_num);
+	*len = 8;
+	if (skip)
+		return IBV_WC_SUCCESS;	/* DMA-BUF: no host mapping, nothing to add to */
+	old = __atomic_fetch_add((uint64_t *)(void *)p, wr->wr.atomic.compare_add,
+				 __ATOMIC_ACQ_REL);
+	if (!lskip)
+		dma_copy(dst, (const char *)&old, 8);
+	return IBV_WC_SUCCESS;
+}
+
 /* Carry out one WR; returns the sender's completion status. */
 static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr, uint32_t *len)
 {
@@ -185,6 +241,8 @@ static enum ibv_wc_status execute(struct fv_qp *q, const struct ibv_send_wr *wr,
 
 	if (!d || d->state < IBV_QPS_RTR || d->state == IBV_QPS_ERR)
 		return IBV_WC_RETRY_EXC_ERR;
+	if (op == IBV_WR_ATOMIC_FETCH_AND_ADD)
+		return fetch_add(q, d, wr, len);
 	if (op == IBV_WR_RDMA_READ) {
 		struct fv_mr *lm = wr->num_sge == 1 ? fv_mr_by_key(wr->sg_list[0].lkey, 0) : NULL;
 		char *dst;
@@ -254,6 +312,7 @@ enum ibv_wc_opcode fv_wc_op(enum ibv_wr_opcode op)
 {
 	switch (op) {
 	case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+	case IBV_WR_ATOMIC_FETCH_AND_ADD: return IBV_WC_FETCH_ADD;
 	case IBV_WR_SEND: case IBV_WR_SEND_WITH_IMM: return IBV_WC_SEND;
 	default: return IBV_WC_RDMA_WRITE;
 	}

@@ -248,7 +248,7 @@ int ibv_query_device(struct ibv_context *ctx, struct ibv_device_attr *a)
 	a->max_pd = 1 << 24;
 	a->max_qp_rd_atom = 16;
 	a->max_qp_init_rd_atom = 16;
-	a->atomic_cap = IBV_ATOMIC_HCA;
+	a->atomic_cap = d->atomic ? IBV_ATOMIC_HCA : IBV_ATOMIC_NONE;
 	a->max_pkeys = 128;
 	a->phys_port_cnt = (uint8_t)d->nports;
 	LOCKED(fv_log("ibv_query_device dev=%s ports=%d", d->ibdev.name, d->nports));
