@@ -1,6 +1,8 @@
 /*
  * nccl-net-rail unit tests: the verbs RMA backend (src/rma/rma_ib*.c)
- * through the exported table, on the fake verbs provider.
+ * through the exported table, on the fake verbs provider or, with
+ * RMA_IB_LIVE=1, on the machine's libibverbs and RDMA devices (Soft-RoCE in
+ * the rxe guest: test/rxe/tests.d/18-ib-rma.sh).
  *
  * The built plugin is loaded with dlopen and ncclRmaPlugin_v14 looked up,
  * as NCCL does; NCCL_RAIL_TRANSPORT=ib and NCCL_IBVERBS_LIB name the fake
@@ -8,6 +10,16 @@
  * ranks, threads of this process, reach each other through the fake's RC
  * QPs (puts, FETCH_AND_ADD signals, reads) and the TCP mesh on loopback.
  * RMA_IB_SEED=N replays one seed of the random mix.
+ *
+ * Live (RMA_IB_LIVE=1): no fake description, NCCL_IBVERBS_LIB left as the
+ * caller has it (unset: the system's libibverbs), host memory; rank r
+ * listens on device r % ndev (rxe0, rxe1, rxe0, ...: puts to itself and
+ * between devices). declines_without_atomics skips (it needs the fake's
+ * atomic=no device); signal_after_puts runs without the fake's reordering,
+ * checking the device's own order of writes before an atomic; the random
+ * mix runs one seed of 3 ranks, MIX_OPS_LIVE operations each. Without an
+ * RDMA device every test skips, saying so, unless RAIL_TEST_REQUIRE_RDMA=1
+ * (the rxe guest sets it) makes that a failure, as in test_ib_live.
  */
 #include "unit.h"
 
@@ -19,6 +31,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "ib/ib_verbs.h"
 #include "param.h"
 #include "rail.h"
 #include "rma/rma.h"
@@ -27,10 +40,11 @@
 static char plugin[PATH_MAX], fakelib[PATH_MAX], tmpdir[64], confpath[128];
 static void *lib;
 static ncclRma_v14_t *rma;
+static int live;		/* RMA_IB_LIVE=1: the machine's verbs, not the fake */
+static uint64_t wait_ns = 20ull * 1000000000ull;	/* 60 s live */
 
 #define MAXR 4
 #define MAXC 2
-#define WAIT_NS (20ull * 1000000000ull)
 #define HSIZE NCCL_NET_HANDLE_MAXSIZE
 
 static const char roce[] = "device mlx5_0\nport 1 link=eth\ngid 1 ::ffff:10.1.0.1 type=v2\n";
@@ -100,20 +114,23 @@ static uint8_t pattern(int from, int to, size_t i)
 
 static ncclResult_t wait_req(struct rank *r, void *req)
 {
-	uint64_t until = now_ns() + WAIT_NS;
+	uint64_t until = now_ns() + wait_ns;
 	int done = 0;
 	ncclResult_t res;
 
 	do {
 		res = rma->test(r->coll, req, &done);
+		if (res == ncclSuccess && !done)
+			sched_yield();	/* more ranks than cores: let the others run */
 	} while (res == ncclSuccess && !done && now_ns() < until);
-	RCHECK(r, res != ncclSuccess || done, "request %p not done in 20 s", req);
+	RCHECK(r, res != ncclSuccess || done, "request %p not done in %llu s", req,
+	       (unsigned long long)(wait_ns / 1000000000ull));
 	return res;
 }
 
 static int wait_sig(struct rank *r, int word, uint64_t want)
 {
-	uint64_t until = now_ns() + WAIT_NS;
+	uint64_t until = now_ns() + wait_ns;
 
 	while (__atomic_load_n(&r->sig[word], __ATOMIC_ACQUIRE) < want) {
 		if (now_ns() > until) {
@@ -136,9 +153,12 @@ static void rank_up(struct rank *r)
 	struct grp *g = r->g;
 	ncclRmaConfig_v14_t cfg = { .nContexts = g->nctx, .trafficClass = -1, .rankStride = 1 };
 	size_t wsize = (size_t)g->n * g->slot;
+	int ndev = 0;
 
 	ROK(r, rma->init(&r->ctx, 0x2000 + (uint64_t)r->rank, unit_log_sink));
-	ROK(r, rma->listen(r->ctx, 0, g->handles[r->rank], &r->lc));
+	ROK(r, rma->devices(&ndev));
+	RCHECK(r, ndev > 0, "rank %d: no device", r->rank);
+	ROK(r, rma->listen(r->ctx, ndev > 0 ? r->rank % ndev : 0, g->handles[r->rank], &r->lc));
 	pthread_barrier_wait(&g->bar);		/* NCCL's allgather of the handles */
 	ROK(r, rma->connect(NULL, g->hptr, g->n, r->rank, r->lc, &r->coll));
 	ROK(r, rma->closeListen(r->lc));
@@ -191,10 +211,14 @@ static void *rank_main(void *arg)
 	return NULL;
 }
 
+/* The fake's device description (live: the machine's devices, nothing to write). */
 static void write_conf(const char *text)
 {
-	FILE *f = fopen(confpath, "w");
+	FILE *f;
 
+	if (live)
+		return;
+	f = fopen(confpath, "w");
 	assert_non_null(f);
 	fputs(text, f);
 	fclose(f);
@@ -363,10 +387,11 @@ static void test_size0_signal(void **state)
 }
 
 /*
- * Ordering on a device that places the bulk of every write late (reorder,
- * held for 50 entries into the provider): rank 0 posts 32 puts and then a
- * signal alone to rank 1 and tests nothing until rank 1, which checks every
- * byte the moment it sees the signal, is done. Only a signal executed after
+ * Ordering on a device that places the bulk of every write late (the fake's
+ * reorder, held for 50 entries into the provider; live, the device's own
+ * order, rank 0 on rxe0 and rank 1 on rxe1 in the guest): rank 0 posts 32
+ * puts and then a signal alone to rank 1 and tests nothing until rank 1,
+ * which checks every byte the moment it sees the signal, is done. Only a signal executed after
  * every earlier write of its QP passes.
  */
 #define ORD_PUTS 32
@@ -473,6 +498,11 @@ static void test_declines_without_atomics(void **state)
 	void *ctx = NULL;
 
 	(void)state;
+	if (live) {
+		print_message("skipping live: it needs the fake provider's device without atomics "
+			      "(atomic=no); the devices here are what they are\n");
+		skip();
+	}
 	write_conf(roce_noatomic);
 	unit_log_reset();
 	assert_int_not_equal(rma->init(&ctx, 1, unit_log_sink), ncclSuccess);
@@ -493,6 +523,7 @@ static void test_declines_without_atomics(void **state)
  * checked against the target's fixed pattern when it completes.
  */
 #define MIX_OPS 400
+#define MIX_OPS_LIVE 200	/* Soft-RoCE under emulation is slow */
 #define MIX_FLIGHT 4	/* chunks of a region: they fit src and got with 2 ranks */
 
 struct mix {
@@ -562,8 +593,9 @@ static void body_mix(struct rank *r)
 	uint64_t s = g->seed * 7919 + (uint64_t)r->rank * 104729 + 1;
 	struct mix_op ops[MIX_FLIGHT] = { 0 };
 	size_t region = g->slot / MAXC;
+	int nops = live ? MIX_OPS_LIVE : MIX_OPS;
 
-	for (int i = 0; i < MIX_OPS && !r->fail[0]; i++) {
+	for (int i = 0; i < nops && !r->fail[0]; i++) {
 		mix_done(r, &ops[i % MIX_FLIGHT], chunk, i % MIX_FLIGHT);
 		mix_post(r, &s, &ops[i % MIX_FLIGHT], chunk, i % MIX_FLIGHT);
 	}
@@ -594,8 +626,9 @@ static void mix_run(uint64_t seed)
 		for (int b = 0; b < n; b++)
 			for (int c = 0; c < MAXC; c++)
 				assert_non_null(mixm.model[a][b][c] = calloc(1, slot / MAXC));
-	print_message("random mix: RMA_IB_SEED=%llu (%d ranks, %d contexts)\n",
-		      (unsigned long long)seed, n, MAXC);
+	print_message("random mix: RMA_IB_SEED=%llu (%d ranks, %d contexts, %d operations "
+		      "each%s)\n", (unsigned long long)seed, n, MAXC, live ? MIX_OPS_LIVE : MIX_OPS,
+		      live ? ", live" : "");
 	run_group_seed(roce, n, MAXC, slot, seed, body_mix);
 	for (int a = 0; a < n; a++)
 		for (int b = 0; b < n; b++)
@@ -613,26 +646,29 @@ static void test_random_mix(void **state)
 		mix_run(strtoull(env, NULL, 0));
 		return;
 	}
-	for (uint64_t k = 0; k < 3; k++)
+	/* Seed base * 3 + k has 2 + k ranks; live, only 3 ranks (time). */
+	for (uint64_t k = live ? 1 : 0; k < (live ? 2u : 3u); k++)
 		mix_run(base * 3 + k);
 }
 
 /* ---- harness ----------------------------------------------------------------- */
 
-static int group_setup(void **state)
+/* The fake provider's files and variables (not used live). */
+static int fake_setup(void)
 {
 	const char *env = getenv("RAIL_FAKEVERBS_LIB"), *slash;
 	char mlx5[PATH_MAX + 32], sub[160];
 
-	(void)state;
 	if (env && env[0])
 		snprintf(fakelib, sizeof(fakelib), "%s", env);
 	slash = strrchr(fakelib, '/');
 	snprintf(mlx5, sizeof(mlx5), "%.*s/libfakemlx5.so", slash ? (int)(slash - fakelib) : 1,
 		 slash ? fakelib : ".");
 	snprintf(tmpdir, sizeof(tmpdir), "/tmp/rail-rmaib-XXXXXX");
-	if (!mkdtemp(tmpdir))
+	if (!mkdtemp(tmpdir)) {
+		tmpdir[0] = 0;
 		return -1;
+	}
 	snprintf(confpath, sizeof(confpath), "%s/devices.conf", tmpdir);
 	setenv("NCCL_IBVERBS_LIB", fakelib, 1);
 	setenv("NCCL_RAIL_MLX5_LIB", mlx5, 1);
@@ -641,10 +677,18 @@ static int group_setup(void **state)
 	setenv("RAIL_FAKEVERBS_LOG", sub, 1);
 	setenv("RAIL_FAKEVERBS_SYSFS", tmpdir, 1);
 	setenv("NCCL_RAIL_SYSFS_ROOT", tmpdir, 1);
+	return 0;
+}
+
+static int group_setup(void **state)
+{
+	(void)state;
+	if (!live && fake_setup())
+		return -1;
 	setenv("NCCL_RAIL_TRANSPORT", "ib", 1);
 	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "20", 1);
-	if (access(fakelib, R_OK))
+	setenv("NCCL_RAIL_CONNECT_TIMEOUT", live ? "60" : "20", 1);
+	if (!live && access(fakelib, R_OK))
 		return 0;
 	lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
 	if (lib)
@@ -669,10 +713,30 @@ static int need_plugin(void **state)
 {
 	(void)state;
 	if (!lib || !rma) {
-		printf("SKIP: %s or %s not loadable: run make tests\n", plugin, fakelib);
+		if (live)
+			printf("SKIP: %s not loadable: run make all\n", plugin);
+		else
+			printf("SKIP: %s or %s not loadable: run make tests\n", plugin, fakelib);
 		skip();
 	}
 	return 0;
+}
+
+/* Live: whether the machine's libibverbs lists a device (why, if not). */
+static int have_rdma(char *why, size_t why_len)
+{
+	struct ibv_device **l;
+	int n = 0;
+
+	if (rail_verbs_load(why, why_len))
+		return 0;
+	l = rail_ibv.get_device_list(&n);
+	if (l)
+		rail_ibv.free_device_list(l);
+	rail_verbs_unload();
+	if (n <= 0)
+		snprintf(why, why_len, "no RDMA device");
+	return n > 0;
 }
 
 int main(int argc, char **argv)
@@ -687,11 +751,29 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_errors_named, need_plugin),
 		cmocka_unit_test_setup(test_random_mix, need_plugin),
 	};
-	char build_dir[PATH_MAX];
+	const char *req = getenv("RAIL_TEST_REQUIRE_RDMA"), *lv = getenv("RMA_IB_LIVE");
+	char build_dir[PATH_MAX], why[256] = "";
 
 	(void)argc;
 	alarm(300);	/* a hung group fails the run instead of holding it */
 	setenv("NCCL_RAIL_RMA_IB", "1", 1);	/* the backend is opt-in (test_declines_by_default) */
+	live = lv && atoi(lv) == 1;
+	if (live) {
+		wait_ns = 60ull * 1000000000ull;
+		rail_params_reload();
+		if (!have_rdma(why, sizeof(why))) {
+			if (req && atoi(req)) {
+				printf("test_rma_ib: RMA_IB_LIVE=1 and RAIL_TEST_REQUIRE_RDMA=1, but %s\n",
+				       why);
+				return 1;
+			}
+			printf("test_rma_ib: RMA_IB_LIVE=1: all %zu tests skipped: %s (they run in the "
+			       "rxe guest: test/rxe/run.sh --tests 18-ib-rma)\n",
+			       sizeof(tests) / sizeof(tests[0]), why);
+			return 0;
+		}
+		printf("test_rma_ib: live, on the machine's RDMA devices\n");
+	}
 	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
 	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
 	snprintf(fakelib, sizeof(fakelib), "%.*s/test/fakeverbs/libfakeverbs.so", PATH_MAX - 64,
