@@ -331,6 +331,7 @@ struct tcp_task {
 	struct tcp_req *req;
 	void *ev;		/* its profiler event, stopped by whoever moves it (prof.h), or NULL */
 	uint64_t start;		/* the stream offset of its first byte */
+	int direct;		/* moved by NCCL's progress thread: no helper watches for it */
 };
 
 /*

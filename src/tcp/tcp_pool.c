@@ -11,10 +11,9 @@
  * in order with non-blocking send/recv; a socket that is not ready waits in
  * the owner's epoll set while the owner serves others, so no socket of any
  * comm waits behind another (a blocking shared thread could deadlock two
- * processes). The watch is one-shot, armed again only when the owner leaves
- * the socket with chunks it could not move: bytes arriving for a message
- * that NCCL's progress thread moves itself (tcp_pool_help, NCCL_RAIL_TCP_DIRECT)
- * wake no helper. An owner with nothing to do polls for NCCL_RAIL_TCP_SPIN_US,
+ * processes). The watch is one-shot, armed again only when a chunk meant for
+ * a helper finds the socket not ready: bytes arriving for a message that
+ * NCCL's progress thread moves itself (NCCL_RAIL_TCP_DIRECT) wake no helper. An owner with nothing to do polls for NCCL_RAIL_TCP_SPIN_US,
  * then sleeps in epoll_wait.
  */
 #include <signal.h>
@@ -121,7 +120,7 @@ void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct t
 	 * in practice; it keeps a bug from overwriting queued chunks. */
 	while (head - atomic_load_explicit(&s->ack_tail, memory_order_acquire) > s->mask)
 		cpu_relax();
-	s->ring[head & s->mask] = (struct tcp_task){ buf, len, s->fd, req, ev, s->pushed };
+	s->ring[head & s->mask] = (struct tcp_task){ buf, len, s->fd, req, ev, s->pushed, direct };
 	s->pushed += len;
 	atomic_fetch_add_explicit(&pool_queued, 1, memory_order_relaxed);
 	atomic_store_explicit(&s->head, head + 1, memory_order_release);
@@ -139,18 +138,18 @@ static struct epoll_event stream_event(struct tcp_stream *s)
 }
 
 /*
- * The owner leaves the socket with chunks still queued: watch it again. A
- * socket ready already reports at once (epoll polls it when re-armed), so
- * readiness between the last EAGAIN and this call is not lost.
+ * A chunk a helper moves (not a direct one) could not move on: watch the
+ * socket again, so its owner wakes when it is ready. Called holding the
+ * stream's busy flag, by whichever thread found it not ready: a move swaps
+ * the socket only holding every stream's flag (tcp_pool_pause). A socket
+ * ready already reports at once (epoll polls it when re-armed), so
+ * readiness between the EAGAIN and this call is not lost.
  */
-static void rewatch(struct tcp_pool_thread *t, struct tcp_stream *s)
+static void rewatch(struct tcp_stream *s)
 {
 	struct epoll_event ev = stream_event(s);
 
-	if (atomic_load_explicit(&s->head, memory_order_acquire) ==
-	    atomic_load_explicit(&s->tail, memory_order_acquire))
-		return;
-	if (epoll_ctl(t->epfd, EPOLL_CTL_MOD, s->fd, &ev))
+	if (epoll_ctl(s->owner->epfd, EPOLL_CTL_MOD, s->fd, &ev))
 		RAIL_WARN("TCP helper: watching data socket %d (fd %d) of the %s comm to %s again "
 			  "failed: %s; its chunks move only while NCCL polls the request",
 			  s->index + 1, s->fd, s->comm->is_send ? "send" : "receive",
@@ -287,6 +286,8 @@ static int serve(struct tcp_stream *s, size_t budget)
 		t = &s->ring[tail & s->mask];
 		err = atomic_load(&c->error) ? -ECANCELED : move_some(s, t, &budget);
 		if (err == -EAGAIN) {
+			if (!t->direct)
+				rewatch(s);
 			if (c->ack)
 				ack_advance(s);
 			return 0;
@@ -471,10 +472,8 @@ static void *pool_main(void *arg)
 		take_inbox(t);
 		for (s = t->act_head; s; s = next) {
 			next = s->act_next;
-			if (try_serve(s, TCP_TURN_BYTES) <= 0) {
+			if (try_serve(s, TCP_TURN_BYTES) <= 0)
 				deactivate(t, s);
-				rewatch(t, s);
-			}
 		}
 	}
 	return NULL;
@@ -644,7 +643,7 @@ static int stream_attach(struct tcp_comm *c, int i, uint32_t ring_size, int boun
 	if (err)
 		goto free_ring;
 	atomic_store_explicit(&s->ready, 1, memory_order_release);
-	/* Not armed: the first chunk the owner cannot move arms it (rewatch). */
+	/* Not armed: the first chunk a helper's turn cannot move arms it (rewatch). */
 	ev = stream_event(s);
 	ev.events &= ~(uint32_t)(EPOLLIN | EPOLLOUT);
 	if (epoll_ctl(s->owner->epfd, EPOLL_CTL_ADD, s->fd, &ev)) {
