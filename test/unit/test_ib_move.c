@@ -414,7 +414,13 @@ static void test_move_flapping_bounded(void **state)
  * the move and write the piece again from its copy, or the receive never
  * completes.
  */
-static void test_move_idle_peer(void **state)
+/*
+ * One try: 0 when the sender refused its send (the move thread, finding the
+ * receiver not called for a tick while this thread was slow to see the
+ * port go down, drove the receiver's move and the sender joined it before
+ * its last send: the case under test did not arise).
+ */
+static int idle_peer_once(void)
 {
 	struct loop L = { .fault_at = -1 };
 	void *rreq = NULL, *sreq = NULL, *data[1] = { rbuf[0] }, *mhs[1];
@@ -422,7 +428,6 @@ static void test_move_idle_peer(void **state)
 	int tags[1] = { 7 }, done = 0, got[1] = { -1 }, mark;
 	uint64_t deadline;
 
-	(void)state;
 	L.F = fvh_start(roce_two);
 	fvh_connect(L.F, 0, 1, -1);	/* receiver on mlx5_0, sender on mlx5_1 */
 	assert_int_equal(run_to(&L, 10), 0);
@@ -446,7 +451,10 @@ static void test_move_idle_peer(void **state)
 	assert_false(done);
 	fill(sbuf[0], 8, 99);
 	assert_int_equal(rail_net_isend(L.F->sc, sbuf[0], 8, 7, L.smh, &sreq), 0);
-	assert_non_null(sreq);
+	if (!sreq) {
+		loop_end(&L);
+		return 0;
+	}
 	assert_int_equal(rail_net_test(sreq, &done, NULL), 0);
 	/* a small send into a clear-to-send: all inline, complete at post (and lost) */
 	assert_true(done);
@@ -464,6 +472,19 @@ static void test_move_idle_peer(void **state)
 	assert_moved(mark, "(receive comm) moved from mlx5_0:1 to mlx5_1:1", "PORT_ERR");
 	assert_moved(mark, "(send comm) moved from mlx5_1:1 to mlx5_1:1", "1 lost pieces");
 	loop_end(&L);
+	return 1;
+}
+
+static void test_move_idle_peer(void **state)
+{
+	int tries = 0;
+
+	(void)state;
+	while (tries < 5 && !idle_peer_once())
+		tries++;
+	if (tries == 5)
+		fail_msg("5 tries: each time the sender had joined the receiver's move before its "
+			 "last send, so the idle-peer case never arose (a very slow host?)");
 }
 
 /*
