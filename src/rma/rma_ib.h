@@ -81,7 +81,8 @@ struct rma_ib_coll {
 
 struct rma_ib_mr {
 	struct rail_rma_mr base;
-	struct ibv_mr *mr;
+	struct rail_ib_mh *mh;	/* the registration (ib_mr.c's cache) */
+	uint32_t lkey, rkey;
 	uint64_t *peer_base;	/* [rank] */
 	uint64_t *peer_size;
 	uint32_t *peer_rkey;
