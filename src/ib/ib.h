@@ -282,6 +282,9 @@ int rail_ib_dev_port_up(const struct rail_ib_dev *dev, const char *call, const c
 /* ---- registration cache (ib_mr.c) -------------------------------------- */
 #define RAIL_IB_MH_MAGIC 0x484d4952u /* "RIMH" */
 #define RAIL_IB_MR_NEEDS_READ 0x100	/* with RAIL_PTR_*: a flush reads it back */
+#define RAIL_IB_MR_NEEDS_ATOMIC 0x200	/* remote atomics target it (RMA signals) */
+#define RAIL_IB_MR_STRICT 0x400		/* never PCIe relaxed ordering (RMA: FORCE_SO) */
+#define RAIL_IB_MR_OWN 0x800		/* its own MR, shared with no other registration */
 struct rail_ib_mh {
 	uint32_t magic;
 	struct rail_ib_mh *dead_next;	/* deregistered, on the comm's dead_mhs */

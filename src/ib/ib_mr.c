@@ -8,7 +8,12 @@
  * service thread while test runs on the progress thread, and comms share
  * the HCA. Access rights: local write and remote write always (a buffer
  * may be a receive target), remote read only where a flush will read it;
- * PCIe relaxed ordering on every kind of registration, as NCCL (reg.cc).
+ * PCIe relaxed ordering on every kind of registration, as NCCL (reg.cc),
+ * unless the caller asks for strict ordering (RAIL_IB_MR_STRICT: the RMA
+ * backend's windows, which carry signals); an entry serves only requests
+ * with the same ordering. RAIL_IB_MR_OWN (the RMA backend's windows) gets an
+ * entry of its own that serves no other request, so deregistering it
+ * revokes its rkey even where another window shares its pages.
  * DMA-BUF on a Data Direct device goes through mlx5dv_reg_dmabuf_mr (its
  * entries serve only such requests: with NCCL_IB_DATA_DIRECT=2 the PCIe
  * and the Data Direct device of a port share the HCA's cache).
@@ -43,6 +48,7 @@ struct rail_ib_mr_ent {
 	int refs;
 	int dmabuf;
 	int data_direct;	/* DMA-BUF through mlx5 Data Direct: serves only such requests */
+	int own;		/* RAIL_IB_MR_OWN: serves no other request */
 	struct ibv_mr *mr;
 };
 
@@ -67,8 +73,8 @@ static struct rail_ib_mr_ent *cache_find(struct rail_ib_hca *hca, uintptr_t s, u
 
 		if (m->start > s)
 			break;
-		if (m->start + m->len >= e && (m->access & access) == access &&
-		    m->data_direct == dd)
+		if (!m->own && m->start + m->len >= e && (m->access & access) == access &&
+		    !((m->access ^ access) & IBV_ACCESS_RELAXED_ORDERING) && m->data_direct == dd)
 			return m;
 	}
 	return NULL;
@@ -137,8 +143,8 @@ static struct ibv_mr *reg_dmabuf(struct rail_ib_hca *hca, uint64_t offset, size_
 }
 
 /*
- * Register the page range [*s, *s + *len) with the HCA's PD; NULL with
- * errno on failure. A DMA-BUF whose offset is smaller than the buffer's
+ * Register the page range [*s, *s + *len) with the HCA's PD (relaxed
+ * ordering when access has it); NULL with errno on failure. A DMA-BUF whose offset is smaller than the buffer's
  * distance from its page start cannot be mapped from the page start: the
  * range then starts at the buffer, and *s, *len say so. dd: a DMA-BUF for a
  * Data Direct device (NCCL reg.cc: mlx5dv_reg_dmabuf_mr with
@@ -147,8 +153,6 @@ static struct ibv_mr *reg_dmabuf(struct rail_ib_hca *hca, uint64_t offset, size_
 static struct ibv_mr *reg_range(struct rail_ib_hca *hca, uintptr_t *s, size_t *len, int access,
 				int fd, uint64_t offset, uintptr_t addr, int dd)
 {
-	if (relaxed_ordering())
-		access |= IBV_ACCESS_RELAXED_ORDERING;
 	if (fd >= 0) {
 		uintptr_t delta = addr - *s;
 
@@ -164,7 +168,7 @@ static struct ibv_mr *reg_range(struct rail_ib_hca *hca, uintptr_t *s, size_t *l
 }
 
 static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int access, int fd,
-		     uint64_t offset, const char *peer, struct rail_ib_mr_ent **out)
+		     uint64_t offset, int own, const char *peer, struct rail_ib_mr_ent **out)
 {
 	struct rail_ib_hca *hca = d->hca;
 	uintptr_t s = (uintptr_t)addr & ~(uintptr_t)(page_size() - 1);
@@ -176,7 +180,7 @@ static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int a
 
 	pthread_mutex_lock(&hca->mr_lock);
 	/* the bytes asked for: an entry may start inside the first page */
-	ent = cache_find(hca, a, a + RAIL_MAX(size, 1), access, dd);
+	ent = own ? NULL : cache_find(hca, a, a + RAIL_MAX(size, 1), access, dd);
 	if (ent) {
 		ent->refs++;
 		goto out;
@@ -203,6 +207,7 @@ static int cache_get(const struct rail_ib_dev *d, void *addr, size_t size, int a
 	ent->refs = 1;
 	ent->dmabuf = fd >= 0;
 	ent->data_direct = dd;
+	ent->own = own;
 	err = cache_insert(hca, ent);
 	if (err) {
 		rail_ibv.dereg_mr(ent->mr);
@@ -262,6 +267,10 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 	mh->gpu = (type & RAIL_PTR_CUDA) || fd >= 0;
 	if (type & RAIL_IB_MR_NEEDS_READ)
 		access |= IBV_ACCESS_REMOTE_READ;
+	if (type & RAIL_IB_MR_NEEDS_ATOMIC)
+		access |= IBV_ACCESS_REMOTE_ATOMIC;
+	if (!(type & RAIL_IB_MR_STRICT) && relaxed_ordering())
+		access |= IBV_ACCESS_RELAXED_ORDERING;
 	/*
 	 * What a move needs to register it on another HCA (rail_ib_mh_rehome).
 	 * NCCL closes a DMA-BUF fd after regMrDmaBuf: with failover, keep a dup.
@@ -276,7 +285,8 @@ int rail_ib_mr_register(struct rail_ib_dev *const *devs, int n, void *addr, size
 		mh->ndevs = i + 1;
 		if (!devs[i])
 			continue;	/* a dead HCA: registered where the member moves */
-		err = cache_get(devs[i], addr, len, access, fd, offset, peer, &mh->ent[i]);
+		err = cache_get(devs[i], addr, len, access, fd, offset, !!(type & RAIL_IB_MR_OWN),
+				peer, &mh->ent[i]);
 		if (err)
 			break;
 		mh->hca[i] = devs[i]->hca;
@@ -315,7 +325,8 @@ int rail_ib_mh_rehome(struct rail_ib_mh *mh, int m, struct rail_ib_dev *d, const
 			  "registered)", mh->addr, mh->len, d->hca->name, d->port, peer);
 		return -EBADF;
 	}
-	err = cache_get(d, mh->addr, mh->len, mh->access, mh->fd, mh->offset, peer, &ent);
+	err = cache_get(d, mh->addr, mh->len, mh->access, mh->fd, mh->offset,
+			!!(mh->type & RAIL_IB_MR_OWN), peer, &ent);
 	if (err)
 		return err;
 	if (mh->ent[m])

@@ -20,8 +20,7 @@ const struct rail_rma_ops *rail_rma_backend(const char *transport, char *why, si
 
 		if (!rail_param_int(RAIL_P_RMA_IB)) {
 			snprintf(why, why_len, "the net transport is ib and the plugin's verbs backend "
-				 "serves host memory only, while NCCL registers GPU memory "
-				 "(NCCL_RAIL_RMA_IB=1 uses it anyway): NCCL's own backend serves");
+				 "is opt-in (NCCL_RAIL_RMA_IB=1 uses it): NCCL's own backend serves");
 			return NULL;
 		}
 		if (!rma_ib_usable(no, sizeof(no))) {
@@ -30,8 +29,8 @@ const struct rail_rma_ops *rail_rma_backend(const char *transport, char *why, si
 			return NULL;
 		}
 		snprintf(why, why_len, "the net transport is ib: one RC QP per context and peer, a "
-			 "put an RDMA WRITE, a signal a FETCH_AND_ADD after it on the same QP; host "
-			 "memory only");
+			 "put an RDMA WRITE, a signal a FETCH_AND_ADD after it on the same QP; GPU "
+			 "windows where the device's ladder registers GPU memory");
 		return &rail_rma_ib_ops;
 	}
 	snprintf(why, why_len, "this build has no RMA backend for the %s transport", transport);

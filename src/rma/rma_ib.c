@@ -163,40 +163,80 @@ static int ib_rma_create_ctx(struct rail_rma_coll *base, int ncontexts, int traf
 
 static void win_free(struct rma_ib_mr *w)
 {
-	if (w->mr)
-		rail_ibv.dereg_mr(w->mr);
+	if (w->mh)
+		rail_ib_mr_deregister(w->mh);
 	free(w->peer_base);
 	free(w->peer_size);
 	free(w->peer_rkey);
 	free(w);
 }
 
-static int win_local(struct rma_ib_coll *c, struct rma_ib_mr *w, void *data, size_t size,
-		     int type)
+/*
+ * Whether the device's GPU-memory ladder can register this window (as the
+ * net path's regMr decides): a DMA-BUF needs DMA-BUF support, GPU memory
+ * without one needs peermem. 0, or -EOPNOTSUPP with a WARN naming both.
+ */
+static int win_ladder(const struct rma_ib_coll *c, const struct rma_ib_mr *w, int fd)
+{
+	const struct rail_ib_hca *h = c->dev->hca;
+	const struct rail_ib_ladder *l = &h->ladder;
+
+	if (w->base.type != RAIL_PTR_HOST && w->base.type != RAIL_PTR_CUDA) {
+		RAIL_WARN("RMA regMrSym (rank %d, device %d): window #%u (%p, %zu bytes) has memory "
+			  "type %d, neither host nor CUDA", c->base.rank, c->base.dev, w->base.index,
+			  (void *)w->base.base, w->base.size, w->base.type);
+		return -EINVAL;
+	}
+	if (fd >= 0 && !l->dmabuf) {
+		RAIL_WARN("RMA regMrSymDmaBuf (rank %d, device %d): window #%u (%p, %zu bytes, fd %d) "
+			  "cannot be registered on %s: DMA-BUF is unusable there (%s)", c->base.rank,
+			  c->base.dev, w->base.index, (void *)w->base.base, w->base.size, fd, h->name,
+			  l->dmabuf_why);
+		return -EOPNOTSUPP;
+	}
+	if (fd < 0 && w->base.type == RAIL_PTR_CUDA && !l->peermem) {
+		RAIL_WARN("RMA regMrSym (rank %d, device %d): window #%u (%p, %zu bytes) is GPU memory, "
+			  "which %s registers only through DMA-BUF (%s) or peermem (%s)%s",
+			  c->base.rank, c->base.dev, w->base.index, (void *)w->base.base, w->base.size,
+			  h->name, l->dmabuf ? "usable: NCCL should have used regMrSymDmaBuf"
+			  : l->dmabuf_why, l->peermem_why,
+			  l->dmabuf ? "" : "; the device serves host memory only");
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+/*
+ * Register through the net path's registration and ladder (ib_mr.c), an MR
+ * of the window's own (deregistering it revokes its rkey): host memory and
+ * peermem with ibv_reg_mr, a DMA-BUF with ibv_reg_dmabuf_mr (or
+ * mlx5dv's on a Data Direct device). Remote write, read and atomic access;
+ * never relaxed ordering: every window may carry signals (FORCE_SO).
+ */
+static int win_local(struct rma_ib_coll *c, struct rma_ib_mr *w, int fd, uint64_t offset)
 {
 	struct rail_ib_dev *d = c->dev;
 	int n = c->base.nranks, err;
+	char what[64];
 
 	w->peer_base = calloc((size_t)n, sizeof(uint64_t));
 	w->peer_size = calloc((size_t)n, sizeof(uint64_t));
 	w->peer_rkey = calloc((size_t)n, sizeof(uint32_t));
 	if (!w->peer_base || !w->peer_size || !w->peer_rkey)
 		return -ENOMEM;
-	if (type != RAIL_PTR_HOST) {
-		RAIL_WARN("RMA regMrSym (rank %d, device %d): the verbs backend serves host memory "
-			  "only (type %d)", c->base.rank, c->base.dev, type);
-		return -EINVAL;
-	}
-	/* Never IBV_ACCESS_RELAXED_ORDERING: every window may carry signals (FORCE_SO). */
-	w->mr = rail_ibv.reg_mr(d->hca->pd, data, size, IBV_ACCESS_LOCAL_WRITE |
-				IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-				IBV_ACCESS_REMOTE_ATOMIC);
-	if (w->mr)
-		return 0;
-	err = -(errno ? errno : EIO);
-	RAIL_WARN("RMA regMrSym (rank %d, device %d): ibv_reg_mr(%p, %zu bytes) on %s failed: %s",
-		  c->base.rank, c->base.dev, data, size, d->hca->name, RAIL_ERRSTR(err));
-	return err;
+	err = win_ladder(c, w, fd);
+	if (err)
+		return err;
+	snprintf(what, sizeof(what), "(RMA window #%u of rank %d)", w->base.index, c->base.rank);
+	err = rail_ib_mr_register(&d, 1, w->base.base, w->base.size, w->base.type |
+				  RAIL_IB_MR_NEEDS_READ | RAIL_IB_MR_NEEDS_ATOMIC | RAIL_IB_MR_STRICT |
+				  RAIL_IB_MR_OWN,
+				  fd, offset, what, &w->mh);
+	if (err)
+		return err;	/* logged, with the call and what to try */
+	w->lkey = w->mh->lkey[0];
+	w->rkey = w->mh->rkey[0];
+	return 0;
 }
 
 /* Every rank's (status, index, rkey, base, size): all ranks fail together. */
@@ -215,7 +255,7 @@ static int win_exchange(struct rma_ib_coll *c, struct rma_ib_mr *w, int err)
 
 		rail_put_u32(p, (uint32_t)err);
 		rail_put_u32(p + 4, w->base.index);
-		rail_put_u32(p + 8, w->mr ? w->mr->rkey : 0);
+		rail_put_u32(p + 8, w->rkey);
 		rail_put_u64(p + 16, (uint64_t)(uintptr_t)w->base.base);
 		rail_put_u64(p + 24, w->base.size);
 	}
@@ -246,12 +286,11 @@ static int ib_rma_reg(struct rail_rma_coll *base, void *data, size_t size, int t
 	struct rma_ib_mr *w = calloc(1, sizeof(*w));
 	int err;
 
-	(void)fd, (void)offset;	/* DMA-BUF: with GPU memory (rma_ib.h) */
 	if (!w)
 		return -ENOMEM;
 	w->base = (struct rail_rma_mr){ .coll = base, .index = c->nwins++, .type = type,
 					.flags = flags, .base = data, .size = size };
-	err = win_local(c, w, data, size, type);
+	err = win_local(c, w, fd, offset);
 	if (w->peer_base)
 		err = win_exchange(c, w, err);
 	if (err) {
@@ -276,7 +315,8 @@ static int ib_rma_last_error(struct rail_rma_ctx *x)
 
 const struct rail_rma_ops rail_rma_ib_ops = {
 	.name = "ib",
-	.ptr_support = RAIL_PTR_HOST,
+	/* what the device's ladder allows: the net properties mask it (rail_rma_get_properties) */
+	.ptr_support = RAIL_PTR_HOST | RAIL_PTR_CUDA | RAIL_PTR_DMABUF,
 	.listen = ib_rma_listen,
 	.connect = ib_rma_connect,
 	.create_ctx = ib_rma_create_ctx,

@@ -15,10 +15,12 @@
  * itself is connected to itself: loopback through the NIC), then a second
  * exchange makes sure every QP of the group is ready before anyone posts.
  *
- * Windows. regMrSym registers the memory with local write, remote write,
- * remote read and remote atomic access, never relaxed ordering (so every
- * window is FORCE_SO), and allgathers (status, base address, size, rkey):
- * all ranks fail together.
+ * Windows. regMrSym and regMrSymDmaBuf register through the net path's
+ * registration (rail_ib_mr_register, ib_mr.c) with local write, remote
+ * write, remote read and remote atomic access, never relaxed ordering
+ * (RAIL_IB_MR_STRICT: every window is FORCE_SO), each window an MR of its
+ * own (RAIL_IB_MR_OWN: deregistering it revokes its rkey), and allgather
+ * (status, base address, size, rkey): all ranks fail together.
  *
  * Data. A put is one signalled RDMA WRITE on the QP of (context, peer); a
  * put with a signal is an unsignalled RDMA WRITE chained with a signalled
@@ -36,12 +38,23 @@
  * the call, the peer and the completion status, and is the group's error
  * for queryLastError.
  *
- * Memory. Host memory only (ptr_support RAIL_PTR_HOST). GPU memory would
- * come in through rma_ib_reg: the DMA-BUF or peermem registration the net
- * path uses (rail_ib_mr_register in ib_mr.c, with the HCA's ladder); a GPU
- * window then needs iflush to be an RDMA READ on the rank's own loopback
- * QP of that context (rma_ib_flush), as gets into GPU memory are not
- * visible to the GPU at their completion.
+ * Memory. Host memory, and GPU memory through the HCA's ladder, as the
+ * net path's regMr decides (win_ladder): a DMA-BUF (regMrSymDmaBuf: NCCL's
+ * fd and offset) where the ladder found DMA-BUF; GPU memory by address
+ * (regMrSym of RAIL_PTR_CUDA) where it found peermem (ibv_reg_mr of the
+ * GPU address); else the window is refused, naming it and both reasons.
+ * ptr_support is the net device's (the API masks HOST|CUDA|DMABUF with the
+ * net properties), so NCCL sends GPU memory through regMrSymDmaBuf exactly
+ * where DMA-BUF works; a DMA-BUF of the CUDA driver's own for regMrSym is
+ * not fetched (NCCL asks for regMrSym of GPU memory only where it found
+ * DMA-BUF unusable). The atomics' scratch word stays host memory. Signals
+ * into a GPU window are NIC atomics on GPU memory over PCIe: the HCA and
+ * the PCIe path must support them (not probed). A get into GPU memory is
+ * not visible to the GPU at its completion: iflush of a GPU window posts
+ * an RDMA READ of up to 8 bytes of the rank's own copy on its loopback QP
+ * of that context (as the net path's GDR flush, ib_flush.c), whose
+ * completion follows every earlier NIC write on that path; a host window
+ * has nothing to flush.
  *
  * Failures. There is no move or failover during RMA: a QP that fails
  * (port down, peer gone, remote access error) fails its requests and the
@@ -81,7 +94,8 @@ struct rma_ib_coll {
 
 struct rma_ib_mr {
 	struct rail_rma_mr base;
-	struct ibv_mr *mr;
+	struct rail_ib_mh *mh;	/* the registration (ib_mr.c's cache) */
+	uint32_t lkey, rkey;
 	uint64_t *peer_base;	/* [rank] */
 	uint64_t *peer_size;
 	uint32_t *peer_rkey;

@@ -105,7 +105,7 @@ static int op_wrs(const struct rma_ib_ctx *x, const struct rail_rma_op *op, uint
 		wr[n].opcode = op->kind == RAIL_RMA_GET ? IBV_WR_RDMA_READ : IBV_WR_RDMA_WRITE;
 		if (op->size) {
 			sge[n] = (struct ibv_sge){ .addr = (uintptr_t)(l->base.base + op->local_off),
-						   .length = (uint32_t)op->size, .lkey = l->mr->lkey };
+						   .length = (uint32_t)op->size, .lkey = l->lkey };
 			wr[n].sg_list = &sge[n];
 			wr[n].num_sge = 1;
 			wr[n].wr.rdma.remote_addr = r->peer_base[op->peer] + op->remote_off;
@@ -130,27 +130,18 @@ static int op_wrs(const struct rma_ib_ctx *x, const struct rail_rma_op *op, uint
 	return n;
 }
 
-static int post_locked(struct rma_ib_ctx *x, const struct rail_rma_op *op, uint32_t *idx,
-		       uint32_t *stamp)
+/* Post n chained WRs as request i on QP qpi (lock held); the request is given back on failure. */
+static int post_wrs(struct rma_ib_ctx *x, uint32_t i, int qpi, struct ibv_send_wr *wr, int n,
+		    const struct rma_ib_req *what, uint32_t *idx, uint32_t *stamp)
 {
-	int qpi = op->context * x->coll->base.nranks + op->peer, n, ret;
 	struct rma_ib_qp *q = &x->qps[qpi];
-	struct ibv_send_wr wr[2], *bad = NULL;
-	struct ibv_sge sge[2];
-	uint32_t i;
+	struct ibv_send_wr *bad = NULL;
+	int ret;
 
-	if (!q->qp)
-		return -EINVAL;	/* off the stride: the API checks it */
-	if (q->failed)
-		return atomic_load(&x->coll->err) ? atomic_load(&x->coll->err) : -EIO;
-	if ((ret = op_check(x, op)) || (ret = req_get(x, &i)))
-		return ret;
-	x->reqs[i].stamp = ++x->stamp;
-	n = op_wrs(x, op, wrid(i, x->reqs[i].stamp), wr, sge);
 	if (q->inflight + n > RMA_IB_SQ_DEPTH) {
 		RAIL_WARN("RMA %s (rank %d, context %d) to rank %d: %d work requests already in "
 			  "flight on its QP (at most %d: NCCL keeps 32 operations in flight)",
-			  op->call, x->coll->base.rank, op->context, op->peer, q->inflight,
+			  what->call, x->coll->base.rank, what->context, what->peer, q->inflight,
 			  RMA_IB_SQ_DEPTH);
 		req_put(x, i);
 		return -ENOBUFS;
@@ -159,18 +150,46 @@ static int post_locked(struct rma_ib_ctx *x, const struct rail_rma_op *op, uint3
 	if (ret) {
 		ret = -rail_verbs_err(ret);
 		RAIL_WARN("RMA %s (rank %d, context %d) to rank %d: ibv_post_send on qp 0x%x "
-			  "failed: %s", op->call, x->coll->base.rank, op->context, op->peer,
+			  "failed: %s", what->call, x->coll->base.rank, what->context, what->peer,
 			  q->qp->qp_num, RAIL_ERRSTR(ret));
 		req_put(x, i);
 		return ret;
 	}
 	x->reqs[i] = (struct rma_ib_req){ .stamp = x->reqs[i].stamp, .state = RMA_IB_WAIT,
-					  .qpi = qpi, .nwr = n, .peer = op->peer,
-					  .context = op->context, .call = op->call };
+					  .qpi = qpi, .nwr = n, .peer = what->peer,
+					  .context = what->context, .call = what->call };
 	q->inflight += n;
 	*idx = i;
 	*stamp = x->reqs[i].stamp;
 	return 0;
+}
+
+/* The QP of (context, peer), ready to post on (lock held): 0 or why not. */
+static int qp_ready(struct rma_ib_ctx *x, int qpi)
+{
+	const struct rma_ib_qp *q = &x->qps[qpi];
+
+	if (!q->qp)
+		return -EINVAL;	/* off the stride: the API checks it */
+	if (q->failed)
+		return atomic_load(&x->coll->err) ? atomic_load(&x->coll->err) : -EIO;
+	return 0;
+}
+
+static int post_locked(struct rma_ib_ctx *x, const struct rail_rma_op *op, uint32_t *idx,
+		       uint32_t *stamp)
+{
+	int qpi = op->context * x->coll->base.nranks + op->peer, n, ret;
+	struct rma_ib_req what = { .peer = op->peer, .context = op->context, .call = op->call };
+	struct ibv_send_wr wr[2];
+	struct ibv_sge sge[2];
+	uint32_t i;
+
+	if ((ret = qp_ready(x, qpi)) || (ret = op_check(x, op)) || (ret = req_get(x, &i)))
+		return ret;
+	x->reqs[i].stamp = ++x->stamp;
+	n = op_wrs(x, op, wrid(i, x->reqs[i].stamp), wr, sge);
+	return post_wrs(x, i, qpi, wr, n, &what, idx, stamp);
 }
 
 int rma_ib_post(struct rail_rma_ctx *base, const struct rail_rma_op *op, uint32_t *idx,
@@ -280,13 +299,41 @@ int rma_ib_progress(struct rail_rma_ctx *base)
 
 /*
  * Host memory: a get is done only once its completion came, and its bytes
- * are in host memory then, so there is never anything to flush. A GPU
- * window would post an RDMA READ on this rank's loopback QP of the
- * context (x->qps[context * nranks + rank]) here.
+ * are in host memory then: nothing to flush (1). A GPU window: a few bytes
+ * of this rank's own copy read back over the rank's loopback QP of the
+ * context (the net path's GDR flush, ib_flush.c): its completion comes
+ * after every earlier NIC write into that GPU memory has landed, so the
+ * GPU sees the data of every get completed before. The bytes land in the
+ * scratch words, which nobody reads.
  */
-int rma_ib_flush(struct rail_rma_ctx *x, int context, const struct rail_rma_mr *mr,
+int rma_ib_flush(struct rail_rma_ctx *base, int context, const struct rail_rma_mr *mr,
 		 uint32_t *idx, uint32_t *stamp)
 {
-	(void)x, (void)context, (void)mr, (void)idx, (void)stamp;
-	return 1;
+	struct rma_ib_ctx *x = (struct rma_ib_ctx *)base;
+	const struct rma_ib_mr *w = (const struct rma_ib_mr *)mr;
+	struct rma_ib_coll *c = x->coll;
+	int me = c->base.rank, qpi = context * c->base.nranks + me, ret;
+	struct rma_ib_req what = { .peer = me, .context = context, .call = "iflush" };
+	struct ibv_sge sge = { .addr = (uintptr_t)(c->scratch + 1),
+			       .length = (uint32_t)RAIL_MIN(mr->size, (size_t)8),
+			       .lkey = c->scratch_mr->lkey };
+	struct ibv_send_wr wr = { .sg_list = &sge, .num_sge = 1, .opcode = IBV_WR_RDMA_READ,
+				  .send_flags = IBV_SEND_SIGNALED };
+	uint32_t i;
+
+	if (mr->type != RAIL_PTR_CUDA || !mr->size)
+		return 1;
+	wr.wr.rdma.remote_addr = (uintptr_t)mr->base;
+	wr.wr.rdma.rkey = w->rkey;
+	pthread_mutex_lock(&x->lock);
+	ret = qp_ready(x, qpi);
+	if (!ret)
+		ret = req_get(x, &i);
+	if (!ret) {
+		x->reqs[i].stamp = ++x->stamp;
+		wr.wr_id = wrid(i, x->reqs[i].stamp);
+		ret = post_wrs(x, i, qpi, &wr, 1, &what, idx, stamp);
+	}
+	pthread_mutex_unlock(&x->lock);
+	return ret;
 }

@@ -20,6 +20,7 @@
  * cuGetErrorString is refused with CUDA_ERROR_INVALID_CONTEXT on a thread
  * with no current context (counted: fcu_test_refused).
  */
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -50,6 +51,7 @@ EXPORT void fcu_test_make_current(void);
 EXPORT void fcu_test_set_delay_us(unsigned us);
 EXPORT unsigned long fcu_test_calls(const char *name);
 EXPORT unsigned long fcu_test_refused(void);
+EXPORT int fcu_test_dmabuf(const void *dptr, uint64_t *offset);
 
 enum { OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_INVALID_CONTEXT = 201,
        E_INVALID_HANDLE = 400, E_ILLEGAL_ADDRESS = 700 };
@@ -58,6 +60,7 @@ enum { OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_INVALID_CONTEXT = 201
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static char *dev_base, *dev_view;
+static int dev_fd = -1;	/* the device's memory: what DMA-BUF fds share */
 static size_t dev_used;
 static char ctx_obj;		/* the one context */
 static __thread void *cur_ctx;
@@ -106,9 +109,11 @@ static int dev_init_locked(void)
 		return -1;
 	base = mmap(NULL, DEV_CAP, PROT_NONE, MAP_SHARED | MAP_NORESERVE, fd, 0);
 	dev_view = mmap(NULL, DEV_CAP, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
-	close(fd);
-	if (base == MAP_FAILED || dev_view == MAP_FAILED)
+	if (base == MAP_FAILED || dev_view == MAP_FAILED) {
+		close(fd);
 		return -1;
+	}
+	dev_fd = fd;
 	__atomic_store_n(&dev_base, base, __ATOMIC_RELEASE);	/* read without the lock */
 	return 0;
 }
@@ -495,4 +500,17 @@ EXPORT unsigned long fcu_test_calls(const char *name)
 EXPORT unsigned long fcu_test_refused(void)
 {
 	return __atomic_load_n(&refused, __ATOMIC_RELAXED);
+}
+
+EXPORT int fcu_test_dmabuf(const void *dptr, uint64_t *offset)
+{
+	int fd;
+
+	if (!is_dev(dptr) || !offset)
+		return -1;
+	pthread_mutex_lock(&lock);
+	fd = dev_fd >= 0 ? fcntl(dev_fd, F_DUPFD_CLOEXEC, 0) : -1;
+	pthread_mutex_unlock(&lock);
+	*offset = (uint64_t)((const char *)dptr - dev_base);
+	return fd;
 }

@@ -7,6 +7,7 @@
 #define FAKECUDA_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 /* size bytes of "device" memory (zeroed); the plugin must never dereference it. */
 typedef void *(*fcu_alloc_device_fn)(size_t size);
@@ -20,5 +21,12 @@ typedef void (*fcu_set_delay_fn)(unsigned us);
  * for want of a current context. */
 typedef unsigned long (*fcu_calls_fn)(const char *name);
 typedef unsigned long (*fcu_refused_fn)(void);
+/*
+ * A DMA-BUF of device memory: a new fd (the caller closes it) that every
+ * allocation shares, with *offset the place of dptr in it; -1 if dptr is
+ * not device memory. The fake verbs map such an fd (a memfd named
+ * "fakecuda-device") at that offset, so data the NIC moves lands there.
+ */
+typedef int (*fcu_dmabuf_fn)(const void *dptr, uint64_t *offset);
 
 #endif

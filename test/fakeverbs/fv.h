@@ -124,6 +124,9 @@ struct fv_mr {
 	int access;
 	uint64_t iova;
 	int dmabuf;		/* no host mapping: data is not copied */
+	char *host;		/* where the data is: the address, or a mapping (fv_mr_host) */
+	void *map;		/* a DMA-BUF of the fake CUDA driver, mapped here */
+	size_t map_len;
 	struct fv_mr *next;
 	struct fv_mr *hnext;	/* its lkey's bucket (fv_mr_by_key) */
 };

@@ -74,7 +74,7 @@ static char *mr_addr(const struct fv_mr *m, uint64_t iova, uint64_t len, int *sk
 	if (iova < m->iova || iova + len > m->iova + m->mr.length)
 		return NULL;
 	*skip = m->dmabuf;
-	return m->dmabuf ? (char *)1 : (char *)m->mr.addr + (iova - m->iova);
+	return m->dmabuf ? (char *)1 : m->host + (iova - m->iova);
 }
 
 /*

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "fv.h"
@@ -377,6 +378,53 @@ int ibv_dealloc_pd(struct ibv_pd *pd)
 	return 0;
 }
 
+/*
+ * Where the NIC reaches the memory of a new MR. A DMA-BUF is mapped when it
+ * is the fake CUDA driver's (a memfd named "fakecuda-device": test/fakecuda),
+ * so data lands in its device memory; another fd (a test's made-up number)
+ * has no mapping and its data is not copied. A plain address inside the
+ * fake CUDA driver's device memory (what peermem registers) is reached
+ * through that driver's host view (fcu_test_host, when RAIL_FAKECUDA_LIB
+ * names a library this process has loaded).
+ */
+static void fv_mr_host(struct fv_mr *m, void *addr, size_t len, int fd, uint64_t offset)
+{
+	char link[64], name[128];
+	ssize_t n;
+
+	m->host = addr;
+	if (fd < 0) {
+		const char *lib = getenv("RAIL_FAKECUDA_LIB");
+		void *h = lib && lib[0] ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+		void *(*view)(const void *) = NULL;
+
+		if (h)
+			*(void **)&view = dlsym(h, "fcu_test_host");
+		if (view && view(addr))
+			m->host = view(addr);
+		if (h)
+			dlclose(h);
+		return;
+	}
+	snprintf(link, sizeof(link), "/proc/self/fd/%d", fd);
+	n = readlink(link, name, sizeof(name) - 1);
+	if (n > 0) {
+		long pg = sysconf(_SC_PAGESIZE);
+		uint64_t at = offset & ~(uint64_t)(pg - 1);
+
+		name[n] = 0;
+		if (strncmp(name, "/memfd:fakecuda-device", 22))
+			return;
+		m->map_len = len + (size_t)(offset - at);
+		m->map = mmap(NULL, m->map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, (off_t)at);
+		if (m->map == MAP_FAILED) {
+			m->map = NULL;
+			return;
+		}
+		m->host = (char *)m->map + (offset - at);
+	}
+}
+
 struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t len,
 			 uint64_t iova, int access, int fd, uint64_t offset, const char *extra)
 {
@@ -412,7 +460,8 @@ struct ibv_mr *fv_mr_new(const char *call, struct ibv_pd *pd, void *addr, size_t
 	m->mr.rkey = next_key++;
 	m->access = access;
 	m->iova = iova;
-	m->dmabuf = fd >= 0;
+	fv_mr_host(m, addr, len, fd, offset);
+	m->dmabuf = fd >= 0 && !m->map;
 	m->next = mrs;
 	mrs = m;
 	m->hnext = mr_bucket[m->mr.lkey % FV_BUCKETS];
@@ -471,6 +520,8 @@ int ibv_dereg_mr(struct ibv_mr *mr)
 					break;
 				}
 			fv_log("ibv_dereg_mr dev=%s lkey=0x%x", ctx_name(mr->context), mr->lkey);
+			if (m->map)
+				munmap(m->map, m->map_len);
 			free(m);
 			break;
 		}

@@ -36,12 +36,18 @@
 #include "rail.h"
 #include "rma/rma.h"
 #include "rma_v14.h"
+#include "../fakecuda/fakecuda.h"
 
 static char plugin[PATH_MAX], fakelib[PATH_MAX], tmpdir[64], confpath[128];
 static void *lib;
 static ncclRma_v14_t *rma;
 static int live;		/* RMA_IB_LIVE=1: the machine's verbs, not the fake */
 static uint64_t wait_ns = 20ull * 1000000000ull;	/* 60 s live */
+static char fakecuda[PATH_MAX];	/* the fake CUDA driver: GPU windows (not live) */
+static void *fcu;
+static fcu_alloc_device_fn fcu_alloc;
+static fcu_host_fn fcu_host;
+static fcu_dmabuf_fn fcu_dmabuf;
 
 #define MAXR 4
 #define MAXC 2
@@ -50,6 +56,8 @@ static uint64_t wait_ns = 20ull * 1000000000ull;	/* 60 s live */
 static const char roce[] = "device mlx5_0\nport 1 link=eth\ngid 1 ::ffff:10.1.0.1 type=v2\n";
 static const char roce_reorder[] = "device mlx5_0 reorder=yes reorder_delay=50\n"
 				   "port 1 link=eth\ngid 1 ::ffff:10.1.0.1 type=v2\n";
+static const char roce_nodmabuf[] = "device mlx5_0 dmabuf=no\n"
+				    "port 1 link=eth\ngid 1 ::ffff:10.1.0.1 type=v2\n";
 static const char roce_noatomic[] = "device mlx5_0 atomic=no\n"
 				    "port 1 link=eth\ngid 1 ::ffff:10.1.0.1 type=v2\n";
 
@@ -651,6 +659,8 @@ static void test_random_mix(void **state)
 		mix_run(base * 3 + k);
 }
 
+#include "rma_ib_gpu.h"
+
 /* ---- harness ----------------------------------------------------------------- */
 
 /* The fake provider's files and variables (not used live). */
@@ -690,6 +700,19 @@ static int group_setup(void **state)
 	setenv("NCCL_RAIL_CONNECT_TIMEOUT", live ? "60" : "20", 1);
 	if (!live && access(fakelib, R_OK))
 		return 0;
+	if (!live) {
+		const char *env = getenv("RAIL_FAKECUDA_LIB");
+
+		if (env && env[0])
+			snprintf(fakecuda, sizeof(fakecuda), "%s", env);
+		setenv("RAIL_FAKECUDA_LIB", fakecuda, 1);	/* the fake verbs reach its memory */
+		fcu = dlopen(fakecuda, RTLD_NOW | RTLD_LOCAL);
+		if (fcu) {
+			*(void **)&fcu_alloc = dlsym(fcu, "fcu_test_alloc_device");
+			*(void **)&fcu_host = dlsym(fcu, "fcu_test_host");
+			*(void **)&fcu_dmabuf = dlsym(fcu, "fcu_test_dmabuf");
+		}
+	}
 	lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
 	if (lib)
 		rma = dlsym(lib, "ncclRmaPlugin_v14");
@@ -703,6 +726,8 @@ static int group_teardown(void **state)
 	(void)state;
 	if (lib)
 		dlclose(lib);
+	if (fcu)
+		dlclose(fcu);
 	snprintf(cmd, sizeof(cmd), "rm -rf '%s'", tmpdir);
 	if (tmpdir[0] && system(cmd) != 0)
 		print_message("could not remove %s\n", tmpdir);
@@ -750,6 +775,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_signal_after_puts, need_plugin),
 		cmocka_unit_test_setup(test_errors_named, need_plugin),
 		cmocka_unit_test_setup(test_random_mix, need_plugin),
+		cmocka_unit_test_setup(test_gpu_dmabuf, need_plugin),
+		cmocka_unit_test_setup(test_gpu_peermem, need_plugin),
+		cmocka_unit_test_setup(test_gpu_host_only, need_plugin),
 	};
 	const char *req = getenv("RAIL_TEST_REQUIRE_RDMA"), *lv = getenv("RMA_IB_LIVE");
 	char build_dir[PATH_MAX], why[256] = "";
@@ -777,6 +805,8 @@ int main(int argc, char **argv)
 	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
 	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
 	snprintf(fakelib, sizeof(fakelib), "%.*s/test/fakeverbs/libfakeverbs.so", PATH_MAX - 64,
+		 build_dir);
+	snprintf(fakecuda, sizeof(fakecuda), "%.*s/test/fakecuda/libfakecuda.so", PATH_MAX - 64,
 		 build_dir);
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
