@@ -52,16 +52,19 @@ struct rail_ib_mr_ent {
 	struct ibv_mr *mr;
 };
 
+/* Any thread may register (RMA ranks of one process): every first caller stores the same value. */
 static size_t page_size(void)
 {
-	static size_t pg;
+	static _Atomic size_t pg;
+	size_t v = atomic_load_explicit(&pg, memory_order_relaxed);
 
-	if (!pg) {
-		long v = sysconf(_SC_PAGESIZE);
+	if (!v) {
+		long sys = sysconf(_SC_PAGESIZE);
 
-		pg = v > 0 ? (size_t)v : 4096;
+		v = sys > 0 ? (size_t)sys : 4096;
+		atomic_store_explicit(&pg, v, memory_order_relaxed);
 	}
-	return pg;
+	return v;
 }
 
 /* An entry covering [s, e) with these rights (sorted by start). */
