@@ -98,7 +98,7 @@ static void kick(struct tcp_stream *s)
 	wake(t);
 }
 
-static int try_serve(struct tcp_stream *s, size_t budget);
+static int try_serve(struct tcp_stream *s, size_t budget, int helper);
 
 /* Chunks of every comm of the process pushed and not yet done (moved, or acknowledged). */
 static _Atomic int pool_queued;
@@ -126,7 +126,7 @@ void tcp_pool_push(struct tcp_comm *c, int sock, void *buf, size_t len, struct t
 	atomic_store_explicit(&s->head, head + 1, memory_order_release);
 	if (direct)
 		atomic_fetch_add_explicit(&direct_chunks, 1, memory_order_relaxed);
-	if (!direct || try_serve(s, TCP_HELP_BYTES) > 0)
+	if (!direct || try_serve(s, TCP_HELP_BYTES, 0) > 0)
 		kick(s);
 }
 
@@ -230,7 +230,6 @@ static int move_some(struct tcp_stream *s, const struct tcp_task *t, size_t *bud
 	return 0;
 }
 
-static _Thread_local int on_helper;	/* this thread is a helper */
 
 void tcp_pool_counts(uint64_t *direct, uint64_t *helper)
 {
@@ -239,9 +238,9 @@ void tcp_pool_counts(uint64_t *direct, uint64_t *helper)
 }
 
 /* A chunk is done: its request may complete (the profiler event ends first). */
-static void task_done(struct tcp_task *t)
+static void task_done(struct tcp_task *t, int helper)
 {
-	if (on_helper)
+	if (helper)
 		atomic_fetch_add_explicit(&helper_chunks, 1, memory_order_relaxed);
 	atomic_fetch_sub_explicit(&pool_queued, 1, memory_order_relaxed);
 	/* Before the request can complete: NCCL ends the parent step after that. */
@@ -262,12 +261,12 @@ static void ack_advance(struct tcp_stream *s)
 		return;
 	acked = s->moved - RAIL_MIN((uint64_t)outq, s->moved);
 	while (k != tail && s->ring[k & s->mask].start + s->ring[k & s->mask].len <= acked)
-		task_done(&s->ring[k++ & s->mask]);
+		task_done(&s->ring[k++ & s->mask], 0);
 	atomic_store_explicit(&s->ack_tail, k, memory_order_release);
 }
 
 /* Serve one socket (s->busy held): 1 while it has chunks it can move now, 0 when empty or not ready. */
-static int serve(struct tcp_stream *s, size_t budget)
+static int serve(struct tcp_stream *s, size_t budget, int helper)
 {
 	struct tcp_comm *c = s->comm;
 
@@ -312,7 +311,7 @@ static int serve(struct tcp_stream *s, size_t budget)
 				return 1;
 			continue;
 		}
-		task_done(t);
+		task_done(t, helper);
 		atomic_store_explicit(&s->tail, tail + 1, memory_order_release);
 		atomic_store_explicit(&s->ack_tail, tail + 1, memory_order_release);
 		if (!budget)
@@ -326,7 +325,7 @@ static int serve(struct tcp_stream *s, size_t budget)
  * ready, -1 when another thread holds it (which then looks again, so no
  * readiness is lost).
  */
-static int try_serve(struct tcp_stream *s, size_t budget)
+static int try_serve(struct tcp_stream *s, size_t budget, int helper)
 {
 	int more = 0;
 
@@ -335,7 +334,7 @@ static int try_serve(struct tcp_stream *s, size_t budget)
 		if (atomic_exchange(&s->busy, 1))
 			return -1;
 		atomic_store(&s->again, 0);
-		more = serve(s, budget);
+		more = serve(s, budget, helper);
 		atomic_store(&s->busy, 0);
 	}
 	return more;
@@ -350,7 +349,7 @@ void tcp_pool_help(struct tcp_comm *c)
 		    atomic_load_explicit(&s->tail, memory_order_acquire))
 			continue;
 		/* Chunks left: the owner takes over (it may have seen it busy). */
-		if (try_serve(s, TCP_HELP_BYTES) > 0)
+		if (try_serve(s, TCP_HELP_BYTES, 0) > 0)
 			kick(s);
 	}
 }
@@ -464,7 +463,6 @@ static void *pool_main(void *arg)
 	struct tcp_pool_thread *t = arg;
 	uint64_t idle_since = 0;
 
-	on_helper = 1;
 	while (!atomic_load(&t->stop)) {
 		struct tcp_stream *s, *next;
 
@@ -472,7 +470,7 @@ static void *pool_main(void *arg)
 		take_inbox(t);
 		for (s = t->act_head; s; s = next) {
 			next = s->act_next;
-			if (try_serve(s, TCP_TURN_BYTES) <= 0)
+			if (try_serve(s, TCP_TURN_BYTES, 1) <= 0)
 				deactivate(t, s);
 		}
 	}
@@ -775,7 +773,7 @@ int64_t tcp_pool_resume_send(struct tcp_comm *c, int i, uint64_t pos, int fd)
 	if (pos < base || pos > s->moved)
 		return -EPROTO;
 	while (k != head && s->ring[k & s->mask].start + s->ring[k & s->mask].len <= pos)
-		task_done(&s->ring[k++ & s->mask]);
+		task_done(&s->ring[k++ & s->mask], 0);
 	atomic_store_explicit(&s->ack_tail, k, memory_order_release);
 	atomic_store_explicit(&s->tail, k, memory_order_release);
 	s->off = k != head ? (size_t)(pos - s->ring[k & s->mask].start) : 0;
