@@ -55,36 +55,36 @@ static void gpu_traffic(struct rank *r, char *gwin, uint64_t *gsig, void *gwin_m
 	const uint64_t *hs = fcu_host(gsig);
 	void *req[MAXR];
 
-	for (int p = 0; p < g->n; p++)
+	for (int p = 0; p < g->h.n; p++)
 		for (size_t i = 0; i < g->slot; i++)
-			r->src[(size_t)p * g->slot + i] = (char)pattern(r->rank, p, i);
-	for (int p = 0; p < g->n; p++)
+			r->src[(size_t)p * g->slot + i] = (char)rmah_pattern(r->rank, p, i);
+	for (int p = 0; p < g->h.n; p++)
 		ROK(r, rma->iputSignal(r->rctx, 0, (uint64_t)p * g->slot, r->src_mh, g->slot,
 				       (uint64_t)r->rank * g->slot, gwin_mh, (uint32_t)p,
 				       (uint64_t)r->rank * 8, gsig_mh, 1, NCCL_NET_SIGNAL_OP_ADD,
 				       true, &req[p]));
-	for (int p = 0; p < g->n && !r->fail[0]; p++)
+	for (int p = 0; p < g->h.n && !r->fail[0]; p++)
 		ROK(r, wait_req(r, req[p]));
-	for (int q = 0; q < g->n && !r->fail[0]; q++) {
-		uint64_t until = now_ns() + wait_ns;
+	for (int q = 0; q < g->h.n && !r->fail[0]; q++) {
+		uint64_t until = rmah_now_ns() + wait_ns;
 
-		while (__atomic_load_n(&hs[q], __ATOMIC_ACQUIRE) < 1 && now_ns() < until)
+		while (__atomic_load_n(&hs[q], __ATOMIC_ACQUIRE) < 1 && rmah_now_ns() < until)
 			sched_yield();
 		RCHECK(r, hs[q] == 1, "GPU signal word of rank %d is %llu", q,
 		       (unsigned long long)hs[q]);
 		for (size_t i = 0; i < g->slot && !r->fail[0]; i++)
-			RCHECK(r, (uint8_t)hw[(size_t)q * g->slot + i] == pattern(q, r->rank, i),
+			RCHECK(r, (uint8_t)hw[(size_t)q * g->slot + i] == rmah_pattern(q, r->rank, i),
 			       "GPU window: byte %zu from rank %d", i, q);
 	}
-	pthread_barrier_wait(&g->bar);
-	for (int p = 0; p < g->n && !r->fail[0]; p++) {
-		size_t wsize = (size_t)g->n * g->slot;
+	pthread_barrier_wait(&g->h.bar);
+	for (int p = 0; p < g->h.n && !r->fail[0]; p++) {
+		size_t wsize = (size_t)g->h.n * g->slot;
 
 		memset(r->got, 0, wsize);
 		ROK(r, rma->iget(r->rctx, 0, 0, gwin_mh, wsize, 0, r->got_mh, (uint32_t)p, &req[0]));
 		ROK(r, wait_req(r, req[0]));
 		for (size_t i = 0; i < wsize && !r->fail[0]; i++)
-			RCHECK(r, (uint8_t)r->got[i] == pattern((int)(i / g->slot), p, i % g->slot),
+			RCHECK(r, (uint8_t)r->got[i] == rmah_pattern((int)(i / g->slot), p, i % g->slot),
 			       "iget of rank %d's GPU window: byte %zu", p, i);
 	}
 }
@@ -111,8 +111,8 @@ static void gpu_flush(struct rank *r, uint64_t *gsig, void *gsig_mh)
 static void body_gpu(struct rank *r)
 {
 	struct grp *g = r->g;
-	char *gwin = fcu_alloc((size_t)g->n * g->slot);
-	uint64_t *gsig = fcu_alloc((size_t)g->n * 8);
+	char *gwin = fcu_alloc((size_t)g->h.n * g->slot);
+	uint64_t *gsig = fcu_alloc((size_t)g->h.n * 8);
 	void *gwin_mh = NULL, *gsig_mh = NULL;
 	ncclNetProperties_v12_t props;
 	int want = gpu_way == GPU_DMABUF ? NCCL_PTR_HOST | NCCL_PTR_DMABUF
@@ -121,20 +121,20 @@ static void body_gpu(struct rank *r)
 
 	ROK(r, rma->getProperties(0, &props));
 	RCHECK(r, props.ptrSupport == want, "ptrSupport %d, want %d", props.ptrSupport, want);
-	res = reg_gpu(r, gwin, (size_t)g->n * g->slot, 0, &gwin_mh);
+	res = reg_gpu(r, gwin, (size_t)g->h.n * g->slot, 0, &gwin_mh);
 	if (gpu_way == GPU_NONE) {
 		RCHECK(r, res != ncclSuccess && !gwin_mh, "a GPU window on a host-only device");
 		return;
 	}
 	RCHECK(r, res == ncclSuccess, "GPU window: %d", res);
-	ROK(r, reg_gpu(r, gsig, (size_t)g->n * 8,
+	ROK(r, reg_gpu(r, gsig, (size_t)g->h.n * 8,
 		       NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &gsig_mh));
-	pthread_barrier_wait(&g->bar);
+	pthread_barrier_wait(&g->h.bar);
 	if (!r->fail[0])
 		gpu_traffic(r, gwin, gsig, gwin_mh, gsig_mh);
 	if (!r->fail[0])
 		gpu_flush(r, gsig, gsig_mh);
-	pthread_barrier_wait(&g->bar);	/* nobody reaches a window going away */
+	pthread_barrier_wait(&g->h.bar);	/* nobody reaches a window going away */
 	if (gwin_mh)
 		ROK(r, rma->deregMrSym(r->coll, gwin_mh));
 	if (gsig_mh)

@@ -10,25 +10,23 @@
  */
 #include "unit.h"
 
-#include <dlfcn.h>
 #include <limits.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "rail.h"
+#include "rma_harness.h"
 #include "rma_v14.h"
 
 static char plugin[PATH_MAX];
 static void *lib;
 static ncclRma_v14_t *rma;
 
-#define MAXR 4
+#define MAXR RMAH_MAXR
 #define WAIT_NS (30ull * 1000000000ull)
-#define HSIZE NCCL_NET_HANDLE_MAXSIZE
+#define HSIZE RMAH_HSIZE
 
 /*
  * A group: n ranks (threads), each an NCCL communicator of its own: init,
@@ -40,14 +38,11 @@ struct rank;
 typedef void (*body_fn)(struct rank *r);
 
 struct grp {
-	int n;
+	struct rmah_group h;	/* n, handles, hptr, bar */
 	int nctx;
 	int stride;
 	size_t slot;
 	int stagger_ms;		/* rank r reaches connect r x this late */
-	char handles[MAXR][HSIZE];
-	void *hptr[MAXR];
-	pthread_barrier_t bar;
 	body_fn body;
 	struct rank *r[MAXR];
 };
@@ -60,47 +55,14 @@ struct rank {
 	uint64_t *sig;
 	void *src_mh, *win_mh, *sig_mh;
 	char fail[512];
-	pthread_t th;
 };
-
-#define RFAIL(r, ...)                                                              \
-	do {                                                                       \
-		if (!(r)->fail[0])                                                 \
-			snprintf((r)->fail, sizeof((r)->fail), __VA_ARGS__);       \
-	} while (0)
-#define RCHECK(r, cond, ...)                                                       \
-	do {                                                                       \
-		if (!(cond) && !(r)->fail[0]) {                                    \
-			int n_ = snprintf((r)->fail, sizeof((r)->fail),            \
-					  "rank %d, line %d: %s: ", (r)->rank, __LINE__, #cond); \
-			snprintf((r)->fail + n_, sizeof((r)->fail) - (size_t)n_, __VA_ARGS__); \
-		}                                                                  \
-	} while (0)
-#define ROK(r, call) RCHECK(r, (call) == ncclSuccess, "%s", "the call failed")
-
-static uint64_t now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static uint8_t pattern(int from, int to, size_t i)
-{
-	return (uint8_t)(from * 31 + to * 7 + i * 13 + 1);
-}
 
 /* Test until done: the result of the last test (a timeout fails the rank). */
 static ncclResult_t wait_req(struct rank *r, void *req)
 {
-	uint64_t until = now_ns() + WAIT_NS;
-	int done = 0;
 	ncclResult_t res;
+	int done = rmah_test_until(rma->test, r->coll, req, WAIT_NS, 0, &res);
 
-	do {
-		res = rma->test(r->coll, req, &done);
-	} while (res == ncclSuccess && !done && now_ns() < until);
 	RCHECK(r, res != ncclSuccess || done, "request %p not done in 30 s", req);
 	return res;
 }
@@ -108,17 +70,11 @@ static ncclResult_t wait_req(struct rank *r, void *req)
 /* The signal word of rank from reaches at least want (the applier does it alone). */
 static int wait_sig(struct rank *r, int from, uint64_t want)
 {
-	uint64_t until = now_ns() + WAIT_NS;
-
-	while (__atomic_load_n(&r->sig[from], __ATOMIC_ACQUIRE) < want) {
-		if (now_ns() > until) {
-			RFAIL(r, "rank %d: signal of rank %d is %llu, waited for %llu", r->rank, from,
-			      (unsigned long long)r->sig[from], (unsigned long long)want);
-			return 0;
-		}
-		sched_yield();
-	}
-	return 1;
+	if (rmah_wait_word(&r->sig[from], want, WAIT_NS))
+		return 1;
+	RFAIL(r, "rank %d: signal of rank %d is %llu, waited for %llu", r->rank, from,
+	      (unsigned long long)r->sig[from], (unsigned long long)want);
+	return 0;
 }
 
 static void rank_up(struct rank *r)
@@ -126,30 +82,30 @@ static void rank_up(struct rank *r)
 	struct grp *g = r->g;
 	ncclRmaConfig_v14_t cfg = { .nContexts = g->nctx, .trafficClass = -1,
 				    .rankStride = g->stride };
-	size_t wsize = (size_t)g->n * g->slot;
+	size_t wsize = (size_t)g->h.n * g->slot;
 
 	ROK(r, rma->init(&r->ctx, 0x1000 + (uint64_t)r->rank, unit_log_sink));
-	ROK(r, rma->listen(r->ctx, 0, g->handles[r->rank], &r->lc));
-	pthread_barrier_wait(&g->bar);		/* NCCL's allgather of the handles */
+	ROK(r, rma->listen(r->ctx, 0, g->h.handles[r->rank], &r->lc));
+	pthread_barrier_wait(&g->h.bar);		/* NCCL's allgather of the handles */
 	usleep((useconds_t)(g->stagger_ms * r->rank) * 1000);
 	/* NCCL 2.30.7's host RMA passes another plugin's context here: never read. */
-	ROK(r, rma->connect((void *)(uintptr_t)0x7a7a7a7a7a7a7a7aull, g->hptr, g->n, r->rank,
+	ROK(r, rma->connect((void *)(uintptr_t)0x7a7a7a7a7a7a7a7aull, g->h.hptr, g->h.n, r->rank,
 			    r->lc, &r->coll));
 	ROK(r, rma->closeListen(r->lc));
 	ROK(r, rma->createContext(r->coll, &cfg, &r->rctx));
 	r->src = calloc(1, wsize);
 	r->win = calloc(1, wsize);
-	r->sig = calloc((size_t)g->n + 1, 8);
+	r->sig = calloc((size_t)g->h.n + 1, 8);
 	ROK(r, rma->regMrSym(r->coll, r->src, wsize, NCCL_PTR_HOST, 0, &r->src_mh));
 	ROK(r, rma->regMrSym(r->coll, r->win, wsize, NCCL_PTR_HOST, 0, &r->win_mh));
-	ROK(r, rma->regMrSym(r->coll, r->sig, ((size_t)g->n + 1) * 8, NCCL_PTR_HOST,
+	ROK(r, rma->regMrSym(r->coll, r->sig, ((size_t)g->h.n + 1) * 8, NCCL_PTR_HOST,
 			     NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET,
 			     &r->sig_mh));
 }
 
 static void rank_down(struct rank *r)
 {
-	pthread_barrier_wait(&r->g->bar);	/* nobody puts into what is going away */
+	pthread_barrier_wait(&r->g->h.bar);	/* nobody puts into what is going away */
 	if (r->coll) {
 		ROK(r, rma->deregMrSym(r->coll, r->src_mh));
 		ROK(r, rma->deregMrSym(r->coll, r->win_mh));
@@ -168,7 +124,7 @@ static void *rank_main(void *arg)
 	struct rank *r = arg;
 
 	rank_up(r);
-	pthread_barrier_wait(&r->g->bar);
+	pthread_barrier_wait(&r->g->h.bar);
 	if (!r->fail[0])
 		r->g->body(r);
 	rank_down(r);
@@ -180,28 +136,21 @@ static int next_stagger_ms;
 
 static void run_group(int n, int nctx, int stride, size_t slot, body_fn body)
 {
-	struct grp g = { .n = n, .nctx = nctx, .stride = stride, .slot = slot, .body = body,
+	struct grp g = { .nctx = nctx, .stride = stride, .slot = slot, .body = body,
 			 .stagger_ms = next_stagger_ms };
 	struct rank rs[MAXR];
+	const char *fail;
 
 	memset(rs, 0, sizeof(rs));
-	pthread_barrier_init(&g.bar, NULL, (unsigned)n);
 	for (int i = 0; i < n; i++) {
-		g.hptr[i] = g.handles[i];
 		rs[i].g = &g;
 		rs[i].rank = i;
 		g.r[i] = &rs[i];
 	}
-	for (int i = 0; i < n; i++)
-		assert_int_equal(pthread_create(&rs[i].th, NULL, rank_main, &rs[i]), 0);
-	for (int i = 0; i < n; i++)
-		pthread_join(rs[i].th, NULL);
-	pthread_barrier_destroy(&g.bar);
-	for (int i = 0; i < n; i++) {
-		if (rs[i].fail[0]) {
-			unit_log_dump();
-			fail_msg("%s", rs[i].fail);
-		}
+	fail = RMAH_RUN(&g.h, n, rs, rank_main);
+	if (fail) {
+		unit_log_dump();
+		fail_msg("%s", fail);
 	}
 }
 
@@ -290,9 +239,9 @@ static void body_put_signal_get(struct rank *r)
 	int ctx = g->nctx - 1;
 
 	for (size_t i = 0; i < g->slot; i++)
-		for (int p = 0; p < g->n; p++)
-			r->src[(size_t)p * g->slot + i] = (char)pattern(r->rank, p, i);
-	for (int p = 0; p < g->n; p++) {
+		for (int p = 0; p < g->h.n; p++)
+			r->src[(size_t)p * g->slot + i] = (char)rmah_pattern(r->rank, p, i);
+	for (int p = 0; p < g->h.n; p++) {
 		ROK(r, rma->iputSignal(r->rctx, ctx, (uint64_t)p * g->slot, r->src_mh, g->slot,
 				       (uint64_t)r->rank * g->slot, r->win_mh, (uint32_t)p,
 				       (uint64_t)r->rank * 8, r->sig_mh, 1000 + (uint64_t)r->rank,
@@ -300,23 +249,23 @@ static void body_put_signal_get(struct rank *r)
 				       true, &req[p]));
 		RCHECK(r, req[p] != NULL, "iputSignal to rank %d gave no request", p);
 	}
-	for (int p = 0; p < g->n; p++)
+	for (int p = 0; p < g->h.n; p++)
 		ROK(r, wait_req(r, req[p]));
-	for (int q = 0; q < g->n; q++) {
+	for (int q = 0; q < g->h.n; q++) {
 		if (!wait_sig(r, q, q % 2 ? 1000 + (uint64_t)q : 1))
 			return;
 		RCHECK(r, r->sig[q] == (q % 2 ? 1000 + (uint64_t)q : 1), "signal %d is %llu", q,
 		       (unsigned long long)r->sig[q]);
 		for (size_t i = 0; i < g->slot; i++) {
-			if ((uint8_t)r->win[(size_t)q * g->slot + i] != pattern(q, r->rank, i)) {
+			if ((uint8_t)r->win[(size_t)q * g->slot + i] != rmah_pattern(q, r->rank, i)) {
 				RFAIL(r, "rank %d: byte %zu from rank %d is wrong", r->rank, i, q);
 				return;
 			}
 		}
 	}
-	pthread_barrier_wait(&g->bar);	/* every window complete: read them back */
-	for (int p = 0; p < g->n; p++) {
-		for (int q = 0; q < g->n; q++) {
+	pthread_barrier_wait(&g->h.bar);	/* every window complete: read them back */
+	for (int p = 0; p < g->h.n; p++) {
+		for (int q = 0; q < g->h.n; q++) {
 			void *rq = NULL;
 
 			ROK(r, rma->iget(r->rctx, 0, (uint64_t)q * g->slot, r->win_mh, g->slot,
@@ -324,7 +273,7 @@ static void body_put_signal_get(struct rank *r)
 			RCHECK(r, rq != NULL, "iget from rank %d gave no request", p);
 			ROK(r, wait_req(r, rq));
 			for (size_t i = 0; i < g->slot; i++) {
-				if ((uint8_t)r->src[(size_t)q * g->slot + i] != pattern(q, p, i)) {
+				if ((uint8_t)r->src[(size_t)q * g->slot + i] != rmah_pattern(q, p, i)) {
 					RFAIL(r, "rank %d: iget from rank %d, slot %d: byte %zu is wrong",
 					      r->rank, p, q, i);
 					return;
@@ -359,7 +308,7 @@ static void body_size0(struct rank *r)
 {
 	struct grp *g = r->g;
 
-	for (int p = 0; p < g->n; p++) {
+	for (int p = 0; p < g->h.n; p++) {
 		void *a = NULL, *b = NULL;
 
 		ROK(r, rma->iput(r->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)p, &a));
@@ -374,7 +323,7 @@ static void body_size0(struct rank *r)
 		ROK(r, wait_req(r, b));
 		ROK(r, wait_req(r, c));
 	}
-	for (int q = 0; q < g->n; q++) {
+	for (int q = 0; q < g->h.n; q++) {
 		wait_sig(r, q, 5);
 		RCHECK(r, r->sig[q] == 5, "signal of rank %d is %llu", q,
 		       (unsigned long long)r->sig[q]);
@@ -424,8 +373,8 @@ static void load_replay(char *ref, int from, size_t wsize)
 static void body_load(struct rank *r)
 {
 	struct grp *g = r->g;
-	size_t wsize = (size_t)g->n * g->slot;
-	int to = (r->rank + 1) % g->n, from = (r->rank + g->n - 1) % g->n;
+	size_t wsize = (size_t)g->h.n * g->slot;
+	int to = (r->rank + 1) % g->h.n, from = (r->rank + g->h.n - 1) % g->h.n;
 	char *ref = calloc(1, wsize);
 	void *req[32] = { 0 };
 
@@ -467,8 +416,8 @@ static void body_load(struct rank *r)
 static void body_load_inflight(struct rank *r)
 {
 	struct grp *g = r->g;
-	size_t half = (size_t)g->n * g->slot / 2;
-	int to = (r->rank + 1) % g->n, from = (r->rank + g->n - 1) % g->n;
+	size_t half = (size_t)g->h.n * g->slot / 2;
+	int to = (r->rank + 1) % g->h.n, from = (r->rank + g->h.n - 1) % g->h.n;
 	void *req[32] = { 0 };
 	unsigned k = 0;
 
@@ -524,7 +473,7 @@ static void test_ordering_under_load(void **state)
 static void body_stride(struct rank *r)
 {
 	struct grp *g = r->g;
-	int to = (r->rank + 2) % g->n, from = (r->rank + 2) % g->n;
+	int to = (r->rank + 2) % g->h.n, from = (r->rank + 2) % g->h.n;
 	void *req = NULL;
 
 	memset(r->src, r->rank + 1, g->slot);
@@ -557,8 +506,8 @@ static void test_stride(void **state)
 static void body_bounds(struct rank *r)
 {
 	struct grp *g = r->g;
-	size_t wsize = (size_t)g->n * g->slot;
-	int to = (r->rank + 1) % g->n;
+	size_t wsize = (size_t)g->h.n * g->slot;
+	int to = (r->rank + 1) % g->h.n;
 	void *req = NULL;
 
 	RCHECK(r, rma->iput(r->rctx, 0, 0, r->src_mh, 16, wsize - 8, r->win_mh, (uint32_t)to,
@@ -568,7 +517,7 @@ static void body_bounds(struct rank *r)
 	RCHECK(r, rma->iput(r->rctx, 0, 0, r->src_mh, 16, UINT64_MAX - 4, r->win_mh,
 			    (uint32_t)to, &req) != ncclSuccess, "%s", "an offset that wraps passed");
 	RCHECK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)to,
-				  (uint64_t)g->n * 8 + 8, r->sig_mh, 1, NCCL_NET_SIGNAL_OP_INC, true,
+				  (uint64_t)g->h.n * 8 + 8, r->sig_mh, 1, NCCL_NET_SIGNAL_OP_INC, true,
 				  &req) != ncclSuccess, "%s", "a signal past the window passed");
 	RCHECK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)to, 4, r->sig_mh, 1,
 				  NCCL_NET_SIGNAL_OP_INC, true, &req) != ncclSuccess, "%s",
@@ -579,7 +528,7 @@ static void body_bounds(struct rank *r)
 	       ncclSuccess, "%s", "a get past the peer's window passed");
 	RCHECK(r, rma->iput(r->rctx, 1, 0, r->src_mh, 8, 0, r->win_mh, (uint32_t)to, &req) !=
 	       ncclSuccess, "%s", "context 1 of 1 passed");
-	RCHECK(r, rma->iput(r->rctx, 0, 0, r->src_mh, 8, 0, r->win_mh, (uint32_t)g->n, &req) !=
+	RCHECK(r, rma->iput(r->rctx, 0, 0, r->src_mh, 8, 0, r->win_mh, (uint32_t)g->h.n, &req) !=
 	       ncclSuccess, "%s", "rank n passed");
 	/* The group still works. */
 	ROK(r, rma->iputSignal(r->rctx, 0, 0, r->src_mh, 8, 0, r->win_mh, (uint32_t)to, 0,
@@ -615,11 +564,11 @@ static void test_out_of_bounds_refused(void **state)
 static void body_cuda(struct rank *r)
 {
 	void *mh = NULL;
-	uint64_t t0 = now_ns();
+	uint64_t t0 = rmah_now_ns();
 
 	RCHECK(r, rma->regMrSym(r->coll, r->win, 4096, NCCL_PTR_CUDA, 0, &mh) != ncclSuccess,
 	       "%s", "NCCL_PTR_CUDA was registered");
-	RCHECK(r, now_ns() - t0 < 5000000000ull, "%s", "the refusal took a timeout");
+	RCHECK(r, rmah_now_ns() - t0 < 5000000000ull, "%s", "the refusal took a timeout");
 	/* The indices stay in step: the next registration works everywhere. */
 	ROK(r, rma->regMrSym(r->coll, r->win, 4096, NCCL_PTR_HOST, 0, &mh));
 	ROK(r, rma->deregMrSym(r->coll, mh));
@@ -664,7 +613,7 @@ static void body_more_contexts(struct rank *r)
 {
 	struct grp *g = r->g;
 	ncclRmaConfig_v14_t cfg = { .nContexts = 2, .trafficClass = -1, .rankStride = 1 };
-	int to = (r->rank + 1) % g->n, from = (r->rank + g->n - 1) % g->n;
+	int to = (r->rank + 1) % g->h.n, from = (r->rank + g->h.n - 1) % g->h.n;
 	uint64_t want = 0;
 
 	for (int k = 0; k < 3 && !r->fail[0]; k++) {
@@ -681,7 +630,7 @@ static void body_more_contexts(struct rank *r)
 			want++;
 		}
 		wait_sig(r, from, want);
-		pthread_barrier_wait(&g->bar);
+		pthread_barrier_wait(&g->h.bar);
 		for (int i = 0; i < 2; i++) {
 			if (x[i])
 				ROK(r, rma->destroyContext(x[i]));
@@ -719,9 +668,9 @@ static void *fdl_rank(void *arg)
 	uint64_t t0;
 
 	pthread_barrier_wait(f->bar);	/* the limit is lowered */
-	t0 = now_ns();
+	t0 = rmah_now_ns();
 	f->res = rma->connect(NULL, f->hptr, 2, f->rank, f->lc, &f->coll);
-	f->took_ns = now_ns() - t0;
+	f->took_ns = rmah_now_ns() - t0;
 	return NULL;
 }
 
@@ -783,30 +732,21 @@ static void test_fd_limit_named(void **state)
 static int group_setup(void **state)
 {
 	(void)state;
-	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
-	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "20", 1);
-	lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
-	if (lib)
-		rma = dlsym(lib, "ncclRmaPlugin_v14");
+	rmah_tcp_env();
+	rma = rmah_open(plugin, "ncclRmaPlugin_v14", &lib);
 	return 0;
 }
 
 static int group_teardown(void **state)
 {
 	(void)state;
-	if (lib)
-		dlclose(lib);
-	return 0;
+	return rmah_close(lib);
 }
 
 static int need_plugin(void **state)
 {
 	(void)state;
-	if (!lib) {
-		printf("SKIP: %s not loadable (%s): run make plugin\n", plugin, dlerror());
-		skip();
-	}
+	rmah_need_plugin(lib, plugin);
 	return 0;
 }
 
@@ -827,11 +767,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_late_ranks_and_more_contexts, need_plugin),
 		cmocka_unit_test_setup(test_fd_limit_named, need_plugin),
 	};
-	char build_dir[PATH_MAX];
 
 	(void)argc;
 	alarm(300);	/* a hung group fails the run instead of holding it */
-	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
-	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
+	rmah_plugin_path(argv[0], plugin, sizeof(plugin));
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

@@ -18,16 +18,14 @@
  */
 #include "unit.h"
 
-#include <dlfcn.h>
 #include <limits.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "../fakecuda/fakecuda.h"
 #include "rail.h"
+#include "rma_harness.h"
 #include "rma_v14.h"
 
 static char plugin[PATH_MAX], fake_path[PATH_MAX];
@@ -43,18 +41,14 @@ static int (*fcu_set_ctx)(void *ctx);
 
 #define MAXR 3
 #define WAIT_NS (30ull * 1000000000ull)
-#define HSIZE NCCL_NET_HANDLE_MAXSIZE
 
 struct rank;
 typedef void (*body_fn)(struct rank *r);
 
 struct grp {
-	int n;
+	struct rmah_group h;	/* n, handles, hptr, bar */
 	size_t slot;
 	int host_only;		/* no GPU windows (the driver is missing) */
-	char handles[MAXR][HSIZE];
-	void *hptr[MAXR];
-	pthread_barrier_t bar;
 	body_fn body;
 };
 
@@ -67,50 +61,17 @@ struct rank {
 	uint64_t *sig, *vsig;
 	void *src_mh, *win_mh, *got_mh, *sig_mh, *vsig_mh;
 	char fail[512];
-	pthread_t th;
 };
-
-#define RFAIL(r, ...)                                                              \
-	do {                                                                       \
-		if (!(r)->fail[0])                                                 \
-			snprintf((r)->fail, sizeof((r)->fail), __VA_ARGS__);       \
-	} while (0)
-#define RCHECK(r, cond, ...)                                                       \
-	do {                                                                       \
-		if (!(cond) && !(r)->fail[0]) {                                    \
-			int n_ = snprintf((r)->fail, sizeof((r)->fail),            \
-					  "rank %d, line %d: %s: ", (r)->rank, __LINE__, #cond); \
-			snprintf((r)->fail + n_, sizeof((r)->fail) - (size_t)n_, __VA_ARGS__); \
-		}                                                                  \
-	} while (0)
-#define ROK(r, call) RCHECK(r, (call) == ncclSuccess, "%s", "the call failed")
 
 /* The host's view of device memory. */
 #define HV(p) ((char *)fcu_host(p))
 #define HV64(p) ((uint64_t *)fcu_host(p))
 
-static uint64_t now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static uint8_t pattern(int from, int to, size_t i)
-{
-	return (uint8_t)(from * 31 + to * 7 + i * 13 + 1);
-}
-
 static ncclResult_t wait_req(struct rank *r, void *req)
 {
-	uint64_t until = now_ns() + WAIT_NS;
-	int done = 0;
 	ncclResult_t res;
+	int done = rmah_test_until(rma->test, r->coll, req, WAIT_NS, 0, &res);
 
-	do {
-		res = rma->test(r->coll, req, &done);
-	} while (res == ncclSuccess && !done && now_ns() < until);
 	RCHECK(r, res != ncclSuccess || done, "request %p not done in 30 s", req);
 	return res;
 }
@@ -118,17 +79,13 @@ static ncclResult_t wait_req(struct rank *r, void *req)
 /* A signal word in device memory, polled through the fake, reaches want. */
 static int wait_word(struct rank *r, uint64_t *dword, uint64_t want, const char *what)
 {
-	uint64_t until = now_ns() + WAIT_NS, *w = HV64(dword);
+	uint64_t *w = HV64(dword);
 
-	while (__atomic_load_n(w, __ATOMIC_ACQUIRE) < want) {
-		if (now_ns() > until) {
-			RFAIL(r, "rank %d: %s is %llu, waited for %llu", r->rank, what,
-			      (unsigned long long)*w, (unsigned long long)want);
-			return 0;
-		}
-		sched_yield();
-	}
-	return 1;
+	if (rmah_wait_word(w, want, WAIT_NS))
+		return 1;
+	RFAIL(r, "rank %d: %s is %llu, waited for %llu", r->rank, what, (unsigned long long)*w,
+	      (unsigned long long)want);
+	return 0;
 }
 
 static void reg(struct rank *r, void *p, size_t n, int flags, void **mh)
@@ -141,13 +98,13 @@ static void rank_up(struct rank *r)
 {
 	struct grp *g = r->g;
 	ncclRmaConfig_v14_t cfg = { .nContexts = 2, .trafficClass = -1, .rankStride = 1 };
-	size_t wsize = (size_t)g->n * g->slot, ssize = ((size_t)g->n + 1) * 8;
+	size_t wsize = (size_t)g->h.n * g->slot, ssize = ((size_t)g->h.n + 1) * 8;
 
 	fcu_current();		/* NCCL's thread: its device is current */
 	ROK(r, rma->init(&r->ctx, 0x2000 + (uint64_t)r->rank, unit_log_sink));
-	ROK(r, rma->listen(r->ctx, 0, g->handles[r->rank], &r->lc));
-	pthread_barrier_wait(&g->bar);
-	ROK(r, rma->connect(NULL, g->hptr, g->n, r->rank, r->lc, &r->coll));
+	ROK(r, rma->listen(r->ctx, 0, g->h.handles[r->rank], &r->lc));
+	pthread_barrier_wait(&g->h.bar);
+	ROK(r, rma->connect(NULL, g->h.hptr, g->h.n, r->rank, r->lc, &r->coll));
 	ROK(r, rma->closeListen(r->lc));
 	ROK(r, rma->createContext(r->coll, &cfg, &r->rctx));
 	if (g->host_only)
@@ -167,7 +124,7 @@ static void rank_up(struct rank *r)
 
 static void rank_down(struct rank *r)
 {
-	pthread_barrier_wait(&r->g->bar);
+	pthread_barrier_wait(&r->g->h.bar);
 	fcu_current();
 	if (r->coll && !r->g->host_only) {
 		ROK(r, rma->deregMrSym(r->coll, r->src_mh));
@@ -188,7 +145,7 @@ static void *rank_main(void *arg)
 	struct rank *r = arg;
 
 	rank_up(r);
-	pthread_barrier_wait(&r->g->bar);
+	pthread_barrier_wait(&r->g->h.bar);
 	fcu_set_ctx(NULL);	/* NCCL's progress thread: no context */
 	if (!r->fail[0])
 		r->g->body(r);
@@ -198,27 +155,20 @@ static void *rank_main(void *arg)
 
 static void run_group(int n, size_t slot, int host_only, body_fn body)
 {
-	struct grp g = { .n = n, .slot = slot, .host_only = host_only, .body = body };
+	struct grp g = { .slot = slot, .host_only = host_only, .body = body };
 	struct rank rs[MAXR];
 	unsigned long refused = fcu_refused();
+	const char *fail;
 
 	memset(rs, 0, sizeof(rs));
-	pthread_barrier_init(&g.bar, NULL, (unsigned)n);
 	for (int i = 0; i < n; i++) {
-		g.hptr[i] = g.handles[i];
 		rs[i].g = &g;
 		rs[i].rank = i;
 	}
-	for (int i = 0; i < n; i++)
-		assert_int_equal(pthread_create(&rs[i].th, NULL, rank_main, &rs[i]), 0);
-	for (int i = 0; i < n; i++)
-		pthread_join(rs[i].th, NULL);
-	pthread_barrier_destroy(&g.bar);
-	for (int i = 0; i < n; i++) {
-		if (rs[i].fail[0]) {
-			unit_log_dump();
-			fail_msg("%s", rs[i].fail);
-		}
+	fail = RMAH_RUN(&g.h, n, rs, rank_main);
+	if (fail) {
+		unit_log_dump();
+		fail_msg("%s", fail);
 	}
 	/* Every thread that called the driver had set the context first. */
 	assert_int_equal(fcu_refused(), refused);
@@ -271,13 +221,13 @@ static void body_put_signal_get(struct rank *r)
 	void *req[MAXR], *sreq[MAXR];
 	char *src = HV(r->src), *win = HV(r->win), *got = HV(r->got);
 
-	for (int p = 0; p < g->n; p++) {
+	for (int p = 0; p < g->h.n; p++) {
 		HV64(r->vsig)[p] = 5000 + (uint64_t)p;
 		for (size_t i = 0; i < g->slot; i++)
-			src[(size_t)p * g->slot + i] = (char)pattern(r->rank, p, i);
+			src[(size_t)p * g->slot + i] = (char)rmah_pattern(r->rank, p, i);
 	}
-	pthread_barrier_wait(&g->bar);
-	for (int p = 0; p < g->n; p++) {
+	pthread_barrier_wait(&g->h.bar);
+	for (int p = 0; p < g->h.n; p++) {
 		ROK(r, rma->iputSignal(r->rctx, 1, (uint64_t)p * g->slot, r->src_mh, g->slot,
 				       (uint64_t)r->rank * g->slot, r->win_mh, (uint32_t)p,
 				       (uint64_t)r->rank * 8, r->sig_mh, 1000 + (uint64_t)r->rank,
@@ -287,11 +237,11 @@ static void body_put_signal_get(struct rank *r)
 				       (uint64_t)r->rank * 8, r->vsig_mh, 7, NCCL_NET_SIGNAL_OP_ADD,
 				       true, &sreq[p]));
 	}
-	for (int p = 0; p < g->n; p++) {
+	for (int p = 0; p < g->h.n; p++) {
 		ROK(r, wait_req(r, req[p]));
 		ROK(r, wait_req(r, sreq[p]));
 	}
-	for (int from = 0; from < g->n && !r->fail[0]; from++) {
+	for (int from = 0; from < g->h.n && !r->fail[0]; from++) {
 		uint64_t want = from % 2 ? 1000 + (uint64_t)from : 1;
 
 		if (!wait_word(r, &r->sig[from], want, "signal") ||
@@ -302,23 +252,23 @@ static void body_put_signal_get(struct rank *r)
 		RCHECK(r, HV64(r->vsig)[from] == 5007 + (uint64_t)from, "VA signal of %d is %llu",
 		       from, (unsigned long long)HV64(r->vsig)[from]);
 		for (size_t i = 0; i < g->slot; i++) {
-			if ((uint8_t)win[(size_t)from * g->slot + i] != pattern(from, r->rank, i)) {
+			if ((uint8_t)win[(size_t)from * g->slot + i] != rmah_pattern(from, r->rank, i)) {
 				RFAIL(r, "rank %d: byte %zu from rank %d is wrong", r->rank, i, from);
 				return;
 			}
 		}
 	}
-	pthread_barrier_wait(&g->bar);	/* every window is complete */
-	for (int p = 0; p < g->n; p++) {
-		ROK(r, rma->iget(r->rctx, 0, (uint64_t)((r->rank + 1) % g->n) * g->slot, r->win_mh,
+	pthread_barrier_wait(&g->h.bar);	/* every window is complete */
+	for (int p = 0; p < g->h.n; p++) {
+		ROK(r, rma->iget(r->rctx, 0, (uint64_t)((r->rank + 1) % g->h.n) * g->slot, r->win_mh,
 				 g->slot, (uint64_t)p * g->slot, r->got_mh, (uint32_t)p, &req[p]));
 	}
-	for (int p = 0; p < g->n; p++) {
-		int from = (r->rank + 1) % g->n;
+	for (int p = 0; p < g->h.n; p++) {
+		int from = (r->rank + 1) % g->h.n;
 
 		ROK(r, wait_req(r, req[p]));
 		for (size_t i = 0; !r->fail[0] && i < g->slot; i++)
-			RCHECK(r, (uint8_t)got[(size_t)p * g->slot + i] == pattern(from, p, i),
+			RCHECK(r, (uint8_t)got[(size_t)p * g->slot + i] == rmah_pattern(from, p, i),
 			       "byte %zu got from rank %d", i, p);
 	}
 }
@@ -372,8 +322,8 @@ static char load_byte(int from, int i, size_t b)
 static void body_load(struct rank *r)
 {
 	struct grp *g = r->g;
-	size_t wsize = (size_t)g->n * g->slot;
-	int to = (r->rank + 1) % g->n, from = (r->rank + g->n - 1) % g->n;
+	size_t wsize = (size_t)g->h.n * g->slot;
+	int to = (r->rank + 1) % g->h.n, from = (r->rank + g->h.n - 1) % g->h.n;
 	char *ref = calloc(1, wsize), *win = HV(r->win), *src = HV(r->src);
 	struct load *mine = calloc(1, sizeof(*mine)), *theirs = calloc(1, sizeof(*theirs));
 	void *req[4] = { 0 }, *sreq = NULL;
@@ -456,27 +406,21 @@ static int group_setup(void **state)
 	(void)state;
 	if (env && env[0])
 		snprintf(fake_path, sizeof(fake_path), "%s", env);
-	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
-	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "20", 1);
+	rmah_tcp_env();
 	setenv("NCCL_RAIL_CUDA_LIB", fake_path, 1);
 	fake = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
 	if (fake && FCU("fcu_test_alloc_device", fcu_alloc) && FCU("fcu_test_host", fcu_host) &&
 	    FCU("fcu_test_make_current", fcu_current) && FCU("fcu_test_set_delay_us", fcu_delay) &&
 	    FCU("fcu_test_calls", fcu_calls) && FCU("fcu_test_refused", fcu_refused) &&
 	    FCU("cuCtxSetCurrent", fcu_set_ctx))
-		lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
-	if (lib)
-		rma = dlsym(lib, "ncclRmaPlugin_v14");
+		rma = rmah_open(plugin, "ncclRmaPlugin_v14", &lib);
 	return 0;
 }
 
 static int group_teardown(void **state)
 {
 	(void)state;
-	if (lib)
-		dlclose(lib);
-	return 0;
+	return rmah_close(lib);
 }
 
 static int need_plugin(void **state)
@@ -503,7 +447,7 @@ int main(int argc, char **argv)
 	(void)argc;
 	alarm(300);
 	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
-	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
+	rmah_plugin_path(argv[0], plugin, sizeof(plugin));
 	snprintf(fake_path, sizeof(fake_path), "%.*s/test/fakecuda/libfakecuda.so", PATH_MAX - 40,
 		 build_dir);
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);

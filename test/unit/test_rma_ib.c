@@ -23,9 +23,7 @@
  */
 #include "unit.h"
 
-#include <dlfcn.h>
 #include <limits.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -35,6 +33,7 @@
 #include "param.h"
 #include "rail.h"
 #include "rma/rma.h"
+#include "rma_harness.h"
 #include "rma_v14.h"
 #include "../fakecuda/fakecuda.h"
 
@@ -49,9 +48,8 @@ static fcu_alloc_device_fn fcu_alloc;
 static fcu_host_fn fcu_host;
 static fcu_dmabuf_fn fcu_dmabuf;
 
-#define MAXR 4
+#define MAXR RMAH_MAXR
 #define MAXC 2
-#define HSIZE NCCL_NET_HANDLE_MAXSIZE
 
 static const char roce[] = "device mlx5_0\nport 1 link=eth\ngid 1 ::ffff:10.1.0.1 type=v2\n";
 static const char roce_reorder[] = "device mlx5_0 reorder=yes reorder_delay=50\n"
@@ -71,12 +69,10 @@ struct rank;
 typedef void (*body_fn)(struct rank *r);
 
 struct grp {
-	int n, nctx;
+	struct rmah_group h;	/* n, handles, hptr, bar */
+	int nctx;
 	size_t slot;
 	uint64_t seed;
-	char handles[MAXR][HSIZE];
-	void *hptr[MAXR];
-	pthread_barrier_t bar;
 	body_fn body;
 };
 
@@ -89,48 +85,13 @@ struct rank {
 	void *src_mh, *win_mh, *sig_mh, *fixed_mh, *got_mh;
 	int win_gone;		/* a test deregistered it early */
 	char fail[512];
-	pthread_t th;
 };
-
-#define RFAIL(r, ...)                                                              \
-	do {                                                                       \
-		if (!(r)->fail[0])                                                 \
-			snprintf((r)->fail, sizeof((r)->fail), __VA_ARGS__);       \
-	} while (0)
-#define RCHECK(r, cond, ...)                                                       \
-	do {                                                                       \
-		if (!(cond) && !(r)->fail[0]) {                                    \
-			int n_ = snprintf((r)->fail, sizeof((r)->fail),            \
-					  "rank %d, line %d: %s: ", (r)->rank, __LINE__, #cond); \
-			snprintf((r)->fail + n_, sizeof((r)->fail) - (size_t)n_, __VA_ARGS__); \
-		}                                                                  \
-	} while (0)
-#define ROK(r, call) RCHECK(r, (call) == ncclSuccess, "%s", "the call failed")
-
-static uint64_t now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
-
-static uint8_t pattern(int from, int to, size_t i)
-{
-	return (uint8_t)(from * 31 + to * 7 + i * 13 + 1);
-}
 
 static ncclResult_t wait_req(struct rank *r, void *req)
 {
-	uint64_t until = now_ns() + wait_ns;
-	int done = 0;
 	ncclResult_t res;
+	int done = rmah_test_until(rma->test, r->coll, req, wait_ns, 1, &res);
 
-	do {
-		res = rma->test(r->coll, req, &done);
-		if (res == ncclSuccess && !done)
-			sched_yield();	/* more ranks than cores: let the others run */
-	} while (res == ncclSuccess && !done && now_ns() < until);
 	RCHECK(r, res != ncclSuccess || done, "request %p not done in %llu s", req,
 	       (unsigned long long)(wait_ns / 1000000000ull));
 	return res;
@@ -138,17 +99,11 @@ static ncclResult_t wait_req(struct rank *r, void *req)
 
 static int wait_sig(struct rank *r, int word, uint64_t want)
 {
-	uint64_t until = now_ns() + wait_ns;
-
-	while (__atomic_load_n(&r->sig[word], __ATOMIC_ACQUIRE) < want) {
-		if (now_ns() > until) {
-			RFAIL(r, "rank %d: signal word %d is %llu, waited for %llu", r->rank, word,
-			      (unsigned long long)r->sig[word], (unsigned long long)want);
-			return 0;
-		}
-		sched_yield();
-	}
-	return 1;
+	if (rmah_wait_word(&r->sig[word], want, wait_ns))
+		return 1;
+	RFAIL(r, "rank %d: signal word %d is %llu, waited for %llu", r->rank, word,
+	      (unsigned long long)r->sig[word], (unsigned long long)want);
+	return 0;
 }
 
 static void reg(struct rank *r, void *p, size_t n, int flags, void **mh)
@@ -160,27 +115,27 @@ static void rank_up(struct rank *r)
 {
 	struct grp *g = r->g;
 	ncclRmaConfig_v14_t cfg = { .nContexts = g->nctx, .trafficClass = -1, .rankStride = 1 };
-	size_t wsize = (size_t)g->n * g->slot;
+	size_t wsize = (size_t)g->h.n * g->slot;
 	int ndev = 0;
 
 	ROK(r, rma->init(&r->ctx, 0x2000 + (uint64_t)r->rank, unit_log_sink));
 	ROK(r, rma->devices(&ndev));
 	RCHECK(r, ndev > 0, "rank %d: no device", r->rank);
-	ROK(r, rma->listen(r->ctx, ndev > 0 ? r->rank % ndev : 0, g->handles[r->rank], &r->lc));
-	pthread_barrier_wait(&g->bar);		/* NCCL's allgather of the handles */
-	ROK(r, rma->connect(NULL, g->hptr, g->n, r->rank, r->lc, &r->coll));
+	ROK(r, rma->listen(r->ctx, ndev > 0 ? r->rank % ndev : 0, g->h.handles[r->rank], &r->lc));
+	pthread_barrier_wait(&g->h.bar);		/* NCCL's allgather of the handles */
+	ROK(r, rma->connect(NULL, g->h.hptr, g->h.n, r->rank, r->lc, &r->coll));
 	ROK(r, rma->closeListen(r->lc));
 	ROK(r, rma->createContext(r->coll, &cfg, &r->rctx));
 	r->src = calloc(1, wsize);
 	r->win = calloc(1, wsize);
 	r->fixed = calloc(1, wsize);
 	r->got = calloc(1, wsize);
-	r->sig = calloc((size_t)g->n * MAXC + 1, 8);
+	r->sig = calloc((size_t)g->h.n * MAXC + 1, 8);
 	for (size_t i = 0; i < wsize; i++)
-		r->fixed[i] = (char)pattern(r->rank, 99, i);
+		r->fixed[i] = (char)rmah_pattern(r->rank, 99, i);
 	reg(r, r->src, wsize, 0, &r->src_mh);
 	reg(r, r->win, wsize, 0, &r->win_mh);
-	reg(r, r->sig, ((size_t)g->n * MAXC + 1) * 8,
+	reg(r, r->sig, ((size_t)g->h.n * MAXC + 1) * 8,
 	    NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET, &r->sig_mh);
 	reg(r, r->fixed, wsize, 0, &r->fixed_mh);
 	reg(r, r->got, wsize, 0, &r->got_mh);
@@ -188,7 +143,7 @@ static void rank_up(struct rank *r)
 
 static void rank_down(struct rank *r)
 {
-	pthread_barrier_wait(&r->g->bar);	/* nobody puts into what is going away */
+	pthread_barrier_wait(&r->g->h.bar);	/* nobody puts into what is going away */
 	if (r->coll) {
 		if (!r->win_gone)
 			ROK(r, rma->deregMrSym(r->coll, r->win_mh));
@@ -212,7 +167,7 @@ static void *rank_main(void *arg)
 	struct rank *r = arg;
 
 	rank_up(r);
-	pthread_barrier_wait(&r->g->bar);
+	pthread_barrier_wait(&r->g->h.bar);
 	if (!r->fail[0])
 		r->g->body(r);
 	rank_down(r);
@@ -235,28 +190,21 @@ static void write_conf(const char *text)
 static void run_group_seed(const char *conf, int n, int nctx, size_t slot, uint64_t seed,
 			   body_fn body)
 {
-	struct grp g = { .n = n, .nctx = nctx, .slot = slot, .body = body, .seed = seed };
+	struct grp g = { .nctx = nctx, .slot = slot, .body = body, .seed = seed };
 	struct rank rs[MAXR];
+	const char *fail;
 
 	write_conf(conf);
 	unit_log_reset();
 	memset(rs, 0, sizeof(rs));
-	pthread_barrier_init(&g.bar, NULL, (unsigned)n);
 	for (int i = 0; i < n; i++) {
-		g.hptr[i] = g.handles[i];
 		rs[i].g = &g;
 		rs[i].rank = i;
 	}
-	for (int i = 0; i < n; i++)
-		assert_int_equal(pthread_create(&rs[i].th, NULL, rank_main, &rs[i]), 0);
-	for (int i = 0; i < n; i++)
-		pthread_join(rs[i].th, NULL);
-	pthread_barrier_destroy(&g.bar);
-	for (int i = 0; i < n; i++) {
-		if (rs[i].fail[0]) {
-			unit_log_dump();
-			fail_msg("%s (seed %llu)", rs[i].fail, (unsigned long long)seed);
-		}
+	fail = RMAH_RUN(&g.h, n, rs, rank_main);
+	if (fail) {
+		unit_log_dump();
+		fail_msg("%s (seed %llu)", fail, (unsigned long long)seed);
 	}
 }
 
@@ -272,7 +220,7 @@ static void put_all(struct rank *r, int ctx, int signal, void **req)
 {
 	struct grp *g = r->g;
 
-	for (int p = 0; p < g->n; p++) {
+	for (int p = 0; p < g->h.n; p++) {
 		if (signal)
 			ROK(r, rma->iputSignal(r->rctx, ctx, (uint64_t)p * g->slot, r->src_mh, g->slot,
 					       (uint64_t)r->rank * g->slot, r->win_mh, (uint32_t)p,
@@ -285,7 +233,7 @@ static void put_all(struct rank *r, int ctx, int signal, void **req)
 					 (uint64_t)r->rank * g->slot, r->win_mh, (uint32_t)p, &req[p]));
 		RCHECK(r, req[p] != NULL, "no request for rank %d", p);
 	}
-	for (int p = 0; p < g->n; p++)
+	for (int p = 0; p < g->h.n; p++)
 		ROK(r, wait_req(r, req[p]));
 }
 
@@ -293,9 +241,9 @@ static int slots_are(struct rank *r, uint8_t x)
 {
 	struct grp *g = r->g;
 
-	for (int q = 0; q < g->n; q++)
+	for (int q = 0; q < g->h.n; q++)
 		for (size_t i = 0; i < g->slot; i++)
-			if ((uint8_t)r->win[(size_t)q * g->slot + i] != (pattern(q, r->rank, i) ^ x)) {
+			if ((uint8_t)r->win[(size_t)q * g->slot + i] != (rmah_pattern(q, r->rank, i) ^ x)) {
 				RFAIL(r, "rank %d: byte %zu from rank %d is wrong", r->rank, i, q);
 				return 0;
 			}
@@ -313,21 +261,21 @@ static void body_put_signal_get(struct rank *r)
 	struct grp *g = r->g;
 	void *req[MAXR];
 	int ctx = g->nctx - 1;
-	size_t wsize = (size_t)g->n * g->slot;
+	size_t wsize = (size_t)g->h.n * g->slot;
 
-	for (int p = 0; p < g->n; p++)
+	for (int p = 0; p < g->h.n; p++)
 		for (size_t i = 0; i < g->slot; i++)
-			r->src[(size_t)p * g->slot + i] = (char)(pattern(r->rank, p, i) ^ 0x5a);
+			r->src[(size_t)p * g->slot + i] = (char)(rmah_pattern(r->rank, p, i) ^ 0x5a);
 	put_all(r, 0, 0, req);
-	pthread_barrier_wait(&g->bar);
+	pthread_barrier_wait(&g->h.bar);
 	if (!slots_are(r, 0x5a))
 		return;
-	pthread_barrier_wait(&g->bar);
-	for (int p = 0; p < g->n; p++)
+	pthread_barrier_wait(&g->h.bar);
+	for (int p = 0; p < g->h.n; p++)
 		for (size_t i = 0; i < g->slot; i++)
-			r->src[(size_t)p * g->slot + i] = (char)pattern(r->rank, p, i);
+			r->src[(size_t)p * g->slot + i] = (char)rmah_pattern(r->rank, p, i);
 	put_all(r, ctx, 1, req);
-	for (int q = 0; q < g->n; q++) {
+	for (int q = 0; q < g->h.n; q++) {
 		uint64_t want = q % 2 ? 1000 + (uint64_t)q : 1;
 
 		if (!wait_sig(r, q * MAXC + ctx, want))
@@ -337,7 +285,7 @@ static void body_put_signal_get(struct rank *r)
 	}
 	if (!slots_are(r, 0))
 		return;
-	for (int p = 0; p < g->n; p++) {
+	for (int p = 0; p < g->h.n; p++) {
 		void *rq = NULL;
 
 		memset(r->got, 0, wsize);
@@ -345,7 +293,7 @@ static void body_put_signal_get(struct rank *r)
 		RCHECK(r, rq != NULL, "iget from rank %d gave no request", p);
 		ROK(r, wait_req(r, rq));
 		for (size_t i = 0; i < wsize && !r->fail[0]; i++)
-			RCHECK(r, (uint8_t)r->got[i] == pattern(p, 99, i), "iget from rank %d: byte "
+			RCHECK(r, (uint8_t)r->got[i] == rmah_pattern(p, 99, i), "iget from rank %d: byte "
 			       "%zu", p, i);
 	}
 	req[0] = (void *)1;
@@ -374,17 +322,17 @@ static void body_size0(struct rank *r)
 	struct grp *g = r->g;
 	void *req[MAXR];
 
-	for (int p = 0; p < g->n; p++)
+	for (int p = 0; p < g->h.n; p++)
 		ROK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)p,
 				       (uint64_t)r->rank * MAXC * 8, r->sig_mh, 5 + (uint64_t)r->rank,
 				       NCCL_NET_SIGNAL_OP_ADD, true, &req[p]));
-	for (int p = 0; p < g->n; p++)
+	for (int p = 0; p < g->h.n; p++)
 		ROK(r, wait_req(r, req[p]));
-	for (int q = 0; q < g->n; q++)
+	for (int q = 0; q < g->h.n; q++)
 		if (wait_sig(r, q * MAXC, 5 + (uint64_t)q))
 			RCHECK(r, r->sig[q * MAXC] == 5 + (uint64_t)q, "signal of rank %d: %llu", q,
 			       (unsigned long long)r->sig[q * MAXC]);
-	for (size_t i = 0; i < (size_t)g->n * g->slot; i++)
+	for (size_t i = 0; i < (size_t)g->h.n * g->slot; i++)
 		RCHECK(r, r->win[i] == 0, "byte %zu of the window was written", i);
 }
 
@@ -412,7 +360,7 @@ static void body_ordering(struct rank *r)
 
 	if (r->rank == 0) {
 		for (size_t i = 0; i < g->slot; i++)
-			r->src[i] = (char)pattern(0, 1, i);
+			r->src[i] = (char)rmah_pattern(0, 1, i);
 		for (int k = 0; k < ORD_PUTS; k++)
 			ROK(r, rma->iput(r->rctx, 0, (uint64_t)k * chunk, r->src_mh, chunk,
 					 (uint64_t)k * chunk, r->win_mh, 1, &req[k]));
@@ -420,10 +368,10 @@ static void body_ordering(struct rank *r)
 				       NCCL_NET_SIGNAL_OP_INC, true, &req[ORD_PUTS]));
 	} else if (r->rank == 1 && wait_sig(r, 0, 1)) {
 		for (size_t i = 0; i < g->slot && !r->fail[0]; i++)
-			RCHECK(r, (uint8_t)r->win[i] == pattern(0, 1, i), "byte %zu not there when "
+			RCHECK(r, (uint8_t)r->win[i] == rmah_pattern(0, 1, i), "byte %zu not there when "
 			       "the signal was seen", i);
 	}
-	pthread_barrier_wait(&g->bar);
+	pthread_barrier_wait(&g->h.bar);
 	for (int k = 0; r->rank == 0 && k <= ORD_PUTS; k++)
 		ROK(r, wait_req(r, req[k]));
 }
@@ -442,7 +390,7 @@ static void test_signal_after_puts(void **state)
 static void body_errors(struct rank *r)
 {
 	struct grp *g = r->g;
-	size_t wsize = (size_t)g->n * g->slot;
+	size_t wsize = (size_t)g->h.n * g->slot;
 	void *req = NULL;
 	bool has = false;
 
@@ -459,7 +407,7 @@ static void body_errors(struct rank *r)
 		ROK(r, rma->deregMrSym(r->coll, r->win_mh));
 		r->win_gone = 1;
 	}
-	pthread_barrier_wait(&g->bar);
+	pthread_barrier_wait(&g->h.bar);
 	if (r->rank == 0) {
 		ROK(r, rma->iput(r->rctx, 0, 0, r->src_mh, 64, 0, r->win_mh, 1, &req));
 		RCHECK(r, wait_req(r, req) != ncclSuccess, "a put into a deregistered window passed");
@@ -560,7 +508,7 @@ static void mix_done(struct rank *r, struct mix_op *o, size_t chunk, int k)
 		return;
 	ROK(r, wait_req(r, o->req));
 	for (uint64_t i = 0; o->get && i < o->len && !r->fail[0]; i++)
-		RCHECK(r, (uint8_t)r->got[(size_t)k * chunk + i] == pattern(o->peer, 99, o->off + i),
+		RCHECK(r, (uint8_t)r->got[(size_t)k * chunk + i] == rmah_pattern(o->peer, 99, o->off + i),
 		       "iget from rank %d at %llu: byte %llu", o->peer,
 		       (unsigned long long)o->off, (unsigned long long)i);
 	o->req = NULL;
@@ -570,7 +518,7 @@ static void mix_post(struct rank *r, uint64_t *s, struct mix_op *o, size_t chunk
 {
 	struct grp *g = r->g;
 	size_t region = g->slot / MAXC;
-	int p = (int)(rnd(s) % (uint64_t)g->n), c = (int)(rnd(s) % (uint64_t)g->nctx);
+	int p = (int)(rnd(s) % (uint64_t)g->h.n), c = (int)(rnd(s) % (uint64_t)g->nctx);
 	int kind = (int)(rnd(s) % 4);
 	uint64_t len = 1 + rnd(s) % region, off = rnd(s) % (region - len + 1);
 	uint64_t dst = (uint64_t)r->rank * g->slot + (uint64_t)c * region + off, add = 0;
@@ -609,8 +557,8 @@ static void body_mix(struct rank *r)
 	}
 	for (int k = 0; k < MIX_FLIGHT; k++)
 		mix_done(r, &ops[k], chunk, k);
-	pthread_barrier_wait(&g->bar);
-	for (int q = 0; q < g->n && !r->fail[0]; q++) {
+	pthread_barrier_wait(&g->h.bar);
+	for (int q = 0; q < g->h.n && !r->fail[0]; q++) {
 		for (int c = 0; c < g->nctx && !r->fail[0]; c++) {
 			const char *w = r->win + (size_t)q * g->slot + (size_t)c * region;
 
@@ -713,9 +661,7 @@ static int group_setup(void **state)
 			*(void **)&fcu_dmabuf = dlsym(fcu, "fcu_test_dmabuf");
 		}
 	}
-	lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
-	if (lib)
-		rma = dlsym(lib, "ncclRmaPlugin_v14");
+	rma = rmah_open(plugin, "ncclRmaPlugin_v14", &lib);
 	return 0;
 }
 
@@ -803,7 +749,7 @@ int main(int argc, char **argv)
 		printf("test_rma_ib: live, on the machine's RDMA devices\n");
 	}
 	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
-	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
+	rmah_plugin_path(argv[0], plugin, sizeof(plugin));
 	snprintf(fakelib, sizeof(fakelib), "%.*s/test/fakeverbs/libfakeverbs.so", PATH_MAX - 64,
 		 build_dir);
 	snprintf(fakecuda, sizeof(fakecuda), "%.*s/test/fakecuda/libfakecuda.so", PATH_MAX - 64,

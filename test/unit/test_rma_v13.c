@@ -9,11 +9,9 @@
  */
 #include "unit.h"
 
-#include <dlfcn.h>
-#include <sched.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "rma_harness.h"
 #include "rma_v13.h"
 
 static char plugin[PATH_MAX];
@@ -32,30 +30,9 @@ struct rank {
 	uint64_t *sig;
 	void *src_mh, *win_mh, *sig_mh;
 	char fail[512];
-	pthread_t th;
 };
 
-static char handles[NR][NCCL_NET_HANDLE_MAXSIZE];
-static void *hptr[NR];
-static pthread_barrier_t bar;
-
-#define RCHECK(r, cond, ...)                                                       \
-	do {                                                                       \
-		if (!(cond) && !(r)->fail[0]) {                                    \
-			int n_ = snprintf((r)->fail, sizeof((r)->fail),            \
-					  "rank %d, line %d: %s: ", (r)->rank, __LINE__, #cond); \
-			snprintf((r)->fail + n_, sizeof((r)->fail) - (size_t)n_, __VA_ARGS__); \
-		}                                                                  \
-	} while (0)
-#define ROK(r, call) RCHECK(r, (call) == ncclSuccess, "%s", "the call failed")
-
-static uint64_t now_ns(void)
-{
-	struct timespec t;
-
-	clock_gettime(CLOCK_MONOTONIC, &t);
-	return (uint64_t)t.tv_sec * 1000000000ull + (uint64_t)t.tv_nsec;
-}
+static struct rmah_group grp;	/* handles, hptr, bar */
 
 static uint8_t pattern(int from, int to, size_t i)
 {
@@ -65,23 +42,23 @@ static uint8_t pattern(int from, int to, size_t i)
 /* NCCL's proxy loop: ginProgress, then test, until done. */
 static void wait_req(struct rank *r, void *req)
 {
-	uint64_t until = now_ns() + WAIT_NS;
+	uint64_t until = rmah_now_ns() + WAIT_NS;
 	ncclResult_t res;
 	int done = 0;
 
 	do {
 		ROK(r, rma->ginProgress(r->rctx));
 		res = rma->test(r->coll, req, &done);
-	} while (res == ncclSuccess && !done && now_ns() < until);
+	} while (res == ncclSuccess && !done && rmah_now_ns() < until);
 	ROK(r, res);
 	RCHECK(r, done, "request %p not done in 30 s", req);
 }
 
 static void wait_sig(struct rank *r, int from, uint64_t want)
 {
-	uint64_t until = now_ns() + WAIT_NS;
+	uint64_t until = rmah_now_ns() + WAIT_NS;
 
-	while (__atomic_load_n(&r->sig[from], __ATOMIC_ACQUIRE) < want && now_ns() < until) {
+	while (__atomic_load_n(&r->sig[from], __ATOMIC_ACQUIRE) < want && rmah_now_ns() < until) {
 		ROK(r, rma->ginProgress(r->rctx));
 		sched_yield();
 	}
@@ -120,9 +97,9 @@ static void rank_up(struct rank *r)
 	size_t wsize = NR * SLOT;
 
 	ROK(r, adapter_init(&r->ctx, 0x1300 + (uint64_t)r->rank));
-	ROK(r, rma->listen(r->ctx, 0, handles[r->rank], &r->lc));
-	pthread_barrier_wait(&bar);		/* NCCL's allgather of the handles */
-	ROK(r, rma->connect(r->ctx, hptr, NR, r->rank, r->lc, &r->coll));
+	ROK(r, rma->listen(r->ctx, 0, grp.handles[r->rank], &r->lc));
+	pthread_barrier_wait(&grp.bar);		/* NCCL's allgather of the handles */
+	ROK(r, rma->connect(r->ctx, grp.hptr, NR, r->rank, r->lc, &r->coll));
 	ROK(r, rma->closeListen(r->lc));
 	ROK(r, rma->createContext(r->coll, &cfg, &r->rctx, &dev_handle));
 	RCHECK(r, dev_handle == NULL, "createContext left the device handle at %p",
@@ -166,7 +143,7 @@ static void body(struct rank *r)
 			RCHECK(r, (uint8_t)r->win[(size_t)q * SLOT + i] == pattern(q, r->rank, i),
 			       "byte %zu from rank %d", i, q);
 	}
-	pthread_barrier_wait(&bar);		/* every window complete */
+	pthread_barrier_wait(&grp.bar);		/* every window complete */
 	if (!r->fail[0]) {
 		int peer = 1 - r->rank;
 		void *rq = NULL;
@@ -187,7 +164,7 @@ static void body(struct rank *r)
 
 static void rank_down(struct rank *r)
 {
-	pthread_barrier_wait(&bar);		/* nobody puts into what is going away */
+	pthread_barrier_wait(&grp.bar);		/* nobody puts into what is going away */
 	if (r->coll) {
 		ROK(r, rma->deregMrSym(r->coll, r->src_mh));
 		ROK(r, rma->deregMrSym(r->coll, r->win_mh));
@@ -206,11 +183,11 @@ static void *rank_main(void *arg)
 	struct rank *r = arg;
 
 	rank_up(r);
-	pthread_barrier_wait(&bar);
+	pthread_barrier_wait(&grp.bar);
 	if (!r->fail[0])
 		body(r);
 	else
-		pthread_barrier_wait(&bar);	/* the one in body */
+		pthread_barrier_wait(&grp.bar);	/* the one in body */
 	rank_down(r);
 	return NULL;
 }
@@ -253,25 +230,17 @@ static void test_init_as_adapter(void **state)
 static void test_two_ranks(void **state)
 {
 	struct rank rs[NR];
+	const char *fail;
 
 	(void)state;
 	assert_non_null(rma);
 	memset(rs, 0, sizeof(rs));
-	pthread_barrier_init(&bar, NULL, NR);
-	for (int i = 0; i < NR; i++) {
-		hptr[i] = handles[i];
+	for (int i = 0; i < NR; i++)
 		rs[i].rank = i;
-	}
-	for (int i = 0; i < NR; i++)
-		assert_int_equal(pthread_create(&rs[i].th, NULL, rank_main, &rs[i]), 0);
-	for (int i = 0; i < NR; i++)
-		pthread_join(rs[i].th, NULL);
-	pthread_barrier_destroy(&bar);
-	for (int i = 0; i < NR; i++) {
-		if (rs[i].fail[0]) {
-			unit_log_dump();
-			fail_msg("%s", rs[i].fail);
-		}
+	fail = RMAH_RUN(&grp, NR, rs, rank_main);
+	if (fail) {
+		unit_log_dump();
+		fail_msg("%s", fail);
 	}
 }
 
@@ -280,30 +249,21 @@ static void test_two_ranks(void **state)
 static int group_setup(void **state)
 {
 	(void)state;
-	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
-	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "20", 1);
-	lib = dlopen(plugin, RTLD_NOW | RTLD_LOCAL);
-	if (lib)
-		rma = dlsym(lib, "ncclRmaPlugin_v13");
+	rmah_tcp_env();
+	rma = rmah_open(plugin, "ncclRmaPlugin_v13", &lib);
 	return 0;
 }
 
 static int group_teardown(void **state)
 {
 	(void)state;
-	if (lib)
-		dlclose(lib);
-	return 0;
+	return rmah_close(lib);
 }
 
 static int need_plugin(void **state)
 {
 	(void)state;
-	if (!lib) {
-		printf("SKIP: %s not loadable (%s): run make plugin\n", plugin, dlerror());
-		skip();
-	}
+	rmah_need_plugin(lib, plugin);
 	return 0;
 }
 
@@ -314,11 +274,9 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_init_as_adapter, need_plugin),
 		cmocka_unit_test_setup(test_two_ranks, need_plugin),
 	};
-	char build_dir[PATH_MAX];
 
 	(void)argc;
 	alarm(120);	/* a hung group fails the run instead of holding it */
-	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
-	snprintf(plugin, sizeof(plugin), "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
+	rmah_plugin_path(argv[0], plugin, sizeof(plugin));
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
