@@ -13,8 +13,9 @@
  * comm waits behind another (a blocking shared thread could deadlock two
  * processes). The watch is one-shot, armed again only when a chunk meant for
  * a helper finds the socket not ready: bytes arriving for a message that
- * NCCL's progress thread moves itself (NCCL_RAIL_TCP_DIRECT) wake no helper. An owner with nothing to do polls for NCCL_RAIL_TCP_SPIN_US,
- * then sleeps in epoll_wait.
+ * NCCL's progress thread moves itself (NCCL_RAIL_TCP_DIRECT) wake no helper.
+ * An owner with nothing to do polls for NCCL_RAIL_TCP_SPIN_US, then sleeps
+ * in epoll_wait.
  */
 #include <signal.h>
 #include <stdio.h>
@@ -229,7 +230,6 @@ static int move_some(struct tcp_stream *s, const struct tcp_task *t, size_t *bud
 	}
 	return 0;
 }
-
 
 void tcp_pool_counts(uint64_t *direct, uint64_t *helper)
 {
