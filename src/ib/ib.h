@@ -770,6 +770,14 @@ int rail_ib_modify_qp(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask,
 		      struct rail_ib_mqp_call *x);
 
 /* ib_qp.c */
+/*
+ * Move a new RC QP on d to INIT with these remote access flags and
+ * NCCL_IB_PKEY; 0 or a negative errno, WARNed as "<who>ibv_modify_qp(INIT) on
+ * dev:port qp 0x.. to peer <peer> failed...". who: "" or a prefix that ends
+ * in ": " (the RMA backend's "RMA createContext (rank R): ").
+ */
+int rail_ib_qp_to_init(struct ibv_qp *qp, const struct rail_ib_dev *d, int access,
+		       const char *who, const char *peer);
 int rail_ib_comm_res_init(struct rail_ib_comm *c, int vdev, int is_send);
 void rail_ib_comm_res_fini(struct rail_ib_comm *c);
 int rail_ib_comm_qps_create(struct rail_ib_comm *c, int nqps, int is_send);

@@ -194,10 +194,10 @@ void rail_ib_comm_res_fini(struct rail_ib_comm *c)
 	c->fifo = c->sizes = c->cmpl = c->cts_stage = NULL;
 }
 
-static int qp_init(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev *d,
-		   int access)
+int rail_ib_qp_to_init(struct ibv_qp *qp, const struct rail_ib_dev *d, int access,
+		       const char *who, const char *peer)
 {
-	struct rail_ib_mqp_call x = { .dev = d, .state = "INIT", .peer = c->peer };
+	struct rail_ib_mqp_call x = { .dev = d, .state = "INIT", .peer = peer };
 	struct ibv_qp_attr a;
 	int ret;
 
@@ -209,8 +209,8 @@ static int qp_init(struct rail_ib_comm *c, struct ibv_qp *qp, struct rail_ib_dev
 	ret = rail_ib_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 				IBV_QP_ACCESS_FLAGS, &x);
 	if (ret) {
-		RAIL_WARN("ibv_modify_qp(INIT) on %s:%d qp 0x%x to peer %s failed%s: %s; check "
-			  "NCCL_IB_PKEY (index %d)", d->hca->name, d->port, qp->qp_num, c->peer,
+		RAIL_WARN("%sibv_modify_qp(INIT) on %s:%d qp 0x%x to peer %s failed%s: %s; check "
+			  "NCCL_IB_PKEY (index %d)", who, d->hca->name, d->port, qp->qp_num, peer,
 			  x.note, RAIL_ERRSTR(-ret), a.pkey_index);
 		return -ret;
 	}
@@ -240,7 +240,7 @@ struct ibv_qp *rail_ib_qp_make(struct rail_ib_comm *c, struct rail_ib_dev *d, st
 			  d->hca->attr.max_qp);
 		return NULL;
 	}
-	*err = qp_init(c, qp, d, access);
+	*err = rail_ib_qp_to_init(qp, d, access, "", c->peer);
 	if (*err) {
 		destroy_qp(qp);
 		return NULL;

@@ -63,26 +63,15 @@ static struct ibv_qp *qp_create(struct rma_ib_ctx *x, int peer, int *err)
 	return qp;
 }
 
+/* qp to INIT for WRITE, READ and atomics from any peer; a WARN names rank and peer. */
 static int qp_init(struct rma_ib_ctx *x, struct ibv_qp *qp, int peer)
 {
-	struct rail_ib_dev *d = x->coll->dev;
-	struct rail_ib_mqp_call call = { .dev = d, .state = "INIT", .peer = "" };
-	struct ibv_qp_attr a;
-	int ret;
+	char who[48], rank[24];
 
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_INIT;
-	a.pkey_index = (uint16_t)rail_param_int(RAIL_P_IB_PKEY);
-	a.port_num = (uint8_t)d->port;
-	a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
-			    IBV_ACCESS_REMOTE_ATOMIC;
-	ret = rail_ib_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-				IBV_QP_ACCESS_FLAGS, &call);
-	if (ret)
-		RAIL_WARN("RMA createContext (rank %d): ibv_modify_qp(INIT) on %s:%d qp 0x%x toward "
-			  "rank %d failed: %s; check NCCL_IB_PKEY (index %d)", x->coll->base.rank,
-			  d->hca->name, d->port, qp->qp_num, peer, RAIL_ERRSTR(-ret), a.pkey_index);
-	return -ret;
+	snprintf(who, sizeof(who), "RMA createContext (rank %d): ", x->coll->base.rank);
+	snprintf(rank, sizeof(rank), "rank %d", peer);
+	return rail_ib_qp_to_init(qp, x->coll->dev, IBV_ACCESS_REMOTE_WRITE |
+				  IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC, who, rank);
 }
 
 /* The address vector toward a peer's port, as the net path's (GRH on RoCE). */
