@@ -27,53 +27,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define CUDA_CHECK(call)                                                           \
-	do {                                                                       \
-		cudaError_t e_ = (call);                                           \
-		if (e_ != cudaSuccess) {                                           \
-			fprintf(stderr, "rank %d: %s failed: %s\n", g_rank, #call,  \
-				cudaGetErrorString(e_));                           \
-			MPI_Abort(MPI_COMM_WORLD, 1);                              \
-		}                                                                  \
-	} while (0)
-
-#define NCCL_CHECK(call)                                                           \
-	do {                                                                       \
-		ncclResult_t r_ = (call);                                          \
-		if (r_ != ncclSuccess) {                                           \
-			fprintf(stderr, "rank %d: %s failed: %s\n", g_rank, #call,  \
-				ncclGetErrorString(r_));                           \
-			MPI_Abort(MPI_COMM_WORLD, 1);                              \
-		}                                                                  \
-	} while (0)
-
-static int g_rank;
-
-static size_t parse_size(const char *s)
-{
-	char *end;
-	double v = strtod(s, &end);
-
-	if (*end == 'K' || *end == 'k')
-		v *= 1024;
-	else if (*end == 'M' || *end == 'm')
-		v *= 1024 * 1024;
-	else if (*end == 'G' || *end == 'g')
-		v *= 1024.0 * 1024 * 1024;
-	return (size_t)v;
-}
-
-static int pick_gpu(void)
-{
-	const char *g = getenv("RAIL_TEST_GPU");
-	const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-	int n = 0;
-
-	if (g)
-		return atoi(g);
-	CUDA_CHECK(cudaGetDeviceCount(&n));
-	return (local ? atoi(local) : g_rank) % (n > 0 ? n : 1);
-}
+#include "prog.h"
 
 /* Value of element i on rank r: small integers, exact in float. */
 static float value_of(int r, size_t i)

@@ -38,29 +38,11 @@
 #include <string.h>
 #include <unistd.h>
 
-#define CUDA_CHECK(call)                                                           \
-	do {                                                                       \
-		cudaError_t e_ = (call);                                           \
-		if (e_ != cudaSuccess) {                                           \
-			fprintf(stderr, "rank %d: %s failed: %s\n", g_rank, #call,  \
-				cudaGetErrorString(e_));                           \
-			MPI_Abort(MPI_COMM_WORLD, 1);                              \
-		}                                                                  \
-	} while (0)
-
-#define NCCL_CHECK(call)                                                           \
-	do {                                                                       \
-		ncclResult_t r_ = (call);                                          \
-		if (r_ != ncclSuccess) {                                           \
-			fprintf(stderr, "rank %d: %s failed: %s\n", g_rank, #call,  \
-				ncclGetErrorString(r_));                           \
-			MPI_Abort(MPI_COMM_WORLD, 1);                              \
-		}                                                                  \
-	} while (0)
+#include "prog.h"
 
 #define NCHECK_ROUNDS 2 /* check rounds per size, each with a fresh pattern */
 
-static int g_rank, g_nranks;
+static int g_nranks;
 
 struct opts {
 	size_t min, max;
@@ -90,32 +72,6 @@ static unsigned char pattern(int r, int v, size_t i)
 	x ^= (uint32_t)(r + 1) * 0x9e3779b9u + (uint32_t)(v + 1) * 0x85ebca6bu;
 	x ^= x >> 15;
 	return (unsigned char)(x ^ (x >> 8));
-}
-
-static size_t parse_size(const char *s)
-{
-	char *end;
-	double v = strtod(s, &end);
-
-	if (*end == 'K' || *end == 'k')
-		v *= 1024;
-	else if (*end == 'M' || *end == 'm')
-		v *= 1024 * 1024;
-	else if (*end == 'G' || *end == 'g')
-		v *= 1024.0 * 1024 * 1024;
-	return (size_t)v;
-}
-
-static int pick_gpu(void)
-{
-	const char *g = getenv("RAIL_TEST_GPU");
-	const char *local = getenv("OMPI_COMM_WORLD_LOCAL_RANK");
-	int n = 0;
-
-	if (g)
-		return atoi(g);
-	CUDA_CHECK(cudaGetDeviceCount(&n));
-	return (local ? atoi(local) : g_rank) % (n > 0 ? n : 1);
 }
 
 static void parse_opts(int argc, char **argv, struct opts *o)
