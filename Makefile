@@ -155,7 +155,7 @@ $(PINGPONG): test/perf/pingpong.c $(CORE_LIB) VERSION
 
 # test/scale/*.c: what many connections cost a process, TCP and the fake provider
 # (scale_bench: descriptors, threads, memory, pinned bytes, setup time, idle CPU).
-$(SCALE): $(BUILD)/test/scale/%: test/scale/%.c $(CORE_LIB) VERSION
+$(SCALE): $(BUILD)/test/scale/%: test/scale/%.c test/fakeverbs/fv_confs.h $(CORE_LIB) VERSION
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LD_LTO) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)

@@ -49,20 +49,13 @@
 #include "api.h"
 #include "handle.h"
 #include "rail.h"
+#include "../fakeverbs/fv_confs.h"
 
 #define NET_ABI 12
 #define MAX_N 4096
 #define WINDOW 64	/* connects in flight at once (the listener keeps 128 pending) */
 
-static const char conf[] =
-	"device mlx5_0 pci=0000:1b:00.0\n"
-	"port 1 link=eth speed=ndr width=4x\n"
-	"gid 0 fe80::1 type=v1\n"
-	"gid 1 ::ffff:10.1.0.1 type=v2\n"
-	"device mlx5_1 pci=0000:3d:00.0\n"
-	"port 1 link=eth speed=ndr width=4x\n"
-	"gid 0 fe80::2 type=v1\n"
-	"gid 1 ::ffff:10.2.0.1 type=v2\n";
+static const char conf[] = FV_CONF_ROCE_2DEV;
 
 static const char *const transports[] = { "tcp", "verbs" };
 

@@ -11,6 +11,7 @@
 #include <arpa/inet.h>
 
 #include "fake.h"
+#include "../fakeverbs/fv_confs.h"
 
 #if defined(__SANITIZE_THREAD__)
 #define RAIL_TEST_UNDER_TSAN 1
@@ -154,14 +155,7 @@ static void test_ar_variable(void **state)
 
 /* ---- fused NICs ------------------------------------------------------------ */
 
-static const char roce_2dev[] = "device mlx5_0 pci=0000:1b:00.0\n"
-				"port 1 link=eth speed=ndr width=4x\n"
-				"gid 0 fe80::1 type=v1\n"
-				"gid 1 ::ffff:10.1.0.1 type=v2\n"
-				"device mlx5_1 pci=0000:3d:00.0\n"
-				"port 1 link=eth speed=ndr width=4x\n"
-				"gid 0 fe80::2 type=v1\n"
-				"gid 1 ::ffff:10.2.0.1 type=v2\n";
+static const char roce_2dev[] = FV_CONF_ROCE_2DEV;
 
 /* A connection between two fused NICs of mlx5_0 + mlx5_1. */
 static struct fake *fused_start(const char *conf)

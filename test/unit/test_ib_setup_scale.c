@@ -28,6 +28,7 @@
 #include <sys/resource.h>
 
 #include "fv_harness.h"
+#include "../fakeverbs/fv_confs.h"
 
 #define WINDOW 64	/* connects in flight at once (the listener keeps 128 pending) */
 #define MAX_N 4096
@@ -49,15 +50,7 @@
 #define SAN_SLOWDOWN 1
 #endif
 
-static const char conf[] =
-	"device mlx5_0 pci=0000:1b:00.0\n"
-	"port 1 link=eth speed=ndr width=4x\n"
-	"gid 0 fe80::1 type=v1\n"
-	"gid 1 ::ffff:10.1.0.1 type=v2\n"
-	"device mlx5_1 pci=0000:3d:00.0\n"
-	"port 1 link=eth speed=ndr width=4x\n"
-	"gid 0 fe80::2 type=v1\n"
-	"gid 1 ::ffff:10.2.0.1 type=v2\n";
+static const char conf[] = FV_CONF_ROCE_2DEV;
 
 struct setup {
 	int n;
