@@ -25,9 +25,11 @@
  * side (its reply names none) every message goes on the control socket.
  *
  * Every message starts with a 24-byte frame header on the control socket
- * (sequence number, tag, size). Messages up to the inline limit follow
- * their header on the control socket and are moved by NCCL's progress
- * thread (isend/irecv/test). Larger ones are cut into at most nsocks
+ * (sequence number, tag, size, flags). Messages up to the inline limit
+ * follow their header on the control socket and are moved by NCCL's
+ * progress thread (isend/irecv/test), as are those up to
+ * NCCL_RAIL_TCP_DIRECT that a sender with nothing queued marks INLINE
+ * (tcp_isend). Larger ones are cut into at most nsocks
  * chunks; chunk i of message seq travels on data socket
  * (seq + i) % nsocks, moved by the helper thread owning that socket. Each
  * helper handles its tasks in message order on both sides, so the streams
@@ -88,10 +90,10 @@
 /*
  * 2: rescue addresses after the hello and the reply; 3: a key share in that
  * block, and a challenge-response on the rescue listeners; 4: the hello's
- * flags (LAZY) and the OPEN kind of move hello.
+ * flags (LAZY) and the OPEN kind of move hello; 5: the frame's INLINE flag.
  */
-#define TCP_WIRE_VERSION 4
-#define TCP_WIRE_VERSION_STR "4"
+#define TCP_WIRE_VERSION 5
+#define TCP_WIRE_VERSION_STR "5"
 #define TCP_HELLO_SIZE 40
 #define TCP_REPLY_SIZE 8
 #define TCP_FRAME_SIZE 24
@@ -115,7 +117,15 @@ struct tcp_frame {
 	uint64_t seq;
 	int32_t tag;
 	uint64_t size;
+	uint8_t flags;		/* TCP_FRAME_INLINE */
 };
+/*
+ * The message's bytes follow its frame on the control socket although it is
+ * larger than the inline limit: a sender with nothing queued in its process
+ * sends one up to NCCL_RAIL_TCP_DIRECT that way (tcp_isend).
+ */
+#define TCP_FRAME_INLINE 0x01u
+#define TCP_DIRECT_MAX (512u << 10)	/* NCCL_RAIL_TCP_DIRECT's maximum: no INLINE frame is larger */
 
 void tcp_hello_encode(const struct tcp_hello *h, uint8_t out[TCP_HELLO_SIZE]);
 /* -EPROTO / -EPROTONOSUPPORT / -EBADMSG with a reason in why. */
@@ -380,6 +390,7 @@ struct tcp_req {
 	uint8_t frame[TCP_FRAME_SIZE];
 	size_t sent;
 	int ctrl_done;			/* nothing left for the control socket */
+	int inl;			/* send: its bytes follow the frame on the control socket */
 	uint64_t ctl_end;		/* send, failover: control stream offset after its bytes */
 	uint64_t first_seq;		/* receive: the message of its first matched entry */
 	uint64_t seq;			/* send: its message number */
@@ -578,6 +589,8 @@ void tcp_pool_help(struct tcp_comm *c);
 int tcp_pool_threads(void);
 /* Since the process started: chunks pushed direct, chunks helper threads moved (tests). */
 void tcp_pool_counts(uint64_t *direct, uint64_t *helper);
+/* Since the process started: messages above the inline limit sent inline (tests). */
+uint64_t tcp_data_idle_inline(void);
 /* Stop and join every pool thread (no comm may be attached). */
 void tcp_pool_stop(void);
 

@@ -124,7 +124,7 @@ static int progress_send_ring(struct tcp_comm *c)
 	int err = 0;
 
 	while ((r = c->ring_next)) {
-		size_t inl = r->size[0] <= c->inline_max ? r->size[0] : 0;
+		size_t inl = r->inl ? r->size[0] : 0;
 		uint64_t need = TCP_FRAME_SIZE + inl;
 
 		if (c->ring_staged + need - c->ring_acked > c->ring_size)
@@ -156,7 +156,7 @@ int tcp_ctl_flush(struct tcp_comm *c)
 		return progress_send_ring(c);
 
 	while ((r = c->fifo_head)) {
-		size_t inl = r->size[0] <= c->inline_max ? r->size[0] : 0;
+		size_t inl = r->inl ? r->size[0] : 0;
 		int err = tcp_ctl_write(c->ctrl_fd, r->frame, TCP_FRAME_SIZE, r->data[0], inl,
 					&r->sent);
 

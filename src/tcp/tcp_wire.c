@@ -84,11 +84,11 @@ int tcp_reply_decode(const uint8_t in[TCP_REPLY_SIZE])
 	return (int)status;
 }
 
-/* frame: magic u8 | 0 u8 | 0 u16 | tag i32 | seq u64 | size u64 */
+/* frame: magic u8 | flags u8 | 0 u16 | tag i32 | seq u64 | size u64 */
 void tcp_frame_encode(const struct tcp_frame *f, uint8_t out[TCP_FRAME_SIZE])
 {
 	out[0] = TCP_FRAME_MAGIC;
-	out[1] = 0;
+	out[1] = f->flags;
 	rail_put_u16(out + 2, 0);
 	rail_put_u32(out + 4, (uint32_t)f->tag);
 	rail_put_u64(out + 8, f->seq);
@@ -97,12 +97,14 @@ void tcp_frame_encode(const struct tcp_frame *f, uint8_t out[TCP_FRAME_SIZE])
 
 int tcp_frame_decode(const uint8_t in[TCP_FRAME_SIZE], struct tcp_frame *f)
 {
-	if (in[0] != TCP_FRAME_MAGIC || in[1] != 0 || rail_get_u16(in + 2) != 0)
+	if (in[0] != TCP_FRAME_MAGIC || (in[1] & ~TCP_FRAME_INLINE) || rail_get_u16(in + 2) != 0)
 		return -EPROTO;
+	f->flags = in[1];
 	f->tag = (int32_t)rail_get_u32(in + 4);
 	f->seq = rail_get_u64(in + 8);
 	f->size = rail_get_u64(in + 16);
-	if (f->size > RAIL_MAX_MSG_BYTES * 1024)
+	if (f->size > RAIL_MAX_MSG_BYTES * 1024 ||
+	    ((f->flags & TCP_FRAME_INLINE) && f->size > TCP_DIRECT_MAX))
 		return -EPROTO;
 	return 0;
 }

@@ -125,7 +125,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (tcp_frame_decode(frame, &f) == 0) {
 		tcp_frame_encode(&f, again);
 		if (tcp_frame_decode(again, &f2) || f.seq != f2.seq || f.tag != f2.tag ||
-		    f.size != f2.size)
+		    f.size != f2.size || f.flags != f2.flags)
 			__builtin_trap();
 	}
 	if (tcp_refusal_decode(refusal, &r) == 0) {

@@ -106,8 +106,21 @@ static void test_frame_and_reply(void **state)
 	(void)state;
 	tcp_frame_encode(&f, buf);
 	assert_int_equal(tcp_frame_decode(buf, &g), 0);
-	assert_true(g.seq == f.seq && g.tag == f.tag && g.size == f.size);
+	assert_true(g.seq == f.seq && g.tag == f.tag && g.size == f.size && g.flags == 0);
 	buf[0] ^= 1;
+	assert_int_equal(tcp_frame_decode(buf, &g), -EPROTO);
+	/* INLINE: up to NCCL_RAIL_TCP_DIRECT's maximum; no other flag */
+	f.flags = TCP_FRAME_INLINE;
+	f.size = TCP_DIRECT_MAX;
+	tcp_frame_encode(&f, buf);
+	assert_int_equal(tcp_frame_decode(buf, &g), 0);
+	assert_true(g.flags == TCP_FRAME_INLINE && g.size == TCP_DIRECT_MAX);
+	f.size = TCP_DIRECT_MAX + 1;
+	tcp_frame_encode(&f, buf);
+	assert_int_equal(tcp_frame_decode(buf, &g), -EPROTO);
+	f.size = 8;
+	f.flags = 0x02;
+	tcp_frame_encode(&f, buf);
 	assert_int_equal(tcp_frame_decode(buf, &g), -EPROTO);
 	tcp_reply_encode(0, rep);
 	assert_int_equal(tcp_reply_decode(rep), 0);

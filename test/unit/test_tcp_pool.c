@@ -359,23 +359,24 @@ static void window_run(struct pair *p, int n, const size_t *sizes, const size_t 
 }
 
 /*
- * n messages of size bytes one after another on a new pair: the chunks
- * pushed direct and those helper threads moved meanwhile. busy: another
+ * n messages of size bytes one after another on a new pair: the messages
+ * sent inline above the inline limit, the chunks pushed direct and those
+ * helper threads moved meanwhile. busy: another
  * pair of the process keeps a 64 MiB message in flight (its receiver never
  * reads), so its chunks stay queued all along.
  */
 static void one_by_one(const char *direct, const char *help, int n, size_t size, int busy,
-		       uint64_t *ndirect, uint64_t *nhelper)
+		       uint64_t *ninline, uint64_t *ndirect, uint64_t *nhelper)
 {
 	struct pair p, q;
 	void *ctx, *lc, *qreq = NULL;
-	uint64_t d0, h0;
+	uint64_t d0, h0, i0;
 	size_t off = 0;
 
 	setenv("NCCL_RAIL_TCP_DIRECT", direct, 1);
 	setenv("NCCL_RAIL_TCP_HELP", help, 1);
 	direct_open(&ctx, &lc, &p, size);
-	window_run(&p, 1, &size, &off, 1, "warm-up"); /* opens the data sockets */
+	window_run(&p, 1, &size, &off, 1, "warm-up"); /* up to the bound it goes inline */
 	if (busy) {
 		uint8_t handle[RAIL_HANDLE_SIZE];
 		void *qlc;
@@ -388,17 +389,28 @@ static void one_by_one(const char *direct, const char *help, int n, size_t size,
 		q.rbuf = malloc(size);
 		assert_non_null(q.sbuf);
 		assert_non_null(q.rbuf);
-		window_run(&q, 1, &size, &off, 2, "warm-up"); /* opens its data sockets */
+		window_run(&q, 1, &size, &off, 2, "warm-up");
 		while (!qreq)
 			assert_int_equal(rail_net_isend(q.sc, q.sbuf, big, 1, NULL, &qreq),
 					 ncclSuccess);
+		/* its chunks are queued once its data sockets are open (the warm-up went inline) */
+		for (int t = 0; tcp_pool_idle() && t < 5000; t++) {
+			int done = 0;
+
+			assert_int_equal(rail_net_test(qreq, &done, NULL), ncclSuccess);
+			usleep(1000);
+		}
+		if (tcp_pool_idle())
+			fail_msg("the busy pair's 64 MiB message has no chunk queued after 5 s");
 	}
 	tcp_pool_counts(&d0, &h0);
+	i0 = tcp_data_idle_inline();
 	for (int i = 0; i < n; i++)
 		window_run(&p, 1, &size, &off, (unsigned)i, "one by one");
 	tcp_pool_counts(ndirect, nhelper);
 	*ndirect -= d0;
 	*nhelper -= h0;
+	*ninline = tcp_data_idle_inline() - i0;
 	if (busy) {
 		/* never completes: its receiver posted nothing; closing fails its chunks */
 		assert_int_equal(rail_net_close_send(q.sc), ncclSuccess);
@@ -416,32 +428,41 @@ static void one_by_one(const char *direct, const char *help, int n, size_t size,
 }
 
 /*
- * 64 KiB messages one at a time (a ping-pong's pattern): with the default
- * NCCL_RAIL_TCP_DIRECT every chunk is pushed direct and no helper thread
- * moves any (a hand-off woke one on each side: 64 instead of 20 us at
- * 32 KiB on this VM); with NCCL_RAIL_TCP_HELP=0 the helpers move all of
- * them; and while another pair of the process has chunks in flight (as
- * the other channels and direction of an all-reduce do), none is direct.
+ * 64 KiB messages one at a time (a ping-pong's pattern): with
+ * NCCL_RAIL_TCP_DIRECT at or above their size each goes inline on the
+ * control socket (the frame's INLINE flag): no chunk is pushed, no helper
+ * thread moves any (a hand-off woke one on each side: 64 instead of 20 us
+ * at 32 KiB on this VM); with NCCL_RAIL_TCP_HELP=0 the helpers move all of
+ * them; and while another pair of the process has chunks in flight (as the
+ * other channels and direction of an all-reduce do), none goes inline and
+ * none is direct: the helpers move them.
  */
 static void test_direct_wakes_no_helper(void **state)
 {
-	uint64_t direct, helper;
+	uint64_t inl, direct, helper;
 
 	(void)state;
-	one_by_one("512k", "1", 100, 64u << 10, 0, &direct, &helper);
-	if (direct != 200 || helper)
+	one_by_one("512k", "1", 100, 64u << 10, 0, &inl, &direct, &helper);
+	if (inl != 100 || direct || helper)
 		fail_msg("100 messages of 64 KiB sent one at a time, NCCL_RAIL_TCP_DIRECT=512k: "
-			 "%llu of 200 chunks pushed direct, %llu moved by helper threads (want 200 "
-			 "and 0)", (unsigned long long)direct, (unsigned long long)helper);
-	one_by_one("512k", "0", 100, 64u << 10, 0, &direct, &helper);
-	if (direct || helper != 200)
-		fail_msg("with NCCL_RAIL_TCP_HELP=0: %llu chunks pushed direct, helper threads "
-			 "moved %llu (want 0 and 200)", (unsigned long long)direct,
+			 "%llu sent inline, %llu chunks pushed direct, %llu moved by helper threads "
+			 "(want 100, 0 and 0)", (unsigned long long)inl, (unsigned long long)direct,
 			 (unsigned long long)helper);
-	one_by_one("512k", "1", 50, 64u << 10, 1, &direct, &helper);
-	if (direct)
-		fail_msg("with another pair's message in flight, %llu of 100 chunks were pushed "
-			 "direct (want 0: the progress thread's copies would delay that pair)",
+	one_by_one("32k", "1", 100, 64u << 10, 0, &inl, &direct, &helper);
+	if (inl || direct)
+		fail_msg("64 KiB messages with NCCL_RAIL_TCP_DIRECT=32k: %llu sent inline, %llu "
+			 "chunks pushed direct (want 0 and 0: above the bound they are cut for the "
+			 "data sockets)", (unsigned long long)inl, (unsigned long long)direct);
+	one_by_one("512k", "0", 100, 64u << 10, 0, &inl, &direct, &helper);
+	if (inl || direct || helper != 200)
+		fail_msg("with NCCL_RAIL_TCP_HELP=0: %llu sent inline, %llu chunks pushed direct, "
+			 "helper threads moved %llu (want 0, 0 and 200)", (unsigned long long)inl,
+			 (unsigned long long)direct, (unsigned long long)helper);
+	one_by_one("512k", "1", 50, 64u << 10, 1, &inl, &direct, &helper);
+	if (inl || direct)
+		fail_msg("with another pair's message in flight, %llu of 50 messages went inline and "
+			 "%llu of 100 chunks were pushed direct (want 0 and 0: the progress thread's "
+			 "copies would delay that pair)", (unsigned long long)inl,
 			 (unsigned long long)direct);
 }
 

@@ -323,6 +323,55 @@ static int move_before_open_main(void)
 }
 
 /*
+ * Messages above the inline limit that go inline (NCCL_RAIL_TCP_DIRECT, the
+ * frame's INLINE flag: 40 KiB, one at a time, nothing else queued) through a
+ * move: their bytes sit in the control stream's ring until acknowledged, and
+ * those the old path lost are written again on uta1. Every byte right, and
+ * the data sockets never open (a receiver that took such a frame for a
+ * data-socket one would wait for them).
+ */
+#define IDLE_INLINE (40u << 10)
+static int move_idle_inline_main(void)
+{
+	struct pair p;
+	unsigned k = 0;
+	uint64_t inl0;
+	double moved_ms;
+
+	unit_log_capture();
+	CHECK(pair_open(&p) == 0, "the send and receive comms (failover on) were not set up");
+	CHECK(p.s->inline_max < IDLE_INLINE && p.s->direct_max >= IDLE_INLINE, "inline limit %zu, "
+	      "NCCL_RAIL_TCP_DIRECT %zu: a %u-byte message is not between them", p.s->inline_max,
+	      p.s->direct_max, IDLE_INLINE);
+	inl0 = tcp_data_idle_inline();
+	for (int i = 0; i < 8; i++)
+		CHECK(one_message(&p, IDLE_INLINE, k++, rail_now_ns() + 5000000000ull, NULL, NULL) == 0,
+		      "message %u before the fault", k - 1);
+	CHECK(tcp_data_idle_inline() - inl0 == 8, "%llu of 8 messages of %u bytes went inline",
+	      (unsigned long long)(tcp_data_idle_inline() - inl0), IDLE_INLINE);
+	CHECK(sh("ip link set uta0 down") == 0, "ip link set uta0 down failed");
+	moved_ms = until_moved_len(&p, rail_now_ns(), &k, IDLE_INLINE);
+	CHECK(moved_ms >= 0, "no move within 10 s of uta0 going down");
+	for (int i = 0; i < 8; i++)
+		CHECK(one_message(&p, IDLE_INLINE, k++, rail_now_ns() + 5000000000ull, NULL, NULL) == 0,
+		      "message %u after the move", k - 1);
+	CHECK(p.s->nsocks == 0 && p.r->nsocks == 0, "data sockets opened (send %d, receive %d) "
+	      "for messages that all went inline", p.s->nsocks, p.r->nsocks);
+	fprintf(stderr, "move with inline messages above the limit: moved %.1f ms after uta0 went "
+		"down; %u messages of %u bytes, every byte right\n", moved_ms, k, IDLE_INLINE);
+	pair_close(&p);
+	rail_net_finalize(p.ctx);
+	unit_log_release();
+	return 0;
+}
+
+static void test_move_idle_inline(void **state)
+{
+	(void)state;
+	run_child(move_idle_inline_main, "a move with inline messages above the limit", 60);
+}
+
+/*
  * A move racing the open: the first large message starts the open of the
  * data sockets, and uta0 goes down before the open is driven further (the
  * open progresses only in isend/test). The move drops the open, moves the
@@ -851,6 +900,7 @@ int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_move_before_open),
+		cmocka_unit_test(test_move_idle_inline),
 		cmocka_unit_test(test_move_during_open),
 		cmocka_unit_test(test_finalize_with_strangers),
 		cmocka_unit_test(test_strangers_do_not_stop_the_move),
