@@ -16,7 +16,8 @@
 #               against ncclSend / ncclRecv; -r: host RMA required). Known
 #               problem: with NP > 2 it hangs in its first ncclSend/ncclRecv
 #               between ranks 0 and 1 while the other ranks wait in MPI (not
-#               with NCCL_RAIL_RMA=0, nor with NP 2)
+#               with NCCL_RAIL_RMA=0, nor with NP 2; EXTRA="-x RMA_PP_WARMUP=1"
+#               puts an all-reduce of every rank before it)
 #   norma       NCCL_RAIL_RMA=0: alltoall -D 3 and rma-pingpong, to see the
 #               fallback named and nothing crash
 # env: NP (2), SIZES ("-b 8 -e 64M -f 4"), ITERS ("-w 5 -n 20"), LOGS (folder,

@@ -22,6 +22,10 @@
  * largest size >= 0.8 x two-sided, and the smallest size's one-sided round
  * trip <= 1.5 x two-sided.
  *
+ * RMA_PP_WARMUP=1 (environment): one all-reduce on every rank after the
+ * windows are registered, before any ping-pong (with NP > 2 the first
+ * send/receive between ranks 0 and 1 hangs; is a step every rank must take
+ * first the cause?).
  * -r: exit 1 when the communicator has no host RMA (else the one-sided
  * parts are skipped with a line saying so and two-sided still runs).
  * -t: exit 1 when a target is missed (else only reported).
@@ -170,6 +174,13 @@ static void setup(struct bufs *b, const struct opts *o)
 					  NCCL_WIN_COLL_SYMMETRIC));
 	NCCL_CHECK(ncclCommWindowRegister(b->comm, b->recv, o->max * (size_t)g_nranks,
 					  &b->recv_win, NCCL_WIN_COLL_SYMMETRIC));
+	if (getenv("RMA_PP_WARMUP")) { /* every rank in one all-reduce first */
+		NCCL_CHECK(ncclAllReduce(b->ssend, b->srecv, 1, ncclFloat, ncclSum, b->comm,
+					 b->stream));
+		CUDA_CHECK(cudaStreamSynchronize(b->stream));
+		if (g_rank == 0)
+			printf("# warm-up all-reduce on every rank done\n");
+	}
 }
 
 static void teardown(struct bufs *b)
