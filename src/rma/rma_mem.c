@@ -335,16 +335,31 @@ int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 	return err;
 }
 
-int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
-		      size_t n)
+int rma_mem_stage_start(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
+			size_t n)
 {
 	rail_cu_result r;
 
 	if (cu_enter(g))
 		return -EIO;
 	r = g->cu->memcpy_dtoh_async(pinned, (rail_cu_ptr)(uintptr_t)src, n, s);
-	if (r)
-		return cu_fail(g, "cuMemcpyDtoHAsync of a put's source", r);
+	return r ? cu_fail(g, "cuMemcpyDtoHAsync of a put's source", r) : 0;
+}
+
+int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s)
+{
+	rail_cu_result r;
+
+	if (cu_enter(g))
+		return -EIO;
 	r = g->cu->stream_synchronize(s);
 	return r ? cu_fail(g, "cuStreamSynchronize of a put's source", r) : 0;
+}
+
+int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
+		      size_t n)
+{
+	int err = rma_mem_stage_start(g, s, pinned, src, n);
+
+	return err ? err : rma_mem_stage_wait(g, s);
 }

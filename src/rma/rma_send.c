@@ -12,10 +12,11 @@
  * the applier landed the reply. To oneself, a put, a signal and a get are
  * memory copies and an add, done before post returns (rma_mem.c).
  *
- * A put out of a GPU window is sent in pieces: each is copied into the
- * stream's pinned buffer on the context's own non-blocking stream, waited
- * for, then written to the socket, so the put is done once its last piece
- * has left (its source is then reusable).
+ * A put out of a GPU window is sent in pieces through the stream's two
+ * pinned pieces: while one is written to the socket, the copy of the next
+ * runs on the context's own non-blocking stream, and is waited for before
+ * that piece is written; the put is done once its last piece has left (its
+ * source is then reusable: every copy out of it has ended).
  *
  * Every range is checked here before anything is sent: the source against
  * this rank's window, the destination against the peer's copy (its size
@@ -31,7 +32,7 @@
 
 #define RMA_REQS_PER_PEER 64	/* NCCL keeps 32 x maxRecvs (1) per (context, peer) */
 #define RMA_REQS_MAX 65535	/* the API's request handle has 16 bits for the index */
-#define RMA_SEND_STAGE (512u << 10)	/* pinned bytes per stream for puts out of the GPU */
+#define RMA_SEND_PIECE (256u << 10)	/* a piece of a put out of the GPU; two per stream */
 
 static const char *kind_call(const struct rma_req *r, int signal)
 {
@@ -96,7 +97,7 @@ static void stream_pop(struct rma_tcp_ctx *x, struct rma_stream *s, struct rma_r
 	s->qhead = r->next;
 	if (s->qhead == RMA_NONE)
 		s->qtail = RMA_NONE;
-	s->stage_at = s->stage_len = 0;
+	s->stage_at = s->stage_len = s->pre_len = 0;
 	if (r->kind != RAIL_RMA_GET) {
 		atomic_store(&r->state, RMA_REQ_DONE);
 		return;
@@ -112,25 +113,45 @@ static void stream_pop(struct rma_tcp_ctx *x, struct rma_stream *s, struct rma_r
 }
 
 /*
- * The GPU bytes of r from pos on, as an iov: the piece staged already, or
- * the next one copied out of the GPU into the stream's pinned buffer first.
+ * The GPU bytes of r from pos on, as an iov: the piece staged already, the
+ * other piece once its copy ended, or a piece copied now (the request's
+ * first); a new piece has the copy of the one after it queued at once.
  */
 static int stage_next(struct rma_tcp_ctx *x, struct rma_stream *s, const struct rma_req *r,
 		      size_t pos, struct iovec *iov)
 {
 	const struct iovec *g = &r->iov[r->gpu_iov];
+	const char *src = g->iov_base;
+	struct rma_gpu *gpu = &x->coll->gpu;
+	int err = 0;
 
 	if (pos < s->stage_at || pos >= s->stage_at + s->stage_len) {
-		size_t n = RAIL_MIN(g->iov_len - pos, RMA_SEND_STAGE);
-		int err = rma_mem_stage_out(&x->coll->gpu, x->stream, s->stage,
-					    (const char *)g->iov_base + pos, n);
+		if (s->pre_len && pos >= s->pre_at && pos < s->pre_at + s->pre_len) {
+			err = rma_mem_stage_wait(gpu, x->stream);
+			s->stage_cur ^= 1;
+			s->stage_at = s->pre_at;
+			s->stage_len = s->pre_len;
+		} else {
+			s->stage_len = RAIL_MIN(g->iov_len - pos, RMA_SEND_PIECE);
+			s->stage_at = pos;
+			err = rma_mem_stage_out(gpu, x->stream, s->stage + s->stage_cur *
+						RMA_SEND_PIECE, src + pos, s->stage_len);
+		}
+		s->pre_len = 0;
+		s->pre_at = s->stage_at + s->stage_len;
+		if (!err && s->pre_at < g->iov_len) {
+			size_t n = RAIL_MIN(g->iov_len - s->pre_at, RMA_SEND_PIECE);
 
-		if (err)
+			err = rma_mem_stage_start(gpu, x->stream, s->stage + (s->stage_cur ^ 1) *
+						  RMA_SEND_PIECE, src + s->pre_at, n);
+			s->pre_len = err ? 0 : n;
+		}
+		if (err) {
+			s->stage_len = 0;
 			return err;
-		s->stage_at = pos;
-		s->stage_len = n;
+		}
 	}
-	iov->iov_base = s->stage + (pos - s->stage_at);
+	iov->iov_base = s->stage + s->stage_cur * RMA_SEND_PIECE + (pos - s->stage_at);
 	iov->iov_len = s->stage_at + s->stage_len - pos;
 	return 0;
 }
@@ -288,7 +309,7 @@ static int gpu_send_ready(struct rma_tcp_ctx *x, struct rma_stream *s)
 {
 	if (!x->stream && rma_gpu_stream(&x->coll->gpu, &x->stream))
 		return -EIO;
-	if (!s->stage && !(s->stage = rma_gpu_pinned(&x->coll->gpu, RMA_SEND_STAGE)))
+	if (!s->stage && !(s->stage = rma_gpu_pinned(&x->coll->gpu, 2 * RMA_SEND_PIECE)))
 		return -EIO;
 	return 0;
 }

@@ -92,6 +92,8 @@ static int tcp_rma_destroy_ctx(struct rail_rma_ctx *base)
 		if (x->streams[i].in_fd >= 0)
 			close(x->streams[i].in_fd);
 	}
+	/* first: it waits for the copies still queued into the pieces (a put cut short) */
+	rma_gpu_stream_free(&x->coll->gpu, x->stream);
 	for (int i = 0; x->streams && i < n; i++)
 		rma_gpu_pinned_free(&x->coll->gpu, x->streams[i].stage);
 	for (int i = 0; i < x->nrx; i++) {
@@ -100,7 +102,6 @@ static int tcp_rma_destroy_ctx(struct rail_rma_ctx *base)
 	}
 	free(x->rx);
 	free(x->streams);
-	rma_gpu_stream_free(&x->coll->gpu, x->stream);
 	if (x->reqs)
 		rma_send_fini(x);
 	free(x);

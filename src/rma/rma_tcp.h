@@ -250,7 +250,14 @@ int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 		 const struct rma_win *sw, uint64_t soff, size_t n);
 /* Everything queued on the collComm's stream is done. */
 int rma_mem_sync(struct rma_gpu *g);
-/* A put's source out of the GPU into pinned memory, on stream s, waited for. */
+/*
+ * A put's source out of the GPU into pinned memory, on stream s: queued
+ * (rma_mem_stage_start), waited for (rma_mem_stage_wait: everything queued
+ * on s), or both (rma_mem_stage_out).
+ */
+int rma_mem_stage_start(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
+			size_t n);
+int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s);
 int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
 		      size_t n);
 
@@ -310,8 +317,10 @@ struct rma_stream {
 	uint32_t qhead, qtail;	/* requests with bytes left to send, in order */
 	int err;		/* the stream failed: every later operation fails */
 	atomic_int broken;	/* the applier found it failed (its gets cannot be answered) */
-	char *stage;		/* pinned: the head request's GPU bytes being sent */
-	size_t stage_at, stage_len;	/* which of them: [at, at + len) of its GPU iov */
+	char *stage;		/* pinned, two pieces: the head request's GPU bytes being sent */
+	int stage_cur;		/* the piece being written (0 or 1) */
+	size_t stage_at, stage_len;	/* which bytes it holds: [at, at + len) of the GPU iov */
+	size_t pre_at, pre_len;	/* the other piece's copy, queued while it is written (len 0: none) */
 };
 
 struct rma_tcp_coll;
