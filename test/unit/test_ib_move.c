@@ -415,10 +415,11 @@ static void test_move_flapping_bounded(void **state)
  * completes.
  */
 /*
- * One try: 0 when the sender refused its send (the move thread, finding the
- * receiver not called for a tick while this thread was slow to see the
- * port go down, drove the receiver's move and the sender joined it before
- * its last send: the case under test did not arise).
+ * One try: 0 when the case under test did not arise: the sender refused its
+ * send (the move thread, finding the receiver not called for a tick while
+ * this thread was slow to see the port go down, drove the receiver's move
+ * and the sender joined it before its last send), or the send was not
+ * complete at post (its clear-to-send had not arrived).
  */
 static int idle_peer_once(void)
 {
@@ -456,8 +457,16 @@ static int idle_peer_once(void)
 		return 0;
 	}
 	assert_int_equal(rail_net_test(sreq, &done, NULL), 0);
-	/* a small send into a clear-to-send: all inline, complete at post (and lost) */
-	assert_true(done);
+	/*
+	 * A small send into a clear-to-send: all inline, complete at post (and
+	 * lost). Not done: the clear-to-send had not arrived after all (a slow
+	 * host under ThreadSanitizer), the send went to the eager ring, and the
+	 * case under test did not arise: another try.
+	 */
+	if (!done) {
+		loop_end(&L);
+		return 0;
+	}
 	done = 0;
 	deadline = rail_now_ns() + 10000000000ull;
 	while (!done && rail_now_ns() < deadline)
@@ -484,7 +493,8 @@ static void test_move_idle_peer(void **state)
 		tries++;
 	if (tries == 5)
 		fail_msg("5 tries: each time the sender had joined the receiver's move before its "
-			 "last send, so the idle-peer case never arose (a very slow host?)");
+			 "last send, or that send was not complete at post, so the idle-peer case "
+			 "never arose (a very slow host?)");
 }
 
 /*

@@ -136,7 +136,11 @@ static void batch(struct pair *p, int n, const size_t *sizes, const int *tags, u
 				 "those sent", i, sizes[i], tags[i]);
 }
 
-/* A seeded mix of sizes: small (up to the inline limit) or large (above it), random tags. */
+/*
+ * A seeded mix of sizes: small (up to the inline limit) or large (above it:
+ * those above NCCL_RAIL_TCP_DIRECT too, or sent while others are queued, open
+ * the data sockets), random tags.
+ */
 static void mix(struct pair *p, unsigned *state, int large_ok, size_t inl)
 {
 	size_t sizes[BATCH];
@@ -207,8 +211,12 @@ static void test_lazy_data_sockets(void **state)
 		int exp = expected_data_socks(i, nsocks);
 
 		mix(&pairs[i], &st, 1, inl);
-		if (!pairs[i].s->nsocks) {	/* the mix had no large message: make sure */
-			size_t sz = inl + 1;
+		/*
+		 * The mix had no message that needs the data sockets (larger ones up to
+		 * NCCL_RAIL_TCP_DIRECT go inline while nothing else is queued): send one.
+		 */
+		if (!pairs[i].s->nsocks) {
+			size_t sz = RAIL_MAX(inl, pairs[i].s->direct_max) + 1;
 			int tag = 5;
 
 			batch(&pairs[i], 1, &sz, &tag, st);
