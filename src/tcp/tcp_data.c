@@ -199,7 +199,8 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
  * threads; with the profiler, each chunk is one socket operation event.
  * A message of one chunk up to NCCL_RAIL_TCP_DIRECT, while no chunk of any
  * comm of the process is queued, is moved by this (NCCL's progress) thread
- * instead: waking a helper on each side costs more than the copy, and with
+ * instead (on the send side only one that waited for the lazy open, or met
+ * a queue that emptied since isend: an idle send went inline): waking a helper on each side costs more than the copy, and with
  * nothing else in flight there is nothing a helper would move in parallel.
  * (With several channels or both directions busy, as in an all-reduce, the
  * helpers move them: the progress thread's own copies would delay the other
@@ -303,9 +304,9 @@ uint64_t tcp_data_idle_inline(void)
  * inline limit; and up to NCCL_RAIL_TCP_DIRECT (with the frame's INLINE
  * flag) while no chunk of any comm of the process is queued: with nothing
  * else in flight, one socket costs less than a frame on one and the bytes
- * on another (on 2 CPUs, a 32 KiB message's half round trip went from 21.6
- * to 12.4 us), and the data sockets need not be open. Busy, it is cut into
- * chunks for the data sockets as any larger one.
+ * on another (on 2 CPUs, a 32 KiB message's half round trip went from 20.5
+ * to 10.7 us: docs/PERFORMANCE.md, R4), and the data sockets need not be
+ * open. Busy, it is cut into chunks for the data sockets as any larger one.
  */
 static int send_inline(struct tcp_comm *c, size_t size, struct tcp_frame *f)
 {
