@@ -13,11 +13,9 @@
 #   a2a-rail    alltoall_perf -D 0 over Rail (two-sided)
 #   a2a-socket  alltoall_perf -D 0 over NCCL's Socket transport
 #   pingpong    rma-pingpong over Rail (host API ncclPutSignal / ncclWaitSignal
-#               against ncclSend / ncclRecv; -r: host RMA required). Known
-#               problem: with NP > 2 it hangs in its first ncclSend/ncclRecv
-#               between ranks 0 and 1 while the other ranks wait in MPI (not
-#               with NCCL_RAIL_RMA=0, nor with NP 2; EXTRA="-x RMA_PP_WARMUP=1"
-#               puts an all-reduce of every rank before it)
+#               against ncclSend / ncclRecv; -r: host RMA required; every
+#               rank makes its first one-sided call together, which NCCL
+#               2.30 needs: see rma_pingpong.c)
 #   norma       NCCL_RAIL_RMA=0: alltoall -D 3 and rma-pingpong, to see the
 #               fallback named and nothing crash
 # env: NP (2), SIZES ("-b 8 -e 64M -f 4"), ITERS ("-w 5 -n 20"), LOGS (folder,

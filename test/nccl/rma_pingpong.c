@@ -22,10 +22,12 @@
  * largest size >= 0.8 x two-sided, and the smallest size's one-sided round
  * trip <= 1.5 x two-sided.
  *
- * RMA_PP_WARMUP=1 (environment): one all-reduce on every rank after the
- * windows are registered, before any ping-pong (with NP > 2 the first
- * send/receive between ranks 0 and 1 hangs; is a step every rank must take
- * first the cause?).
+ * Every rank makes its first one-sided call at the same time (a ring of
+ * ncclSignal / ncclWaitSignal right after the windows are registered): in
+ * NCCL 2.30 a communicator's first one-sided call registers a symmetric
+ * signal window (ncclRmaCeInit from the group end), which is collective, so
+ * a ping-pong between ranks 0 and 1 as the first one-sided traffic hangs
+ * with more than 2 ranks while the others wait in MPI.
  * -r: exit 1 when the communicator has no host RMA (else the one-sided
  * parts are skipped with a line saying so and two-sided still runs).
  * -t: exit 1 when a target is missed (else only reported).
@@ -141,6 +143,20 @@ static size_t check(struct bufs *b, const char *src, size_t size, int r, int v,
 	return bad;
 }
 
+/* The first one-sided call of every rank together: a ring of signals. */
+static void first_rma_call(struct bufs *b)
+{
+	ncclWaitSignalDesc_t w = { .opCnt = 1, .peer = (g_rank + g_nranks - 1) % g_nranks,
+				   .sigIdx = 0, .ctx = 0 };
+
+	NCCL_CHECK(ncclSignal((g_rank + 1) % g_nranks, 0, 0, 0, b->comm, b->stream));
+	NCCL_CHECK(ncclWaitSignal(1, &w, b->comm, b->stream));
+	CUDA_CHECK(cudaStreamSynchronize(b->stream));
+	MPI_Barrier(MPI_COMM_WORLD);
+	if (g_rank == 0)
+		printf("# first one-sided call on every rank done (a ring of signals)\n");
+}
+
 static void setup(struct bufs *b, const struct opts *o)
 {
 	ncclCommProperties_t props = NCCL_COMM_PROPERTIES_INITIALIZER;
@@ -174,13 +190,7 @@ static void setup(struct bufs *b, const struct opts *o)
 					  NCCL_WIN_COLL_SYMMETRIC));
 	NCCL_CHECK(ncclCommWindowRegister(b->comm, b->recv, o->max * (size_t)g_nranks,
 					  &b->recv_win, NCCL_WIN_COLL_SYMMETRIC));
-	if (getenv("RMA_PP_WARMUP")) { /* every rank in one all-reduce first */
-		NCCL_CHECK(ncclAllReduce(b->ssend, b->srecv, 1, ncclFloat, ncclSum, b->comm,
-					 b->stream));
-		CUDA_CHECK(cudaStreamSynchronize(b->stream));
-		if (g_rank == 0)
-			printf("# warm-up all-reduce on every rank done\n");
-	}
+	first_rma_call(b);
 }
 
 static void teardown(struct bufs *b)
