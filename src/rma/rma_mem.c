@@ -21,6 +21,7 @@
  * queued, and the ring starts over after a stream synchronize once it is
  * full, so that no byte is overwritten while a copy may still read it.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -31,6 +32,54 @@
 
 #define RMA_STAGE_RING (8u << 20)	/* pinned bytes for the applier's copies into the GPU */
 #define RMA_STAGE_MIN (64u << 10)	/* less room than this left: start the ring over */
+#define RMA_SIGNAL_SAMPLE 64		/* one GPU signal write in this many is waited for */
+
+static void clock_add(struct rma_gpu_clock *c, uint64_t t0, size_t bytes)
+{
+	uint64_t ns = rail_now_ns() - t0, max = atomic_load_explicit(&c->max_ns, memory_order_relaxed);
+
+	atomic_fetch_add_explicit(&c->n, 1, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->ns, ns, memory_order_relaxed);
+	atomic_fetch_add_explicit(&c->bytes, bytes, memory_order_relaxed);
+	while (ns > max && !atomic_compare_exchange_weak(&c->max_ns, &max, ns))
+		;
+}
+
+/* " NAME N (mean X us, max Y us[, Z GB/s])" for one kind of wait, or nothing. */
+static int clock_str(const struct rma_gpu_clock *c, const char *name, int rate, char *buf,
+		     size_t len)
+{
+	uint64_t n = atomic_load(&c->n), ns = atomic_load(&c->ns);
+
+	if (!n)
+		return snprintf(buf, len, "%s none", name);
+	if (rate && ns)
+		return snprintf(buf, len, "%s %llu (mean %.1f us, max %.1f us, %.2f GB/s)", name,
+				(unsigned long long)n, ns / 1e3 / (double)n,
+				atomic_load(&c->max_ns) / 1e3, (double)atomic_load(&c->bytes) / (double)ns);
+	return snprintf(buf, len, "%s %llu (mean %.1f us, max %.1f us)", name, (unsigned long long)n,
+			ns / 1e3 / (double)n, atomic_load(&c->max_ns) / 1e3);
+}
+
+/*
+ * At close: how long this rank waited for its GPU. With a kernel spinning
+ * (NCCL's device API), a wait far above the bytes' copy time is the GPU
+ * running the plugin's copies and signal writes late.
+ */
+static void log_waits(const struct rma_gpu *g)
+{
+	char a[96], b[96], c[96];
+
+	if (!atomic_load(&g->waits[RMA_WAIT_SOURCE].n) && !atomic_load(&g->waits[RMA_WAIT_QUEUE].n) &&
+	    !atomic_load(&g->waits[RMA_WAIT_SIGNAL].n))
+		return;
+	clock_str(&g->waits[RMA_WAIT_SOURCE], "put sources copied out", 1, a, sizeof(a));
+	clock_str(&g->waits[RMA_WAIT_QUEUE], "stream drained", 1, b, sizeof(b));
+	clock_str(&g->waits[RMA_WAIT_SIGNAL], "signal writes run", 0, c, sizeof(c));
+	RAIL_INFO(RAIL_LOG_NET, "RMA on GPU memory (rank %d of %d, device %d): waits for the GPU: "
+		  "%s; %s; %s (1 in %d of %llu signal writes timed)", g->rank, g->nranks, g->dev, a,
+		  b, c, RMA_SIGNAL_SAMPLE, (unsigned long long)g->signals);
+}
 
 void rma_gpu_init(struct rma_gpu *g, int dev, int rank, int nranks)
 {
@@ -60,6 +109,7 @@ static int cu_enter(const struct rma_gpu *g)
 
 void rma_gpu_fini(struct rma_gpu *g)
 {
+	log_waits(g);
 	if (g->cu && !cu_enter(g)) {
 		if (g->stream) {
 			g->cu->stream_synchronize(g->stream);
@@ -173,21 +223,30 @@ void rma_gpu_pinned_free(struct rma_gpu *g, void *p)
 		g->cu->mem_free_host(p);
 }
 
-/* Wait for everything queued on the stream. Holds g->lock. */
-static int gpu_sync(struct rma_gpu *g)
+/* Wait for everything queued on the stream, timed as kind. Holds g->lock. */
+static int gpu_wait(struct rma_gpu *g, enum rma_gpu_wait kind)
 {
 	rail_cu_result r;
+	uint64_t t0;
 
 	if (!g->pending)
 		return 0;
 	if (cu_enter(g))
 		return -EIO;
+	t0 = rail_now_ns();
 	r = g->cu->stream_synchronize(g->stream);
 	if (r)
 		return cu_fail(g, "cuStreamSynchronize", r);
+	clock_add(&g->waits[kind], t0, g->queued);
 	g->pending = 0;
+	g->queued = 0;
 	g->stage_pos = 0;
 	return 0;
+}
+
+static int gpu_sync(struct rma_gpu *g)
+{
+	return gpu_wait(g, RMA_WAIT_QUEUE);
 }
 
 int rma_mem_sync(struct rma_gpu *g)
@@ -233,6 +292,7 @@ int rma_mem_land(struct rma_gpu *g, const struct rma_win *w, uint64_t off, const
 		err = cu_fail(g, "cuMemcpyHtoDAsync into a window", r);
 	if (!err) {
 		g->pending = 1;
+		g->queued += n;
 		if (staged == g->stage + g->stage_pos)
 			g->stage_pos += n;
 	}
@@ -264,6 +324,8 @@ static int gpu_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, 
 	if (r)
 		return cu_fail(g, "cuStreamWriteValue64 of a signal", r);
 	g->pending = 1;
+	if (g->signals++ % RMA_SIGNAL_SAMPLE == 0)	/* when did the GPU run it? */
+		return gpu_wait(g, RMA_WAIT_SIGNAL);
 	return 0;
 }
 
@@ -303,6 +365,7 @@ int rma_mem_read(struct rma_gpu *g, const struct rma_win *w, uint64_t off, void 
 		err = cu_fail(g, "cuMemcpyDtoHAsync out of a window", r);
 	if (!err) {
 		g->pending = 1;
+		g->queued += n;
 		err = gpu_sync(g);
 	}
 	pthread_mutex_unlock(&g->lock);
@@ -329,8 +392,10 @@ int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 	    : g->cu->memcpy_dtoh_async(d, sp, n, g->stream);
 	if (!err && r)
 		err = cu_fail(g, "a copy to this rank itself", r);
-	if (!err)
+	if (!err) {
 		g->pending = 1;
+		g->queued += n;
+	}
 	pthread_mutex_unlock(&g->lock);
 	return err;
 }
@@ -346,14 +411,19 @@ int rma_mem_stage_start(struct rma_gpu *g, rail_cu_stream s, void *pinned, const
 	return r ? cu_fail(g, "cuMemcpyDtoHAsync of a put's source", r) : 0;
 }
 
-int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s)
+int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s, size_t n)
 {
 	rail_cu_result r;
+	uint64_t t0;
 
 	if (cu_enter(g))
 		return -EIO;
+	t0 = rail_now_ns();
 	r = g->cu->stream_synchronize(s);
-	return r ? cu_fail(g, "cuStreamSynchronize of a put's source", r) : 0;
+	if (r)
+		return cu_fail(g, "cuStreamSynchronize of a put's source", r);
+	clock_add(&g->waits[RMA_WAIT_SOURCE], t0, n);
+	return 0;
 }
 
 int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
@@ -361,5 +431,5 @@ int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const c
 {
 	int err = rma_mem_stage_start(g, s, pinned, src, n);
 
-	return err ? err : rma_mem_stage_wait(g, s);
+	return err ? err : rma_mem_stage_wait(g, s, n);
 }

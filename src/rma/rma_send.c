@@ -127,7 +127,7 @@ static int stage_next(struct rma_tcp_ctx *x, struct rma_stream *s, const struct 
 
 	if (pos < s->stage_at || pos >= s->stage_at + s->stage_len) {
 		if (s->pre_len && pos >= s->pre_at && pos < s->pre_at + s->pre_len) {
-			err = rma_mem_stage_wait(gpu, x->stream);
+			err = rma_mem_stage_wait(gpu, x->stream, s->pre_len);
 			s->stage_cur ^= 1;
 			s->stage_at = s->pre_at;
 			s->stage_len = s->pre_len;

@@ -211,6 +211,20 @@ struct rma_win {
 /* ---- a window's bytes (rma_mem.c) ---- */
 
 /* A collComm's way into its GPU windows, started at the first one. */
+/*
+ * How long this rank waited for the GPU (rma_mem.c), logged when the
+ * collComm closes: what a spinning kernel costs the copies and signals.
+ */
+enum rma_gpu_wait {
+	RMA_WAIT_SOURCE,	/* a put's source piece copied out (the initiator) */
+	RMA_WAIT_QUEUE,		/* the stream's queue: staging ring, gets, host signals */
+	RMA_WAIT_SIGNAL,	/* a sampled signal write until the GPU ran it */
+	RMA_WAIT_KINDS
+};
+struct rma_gpu_clock {
+	_Atomic uint64_t n, ns, max_ns, bytes;
+};
+
 struct rma_gpu {
 	pthread_mutex_t lock;	/* the stream's order, the ring, the shadows */
 	const struct rail_cuda *cu;
@@ -220,6 +234,9 @@ struct rma_gpu {
 	size_t stage_size, stage_pos;
 	uint64_t *word;		/* pinned: a signal word read back */
 	int pending;		/* work queued on the stream since its last synchronize */
+	size_t queued;		/* bytes copied on it since then */
+	uint64_t signals;	/* GPU signal words written (every RMA_SIGNAL_SAMPLE-th timed) */
+	struct rma_gpu_clock waits[RMA_WAIT_KINDS];
 	int dev, rank, nranks;	/* for messages */
 };
 
@@ -253,11 +270,12 @@ int rma_mem_sync(struct rma_gpu *g);
 /*
  * A put's source out of the GPU into pinned memory, on stream s: queued
  * (rma_mem_stage_start), waited for (rma_mem_stage_wait: everything queued
- * on s), or both (rma_mem_stage_out).
+ * on s, n bytes of which are counted in the wait's rate), or both
+ * (rma_mem_stage_out).
  */
 int rma_mem_stage_start(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
 			size_t n);
-int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s);
+int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s, size_t n);
 int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
 		      size_t n);
 

@@ -367,6 +367,41 @@ static void body_load(struct rank *r)
 	free(theirs);
 }
 
+/* "NAME N (mean X us": N and X, or 0 when the line has no such part. */
+static int wait_figures(const char *line, const char *name, unsigned long *n, double *mean)
+{
+	const char *p = strstr(line, name);
+
+	return p && sscanf(p + strlen(name), " %lu (mean %lf us", n, mean) == 2;
+}
+
+/*
+ * Each rank's collComm logged at close how long it waited for the GPU, and
+ * with every fake copy taking 30 us a put's source took at least that.
+ */
+static void check_waits_logged(int n)
+{
+	int lines = 0;
+
+	pthread_mutex_lock(&unit_log_mu);
+	for (int i = 0; i < unit_log_rec.n; i++) {
+		const char *t = unit_log_rec.lines[i].text;
+		unsigned long k = 0;
+		double mean = 0;
+
+		if (!strstr(t, "waits for the GPU"))
+			continue;
+		lines++;
+		if (!wait_figures(t, "put sources copied out", &k, &mean) || k == 0 || mean < 25.0 ||
+		    !wait_figures(t, "signal writes run", &k, &mean) || k == 0) {
+			pthread_mutex_unlock(&unit_log_mu);
+			fail_msg("wait figures missing or below the fake's 30 us copies: %s", t);
+		}
+	}
+	pthread_mutex_unlock(&unit_log_mu);
+	assert_int_equal(lines, n);
+}
+
 static void test_ordering_under_load(void **state)
 {
 	const char *env = getenv("RMA_CUDA_SEED");
@@ -375,7 +410,9 @@ static void test_ordering_under_load(void **state)
 	load_seed = env ? (unsigned)strtoul(env, NULL, 0) : (unsigned)time(NULL);
 	printf("ordering seed %u (replay: RMA_CUDA_SEED=%u)\n", load_seed, load_seed);
 	fcu_delay(30);
+	unit_log_reset();
 	run_group(2, 1 << 20, 0, body_load);
+	check_waits_logged(2);
 	run_group(3, 512 << 10, 0, body_load);
 	fcu_delay(0);
 }
