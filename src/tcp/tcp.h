@@ -663,6 +663,8 @@ static inline int tcp_move_due(struct tcp_comm *c)
 void tcp_fault_arm(void);
 /* 0, or the -errno a helper thread creation must fail with. */
 int tcp_fault_thread_create(void);
+/* 0, or the -errno an accepting side's reply to a connector must fail with. */
+int tcp_fault_accept_reply(void);
 
 extern const struct rail_transport_ops rail_tcp_ops;
 

@@ -274,7 +274,8 @@ static int stage_reply(struct tcp_stage *s)
 	s->warned = 1;
 	if (err) {
 		RAIL_WARN("connect to %s: the listener closed the connection before accepting "
-			  "it (%s); is the peer process alive and using the same plugin?",
+			  "it (%s); its own log says why (a failed accept names the cause there); "
+			  "is the peer process alive and using the same plugin?",
 			  RAIL_ADDRSTR(&s->h.addr), RAIL_ERRSTR(err));
 		return -ECONNRESET;
 	}
@@ -671,22 +672,30 @@ static int take_group(struct tcp_listen_comm *lc, struct rail_comm **out)
 			return err;
 		}
 		tcp_rescue_encode(&mine, reply + TCP_REPLY_SIZE);
-		err = rail_sock_send_nb(g->fds[0], reply, sizeof(reply), &off);
-		if (err) {
-			RAIL_WARN("accept: sending the reply to %s failed: %s",
-				  RAIL_ADDRSTR(&g->peer), RAIL_ERRSTR(err));
-			group_drop(lc, i);
-			return err;
-		}
 		tcp_move_key(g->rescue.share, mine.share, g->conn_id, g->layout.nonce, key);
 		memset(mine.share, 0, sizeof(mine.share));
-		/* The fds are the comm's from here on, also when it fails (it closed them). */
+		/*
+		 * The comm first, then the reply: once the sender has the reply it
+		 * may send at once, and a large message opens the lazy data sockets
+		 * to this process's listener, which refuses a connection no comm
+		 * here is registered for. The fds are the comm's from here on,
+		 * also when it fails (it closed them).
+		 */
 		err = tcp_comm_create(lc->base.dev, 0, g->fds, &g->layout, &g->peer, &g->rescue, key,
 				      &c);
 		memset(key, 0, sizeof(key));
 		lc->groups[i] = lc->groups[--lc->ngroups];
 		if (err)
 			return err;
+		err = tcp_fault_accept_reply();
+		if (!err)
+			err = rail_sock_send_nb(c->ctrl_fd, reply, sizeof(reply), &off);
+		if (err) {
+			RAIL_WARN("accept: sending the reply to %s failed: %s",
+				  RAIL_ADDRSTR(&c->peer_addr), RAIL_ERRSTR(err));
+			tcp_close(&c->base);
+			return err == -EAGAIN ? -EIO : err;
+		}
 		*out = &c->base;
 		return 0;
 	}

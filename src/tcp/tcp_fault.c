@@ -4,8 +4,11 @@
  * NCCL_RAIL_TCP_FAULT=pthread_create:ERRNO:N[+] makes the N-th helper
  * thread creation (counted from the transport's init) fail with ERRNO, as
  * pthread_create does under RLIMIT_NPROC or a pids cgroup; "N+" fails the
- * N-th and every later one. ERRNO is a name (EAGAIN, ENOMEM, EPERM...) or a
- * number. The rule and its parser are shared with the verbs seam (fault.h).
+ * N-th and every later one. accept_reply:ERRNO:N[+] fails the N-th reply
+ * an accepting side sends to a connector (its receive comm already made),
+ * as a send on a socket the peer reset does. ERRNO is a name (EAGAIN,
+ * ENOMEM, EPERM...) or a number. The rule and its parser are shared with
+ * the verbs seam (fault.h).
  */
 #include <stdatomic.h>
 #include <stdio.h>
@@ -16,29 +19,40 @@
 #include "rail.h"
 #include "tcp/tcp.h"
 
-static const char *const tcp_fault_names[] = { "pthread_create" };
-static struct rail_fault tcp_fault;
+enum { TCP_FAULT_THREAD, TCP_FAULT_ACCEPT_REPLY, TCP_FAULT_N };
+static const char *const tcp_fault_names[TCP_FAULT_N] = { "pthread_create", "accept_reply" };
+static struct rail_fault tcp_fault[TCP_FAULT_N];
 
 void tcp_fault_arm(void)
 {
 	const char *spec = rail_param_str(RAIL_P_TCP_FAULT);
 	char why[256];
 
-	if (rail_fault_parse(spec, tcp_fault_names, 1, &tcp_fault, why, sizeof(why))) {
+	if (rail_fault_parse(spec, tcp_fault_names, TCP_FAULT_N, tcp_fault, why, sizeof(why))) {
 		RAIL_WARN("NCCL_RAIL_TCP_FAULT=%s ignored: %s", spec, why);
 		return;
 	}
-	if (tcp_fault.armed)
+	if (tcp_fault[TCP_FAULT_THREAD].armed || tcp_fault[TCP_FAULT_ACCEPT_REPLY].armed)
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "NCCL_RAIL_TCP_FAULT=%s armed (fault "
 			  "injection for tests)", spec);
 }
 
 int tcp_fault_thread_create(void)
 {
-	int err = rail_fault_hit(&tcp_fault);
+	int err = rail_fault_hit(&tcp_fault[TCP_FAULT_THREAD]);
 
 	if (err)
 		RAIL_INFO(RAIL_LOG_NET, "NCCL_RAIL_TCP_FAULT: failing helper thread creation %ld "
-			  "with %s", atomic_load(&tcp_fault.calls), RAIL_ERRSTR(-err));
+			  "with %s", atomic_load(&tcp_fault[TCP_FAULT_THREAD].calls), RAIL_ERRSTR(-err));
+	return -err;
+}
+
+int tcp_fault_accept_reply(void)
+{
+	int err = rail_fault_hit(&tcp_fault[TCP_FAULT_ACCEPT_REPLY]);
+
+	if (err)
+		RAIL_INFO(RAIL_LOG_NET, "NCCL_RAIL_TCP_FAULT: failing accept reply %ld with %s",
+			  atomic_load(&tcp_fault[TCP_FAULT_ACCEPT_REPLY].calls), RAIL_ERRSTR(-err));
 	return -err;
 }

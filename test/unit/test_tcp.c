@@ -536,16 +536,151 @@ static void test_thread_failure_closes_once(void **state)
 		fail_msg("%d close() calls on fds that were not open (double closes)", close_ebadf);
 	if (cres == ncclSuccess)
 		fail_msg("connect neither failed nor completed in %d calls", calls);
-	assert_int_equal(cres, ncclSystemError);
+	/* The accepting side fails first (its comm is made before its reply), so the
+	 * connector sees the listener close the connection. */
+	assert_int_equal(cres, ncclRemoteError);
 	assert_null(sc);
 	assert_int_equal(ares, ncclSystemError);
 	assert_null(rc);
 	unit_assert_logged2(RAIL_LOG_WARN, "helper thread", "RLIMIT_NPROC");
+	unit_assert_logged2(RAIL_LOG_WARN, "closed the connection before accepting", "own log");
 	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
 	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
 	unit_log_release();
 	for (int i = 0; i < nsent; i++)
 		close(sent[i]);
+	unsetenv("NCCL_RAIL_TCP_FAULT");
+	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
+	unsetenv("NCCL_RAIL_TCP_LAZY");
+}
+
+/*
+ * The accepting side's reply to a connector fails (NCCL_RAIL_TCP_FAULT
+ * accept_reply, as a send on a socket the peer reset): its receive comm,
+ * made and registered for its lazy data sockets before the reply (so that
+ * a sender that has the reply can open them at once), is closed again;
+ * accept fails with the error named, the connector's connect fails (its
+ * socket closed without a reply), and a second pair then connects and
+ * moves a message above NCCL_RAIL_TCP_DIRECT (through the lazy data
+ * sockets) right after connect.
+ */
+static void test_accept_reply_failure(void **state)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE], h2[RAIL_HANDLE_SIZE];
+	void *ctx = NULL, *lc = NULL, *sc = NULL, *rc = NULL, *sr = NULL, *rr = NULL;
+	ncclResult_t cres = ncclSuccess, ares = ncclSuccess;
+	size_t n = 300000;
+	char *sb = malloc(n), *rb = calloc(1, n);
+	int sdone = 0, rdone = 0, size = 0;
+	uint64_t until;
+
+	(void)state;
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	setenv("NCCL_RAIL_TCP_FAULT", "accept_reply:ECONNRESET:1", 1);
+	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
+	unit_log_capture();
+	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	memcpy(h2, handle, sizeof(h2));
+	until = rail_now_ns() + 6000000000ull;
+	while ((cres == ncclSuccess && !sc) && rail_now_ns() < until) {
+		cres = rail_net_connect(ctx, 0, -1, handle, &sc);
+		if (ares == ncclSuccess && !rc)
+			ares = rail_net_accept(lc, &rc);
+	}
+	assert_int_equal(ares, ncclRemoteError);	/* ECONNRESET: the peer's doing */
+	assert_null(rc);
+	assert_int_equal(cres, ncclRemoteError);
+	assert_null(sc);
+	unit_assert_logged2(RAIL_LOG_WARN, "sending the reply", "Connection reset by peer");
+	unit_assert_logged2(RAIL_LOG_WARN, "closed the connection before accepting", "own log");
+	/* The listen comm still serves the next connector. */
+	until = rail_now_ns() + 6000000000ull;
+	while ((!sr || !rr) && rail_now_ns() < until) {
+		if (!sr)
+			assert_int_equal(rail_net_connect(ctx, 0, -1, h2, &sr), ncclSuccess);
+		if (!rr)
+			assert_int_equal(rail_net_accept(lc, &rr), ncclSuccess);
+	}
+	assert_non_null(sr);
+	assert_non_null(rr);
+	for (size_t i = 0; i < n; i++)
+		sb[i] = (char)(i * 7 + 3);
+	{
+		void *sreq = NULL, *rreq = NULL, *rbuf = rb, *mh = NULL;
+		size_t rs = n;
+		int tag = 1;
+
+		while (!sreq)
+			assert_int_equal(rail_net_isend(sr, sb, n, 1, NULL, &sreq), ncclSuccess);
+		while (!rreq)
+			assert_int_equal(rail_net_irecv(rr, 1, &rbuf, &rs, &tag, &mh, &rreq),
+					 ncclSuccess);
+		until = rail_now_ns() + 10000000000ull;
+		while ((!sdone || !rdone) && rail_now_ns() < until) {
+			if (!sdone)
+				assert_int_equal(rail_net_test(sreq, &sdone, &size), ncclSuccess);
+			if (!rdone)
+				assert_int_equal(rail_net_test(rreq, &rdone, &size), ncclSuccess);
+		}
+	}
+	assert_true(sdone && rdone);
+	assert_memory_equal(sb, rb, n);
+	assert_int_equal(rail_net_close_send(sr), ncclSuccess);
+	assert_int_equal(rail_net_close_recv(rr), ncclSuccess);
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unit_log_release();
+	free(sb);
+	free(rb);
+	unsetenv("NCCL_RAIL_TCP_FAULT");
+	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
+}
+
+/*
+ * Only the accepting side's receive comm fails to come up (the first
+ * helper thread creation fails, and with NCCL_RAIL_TCP_LAZY=0 the
+ * acceptor makes its comm, and its data sockets' thread, first): the
+ * connector must fail, told that the listener closed the connection. The
+ * acceptor makes its comm before it replies; when it replied first, the
+ * connector went on as if accepted (here it then failed on its own, with
+ * a system error that blamed itself), and a sender could open its lazy
+ * data sockets before the acceptor's comm was there to take them (the
+ * listener refused them: a conformance failure under TSan).
+ */
+static void test_accept_fails_before_reply(void **state)
+{
+	uint8_t handle[RAIL_HANDLE_SIZE];
+	void *ctx = NULL, *lc = NULL, *sc = NULL, *rc = NULL;
+	ncclResult_t cres = ncclSuccess, ares = ncclSuccess;
+	uint64_t until;
+
+	(void)state;
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	setenv("NCCL_RAIL_TCP_FAULT", "pthread_create:EAGAIN:1", 1);
+	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
+	setenv("NCCL_RAIL_TCP_LAZY", "0", 1);
+	unit_log_capture();
+	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	until = rail_now_ns() + 6000000000ull;
+	/* Accept first in each round, as the acceptor's comm is what fails. */
+	while (cres == ncclSuccess && !sc && rail_now_ns() < until) {
+		if (ares == ncclSuccess && !rc)
+			ares = rail_net_accept(lc, &rc);
+		cres = rail_net_connect(ctx, 0, -1, handle, &sc);
+	}
+	assert_int_equal(ares, ncclSystemError);
+	assert_null(rc);
+	if (sc)
+		fail_msg("the connector got a comm although the acceptor's failed");
+	assert_int_equal(cres, ncclRemoteError);
+	unit_assert_logged2(RAIL_LOG_WARN, "closed the connection before accepting", "own log");
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unit_log_release();
 	unsetenv("NCCL_RAIL_TCP_FAULT");
 	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
 	unsetenv("NCCL_RAIL_TCP_LAZY");
@@ -705,6 +840,8 @@ int main(void)
 		cmocka_unit_test(test_refusal_names_release),
 		cmocka_unit_test(test_sender_told_of_refusal),
 		cmocka_unit_test(test_thread_failure_closes_once),
+		cmocka_unit_test(test_accept_reply_failure),
+		cmocka_unit_test(test_accept_fails_before_reply),
 		cmocka_unit_test(test_strays_do_not_disable_listener),
 	};
 
