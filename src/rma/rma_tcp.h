@@ -213,12 +213,11 @@ struct rma_win {
 /* A collComm's way into its GPU windows, started at the first one. */
 /*
  * How long this rank waited for the GPU (rma_mem.c), logged when the
- * collComm closes: what a spinning kernel costs the copies and signals.
+ * collComm closes: what a busy GPU costs the copies.
  */
 enum rma_gpu_wait {
 	RMA_WAIT_SOURCE,	/* a put's source piece copied out (the initiator) */
-	RMA_WAIT_QUEUE,		/* the stream's queue: staging ring, gets, host signals */
-	RMA_WAIT_SIGNAL,	/* a sampled signal write until the GPU ran it */
+	RMA_WAIT_QUEUE,		/* the stream's queue: staging ring, gets, signals read back */
 	RMA_WAIT_KINDS
 };
 struct rma_gpu_clock {
@@ -235,7 +234,7 @@ struct rma_gpu {
 	uint64_t *word;		/* pinned: a signal word read back */
 	int pending;		/* work queued on the stream since its last synchronize */
 	size_t queued;		/* bytes copied on it since then */
-	uint64_t signals;	/* GPU signal words written (every RMA_SIGNAL_SAMPLE-th timed) */
+	uint64_t signals;	/* GPU signal words written */
 	struct rma_gpu_clock waits[RMA_WAIT_KINDS];
 	int dev, rank, nranks;	/* for messages */
 };

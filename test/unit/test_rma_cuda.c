@@ -393,7 +393,7 @@ static void check_waits_logged(int n)
 			continue;
 		lines++;
 		if (!wait_figures(t, "put sources copied out", &k, &mean) || k == 0 || mean < 25.0 ||
-		    !wait_figures(t, "signal writes run", &k, &mean) || k == 0) {
+		    !strstr(t, "signal words written") || strstr(t, " 0 signal words written")) {
 			pthread_mutex_unlock(&unit_log_mu);
 			fail_msg("wait figures missing or below the fake's 30 us copies: %s", t);
 		}
