@@ -16,6 +16,14 @@ top=$(find "$tree" -mindepth 1 -maxdepth 1)
 if [ ! -e "$tree/Makefile" ] && [ "$(printf '%s\n' "$top" | wc -l)" = 1 ] && [ -d "$top" ]; then
 	tree=$top
 fi
+# An NCCL's headers in CUDA's include folder (nccl.h, nccl_device/) shadow the
+# tree's own nccl_device headers in NCCL 2.30's build (sym_kernels_host.cc:
+# "NCCL_GIN_MAX_CONNECTIONS was not declared"): move them aside for the build.
+cuda_inc=$(dirname "$(dirname "$(command -v nvcc)")")/include
+if [ -e "$cuda_inc/nccl_device" ] || [ -e "$cuda_inc/nccl.h" ]; then
+	echo "build-nccl: $cuda_inc holds NCCL headers, which shadow the tree's own;" \
+		"if the build fails, move nccl.h, nccl_device.h and nccl_device/ aside" >&2
+fi
 make -C "$tree" -j"$(nproc)" src.build BUILDDIR="$out" \
 	NVCC_GENCODE="-gencode=arch=compute_90,code=sm_90" >"$out.build.log" 2>&1 ||
 	{ tail -30 "$out.build.log"; exit 1; }
