@@ -210,7 +210,6 @@ struct rma_win {
 
 /* ---- a window's bytes (rma_mem.c) ---- */
 
-/* A collComm's way into its GPU windows, started at the first one. */
 /*
  * How long this rank waited for the GPU (rma_mem.c), logged when the
  * collComm closes: what a busy GPU costs the copies.
@@ -224,6 +223,7 @@ struct rma_gpu_clock {
 	_Atomic uint64_t n, ns, max_ns, bytes;
 };
 
+/* A collComm's way into its GPU windows, started at the first one. */
 struct rma_gpu {
 	pthread_mutex_t lock;	/* the stream's order, the ring, the shadows */
 	const struct rail_cuda *cu;

@@ -200,8 +200,9 @@ int tcp_comm_create(int dev, int is_send, const int *fds, const struct tcp_hello
  * A message of one chunk up to NCCL_RAIL_TCP_DIRECT, while no chunk of any
  * comm of the process is queued, is moved by this (NCCL's progress) thread
  * instead (on the send side only one that waited for the lazy open, or met
- * a queue that emptied since isend: an idle send went inline): waking a helper on each side costs more than the copy, and with
- * nothing else in flight there is nothing a helper would move in parallel.
+ * a queue that emptied since isend: an idle send went inline): waking a
+ * helper on each side costs more than the copy, and with nothing else in
+ * flight there is nothing a helper would move in parallel.
  * (With several channels or both directions busy, as in an all-reduce, the
  * helpers move them: the progress thread's own copies would delay the other
  * comms it serves. The bound is small for the same reason: at 512 KiB,

@@ -32,27 +32,32 @@ void tcp_fault_arm(void)
 		RAIL_WARN("NCCL_RAIL_TCP_FAULT=%s ignored: %s", spec, why);
 		return;
 	}
-	if (tcp_fault[TCP_FAULT_THREAD].armed || tcp_fault[TCP_FAULT_ACCEPT_REPLY].armed)
+	for (int k = 0; k < TCP_FAULT_N; k++) {
+		if (!tcp_fault[k].armed)
+			continue;
 		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "NCCL_RAIL_TCP_FAULT=%s armed (fault "
 			  "injection for tests)", spec);
+		return;
+	}
+}
+
+/* Count one call of kind k: its -errno when it must fail (said at INFO), else 0. */
+static int hit(int k, const char *what)
+{
+	int err = rail_fault_hit(&tcp_fault[k]);
+
+	if (err)
+		RAIL_INFO(RAIL_LOG_NET, "NCCL_RAIL_TCP_FAULT: failing %s %ld with %s", what,
+			  atomic_load(&tcp_fault[k].calls), RAIL_ERRSTR(-err));
+	return -err;
 }
 
 int tcp_fault_thread_create(void)
 {
-	int err = rail_fault_hit(&tcp_fault[TCP_FAULT_THREAD]);
-
-	if (err)
-		RAIL_INFO(RAIL_LOG_NET, "NCCL_RAIL_TCP_FAULT: failing helper thread creation %ld "
-			  "with %s", atomic_load(&tcp_fault[TCP_FAULT_THREAD].calls), RAIL_ERRSTR(-err));
-	return -err;
+	return hit(TCP_FAULT_THREAD, "helper thread creation");
 }
 
 int tcp_fault_accept_reply(void)
 {
-	int err = rail_fault_hit(&tcp_fault[TCP_FAULT_ACCEPT_REPLY]);
-
-	if (err)
-		RAIL_INFO(RAIL_LOG_NET, "NCCL_RAIL_TCP_FAULT: failing accept reply %ld with %s",
-			  atomic_load(&tcp_fault[TCP_FAULT_ACCEPT_REPLY].calls), RAIL_ERRSTR(-err));
-	return -err;
+	return hit(TCP_FAULT_ACCEPT_REPLY, "accept reply");
 }

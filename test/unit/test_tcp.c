@@ -24,6 +24,7 @@
 #include "api.h"
 #include "handle.h"
 #include "rail.h"
+#include "reqs.h"
 #include "tcp/tcp.h"
 #include "unit.h"
 #include "wire.h"
@@ -486,6 +487,33 @@ static void sentinels_fill(int *fds, int *n, int more)
 }
 
 /*
+ * A TCP net context and listen comm with NCCL_RAIL_TCP_FAULT=fault armed
+ * (connect given 3 s; lazy0: NCCL_RAIL_TCP_LAZY=0), the log captured.
+ */
+static void fault_net_up(const char *fault, int lazy0, void **ctx, void **lc, uint8_t *handle)
+{
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	setenv("NCCL_RAIL_TCP_FAULT", fault, 1);
+	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
+	if (lazy0)
+		setenv("NCCL_RAIL_TCP_LAZY", "0", 1);	/* the data sockets at connect */
+	unit_log_capture();
+	assert_int_equal(rail_net_init(ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
+	assert_int_equal(rail_net_listen(*ctx, 0, handle, lc), ncclSuccess);
+}
+
+static void fault_net_down(void *ctx, void *lc)
+{
+	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
+	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
+	unit_log_release();
+	unsetenv("NCCL_RAIL_TCP_FAULT");
+	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
+	unsetenv("NCCL_RAIL_TCP_LAZY");
+}
+
+/*
  * Helper threads cannot start (pthread_create EAGAIN, as under RLIMIT_NPROC
  * or a pids cgroup): connect and accept fail with a named error, and every
  * socket is closed exactly once; no fd opened afterwards (the sentinels,
@@ -500,14 +528,7 @@ static void test_thread_failure_closes_once(void **state)
 	uint64_t until;
 
 	(void)state;
-	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
-	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-	setenv("NCCL_RAIL_TCP_FAULT", "pthread_create:EAGAIN:1+", 1);
-	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
-	setenv("NCCL_RAIL_TCP_LAZY", "0", 1);	/* the data sockets at connect */
-	unit_log_capture();
-	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
-	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	fault_net_up("pthread_create:EAGAIN:1+", 1, &ctx, &lc, handle);
 	close_ebadf = 0;
 	until = rail_now_ns() + 6000000000ull;
 	while (cres == ncclSuccess && !sc && rail_now_ns() < until) {
@@ -544,14 +565,9 @@ static void test_thread_failure_closes_once(void **state)
 	assert_null(rc);
 	unit_assert_logged2(RAIL_LOG_WARN, "helper thread", "RLIMIT_NPROC");
 	unit_assert_logged2(RAIL_LOG_WARN, "closed the connection before accepting", "own log");
-	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
-	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
-	unit_log_release();
+	fault_net_down(ctx, lc);
 	for (int i = 0; i < nsent; i++)
 		close(sent[i]);
-	unsetenv("NCCL_RAIL_TCP_FAULT");
-	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
-	unsetenv("NCCL_RAIL_TCP_LAZY");
 }
 
 /*
@@ -571,17 +587,12 @@ static void test_accept_reply_failure(void **state)
 	ncclResult_t cres = ncclSuccess, ares = ncclSuccess;
 	size_t n = 300000;
 	char *sb = malloc(n), *rb = calloc(1, n);
-	int sdone = 0, rdone = 0, size = 0;
+	void *sreq = NULL, *rreq = NULL, *rbuf = rb, *mh = NULL;
+	int tag = 1;
 	uint64_t until;
 
 	(void)state;
-	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
-	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-	setenv("NCCL_RAIL_TCP_FAULT", "accept_reply:ECONNRESET:1", 1);
-	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
-	unit_log_capture();
-	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
-	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	fault_net_up("accept_reply:ECONNRESET:1", 0, &ctx, &lc, handle);
 	memcpy(h2, handle, sizeof(h2));
 	until = rail_now_ns() + 6000000000ull;
 	while ((cres == ncclSuccess && !sc) && rail_now_ns() < until) {
@@ -607,35 +618,17 @@ static void test_accept_reply_failure(void **state)
 	assert_non_null(rr);
 	for (size_t i = 0; i < n; i++)
 		sb[i] = (char)(i * 7 + 3);
-	{
-		void *sreq = NULL, *rreq = NULL, *rbuf = rb, *mh = NULL;
-		size_t rs = n;
-		int tag = 1;
-
-		while (!sreq)
-			assert_int_equal(rail_net_isend(sr, sb, n, 1, NULL, &sreq), ncclSuccess);
-		while (!rreq)
-			assert_int_equal(rail_net_irecv(rr, 1, &rbuf, &rs, &tag, &mh, &rreq),
-					 ncclSuccess);
-		until = rail_now_ns() + 10000000000ull;
-		while ((!sdone || !rdone) && rail_now_ns() < until) {
-			if (!sdone)
-				assert_int_equal(rail_net_test(sreq, &sdone, &size), ncclSuccess);
-			if (!rdone)
-				assert_int_equal(rail_net_test(rreq, &rdone, &size), ncclSuccess);
-		}
-	}
-	assert_true(sdone && rdone);
+	while (!sreq)
+		assert_int_equal(rail_net_isend(sr, sb, n, 1, NULL, &sreq), ncclSuccess);
+	while (!rreq)
+		assert_int_equal(rail_net_irecv(rr, 1, &rbuf, &n, &tag, &mh, &rreq), ncclSuccess);
+	reqs_wait(&sreq, &rreq, &n, 1, 10, "300 kB right after connect");
 	assert_memory_equal(sb, rb, n);
 	assert_int_equal(rail_net_close_send(sr), ncclSuccess);
 	assert_int_equal(rail_net_close_recv(rr), ncclSuccess);
-	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
-	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
-	unit_log_release();
+	fault_net_down(ctx, lc);
 	free(sb);
 	free(rb);
-	unsetenv("NCCL_RAIL_TCP_FAULT");
-	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
 }
 
 /*
@@ -657,14 +650,7 @@ static void test_accept_fails_before_reply(void **state)
 	uint64_t until;
 
 	(void)state;
-	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
-	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-	setenv("NCCL_RAIL_TCP_FAULT", "pthread_create:EAGAIN:1", 1);
-	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "3", 1);
-	setenv("NCCL_RAIL_TCP_LAZY", "0", 1);
-	unit_log_capture();
-	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
-	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
+	fault_net_up("pthread_create:EAGAIN:1", 1, &ctx, &lc, handle);
 	until = rail_now_ns() + 6000000000ull;
 	/* Accept first in each round, as the acceptor's comm is what fails. */
 	while (cres == ncclSuccess && !sc && rail_now_ns() < until) {
@@ -678,12 +664,7 @@ static void test_accept_fails_before_reply(void **state)
 		fail_msg("the connector got a comm although the acceptor's failed");
 	assert_int_equal(cres, ncclRemoteError);
 	unit_assert_logged2(RAIL_LOG_WARN, "closed the connection before accepting", "own log");
-	assert_int_equal(rail_net_close_listen(lc), ncclSuccess);
-	assert_int_equal(rail_net_finalize(ctx), ncclSuccess);
-	unit_log_release();
-	unsetenv("NCCL_RAIL_TCP_FAULT");
-	unsetenv("NCCL_RAIL_CONNECT_TIMEOUT");
-	unsetenv("NCCL_RAIL_TCP_LAZY");
+	fault_net_down(ctx, lc);
 }
 
 #define STRAYS 100
