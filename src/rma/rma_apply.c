@@ -34,8 +34,12 @@
 #define RMA_APPLY_BUDGET (8u << 20)	/* bytes read from one socket per wake-up */
 #define RMA_APPLY_CHUNK (4u << 20)	/* bytes per recv/send into or out of a window */
 
+/* One applier thread: the main one (every stream), or a lane's. */
 struct rma_applier {
+	struct rma_tcp_coll *c;
+	int lane;		/* -1: the main applier */
 	pthread_t thread;
+	int started;
 	int epfd;
 	int evfd;
 	pthread_mutex_t lock;
@@ -43,7 +47,26 @@ struct rma_applier {
 	struct rma_tcp_ctx *remove;	/* the command: stop reading this context */
 	int stop;
 	uint64_t cmd, ack;
+	atomic_int wake;	/* a gate may have opened: look at the parked readers */
+	struct rma_rx **parked;	/* readers whose frame waits for its gate */
+	int nparked, capparked;
+	struct rma_ring ring;	/* a lane's staging into GPU windows */
 };
+
+static struct rma_applier *ap_of(struct rma_tcp_coll *c, const struct rma_rx *rx)
+{
+	return &c->ap[rx->role == RMA_RX_LANE ? 1 + rx->lane : 0];
+}
+
+static void ap_wake(struct rma_applier *ap)
+{
+	uint64_t one = 1;
+
+	atomic_store(&ap->wake, 1);
+	if (write(ap->evfd, &one, sizeof(one)) < 0) {
+		/* the counter is full: the thread has a wake-up pending anyway */
+	}
+}
 
 void rma_coll_fail(struct rma_tcp_coll *c, int err)
 {
@@ -59,7 +82,14 @@ static struct rma_stream *rx_stream(const struct rma_rx *rx)
 
 static const char *rx_call(int op)
 {
-	return op == RMA_OP_PUT ? "iput" : op == RMA_OP_SIGNAL ? "iputSignal" : "iget";
+	return op == RMA_OP_PUT || op == RMA_OP_STRIPED ? "iput" : op == RMA_OP_SIGNAL
+	       ? "iputSignal" : "iget";
+}
+
+/* The context a reader's frame belongs to (a lane's block names its own). */
+static int rx_context(const struct rma_rx *rx)
+{
+	return rx->role == RMA_RX_LANE ? (int)(rx->f.id >> 32) : rx->context;
 }
 
 /* Gets of this stream waiting for a reply fail with err (the stream broke). */
@@ -83,7 +113,22 @@ static void rx_fail_gets(struct rma_rx *rx, int err)
 static void rx_drop(struct rma_tcp_coll *c, struct rma_rx *rx)
 {
 	rx->dead = 1;
-	epoll_ctl(c->ap->epfd, EPOLL_CTL_DEL, rx->fd, NULL);
+	epoll_ctl(ap_of(c, rx)->epfd, EPOLL_CTL_DEL, rx->fd, NULL);
+}
+
+/* A lane from the peer failed: the peer's streams that wait for its blocks fail too. */
+static void lane_failed(struct rma_tcp_coll *c, struct rma_rx *rx, int err)
+{
+	struct rma_tcp_ctx *x = rx->ctx;
+
+	for (int k = 0; k < x->base.ncontexts; k++) {
+		struct rma_stream *s = &x->streams[k * c->base.nranks + rx->peer];
+		int none = 0;
+
+		atomic_compare_exchange_strong(&s->lane_err, &none, err);
+		if (atomic_load(&s->main_parked))
+			ap_wake(&c->ap[0]);
+	}
 }
 
 /* The stream failed (err already logged where it was understood). */
@@ -94,6 +139,8 @@ static void rx_fail(struct rma_tcp_coll *c, struct rma_rx *rx, int err)
 	rma_coll_fail(c, err);
 	if (rx->role == RMA_RX_REPLIES)
 		rx_fail_gets(rx, err);
+	if (rx->role == RMA_RX_LANE)
+		lane_failed(c, rx, err);
 }
 
 /* End of stream between frames. */
@@ -142,7 +189,7 @@ static int frame_refuse(struct rma_tcp_coll *c, struct rma_rx *rx, int why,
 	rx->logged = 1;
 	RAIL_WARN("RMA %s from %s (context %d) refused on rank %d of %d, device %d: %s of %llu "
 		  "bytes at offset %llu %s; %s", rx_call(f->op),
-		  RMA_PEER(&c->mesh, rx->peer), rx->context, c->base.rank, c->base.nranks,
+		  RMA_PEER(&c->mesh, rx->peer), rx_context(rx), c->base.rank, c->base.nranks,
 		  c->base.dev, f->op == RMA_OP_SIGNAL ? "a signal" : f->op == RMA_OP_GET ? "a get"
 		  : "a put", f->op == RMA_OP_SIGNAL ? 8ull : (unsigned long long)f->len,
 		  (unsigned long long)f->off, what, f->op == RMA_OP_GET
@@ -191,7 +238,7 @@ static int frame_get(struct rma_tcp_coll *c, struct rma_rx *rx)
 	rx->rsent = 0;
 	rx->rstage_at = rx->rstage_len = 0;
 	rx->replying = 1;
-	return epoll_ctl(c->ap->epfd, EPOLL_CTL_MOD, rx->fd, &ev) ? -errno : 0;
+	return epoll_ctl(ap_of(c, rx)->epfd, EPOLL_CTL_MOD, rx->fd, &ev) ? -errno : 0;
 }
 
 /* A reply to one of this rank's gets: find the request it answers. */
@@ -227,13 +274,172 @@ static int frame_reply(struct rma_tcp_coll *c, struct rma_rx *rx)
 	return 0;
 }
 
-/* A frame header arrived: check it, apply what has no body, set up what has one. */
+/* ---- the gates (rma_tcp.h, Lanes) ---- */
+
+/* The stream whose gate the reader's frame passes (a lane: its block's context's). */
+static struct rma_stream *gate_stream(const struct rma_rx *rx)
+{
+	return &rx->ctx->streams[rx_context(rx) * rx->ctx->coll->base.nranks + rx->peer];
+}
+
+/* A frame of the peer's stream was applied: lanes waiting for it may go on. */
+static void frame_reached(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	struct rma_stream *s = rx_stream(rx);
+	uint32_t mask;
+
+	atomic_fetch_add(&s->reached, 1);
+	mask = atomic_load(&s->lanes_parked);
+	for (int l = 0; mask && l < c->nlanes; l++) {
+		if (mask & (1u << l))
+			ap_wake(&c->ap[1 + l]);
+	}
+}
+
+/* A lane's block landed: the stream waiting for it may go on. */
+static void block_landed(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	struct rma_stream *s = gate_stream(rx);
+
+	atomic_fetch_add(&s->landed[rx->lane], 1);
+	if (atomic_load(&s->main_parked))
+		ap_wake(&c->ap[0]);
+}
+
+/* 1: the held frame may be applied, 0: it waits, -errno: it never will (a lane failed). */
+static int gate_open(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	struct rma_stream *s;
+
+	if (rx->role == RMA_RX_REPLIES)
+		return 1;
+	s = gate_stream(rx);
+	if (rx->role == RMA_RX_LANE)
+		return (int32_t)(atomic_load(&s->reached) - (uint32_t)rx->f.id) > 0;
+	if (rx->f.op == RMA_OP_STRIPED)
+		return 1;
+	for (int l = 0; l < c->nlanes; l++) {
+		if ((int32_t)(atomic_load(&s->landed[l]) - s->expected[l]) < 0) {
+			int err = atomic_load(&s->lane_err);
+
+			return err ? err : 0;
+		}
+	}
+	return 1;
+}
+
+static void gate_unflag(struct rma_rx *rx)
+{
+	struct rma_stream *s = gate_stream(rx);
+
+	if (rx->role == RMA_RX_LANE)
+		atomic_fetch_and(&s->lanes_parked, ~(1u << rx->lane));
+	else
+		atomic_store(&s->main_parked, 0);
+}
+
+/*
+ * The held frame's gate is closed: flag the stream (the thread that opens
+ * it then wakes this one), look once more, and sleep out of epoll. 1: it
+ * opened meanwhile, 0: parked, -errno.
+ */
+static int gate_park(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	struct rma_applier *ap = ap_of(c, rx);
+	int open;
+
+	if (rx->role == RMA_RX_LANE)
+		atomic_fetch_or(&gate_stream(rx)->lanes_parked, 1u << rx->lane);
+	else
+		atomic_store(&gate_stream(rx)->main_parked, 1);
+	open = gate_open(c, rx);
+	if (open) {
+		gate_unflag(rx);
+		return open;
+	}
+	if (ap->nparked == ap->capparked) {
+		int cap = ap->capparked ? 2 * ap->capparked : 16;
+		struct rma_rx **v = realloc(ap->parked, (size_t)cap * sizeof(*v));
+
+		if (!v)
+			return -ENOMEM;
+		ap->parked = v;
+		ap->capparked = cap;
+	}
+	ap->parked[ap->nparked++] = rx;
+	rx->parked = 1;
+	epoll_ctl(ap->epfd, EPOLL_CTL_DEL, rx->fd, NULL);
+	return 0;
+}
+
+static void rx_service(struct rma_tcp_coll *c, struct rma_rx *rx, uint32_t events);
+
+/* Woken: every parked reader whose gate opened reads on. */
+static void gate_wake(struct rma_applier *ap)
+{
+	struct rma_tcp_coll *c = ap->c;
+
+	for (int i = 0; i < ap->nparked;) {
+		struct rma_rx *rx = ap->parked[i];
+		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = rx };
+		int open = rx->dead ? 1 : gate_open(c, rx);
+
+		if (!open) {
+			i++;
+			continue;
+		}
+		ap->parked[i] = ap->parked[--ap->nparked];
+		rx->parked = 0;
+		if (rx->dead)
+			continue;
+		gate_unflag(rx);
+		epoll_ctl(ap->epfd, EPOLL_CTL_ADD, rx->fd, &ev);
+		rx_service(c, rx, EPOLLIN);
+	}
+}
+
+/* A lane's block: a PUT of a context of this call whose stream from the peer exists. */
+static int block_check(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	int k = (int)(rx->f.id >> 32);
+
+	if (rx->f.op == RMA_OP_PUT && rx->f.len && k >= 0 && k < rx->ctx->base.ncontexts &&
+	    rx->ctx->streams[k * c->base.nranks + rx->peer].in_fd >= 0)
+		return 0;
+	rx->logged = 1;
+	RAIL_WARN("RMA (rank %d of %d, device %d): %s sent a %s for context %d on lane %d, which "
+		  "carries puts of this call's contexts only; the lane is closed", c->base.rank,
+		  c->base.nranks, c->base.dev, RMA_PEER(&c->mesh, rx->peer), rma_op_name(rx->f.op),
+		  k, rx->lane);
+	return -EPROTO;
+}
+
+/* A STRIPED frame: count its blocks per lane (the lanes check and land them). */
+static int frame_striped(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	const struct rma_frame *f = &rx->f;
+	struct rma_stream *s = rx_stream(rx);
+	struct rma_win *w;
+	int ok;
+
+	pthread_mutex_lock(&c->wins.lock);
+	w = rma_wins_get(&c->wins, f->win);
+	ok = w && f->len && rma_in_bounds(f->off, f->len, w->base.size) && c->nlanes;
+	pthread_mutex_unlock(&c->wins.lock);
+	if (!ok)
+		return frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
+	for (int l = 0; l < c->nlanes; l++)
+		s->expected[l] += rma_lane_blocks(f->off, f->len, l, c->nlanes);
+	return 0;
+}
+
+/* A frame header arrived and passed its gate: apply what has no body, set up what has one. */
 static int frame_start(struct rma_tcp_coll *c, struct rma_rx *rx)
 {
 	const struct rma_frame *f = &rx->f;
-	int target = rx->role == RMA_RX_TARGET;
+	int target = rx->role != RMA_RX_REPLIES;
 	struct rma_win *w;
-	int ok;
+	int ok, err;
 
 	if (target != (f->op != RMA_OP_REPLY)) {
 		rx->logged = 1;
@@ -243,12 +449,15 @@ static int frame_start(struct rma_tcp_coll *c, struct rma_rx *rx)
 			  target ? "operation" : "reply");
 		return -EPROTO;
 	}
-	if (f->op == RMA_OP_SIGNAL)
-		return frame_signal(c, rx);
-	if (f->op == RMA_OP_GET)
-		return frame_get(c, rx);
 	if (f->op == RMA_OP_REPLY)
 		return frame_reply(c, rx);
+	if (f->op != RMA_OP_PUT) {
+		err = f->op == RMA_OP_SIGNAL ? frame_signal(c, rx) : f->op == RMA_OP_GET
+		      ? frame_get(c, rx) : frame_striped(c, rx);
+		if (!err)
+			frame_reached(c, rx);
+		return err;
+	}
 	pthread_mutex_lock(&c->wins.lock);
 	w = rma_wins_get(&c->wins, f->win);
 	ok = w && rma_in_bounds(f->off, f->len, w->base.size);
@@ -258,6 +467,8 @@ static int frame_start(struct rma_tcp_coll *c, struct rma_rx *rx)
 	rx->in_body = f->len > 0;
 	rx->body_got = 0;
 	rx->body_gpu = 0;
+	if (!rx->in_body && rx->role == RMA_RX_TARGET)
+		frame_reached(c, rx);
 	return 0;
 }
 
@@ -266,7 +477,7 @@ static struct rma_win *body_win(struct rma_tcp_coll *c, struct rma_rx *rx, uint6
 {
 	struct rma_win *w;
 
-	if (rx->role == RMA_RX_TARGET) {
+	if (rx->role != RMA_RX_REPLIES) {
 		w = rma_wins_get(&c->wins, rx->f.win);
 		*off = rx->f.off + rx->body_got;
 	} else {
@@ -282,7 +493,8 @@ static struct rma_win *body_win(struct rma_tcp_coll *c, struct rma_rx *rx, uint6
 static ssize_t body_recv(struct rma_tcp_coll *c, struct rma_rx *rx, struct rma_win *w,
 			 uint64_t off, size_t want, int *err)
 {
-	char *dst = w->gpu ? rma_mem_stage(&c->gpu, want, &want) : w->base.base + off;
+	struct rma_ring *ring = rx->role == RMA_RX_LANE ? &ap_of(c, rx)->ring : &c->gpu.ring;
+	char *dst = w->gpu ? rma_mem_stage(&c->gpu, ring, want, &want) : w->base.base + off;
 	ssize_t n;
 
 	if (!dst) {
@@ -293,7 +505,7 @@ static ssize_t body_recv(struct rma_tcp_coll *c, struct rma_rx *rx, struct rma_w
 	*err = n < 0 ? -errno : 0;
 	if (n > 0 && w->gpu) {
 		rx->body_gpu = 1;
-		*err = rma_mem_land(&c->gpu, w, off, dst, (size_t)n);
+		*err = rma_mem_land(&c->gpu, ring, w, off, dst, (size_t)n);
 	}
 	return n;
 }
@@ -304,6 +516,10 @@ static int body_done(struct rma_tcp_coll *c, struct rma_rx *rx)
 	int err = 0;
 
 	rx->in_body = 0;
+	if (rx->role == RMA_RX_TARGET)
+		frame_reached(c, rx);
+	if (rx->role == RMA_RX_LANE)
+		block_landed(c, rx);
 	if (rx->role != RMA_RX_REPLIES)
 		return 0;
 	/* A get into a GPU window is done once its copies are. */
@@ -362,7 +578,21 @@ static int header_more(struct rma_tcp_coll *c, struct rma_rx *rx)
 			  RMA_PEER(&c->mesh, rx->peer), rx->context, why);
 		return err;
 	}
-	return frame_start(c, rx);
+	if (rx->role == RMA_RX_LANE && (err = block_check(c, rx)))
+		return err;
+	rx->held = 1;	/* applied once its gate is open (rx_read) */
+	return 0;
+}
+
+/* The held frame never passes its gate: a lane it waits for failed. */
+static int gate_fail(struct rma_tcp_coll *c, struct rma_rx *rx, int err)
+{
+	rx->logged = 1;
+	RAIL_WARN("RMA (rank %d of %d, device %d): context %d's stream from %s waits for the "
+		  "bytes of a striped put on a lane that failed (%s); the stream is closed",
+		  c->base.rank, c->base.nranks, c->base.dev, rx->context,
+		  RMA_PEER(&c->mesh, rx->peer), RAIL_ERRSTR(err));
+	return err;
 }
 
 /* Read what the socket holds, up to the budget: 0, or -errno (the stream failed). */
@@ -371,8 +601,19 @@ static int rx_read(struct rma_tcp_coll *c, struct rma_rx *rx)
 	size_t budget = RMA_APPLY_BUDGET;
 	int err = 0;
 
-	while (!err && budget && !rx->replying && !rx->dead) {
-		if (rx->in_body) {
+	while (!err && budget && !rx->replying && !rx->dead && !rx->parked) {
+		if (rx->held) {
+			int open = gate_open(c, rx);
+
+			if (!open)
+				open = gate_park(c, rx);
+			if (open < 0)
+				err = open == -ENOMEM ? open : gate_fail(c, rx, open);
+			else if (open) {
+				rx->held = 0;
+				err = frame_start(c, rx);
+			}
+		} else if (rx->in_body) {
 			err = body_more(c, rx, &budget);
 		} else {
 			budget -= RAIL_MIN(budget, RMA_FRAME_SIZE);
@@ -450,14 +691,14 @@ static int reply_more(struct rma_tcp_coll *c, struct rma_rx *rx)
 	if (err)
 		return err == -EAGAIN ? 0 : err;
 	rx->replying = 0;
-	return epoll_ctl(c->ap->epfd, EPOLL_CTL_MOD, rx->fd, &ev) ? -errno : 0;
+	return epoll_ctl(ap_of(c, rx)->epfd, EPOLL_CTL_MOD, rx->fd, &ev) ? -errno : 0;
 }
 
 static void rx_service(struct rma_tcp_coll *c, struct rma_rx *rx, uint32_t events)
 {
 	int err = 0;
 
-	if (rx->dead)
+	if (rx->dead || rx->parked)
 		return;
 	if (rx->replying && (events & (EPOLLOUT | EPOLLERR | EPOLLHUP)))
 		err = reply_more(c, rx);
@@ -468,7 +709,11 @@ static void rx_service(struct rma_tcp_coll *c, struct rma_rx *rx, uint32_t event
 		err = rx_read(c, rx);
 	if (!err)
 		return;
-	if (!rx->logged)
+	if (!rx->logged && rx->role == RMA_RX_LANE)
+		RAIL_WARN("RMA (rank %d of %d, device %d): lane %d from %s failed: %s",
+			  c->base.rank, c->base.nranks, c->base.dev, rx->lane,
+			  RMA_PEER(&c->mesh, rx->peer), RAIL_ERRSTR(err));
+	else if (!rx->logged)
 		RAIL_WARN("RMA (rank %d of %d, device %d): context %d's %s stream with %s failed: "
 			  "%s", c->base.rank, c->base.nranks, c->base.dev, rx->context,
 			  rx->role == RMA_RX_TARGET ? "incoming" : "outgoing",
@@ -477,21 +722,30 @@ static void rx_service(struct rma_tcp_coll *c, struct rma_rx *rx, uint32_t event
 }
 
 /* Commands from the application thread: 1 to stop. */
-static int apply_commands(struct rma_tcp_coll *c)
+static int apply_commands(struct rma_applier *ap)
 {
-	struct rma_applier *ap = c->ap;
 	uint64_t v;
 	int stop;
 
 	if (read(ap->evfd, &v, sizeof(v)) < 0) {
 		/* nothing to read: a command is still answered below */
 	}
+	if (atomic_exchange(&ap->wake, 0))
+		gate_wake(ap);
 	pthread_mutex_lock(&ap->lock);
 	if (ap->remove) {
-		for (int i = 0; i < ap->remove->nrx; i++) {
-			if (!ap->remove->rx[i]->dead)
-				epoll_ctl(ap->epfd, EPOLL_CTL_DEL, ap->remove->rx[i]->fd, NULL);
+		struct rma_tcp_ctx *x = ap->remove;
+		int kept = 0;
+
+		for (int i = 0; i < x->nrx; i++) {
+			if (!x->rx[i]->dead && !x->rx[i]->parked)
+				epoll_ctl(ap->epfd, EPOLL_CTL_DEL, x->rx[i]->fd, NULL);
 		}
+		for (int i = 0; i < ap->nparked; i++) {
+			if (ap->parked[i]->ctx != x)
+				ap->parked[kept++] = ap->parked[i];
+		}
+		ap->nparked = kept;
 		ap->remove = NULL;
 	}
 	ap->ack = ap->cmd;
@@ -503,11 +757,12 @@ static int apply_commands(struct rma_tcp_coll *c)
 
 static void *apply_main(void *arg)
 {
-	struct rma_tcp_coll *c = arg;
+	struct rma_applier *ap = arg;
+	struct rma_tcp_coll *c = ap->c;
 	struct epoll_event ev[64];
 
 	for (;;) {
-		int n = epoll_wait(c->ap->epfd, ev, 64, -1), cmd = 0;
+		int n = epoll_wait(ap->epfd, ev, 64, -1), cmd = 0;
 
 		if (n < 0 && errno != EINTR) {
 			RAIL_WARN("RMA (rank %d of %d, device %d): epoll_wait: %s; the applier thread "
@@ -522,36 +777,25 @@ static void *apply_main(void *arg)
 			else
 				cmd = 1;
 		}
-		if (cmd && apply_commands(c))
+		if (cmd && apply_commands(ap))
 			return NULL;
 	}
 }
 
-int rma_apply_start(struct rma_tcp_coll *c)
+static int ap_start(struct rma_tcp_coll *c, struct rma_applier *ap, int lane)
 {
-	struct rma_applier *ap = calloc(1, sizeof(*ap));
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
 	int err;
 
-	if (!ap)
-		return -ENOMEM;
+	ap->c = c;
+	ap->lane = lane;
 	pthread_mutex_init(&ap->lock, NULL);
 	pthread_cond_init(&ap->cv, NULL);
 	ap->epfd = epoll_create1(EPOLL_CLOEXEC);
 	ap->evfd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	c->ap = ap;
 	err = ap->epfd < 0 || ap->evfd < 0 || epoll_ctl(ap->epfd, EPOLL_CTL_ADD, ap->evfd, &ev)
-	      ? -errno : -pthread_create(&ap->thread, NULL, apply_main, c);
-	if (err) {
-		RAIL_WARN("RMA connect (rank %d of %d, device %d): starting the applier thread: %s",
-			  c->base.rank, c->base.nranks, c->base.dev, RAIL_ERRSTR(err));
-		if (ap->epfd >= 0)
-			close(ap->epfd);
-		if (ap->evfd >= 0)
-			close(ap->evfd);
-		free(ap);
-		c->ap = NULL;
-	}
+	      ? -errno : -pthread_create(&ap->thread, NULL, apply_main, ap);
+	ap->started = !err;
 	return err;
 }
 
@@ -574,18 +818,43 @@ static void apply_command(struct rma_applier *ap, struct rma_tcp_ctx *remove, in
 
 void rma_apply_stop(struct rma_tcp_coll *c)
 {
-	struct rma_applier *ap = c->ap;
+	for (int i = 0; c->ap && i <= c->nlanes; i++) {
+		struct rma_applier *ap = &c->ap[i];
 
-	if (!ap)
-		return;
-	apply_command(ap, NULL, 1);
-	pthread_join(ap->thread, NULL);
-	close(ap->epfd);
-	close(ap->evfd);
-	pthread_mutex_destroy(&ap->lock);
-	pthread_cond_destroy(&ap->cv);
-	free(ap);
+		if (ap->started) {
+			apply_command(ap, NULL, 1);
+			pthread_join(ap->thread, NULL);
+		}
+		if (ap->epfd >= 0)
+			close(ap->epfd);
+		if (ap->evfd >= 0)
+			close(ap->evfd);
+		pthread_mutex_destroy(&ap->lock);
+		pthread_cond_destroy(&ap->cv);
+		free(ap->parked);
+		rma_mem_ring_free(&c->gpu, &ap->ring);
+	}
+	free(c->ap);
 	c->ap = NULL;
+}
+
+int rma_apply_start(struct rma_tcp_coll *c)
+{
+	int err = 0, n = 1 + c->nlanes;
+
+	c->ap = calloc((size_t)n, sizeof(*c->ap));
+	if (!c->ap)
+		return -ENOMEM;
+	for (int i = 0; i < n; i++)
+		c->ap[i].epfd = c->ap[i].evfd = -1;
+	for (int i = 0; i < n && !err; i++)
+		err = ap_start(c, &c->ap[i], i - 1);
+	if (err) {
+		RAIL_WARN("RMA connect (rank %d of %d, device %d): starting the applier threads: %s",
+			  c->base.rank, c->base.nranks, c->base.dev, RAIL_ERRSTR(err));
+		rma_apply_stop(c);
+	}
+	return err;
 }
 
 int rma_apply_add(struct rma_tcp_coll *c, struct rma_tcp_ctx *x)
@@ -593,7 +862,7 @@ int rma_apply_add(struct rma_tcp_coll *c, struct rma_tcp_ctx *x)
 	for (int i = 0; i < x->nrx; i++) {
 		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = x->rx[i] };
 
-		if (epoll_ctl(c->ap->epfd, EPOLL_CTL_ADD, x->rx[i]->fd, &ev)) {
+		if (epoll_ctl(ap_of(c, x->rx[i])->epfd, EPOLL_CTL_ADD, x->rx[i]->fd, &ev)) {
 			int err = -errno;
 
 			RAIL_WARN("RMA createContext (rank %d of %d, device %d): epoll_ctl: %s",
@@ -606,6 +875,6 @@ int rma_apply_add(struct rma_tcp_coll *c, struct rma_tcp_ctx *x)
 
 void rma_apply_remove(struct rma_tcp_coll *c, struct rma_tcp_ctx *x)
 {
-	if (c->ap && x->nrx)
-		apply_command(c->ap, x, 0);
+	for (int i = 0; c->ap && x->nrx && i <= c->nlanes; i++)
+		apply_command(&c->ap[i], x, 0);
 }

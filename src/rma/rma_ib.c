@@ -111,7 +111,7 @@ static int ib_rma_connect(struct rail_rma_listen *l, void *const *handles, int n
 	rail_comm_live_add(1);
 	err = rma_mesh_init(&c->mesh, (const struct rma_tcp_listen *)l, handles, nranks, rank);
 	if (!err)
-		err = rma_mesh_group(&c->mesh);
+		err = rma_mesh_group(&c->mesh, NULL);
 	if (!err)
 		err = coll_port(c);
 	if (err) {

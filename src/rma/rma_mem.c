@@ -16,10 +16,13 @@
  * with the sum. A signal into a host window first waits for the GPU
  * copies still in flight, so that it too comes after their bytes.
  *
- * The staging ring takes the bytes the applier reads from its sockets
- * (one thread): a recv lands at the ring's position, its HtoD copy is
- * queued, and the ring starts over after a stream synchronize once it is
- * full, so that no byte is overwritten while a copy may still read it.
+ * A staging ring takes the bytes one applier thread reads from its sockets
+ * (the main applier's is g->ring, each lane's its own): a recv lands at the
+ * ring's position, its HtoD copy is queued, and the ring starts over after
+ * a stream synchronize once it is full, so that no byte is overwritten
+ * while a copy may still read it. Only the ring's own thread moves its
+ * position: a synchronize by another thread does not, since the owner may
+ * hold room it has not yet filled.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,6 +34,7 @@
 #include "rma/rma_tcp.h"
 
 #define RMA_STAGE_RING (8u << 20)	/* pinned bytes for the applier's copies into the GPU */
+#define RMA_STAGE_LANE (4u << 20)	/* ... for a lane's */
 #define RMA_STAGE_MIN (64u << 10)	/* less room than this left: start the ring over */
 
 static void clock_add(struct rma_gpu_clock *c, uint64_t t0, size_t bytes)
@@ -115,8 +119,8 @@ void rma_gpu_fini(struct rma_gpu *g)
 			g->cu->stream_synchronize(g->stream);
 			g->cu->stream_destroy(g->stream);
 		}
-		if (g->stage)
-			g->cu->mem_free_host(g->stage);
+		if (g->ring.buf)
+			g->cu->mem_free_host(g->ring.buf);
 		if (g->word)
 			g->cu->mem_free_host(g->word);
 	}
@@ -150,13 +154,13 @@ static int gpu_start(struct rma_gpu *g, const char *call, void *data, size_t siz
 	if (cu_enter(g))
 		return -EIO;
 	/* A failure is tried again at the next GPU window: keep what was made. */
-	if (!g->stage && (r = g->cu->mem_host_alloc((void **)&g->stage, RMA_STAGE_RING,
-						    RAIL_CU_MEMHOSTALLOC_PORTABLE)))
+	if (!g->ring.buf && (r = g->cu->mem_host_alloc((void **)&g->ring.buf, RMA_STAGE_RING,
+						       RAIL_CU_MEMHOSTALLOC_PORTABLE)))
 		return cu_fail(g, "cuMemHostAlloc of the staging ring", r);
 	if (!g->word && (r = g->cu->mem_host_alloc((void **)&g->word, 8,
 						   RAIL_CU_MEMHOSTALLOC_PORTABLE)))
 		return cu_fail(g, "cuMemHostAlloc of a signal word", r);
-	g->stage_size = RMA_STAGE_RING;
+	g->ring.size = RMA_STAGE_RING;
 	if ((r = g->cu->stream_create(&s, RAIL_CU_STREAM_NON_BLOCKING)))
 		return cu_fail(g, "cuStreamCreate", r);
 	__atomic_store_n(&g->stream, s, __ATOMIC_RELEASE);	/* read without the lock */
@@ -240,7 +244,6 @@ static int gpu_wait(struct rma_gpu *g, enum rma_gpu_wait kind)
 	clock_add(&g->waits[kind], t0, g->queued);
 	g->pending = 0;
 	g->queued = 0;
-	g->stage_pos = 0;
 	return 0;
 }
 
@@ -261,24 +264,34 @@ int rma_mem_sync(struct rma_gpu *g)
 	return err;
 }
 
-char *rma_mem_stage(struct rma_gpu *g, size_t want, size_t *room)
+char *rma_mem_stage(struct rma_gpu *g, struct rma_ring *ring, size_t want, size_t *room)
 {
 	char *p = NULL;
 
+	if (!ring->buf && (ring->buf = rma_gpu_pinned(g, RMA_STAGE_LANE)))
+		ring->size = RMA_STAGE_LANE;
+	if (!ring->buf)
+		return NULL;
 	pthread_mutex_lock(&g->lock);
-	if (g->stage_size - g->stage_pos < RAIL_MIN(want, RMA_STAGE_MIN) && gpu_sync(g))
+	if (ring->size - ring->pos < RAIL_MIN(want, RMA_STAGE_MIN) && gpu_sync(g))
 		goto out;
-	if (g->stage_size - g->stage_pos < RAIL_MIN(want, RMA_STAGE_MIN))
-		g->stage_pos = 0;	/* nothing pending: every byte of the ring is free */
-	*room = RAIL_MIN(want, g->stage_size - g->stage_pos);
-	p = g->stage + g->stage_pos;
+	if (ring->size - ring->pos < RAIL_MIN(want, RMA_STAGE_MIN))
+		ring->pos = 0;	/* nothing pending: every byte of the ring is free */
+	*room = RAIL_MIN(want, ring->size - ring->pos);
+	p = ring->buf + ring->pos;
 out:
 	pthread_mutex_unlock(&g->lock);
 	return p;
 }
 
-int rma_mem_land(struct rma_gpu *g, const struct rma_win *w, uint64_t off, const char *staged,
-		 size_t n)
+void rma_mem_ring_free(struct rma_gpu *g, struct rma_ring *ring)
+{
+	rma_gpu_pinned_free(g, ring->buf);
+	*ring = (struct rma_ring){ 0 };
+}
+
+int rma_mem_land(struct rma_gpu *g, struct rma_ring *ring, const struct rma_win *w, uint64_t off,
+		 const char *staged, size_t n)
 {
 	rail_cu_result r = RAIL_CU_SUCCESS;
 	int err;
@@ -293,8 +306,8 @@ int rma_mem_land(struct rma_gpu *g, const struct rma_win *w, uint64_t off, const
 	if (!err) {
 		g->pending = 1;
 		g->queued += n;
-		if (staged == g->stage + g->stage_pos)
-			g->stage_pos += n;
+		if (staged == ring->buf + ring->pos)
+			ring->pos += n;
 	}
 	pthread_mutex_unlock(&g->lock);
 	return err;

@@ -505,10 +505,11 @@ out:
 
 /* ---- the group ---------------------------------------------------------------- */
 
-/* Every rank reached every other one, and all agree on the group. */
-static int group_check(struct rma_mesh *m)
+/* Every rank reached every other one, and all agree on the group (and on *agree: the lowest). */
+static int group_check(struct rma_mesh *m, uint32_t *agree)
 {
-	struct rma_record mine = { .index = (uint32_t)m->rank, .nranks = (uint32_t)m->nranks };
+	struct rma_record mine = { .index = (uint32_t)m->rank, .nranks = (uint32_t)m->nranks,
+				   .size = agree ? *agree : 0 };
 	struct rma_record *all = calloc((size_t)m->nranks, sizeof(*all));
 	int err = all ? rma_mesh_exchange(m, &mine, all, "connect") : -ENOMEM;
 
@@ -519,6 +520,8 @@ static int group_check(struct rma_mesh *m)
 				  all[q].nranks);
 			err = -EPROTO;
 		}
+		if (agree)
+			*agree = (uint32_t)RAIL_MIN(*agree, all[q].size);
 	}
 	free(all);
 	return err;
@@ -549,11 +552,11 @@ static int group_links(struct rma_mesh *m)
 	return err;
 }
 
-int rma_mesh_group(struct rma_mesh *m)
+int rma_mesh_group(struct rma_mesh *m, uint32_t *agree)
 {
 	int err = m->nranks > 1 ? group_links(m) : 0;
 
-	return !err && m->nranks > 1 ? group_check(m) : err;
+	return !err && m->nranks > 1 ? group_check(m, agree) : err;
 }
 
 /* ---- exchanges ---------------------------------------------------------------- */

@@ -83,8 +83,7 @@ static void stream_fail(struct rma_tcp_ctx *x, struct rma_stream *s, int context
 		struct rma_req *r = &x->reqs[s->qhead];
 
 		s->qhead = r->next;
-		atomic_store(&r->err, err);
-		atomic_store(&r->state, RMA_REQ_FAILED);
+		rma_req_part(r, err);	/* a striped put fails once its lanes are done with it */
 	}
 	s->qtail = RMA_NONE;
 }
@@ -99,7 +98,7 @@ static void stream_pop(struct rma_tcp_ctx *x, struct rma_stream *s, struct rma_r
 		s->qtail = RMA_NONE;
 	s->stage_at = s->stage_len = s->pre_len = 0;
 	if (r->kind != RAIL_RMA_GET) {
-		atomic_store(&r->state, RMA_REQ_DONE);
+		rma_req_part(r, 0);	/* done, unless a lane still sends its blocks */
 		return;
 	}
 	/* A get waits for its reply, unless the applier found the stream broken meanwhile. */
@@ -271,6 +270,7 @@ static struct rma_req *req_get(struct rma_tcp_ctx *x, const struct rail_rma_op *
 	r->peer = op->peer;
 	r->context = op->context;
 	r->next = RMA_NONE;
+	atomic_store(&r->parts, 1);
 	r->niov = 0;
 	r->gpu_iov = -1;
 	r->sent = r->total = 0;
@@ -321,13 +321,14 @@ static void iov_add(struct rma_req *r, void *base, size_t len)
 	r->total += len;
 }
 
-/* The frames of an operation to a peer. */
-static void op_frames(struct rma_req *r, const struct rail_rma_op *op, uint32_t idx)
+/* The frames of an operation to a peer (striped: a STRIPED frame for the put): how many. */
+static uint32_t op_frames(struct rma_req *r, const struct rail_rma_op *op, uint32_t idx,
+			  int striped)
 {
 	struct rma_frame f = { .off = op->remote_off, .len = op->size };
 
 	if (op->kind == RAIL_RMA_GET && !op->size)
-		return;	/* nothing to read: done at once */
+		return 0;	/* nothing to read: done at once */
 	if (op->kind == RAIL_RMA_GET) {
 		f.op = RMA_OP_GET;
 		f.win = op->remote->index;
@@ -337,15 +338,16 @@ static void op_frames(struct rma_req *r, const struct rail_rma_op *op, uint32_t 
 		r->dst_win = op->local->index;
 		rma_frame_encode(&f, r->hdr[0]);
 		iov_add(r, r->hdr[0], RMA_FRAME_SIZE);
-		return;
+		return 1;
 	}
 	if (op->size) {
-		f.op = RMA_OP_PUT;
+		f.op = striped ? RMA_OP_STRIPED : RMA_OP_PUT;
 		f.win = op->remote->index;
 		rma_frame_encode(&f, r->hdr[0]);
 		iov_add(r, r->hdr[0], RMA_FRAME_SIZE);
-		iov_add(r, op->local->base + op->local_off, op->size);
-		if (((const struct rma_win *)op->local)->gpu)
+		if (!striped)
+			iov_add(r, op->local->base + op->local_off, op->size);
+		if (!striped && ((const struct rma_win *)op->local)->gpu)
 			r->gpu_iov = r->niov - 1;	/* never read here: staged as it is sent */
 	}
 	if (op->sig) {
@@ -354,6 +356,36 @@ static void op_frames(struct rma_req *r, const struct rail_rma_op *op, uint32_t 
 		rma_frame_encode(&f, r->hdr[1]);
 		iov_add(r, r->hdr[1], RMA_FRAME_SIZE);
 	}
+	return (op->size != 0) + (op->sig != NULL);
+}
+
+/* A put striped over the lanes to its peer (rma_tcp.h, Lanes)? */
+static int op_striped(const struct rma_tcp_ctx *x, const struct rail_rma_op *op)
+{
+	return op->kind == RAIL_RMA_PUT && op->size >= RMA_STRIPE_MIN && x->coll->nlanes &&
+	       x->lane_out && x->lane_out[op->peer] >= 0;
+}
+
+/* One job per lane that carries blocks of the put, each a part of its request. */
+static void op_lanes(struct rma_tcp_ctx *x, struct rma_req *r, const struct rail_rma_op *op,
+		     uint32_t idx, uint32_t seq)
+{
+	struct rma_lane_job j = { .x = x, .req = idx, .peer = op->peer, .context = op->context,
+				  .win = op->remote->index, .seq = seq,
+				  .src = op->local->base + op->local_off,
+				  .gpu = ((const struct rma_win *)op->local)->gpu,
+				  .off = op->remote_off, .len = op->size };
+	int nlanes = x->coll->nlanes, used[RMA_LANES_MAX], n = 0;
+
+	for (int l = 0; l < nlanes; l++) {
+		if (rma_lane_blocks(op->remote_off, op->size, l, nlanes))
+			used[n++] = l;
+	}
+	atomic_fetch_add(&r->parts, n);
+	atomic_fetch_add(&x->coll->striped, 1);
+	atomic_fetch_add(&x->coll->striped_bytes, op->size);
+	for (int i = 0; i < n; i++)
+		rma_lane_post(x->coll, used[i], &j);
 }
 
 /* Queue a remote operation behind what its stream holds, and write what it can. */
@@ -361,7 +393,8 @@ static int op_queue(struct rma_tcp_ctx *x, struct rma_req *r, const struct rail_
 		    uint32_t idx)
 {
 	struct rma_stream *s = stream_of(x, op->context, op->peer);
-	int broken = atomic_load(&s->broken), err = s->err ? s->err : broken;
+	int broken = atomic_load(&s->broken), err = s->err ? s->err : broken, striped;
+	uint32_t frames, seq;
 
 	if (err) {
 		RAIL_WARN("RMA %s to %s (context %d, device %d): the stream to it failed earlier "
@@ -369,9 +402,12 @@ static int op_queue(struct rma_tcp_ctx *x, struct rma_req *r, const struct rail_
 			  op->context, x->coll->base.dev, RAIL_ERRSTR(err));
 		return err;
 	}
-	op_frames(r, op, idx);
+	striped = op_striped(x, op);
+	frames = op_frames(r, op, idx, striped);
 	if (r->gpu_iov >= 0 && (err = gpu_send_ready(x, s)))
 		return err;
+	seq = s->frames;
+	s->frames += frames;
 	if (!r->total) {
 		atomic_store(&r->state, RMA_REQ_DONE);	/* a put of nothing, with no signal */
 		return 0;
@@ -382,6 +418,8 @@ static int op_queue(struct rma_tcp_ctx *x, struct rma_req *r, const struct rail_
 	else
 		x->reqs[s->qtail].next = idx;
 	s->qtail = idx;
+	if (striped)
+		op_lanes(x, r, op, idx, seq);
 	stream_send(x, s, op->context, op->peer);
 	return 0;
 }

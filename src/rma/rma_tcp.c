@@ -5,9 +5,11 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "log.h"
+#include "param.h"
 #include "rail.h"
 #include "rma/rma_tcp.h"
 #include "tcp/tcp.h"
@@ -41,7 +43,13 @@ static int tcp_rma_close_coll(struct rail_rma_coll *base)
 {
 	struct rma_tcp_coll *c = (struct rma_tcp_coll *)base;
 
+	if (c->nlanes)
+		RAIL_INFO(RAIL_LOG_NET, "RMA (rank %d of %d, device %d): %llu puts (%.1f MiB) striped "
+			  "over %d lanes", c->base.rank, c->base.nranks, c->base.dev,
+			  (unsigned long long)atomic_load(&c->striped),
+			  (double)atomic_load(&c->striped_bytes) / (1 << 20), c->nlanes);
 	rma_apply_stop(c);
+	rma_lanes_stop(c);
 	rma_mesh_fini(&c->mesh);
 	rma_wins_fini(&c->wins);
 	rma_gpu_fini(&c->gpu);
@@ -54,6 +62,7 @@ static int tcp_rma_connect(struct rail_rma_listen *l, void *const *handles, int 
 			   int rank, struct rail_rma_coll **out)
 {
 	struct rma_tcp_coll *c = calloc(1, sizeof(*c));
+	uint32_t lanes = (uint32_t)rail_param_int(RAIL_P_RMA_LANES);
 	int err;
 
 	if (!c)
@@ -65,15 +74,19 @@ static int tcp_rma_connect(struct rail_rma_listen *l, void *const *handles, int 
 	rail_comm_live_add(1);
 	err = rma_mesh_init(&c->mesh, (const struct rma_tcp_listen *)l, handles, nranks, rank);
 	if (!err)
-		err = rma_mesh_group(&c->mesh);
+		err = rma_mesh_group(&c->mesh, &lanes);
+	c->nlanes = nranks > 1 ? (int)RAIL_MIN(lanes, RMA_LANES_MAX) : 0;
+	if (!err)
+		err = rma_lanes_start(c);
 	if (!err)
 		err = rma_apply_start(c);
 	if (err) {
 		tcp_rma_close_coll(&c->base);
 		return err;
 	}
-	RAIL_INFO(RAIL_LOG_NET, "RMA connect: rank %d of %d on device %d, listening on %s",
-		  rank, nranks, l->dev, RAIL_ADDRSTR(&c->mesh.addr[rank]));
+	RAIL_INFO(RAIL_LOG_NET, "RMA connect: rank %d of %d on device %d, listening on %s, %d "
+		  "lanes for puts of %u KiB and more", rank, nranks, l->dev,
+		  RAIL_ADDRSTR(&c->mesh.addr[rank]), c->nlanes, RMA_STRIPE_MIN >> 10);
 	*out = &c->base;
 	return 0;
 }
@@ -83,15 +96,33 @@ static int tcp_rma_connect(struct rail_rma_listen *l, void *const *handles, int 
 static int tcp_rma_destroy_ctx(struct rail_rma_ctx *base)
 {
 	struct rma_tcp_ctx *x = (struct rma_tcp_ctx *)base;
-	int n = x->base.ncontexts * x->coll->base.nranks;
+	struct rma_tcp_coll *c = x->coll;
+	int n = x->base.ncontexts * c->base.nranks, nl = c->nlanes * c->base.nranks;
 
-	rma_apply_remove(x->coll, x);
+	/* the lanes' senders first: a write blocked on a full socket fails at once */
+	for (int i = 0; x->lane_out && i < nl; i++) {
+		if (x->lane_out[i] >= 0)
+			shutdown(x->lane_out[i], SHUT_RDWR);
+	}
+	rma_lanes_forget(c, x);
+	rma_apply_remove(c, x);
 	for (int i = 0; x->streams && i < n; i++) {
 		if (x->streams[i].out_fd >= 0)
 			close(x->streams[i].out_fd);
 		if (x->streams[i].in_fd >= 0)
 			close(x->streams[i].in_fd);
 	}
+	for (int i = 0; x->lane_out && i < nl; i++) {
+		if (x->lane_out[i] >= 0)
+			close(x->lane_out[i]);
+		if (x->lane_in[i] >= 0)
+			close(x->lane_in[i]);
+	}
+	if (x->lanes_reserved)
+		rma_lanes_reserve(c, -(int64_t)x->nreqs);
+	free(x->lane_out);
+	free(x->lane_in);
+	free(x->lane_err);
 	/* first: it waits for the copies still queued into the pieces (a put cut short) */
 	rma_gpu_stream_free(&x->coll->gpu, x->stream);
 	for (int i = 0; x->streams && i < n; i++)
@@ -108,12 +139,28 @@ static int tcp_rma_destroy_ctx(struct rail_rma_ctx *base)
 	return 0;
 }
 
-/* One reader for each socket of the context: the peer's operations and the replies. */
-static int ctx_readers(struct rma_tcp_ctx *x, int n, const struct rma_link *want)
+/*
+ * One reader for each socket of the context: the peer's operations and the
+ * replies (the first n links), and the lanes from the peer (the nl after).
+ */
+static int ctx_readers(struct rma_tcp_ctx *x, int n, int nl, const struct rma_link *want)
 {
-	x->rx = calloc((size_t)(2 * n) + 1, sizeof(*x->rx));
+	int nranks = x->coll->base.nranks;
+
+	x->rx = calloc((size_t)(2 * n + nl) + 1, sizeof(*x->rx));
 	if (!x->rx)
 		return -ENOMEM;
+	for (int i = n; i < n + nl; i++) {
+		int lane = (int)want[i].index - x->base.ncontexts;
+		struct rma_rx *rx = calloc(1, sizeof(*rx));
+
+		if (!rx)
+			return -ENOMEM;
+		*rx = (struct rma_rx){ .fd = x->lane_in[lane * nranks + want[i].peer],
+				       .role = RMA_RX_LANE, .peer = want[i].peer, .context = -1,
+				       .lane = lane, .ctx = x };
+		x->rx[x->nrx++] = rx;
+	}
 	for (int i = 0; i < n; i++) {
 		struct rma_stream *s = &x->streams[(int)want[i].index * x->coll->base.nranks +
 						   want[i].peer];
@@ -124,7 +171,7 @@ static int ctx_readers(struct rma_tcp_ctx *x, int n, const struct rma_link *want
 			if (!rx)
 				return -ENOMEM;
 			*rx = (struct rma_rx){ .fd = role == RMA_RX_TARGET ? s->in_fd : s->out_fd,
-					       .role = role, .peer = want[i].peer,
+					       .role = role, .peer = want[i].peer, .lane = -1,
 					       .context = (int)want[i].index, .ctx = x };
 			x->rx[x->nrx++] = rx;
 		}
@@ -132,24 +179,28 @@ static int ctx_readers(struct rma_tcp_ctx *x, int n, const struct rma_link *want
 	return 0;
 }
 
-/* The links of a context: every context to every rank (rank + k * stride) % nranks. */
+/*
+ * The links of a context: every context to every rank (rank + k * stride) %
+ * nranks (index: the context), then the lanes to each (index: ncontexts + lane).
+ */
 static int ctx_links(struct rma_tcp_ctx *x)
 {
 	struct rma_tcp_coll *c = x->coll;
 	int nranks = c->base.nranks, npeers = nranks / x->base.stride - 1;
-	int n = x->base.ncontexts * npeers, k = 0, err;
-	struct rma_link *want = calloc((size_t)n + 1, sizeof(*want));
-	int *out = calloc((size_t)n + 1, sizeof(int)), *in = calloc((size_t)n + 1, sizeof(int));
+	int n = x->base.ncontexts * npeers, nl = c->nlanes * npeers, k = 0, err;
+	struct rma_link *want = calloc((size_t)(n + nl) + 1, sizeof(*want));
+	int *out = calloc((size_t)(n + nl) + 1, sizeof(int));
+	int *in = calloc((size_t)(n + nl) + 1, sizeof(int));
 
 	err = want && out && in ? 0 : -ENOMEM;
-	for (int ctx = 0; !err && ctx < x->base.ncontexts; ctx++) {
+	for (int ctx = 0; !err && ctx < x->base.ncontexts + c->nlanes; ctx++) {
 		for (int j = 1; j <= npeers; j++)
 			want[k++] = (struct rma_link){
 				.peer = (c->base.rank + j * x->base.stride) % nranks,
 				.index = (uint32_t)ctx };
 	}
-	if (!err && n)
-		err = rma_mesh_links(&c->mesh, RMA_LINK_DATA, x->seq, n, want, out, in,
+	if (!err && n + nl)
+		err = rma_mesh_links(&c->mesh, RMA_LINK_DATA, x->seq, n + nl, want, out, in,
 				     "createContext");
 	for (int i = 0; !err && i < n; i++) {
 		struct rma_stream *s = &x->streams[(int)want[i].index * nranks + want[i].peer];
@@ -157,11 +208,34 @@ static int ctx_links(struct rma_tcp_ctx *x)
 		s->out_fd = out[i];
 		s->in_fd = in[i];
 	}
+	for (int i = n; !err && i < n + nl; i++) {
+		int at = ((int)want[i].index - x->base.ncontexts) * nranks + want[i].peer;
+
+		x->lane_out[at] = out[i];
+		x->lane_in[at] = in[i];
+	}
 	if (!err)
-		err = ctx_readers(x, n, want);
+		err = ctx_readers(x, n, nl, want);
 	free(want);
 	free(out);
 	free(in);
+	return err;
+}
+
+/* The lanes' sockets (made by ctx_links) and room for the context's jobs on each lane. */
+static int ctx_lanes(struct rma_tcp_ctx *x)
+{
+	int nl = x->coll->nlanes * x->coll->base.nranks, err;
+
+	x->lane_out = malloc((size_t)nl * sizeof(int));
+	x->lane_in = malloc((size_t)nl * sizeof(int));
+	x->lane_err = calloc((size_t)nl, sizeof(*x->lane_err));
+	if (!x->lane_out || !x->lane_in || !x->lane_err)
+		return -ENOMEM;
+	for (int i = 0; i < nl; i++)
+		x->lane_out[i] = x->lane_in[i] = -1;
+	err = rma_lanes_reserve(x->coll, x->nreqs);
+	x->lanes_reserved = !err;
 	return err;
 }
 
@@ -183,6 +257,8 @@ static int tcp_rma_create_ctx(struct rail_rma_coll *base, int ncontexts, int tra
 	for (int i = 0; x->streams && i < n; i++)
 		x->streams[i] = (struct rma_stream){ .out_fd = -1, .in_fd = -1,
 						     .qhead = RMA_NONE, .qtail = RMA_NONE };
+	if (!err && c->nlanes)
+		err = ctx_lanes(x);
 	if (!err)
 		err = ctx_links(x);
 	if (!err)

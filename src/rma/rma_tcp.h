@@ -19,9 +19,28 @@
  * every earlier put of that (context, peer) is in memory: every signal is
  * strong. Operations to oneself are memory copies, done at once.
  *
+ * Lanes. One TCP stream carries about one core's worth of copying, so a
+ * put of RMA_STRIPE_MIN bytes or more is striped: its stream carries a
+ * STRIPED frame (window, offset, length) in its place, and its bytes travel
+ * on the createContext call's lanes to that peer, NCCL_RAIL_RMA_LANES more
+ * sockets each way (the lowest value of any rank, agreed at connect),
+ * written by one sender thread per lane (rma_lane.c) and read by one
+ * applier thread per lane. The destination range is cut at multiples of
+ * RMA_LANE_BLOCK of the window offset and block b goes on lane b % lanes,
+ * as a PUT frame whose id names its context and the STRIPED frame's place
+ * in its stream (seq): two puts that write the same byte put it on the same
+ * lane, in order. The target keeps program order with two gates per
+ * (context, peer): a frame of the stream other than STRIPED waits until
+ * every lane has landed every block announced before it (so a signal still
+ * follows every byte of the puts before it), and a block waits until its
+ * STRIPED frame was reached (so it never lands under an earlier put of the
+ * stream). Each lane is read in order, and a gate waits only for what was
+ * posted before it, so they never wait for each other in a circle.
+ *
  * Frames (40 bytes, little-endian, rma_wire.c):
  *   PUT    window, offset, length; the bytes follow
  *   SIGNAL window, offset, the 64-bit value to add
+ *   STRIPED window, offset, length; the bytes follow on the lanes
  *   GET    window, offset, length, the request's id
  *   REPLY  the request's id, status, length; the bytes follow
  * Windows are named by registration index, the same on every rank
@@ -31,7 +50,7 @@
  * peer, the call and the window, and nothing is written.
  *
  * Threads. One applier thread per collComm (rma_apply.c) reads every
- * socket of the group with epoll: puts land straight into a host window,
+ * stream of the group with epoll (and one more per lane reads its lane): puts land straight into a host window,
  * signals are atomic adds, gets are answered without blocking, replies to
  * this rank's gets land in their buffers. GPU windows are reached through
  * rma_mem.c only: copies and signal writes in order on the collComm's one
@@ -50,7 +69,8 @@
  *   1.0  rma_mesh     sockets between the ranks: listen, links to a set of peers, exchanges
  *   1.1  rma_mr       the windows of a collComm: the table, bounds, registration
  *   1.2  rma_ib_qp    the verbs backend: a context's CQ and QPs, connected over the mesh
- *   2.0  rma_apply    the target side: the applier thread of a collComm
+ *   1.3  rma_lane     the lanes' sender threads; a request's parts
+ *   2.0  rma_apply    the target side: the applier threads of a collComm
  *   2.1  rma_send     the initiator side: requests, streams, post and test
  *   2.2  rma_ib_data  the verbs backend: requests, post, test
  *   3.0  rma_tcp      the TCP backend's ops: listen, connect, contexts, close
@@ -92,7 +112,8 @@ struct rma_hello {
 	uint32_t index;		/* DATA: which context of it */
 };
 
-enum rma_op { RMA_OP_PUT = 1, RMA_OP_SIGNAL = 2, RMA_OP_GET = 3, RMA_OP_REPLY = 4 };
+enum rma_op { RMA_OP_PUT = 1, RMA_OP_SIGNAL = 2, RMA_OP_GET = 3, RMA_OP_REPLY = 4,
+	      RMA_OP_STRIPED = 5 };
 
 struct rma_frame {
 	uint8_t op;		/* enum rma_op */
@@ -100,7 +121,7 @@ struct rma_frame {
 	int32_t status;		/* REPLY: 0, or the errno why the target refused */
 	uint64_t off;
 	uint64_t len;		/* bytes (PUT, GET, REPLY), or the value to add (SIGNAL) */
-	uint64_t id;		/* GET, REPLY: the request's id */
+	uint64_t id;		/* GET, REPLY: the request's id; a lane's PUT: context << 32 | seq */
 };
 
 /* One rank's part of a collective exchange (connect's check, regMrSym). */
@@ -181,8 +202,11 @@ void rma_mesh_fini(struct rma_mesh *m);
  */
 int rma_mesh_links(struct rma_mesh *m, enum rma_link_kind kind, uint32_t seq, int n,
 		   const struct rma_link *want, int *out, int *in, const char *call);
-/* Collective: the control mesh (a link each way with every other rank), checked. */
-int rma_mesh_group(struct rma_mesh *m);
+/*
+ * Collective: the control mesh (a link each way with every other rank),
+ * checked; *agree (if not NULL) becomes the lowest value any rank gave.
+ */
+int rma_mesh_group(struct rma_mesh *m, uint32_t *agree);
 /*
  * Collective over the control mesh: out[q * len] goes to rank q, in[q *
  * len] comes from rank q (in[rank] = out[rank]); fixed length, so a peer
@@ -223,14 +247,19 @@ struct rma_gpu_clock {
 	_Atomic uint64_t n, ns, max_ns, bytes;
 };
 
+/* Pinned bytes on their way into GPU windows: one thread's, started over once full. */
+struct rma_ring {
+	char *buf;
+	size_t size, pos;
+};
+
 /* A collComm's way into its GPU windows, started at the first one. */
 struct rma_gpu {
 	pthread_mutex_t lock;	/* the stream's order, the ring, the shadows */
 	const struct rail_cuda *cu;
 	rail_cu_ctx ctx;	/* captured on NCCL's thread, set by every thread before a call */
 	rail_cu_stream stream;	/* every write into this rank's GPU windows, in order */
-	char *stage;		/* pinned ring: the applier's bytes on their way to the GPU */
-	size_t stage_size, stage_pos;
+	struct rma_ring ring;	/* the main applier's staging (lanes have their own) */
 	uint64_t *word;		/* pinned: a signal word read back */
 	int pending;		/* work queued on the stream since its last synchronize */
 	size_t queued;		/* bytes copied on it since then */
@@ -251,11 +280,12 @@ int rma_gpu_stream(struct rma_gpu *g, rail_cu_stream *s);
 void rma_gpu_stream_free(struct rma_gpu *g, rail_cu_stream s);
 void *rma_gpu_pinned(struct rma_gpu *g, size_t size);
 void rma_gpu_pinned_free(struct rma_gpu *g, void *p);
-/* Room in the staging ring for up to want bytes (the applier's thread only). */
-char *rma_mem_stage(struct rma_gpu *g, size_t want, size_t *room);
-/* Staged bytes into a GPU window at off, queued on the stream. */
-int rma_mem_land(struct rma_gpu *g, const struct rma_win *w, uint64_t off, const char *staged,
-		 size_t n);
+/* Room in a staging ring for up to want bytes (its thread only; allocated at first use). */
+char *rma_mem_stage(struct rma_gpu *g, struct rma_ring *ring, size_t want, size_t *room);
+/* Staged bytes (of ring) into a GPU window at off, queued on the stream. */
+int rma_mem_land(struct rma_gpu *g, struct rma_ring *ring, const struct rma_win *w, uint64_t off,
+		 const char *staged, size_t n);
+void rma_mem_ring_free(struct rma_gpu *g, struct rma_ring *ring);
 /* add to the signal word at off, after every write queued before it. */
 int rma_mem_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, uint64_t add);
 /* n bytes of a window into host memory (pinned for a GPU window), after the writes before. */
@@ -302,6 +332,11 @@ static inline int rma_in_bounds(uint64_t off, uint64_t len, uint64_t size)
 
 /* ---- the collComm and its contexts ---- */
 
+/* Lanes: the most, where a put is cut, and from which size it is striped. */
+#define RMA_LANES_MAX 8
+#define RMA_LANE_BLOCK (256u << 10)
+#define RMA_STRIPE_MIN (512u << 10)
+
 enum rma_req_state { RMA_REQ_FREE = 0, RMA_REQ_QUEUED, RMA_REQ_WAIT, RMA_REQ_DONE,
 		     RMA_REQ_FAILED };
 
@@ -315,6 +350,7 @@ struct rma_req {
 	int peer;
 	int context;
 	uint32_t next;		/* its stream's queue, or the free list */
+	atomic_int parts;	/* a put: its stream's frames and each lane's blocks, not yet sent */
 	uint8_t hdr[2][RMA_FRAME_SIZE];
 	struct iovec iov[3];
 	int niov;
@@ -338,6 +374,14 @@ struct rma_stream {
 	int stage_cur;		/* the piece being written (0 or 1) */
 	size_t stage_at, stage_len;	/* which bytes it holds: [at, at + len) of the GPU iov */
 	size_t pre_at, pre_len;	/* the other piece's copy, queued while it is written (len 0: none) */
+	uint32_t frames;	/* frames posted on out_fd (a STRIPED frame's seq) */
+	/* The target's gates (rma_tcp.h, Lanes), for the peer's stream in_fd. */
+	uint32_t expected[RMA_LANES_MAX];	/* blocks announced per lane (the main applier's) */
+	_Atomic uint32_t landed[RMA_LANES_MAX];	/* blocks landed per lane */
+	_Atomic uint32_t reached;	/* frames of in_fd applied */
+	atomic_int main_parked;	/* its reader waits for blocks */
+	_Atomic uint32_t lanes_parked;	/* bit l: lane l's reader waits for reached */
+	atomic_int lane_err;	/* a lane from the peer failed: its reader fails too */
 };
 
 struct rma_tcp_coll;
@@ -355,30 +399,38 @@ struct rma_tcp_ctx {
 	struct rma_rx **rx;	/* the applier's readers of this context's sockets */
 	int nrx;
 	rail_cu_stream stream;	/* the initiator's copies out of GPU windows */
+	int *lane_out, *lane_in;	/* [lane * nranks + peer]; -1 off the stride */
+	atomic_int *lane_err;	/* [lane * nranks + peer]: writing it failed (logged once) */
+	int lanes_reserved;	/* nreqs jobs of room on every lane */
 };
 
 struct rma_applier;
+struct rma_lane_tx;
 
 struct rma_tcp_coll {
 	struct rail_rma_coll base;
 	struct rma_mesh mesh;
 	struct rma_wins wins;
 	struct rma_gpu gpu;
-	struct rma_applier *ap;
+	struct rma_applier *ap;	/* [1 + nlanes]: the main applier, then one per lane */
+	struct rma_lane_tx *tx;	/* [nlanes]: the lanes' sender threads */
+	int nlanes;
+	_Atomic uint64_t striped, striped_bytes;	/* puts sent over the lanes */
 	atomic_int err;		/* the first error of the group (negative errno) */
 	uint32_t ctx_seq;
 };
 
 /* ---- the applier (rma_apply.c) ---- */
 
-enum rma_rx_role { RMA_RX_TARGET = 1, RMA_RX_REPLIES = 2 };
+enum rma_rx_role { RMA_RX_TARGET = 1, RMA_RX_REPLIES = 2, RMA_RX_LANE = 3 };
 
 /* A socket the applier reads: the peer's operations, or the replies to this rank's gets. */
 struct rma_rx {
 	int fd;
 	int role;
 	int peer;
-	int context;
+	int context;		/* -1 for a lane (each block names its own) */
+	int lane;		/* a lane's, else -1 */
 	struct rma_tcp_ctx *ctx;
 	uint8_t hdr[RMA_FRAME_SIZE];
 	size_t hdr_got;
@@ -393,6 +445,8 @@ struct rma_rx {
 	char *rstage;		/* pinned: a reply's bytes out of a GPU window */
 	uint64_t rstage_at, rstage_len;	/* which of them */
 	int body_gpu;		/* the body being read lands in a GPU window */
+	int held;		/* the frame in f waits for its gate */
+	int parked;		/* ... and the reader sleeps until woken (out of epoll) */
 	int dead;
 	int logged;		/* the failure was logged where it was understood */
 };
@@ -405,6 +459,32 @@ int rma_apply_add(struct rma_tcp_coll *c, struct rma_tcp_ctx *x);
 void rma_apply_remove(struct rma_tcp_coll *c, struct rma_tcp_ctx *x);
 /* Record the group's first error (queryLastError). */
 void rma_coll_fail(struct rma_tcp_coll *c, int err);
+
+/* ---- the lanes' senders (rma_lane.c) ---- */
+
+/* One lane's part of a striped put: every block of [off, off + len) on that lane. */
+struct rma_lane_job {
+	struct rma_tcp_ctx *x;
+	uint32_t req;
+	int peer, context;
+	uint32_t win, seq;
+	const char *src;	/* the source of offset off (GPU memory if gpu) */
+	int gpu;
+	uint64_t off, len;
+};
+
+/* Blocks of [off, off + len) that go on lane (of nlanes). */
+uint32_t rma_lane_blocks(uint64_t off, uint64_t len, int lane, int nlanes);
+int rma_lanes_start(struct rma_tcp_coll *c);
+void rma_lanes_stop(struct rma_tcp_coll *c);
+/* Room for delta more jobs on every lane (a context's requests; negative at its end). */
+int rma_lanes_reserve(struct rma_tcp_coll *c, int64_t delta);
+/* Queue a job on its lane (never fails once reserved). */
+void rma_lane_post(struct rma_tcp_coll *c, int lane, const struct rma_lane_job *j);
+/* Drop x's queued jobs and wait until no lane thread works for x. */
+void rma_lanes_forget(struct rma_tcp_coll *c, struct rma_tcp_ctx *x);
+/* One part of a put or a get ended (err 0 or -errno): the last one completes it. */
+void rma_req_part(struct rma_req *r, int err);
 
 /* ---- the initiator (rma_send.c) ---- */
 

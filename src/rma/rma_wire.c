@@ -26,6 +26,7 @@ const char *rma_op_name(int op)
 	case RMA_OP_SIGNAL: return "signal";
 	case RMA_OP_GET: return "get";
 	case RMA_OP_REPLY: return "get reply";
+	case RMA_OP_STRIPED: return "striped put";
 	default: return "unknown";
 	}
 }
@@ -109,7 +110,7 @@ int rma_frame_decode(const uint8_t in[RMA_FRAME_SIZE], struct rma_frame *f, char
 	v.off = rail_get_u64(in + 16);
 	v.len = rail_get_u64(in + 24);
 	v.id = rail_get_u64(in + 32);
-	if (v.op < RMA_OP_PUT || v.op > RMA_OP_REPLY) {
+	if (v.op < RMA_OP_PUT || v.op > RMA_OP_STRIPED) {
 		snprintf(why, why_len, "unknown RMA operation %u", v.op);
 		return -EBADMSG;
 	}
