@@ -33,6 +33,7 @@
 
 #define RMA_APPLY_BUDGET (8u << 20)	/* bytes read from one socket per wake-up */
 #define RMA_APPLY_CHUNK (4u << 20)	/* bytes per recv/send into or out of a window */
+#define RMA_LAND_PIECE (256u << 10)	/* bytes staged per HtoD copy into a GPU window */
 
 /* One applier thread: the main one (every stream), or a lane's. */
 struct rma_applier {
@@ -204,14 +205,14 @@ static int frame_signal(struct rma_tcp_coll *c, struct rma_rx *rx)
 	struct rma_win *w;
 	int err = 0;
 
-	pthread_mutex_lock(&c->wins.lock);
+	pthread_rwlock_rdlock(&c->wins.lock);
 	w = rma_wins_get(&c->wins, f->win);
 	if (!w || f->off % 8 || !rma_in_bounds(f->off, 8, w->base.size))
 		err = frame_refuse(c, rx, !w ? REF_UNKNOWN : f->off % 8 ? REF_MISALIGNED
 				   : REF_OUTSIDE, w);
 	else if ((err = rma_mem_signal(&c->gpu, w, f->off, f->len)))
 		rx->logged = 1;
-	pthread_mutex_unlock(&c->wins.lock);
+	pthread_rwlock_unlock(&c->wins.lock);
 	return err;
 }
 
@@ -223,14 +224,14 @@ static int frame_get(struct rma_tcp_coll *c, struct rma_rx *rx)
 	struct epoll_event ev = { .events = EPOLLOUT, .data.ptr = rx };
 	struct rma_win *w;
 
-	pthread_mutex_lock(&c->wins.lock);
+	pthread_rwlock_rdlock(&c->wins.lock);
 	w = rma_wins_get(&c->wins, f->win);
 	if (!w || !rma_in_bounds(f->off, f->len, w->base.size)) {
 		frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
 		r.status = EFAULT;
 		r.len = 0;
 	}
-	pthread_mutex_unlock(&c->wins.lock);
+	pthread_rwlock_unlock(&c->wins.lock);
 	rma_frame_encode(&r, rx->rhdr);
 	rx->rwin = f->win;
 	rx->roff = f->off;
@@ -422,10 +423,10 @@ static int frame_striped(struct rma_tcp_coll *c, struct rma_rx *rx)
 	struct rma_win *w;
 	int ok;
 
-	pthread_mutex_lock(&c->wins.lock);
+	pthread_rwlock_rdlock(&c->wins.lock);
 	w = rma_wins_get(&c->wins, f->win);
 	ok = w && f->len && rma_in_bounds(f->off, f->len, w->base.size) && c->nlanes;
-	pthread_mutex_unlock(&c->wins.lock);
+	pthread_rwlock_unlock(&c->wins.lock);
 	if (!ok)
 		return frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
 	for (int l = 0; l < c->nlanes; l++)
@@ -458,10 +459,10 @@ static int frame_start(struct rma_tcp_coll *c, struct rma_rx *rx)
 			frame_reached(c, rx);
 		return err;
 	}
-	pthread_mutex_lock(&c->wins.lock);
+	pthread_rwlock_rdlock(&c->wins.lock);
 	w = rma_wins_get(&c->wins, f->win);
 	ok = w && rma_in_bounds(f->off, f->len, w->base.size);
-	pthread_mutex_unlock(&c->wins.lock);
+	pthread_rwlock_unlock(&c->wins.lock);
 	if (!ok)
 		return frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
 	rx->in_body = f->len > 0;
@@ -489,23 +490,44 @@ static struct rma_win *body_win(struct rma_tcp_coll *c, struct rma_rx *rx, uint6
 	return w;
 }
 
-/* Bytes off the socket into a window (a GPU one through the staging ring). */
+/*
+ * Bytes off the socket into a window: a host window directly; a GPU one
+ * through the reader's staging ring, a piece of up to RMA_LAND_PIECE bytes
+ * filled by as many reads as it takes and then copied in with one HtoD
+ * (fewer driver calls than one per read).
+ */
 static ssize_t body_recv(struct rma_tcp_coll *c, struct rma_rx *rx, struct rma_win *w,
 			 uint64_t off, size_t want, int *err)
 {
 	struct rma_ring *ring = rx->role == RMA_RX_LANE ? &ap_of(c, rx)->ring : &c->gpu.ring;
-	char *dst = w->gpu ? rma_mem_stage(&c->gpu, ring, want, &want) : w->base.base + off;
 	ssize_t n;
 
-	if (!dst) {
-		*err = -EIO;
-		return -1;
+	if (!w->gpu) {
+		n = recv(rx->fd, w->base.base + off, want, MSG_DONTWAIT);
+		*err = n < 0 ? -errno : 0;
+		return n;
 	}
-	n = recv(rx->fd, dst, want, MSG_DONTWAIT);
+	if (!rx->stage_room) {	/* a new piece: never longer than what is left of the body */
+		rx->stage_ptr = rma_mem_stage(&c->gpu, ring, RAIL_MIN(want, RMA_LAND_PIECE),
+					      &rx->stage_room);
+		if (!rx->stage_ptr) {
+			rx->stage_room = 0;
+			*err = -EIO;
+			return -1;
+		}
+		rx->stage_off = off;
+		rx->staged = 0;
+	}
+	n = recv(rx->fd, rx->stage_ptr + rx->staged, rx->stage_room - rx->staged, MSG_DONTWAIT);
 	*err = n < 0 ? -errno : 0;
-	if (n > 0 && w->gpu) {
+	if (n > 0) {
 		rx->body_gpu = 1;
-		*err = rma_mem_land(&c->gpu, ring, w, off, dst, (size_t)n);
+		rx->staged += (size_t)n;
+		if (rx->staged == rx->stage_room) {
+			*err = rma_mem_land(&c->gpu, ring, w, rx->stage_off, rx->stage_ptr,
+					    rx->staged);
+			rx->stage_room = 0;
+		}
 	}
 	return n;
 }
@@ -538,11 +560,11 @@ static int body_more(struct rma_tcp_coll *c, struct rma_rx *rx, size_t *budget)
 	ssize_t n = -1;
 	int err = 0;
 
-	pthread_mutex_lock(&c->wins.lock);
+	pthread_rwlock_rdlock(&c->wins.lock);
 	w = body_win(c, rx, &off);
 	if (w)
 		n = body_recv(c, rx, w, off, want, &err);
-	pthread_mutex_unlock(&c->wins.lock);
+	pthread_rwlock_unlock(&c->wins.lock);
 	if (!w)
 		return frame_refuse(c, rx, REF_GONE, NULL);
 	if (err == -EIO) {
@@ -670,13 +692,13 @@ static int reply_more(struct rma_tcp_coll *c, struct rma_rx *rx)
 		struct rma_win *w;
 		ssize_t n = -1;
 
-		pthread_mutex_lock(&c->wins.lock);
+		pthread_rwlock_rdlock(&c->wins.lock);
 		w = rma_wins_get(&c->wins, rx->rwin);
 		if (w)
 			src = reply_src(c, rx, w, done, &want, &err);
 		if (src)
 			n = send(rx->fd, src, want, MSG_DONTWAIT | MSG_NOSIGNAL);
-		pthread_mutex_unlock(&c->wins.lock);
+		pthread_rwlock_unlock(&c->wins.lock);
 		if (!w)
 			return frame_refuse(c, rx, REF_GONE, NULL);
 		if (err) {

@@ -20,7 +20,7 @@
 void rma_wins_init(struct rma_wins *t)
 {
 	memset(t, 0, sizeof(*t));
-	pthread_mutex_init(&t->lock, NULL);
+	pthread_rwlock_init(&t->lock, NULL);
 }
 
 static void win_free(struct rma_win *w)
@@ -38,7 +38,7 @@ void rma_wins_fini(struct rma_wins *t)
 			win_free(t->v[i]);
 	}
 	free(t->v);
-	pthread_mutex_destroy(&t->lock);
+	pthread_rwlock_destroy(&t->lock);
 }
 
 struct rma_win *rma_wins_get(struct rma_wins *t, uint32_t index)
@@ -99,7 +99,7 @@ static int win_put(struct rma_wins *t, struct rma_win *w, uint32_t *index)
 	uint32_t i;
 	int err = 0;
 
-	pthread_mutex_lock(&t->lock);
+	pthread_rwlock_wrlock(&t->lock);
 	i = t->n++;
 	if (i >= t->cap) {
 		uint32_t cap = RAIL_MAX(2 * t->cap, i + 16);
@@ -117,7 +117,7 @@ static int win_put(struct rma_wins *t, struct rma_win *w, uint32_t *index)
 		err = w ? -ENOMEM : 0;
 	if (w && !err)
 		w->base.index = i;
-	pthread_mutex_unlock(&t->lock);
+	pthread_rwlock_unlock(&t->lock);
 	*index = i;
 	return err;
 }
@@ -187,9 +187,9 @@ int rma_wins_reg(struct rma_wins *t, struct rma_mesh *m, struct rma_gpu *g,
 
 void rma_wins_dereg(struct rma_wins *t, struct rma_win *w)
 {
-	pthread_mutex_lock(&t->lock);
+	pthread_rwlock_wrlock(&t->lock);
 	if (w->base.index < t->n && t->v[w->base.index] == w)
 		t->v[w->base.index] = NULL;
-	pthread_mutex_unlock(&t->lock);
+	pthread_rwlock_unlock(&t->lock);
 	win_free(w);
 }

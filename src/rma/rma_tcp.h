@@ -54,10 +54,11 @@
  * signals are atomic adds, gets are answered without blocking, replies to
  * this rank's gets land in their buffers. GPU windows are reached through
  * rma_mem.c only: copies and signal writes in order on the collComm's one
- * CUDA stream, so a signal still follows every byte before it. NCCL's threads post and test
- * (rma_send.c) under the context's lock; windows are looked up under the
- * collComm's window lock, held while bytes are written to or read from a
- * window, so that deregMrSym never races with a frame.
+ * CUDA stream, so a signal still follows every byte before it. NCCL's
+ * threads post and test (rma_send.c) under the context's lock; windows are
+ * looked up under the collComm's window lock, read-held while bytes are
+ * written to or read from a window (the appliers together), write-held by
+ * regMrSym and deregMrSym, so that deregMrSym never races with a frame.
  *
  * Layers. The files of src/rma/ call each other one way only: a file uses
  * the functions and data of files of a lower rank (LAYER.STEP), never of a
@@ -309,7 +310,7 @@ int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const c
 		      size_t n);
 
 struct rma_wins {
-	pthread_mutex_t lock;	/* the table, and any access to a window's bytes by the applier */
+	pthread_rwlock_t lock;	/* written: the table; read: any access to a window's bytes by an applier */
 	struct rma_win **v;	/* [index]; NULL once deregistered */
 	uint32_t n;		/* indices handed out (never reused) */
 	uint32_t cap;
@@ -445,6 +446,9 @@ struct rma_rx {
 	char *rstage;		/* pinned: a reply's bytes out of a GPU window */
 	uint64_t rstage_at, rstage_len;	/* which of them */
 	int body_gpu;		/* the body being read lands in a GPU window */
+	char *stage_ptr;	/* ... through this piece of the reader's staging ring */
+	size_t staged, stage_room;	/* bytes in it, and its size (0: none started) */
+	uint64_t stage_off;	/* the window offset of its first byte */
 	int held;		/* the frame in f waits for its gate */
 	int parked;		/* ... and the reader sleeps until woken (out of epoll) */
 	int dead;

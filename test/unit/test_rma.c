@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "rail.h"
@@ -467,6 +468,161 @@ static void test_ordering_under_load(void **state)
 }
 
 /*
+ * A seeded randomized search of ordering with striped puts (rma_tcp.h,
+ * Lanes): in each round every rank sends its right neighbour puts of sizes
+ * and offsets drawn from the seed (small ones on the stream, large ones
+ * striped over the lanes, overlapping each other), four in flight, each from
+ * its own quarter of the source, then a signal (carried by the round's last
+ * put, or alone). Once the signal is there, every byte of the window must be
+ * what the puts of every round so far leave in program order; the ranks
+ * meet before the next round. RMA_SEED=N replays a seed's plan.
+ */
+#define SEED_PUTS 40
+#define SEED_ROUNDS 3
+
+struct seed_put {
+	size_t size, off;
+};
+
+static void seed_plan(unsigned seed, int from, int round, size_t wsize, struct seed_put *p)
+{
+	unsigned s = seed * 2654435761u + (unsigned)from * 7919u + (unsigned)round * 104729u + 1;
+	size_t quarter = wsize / 4;
+
+	for (int i = 0; i < SEED_PUTS; i++) {
+		unsigned kind;
+
+		s = s * 1103515245u + 12345u;
+		kind = (s >> 16) % 20;
+		s = s * 1103515245u + 12345u;
+		if (kind < 7)
+			p[i].size = 1 + (s >> 4) % 9000;
+		else if (kind < 13)
+			p[i].size = 9000 + (s >> 4) % 300000;
+		else
+			p[i].size = RAIL_MIN(quarter, (512u << 10) + (s >> 4) % quarter);
+		s = s * 1103515245u + 12345u;
+		p[i].off = ((size_t)(s >> 3) * 4099u) % (wsize - p[i].size + 1);
+	}
+}
+
+static char seed_byte(int from, int round, int i, size_t b)
+{
+	return (char)(from * 29 + round * 13 + i * 5 + (b * 7 ^ b >> 9) + 1);
+}
+
+static unsigned seed_now;
+
+static void seed_round(struct rank *r, int round, int to, size_t wsize)
+{
+	struct seed_put p[SEED_PUTS];
+	size_t quarter = wsize / 4;
+	void *req[4] = { 0 }, *sreq = NULL;
+	int last_signals = (seed_now + (unsigned)round) % 2;
+
+	seed_plan(seed_now, r->rank, round, wsize, p);
+	for (int i = 0; i < SEED_PUTS && !r->fail[0]; i++) {
+		char *src = r->src + (size_t)(i % 4) * quarter;
+		int sig = last_signals && i == SEED_PUTS - 1;
+
+		if (req[i % 4])
+			ROK(r, wait_req(r, req[i % 4]));
+		req[i % 4] = NULL;
+		for (size_t b = 0; b < p[i].size; b++)
+			src[b] = seed_byte(r->rank, round, i, b);
+		if (sig)
+			ROK(r, rma->iputSignal(r->rctx, 0, (size_t)(i % 4) * quarter, r->src_mh,
+					       p[i].size, p[i].off, r->win_mh, (uint32_t)to,
+					       (uint64_t)r->rank * 8, r->sig_mh, 1,
+					       NCCL_NET_SIGNAL_OP_INC, true, &req[i % 4]));
+		else
+			ROK(r, rma->iput(r->rctx, 0, (size_t)(i % 4) * quarter, r->src_mh, p[i].size,
+					 p[i].off, r->win_mh, (uint32_t)to, &req[i % 4]));
+	}
+	if (!last_signals)
+		ROK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)to,
+				       (uint64_t)r->rank * 8, r->sig_mh, 1, NCCL_NET_SIGNAL_OP_INC,
+				       true, &sreq));
+	for (int k = 0; k < 4; k++)
+		if (req[k])
+			ROK(r, wait_req(r, req[k]));
+	if (sreq)
+		ROK(r, wait_req(r, sreq));
+}
+
+static void body_seeded(struct rank *r)
+{
+	struct grp *g = r->g;
+	size_t wsize = (size_t)g->h.n * g->slot;
+	int to = (r->rank + 1) % g->h.n, from = (r->rank + g->h.n - 1) % g->h.n;
+	char *ref = calloc(1, wsize);
+	struct seed_put p[SEED_PUTS];
+
+	for (int round = 0; round < SEED_ROUNDS; round++) {
+		seed_round(r, round, to, wsize);
+		seed_plan(seed_now, from, round, wsize, p);
+		for (int i = 0; i < SEED_PUTS; i++)
+			for (size_t b = 0; b < p[i].size; b++)
+				ref[p[i].off + b] = seed_byte(from, round, i, b);
+		if (!r->fail[0] && wait_sig(r, from, (uint64_t)round + 1)) {
+			for (size_t b = 0; b < wsize; b++) {
+				if (r->win[b] != ref[b]) {
+					RFAIL(r, "rank %d, round %d: byte %zu from rank %d is %d once "
+					      "its signal came, the puts in order leave %d (RMA_SEED=%u)",
+					      r->rank, round, b, from, r->win[b], ref[b], seed_now);
+					break;
+				}
+			}
+		}
+		pthread_barrier_wait(&g->h.bar);	/* checked before the next round's puts */
+	}
+	free(ref);
+}
+
+/* "N puts (": the striped count of each "striped over" line, summed. */
+static unsigned long striped_logged(void)
+{
+	unsigned long sum = 0, k;
+
+	pthread_mutex_lock(&unit_log_mu);
+	for (int i = 0; i < unit_log_rec.n; i++) {
+		const char *t = strstr(unit_log_rec.lines[i].text, "): ");
+
+		if (strstr(unit_log_rec.lines[i].text, "striped over") && t &&
+		    sscanf(t + 3, "%lu puts", &k) == 1)
+			sum += k;
+	}
+	pthread_mutex_unlock(&unit_log_mu);
+	return sum;
+}
+
+static void test_lanes_seeded(void **state)
+{
+	const char *env = getenv("RMA_SEED");
+	unsigned base = env ? (unsigned)strtoul(env, NULL, 0) : (unsigned)time(NULL);
+	static const char *const lanes[] = { "4", "3", "1", "2" };
+	int seeds = env ? 1 : 4;
+
+	(void)state;
+	for (int k = 0; k < seeds; k++) {
+		seed_now = base + (unsigned)k;
+		printf("lanes seed %u, NCCL_RAIL_RMA_LANES=%s (replay: RMA_SEED=%u)\n", seed_now,
+		       lanes[k], seed_now);
+		setenv("NCCL_RAIL_RMA_LANES", lanes[k], 1);
+		if (k == 3) {	/* small socket buffers: lanes and streams back up */
+			setenv("NCCL_SOCKET_SNDBUF", "32k", 1);
+			setenv("NCCL_SOCKET_RCVBUF", "32k", 1);
+		}
+		unit_log_reset();
+		run_group(k == 2 ? 3 : 2, 1, 1, 4u << 20, body_seeded);
+		assert_true(striped_logged() > 0);
+	}
+	unsetenv("NCCL_RAIL_RMA_LANES");
+	unsetenv("NCCL_SOCKET_SNDBUF");
+	unsetenv("NCCL_SOCKET_RCVBUF");
+}
+
+/*
  * rankStride 2 on 4 ranks: rank r reaches r + 2 (and itself); r + 1 is not a
  * target of the context and is refused by name.
  */
@@ -760,6 +916,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_put_signal_get_4, need_plugin),
 		cmocka_unit_test_setup(test_size0_null_handles, need_plugin),
 		cmocka_unit_test_setup(test_ordering_under_load, need_plugin),
+		cmocka_unit_test_setup(test_lanes_seeded, need_plugin),
 		cmocka_unit_test_setup(test_stride, need_plugin),
 		cmocka_unit_test_setup(test_out_of_bounds_refused, need_plugin),
 		cmocka_unit_test_setup(test_cuda_refused, need_plugin),
