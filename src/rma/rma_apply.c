@@ -1,6 +1,6 @@
 /*
- * nccl-net-rail: the target side of the TCP RMA backend: one applier
- * thread per collComm (rma_tcp.h).
+ * nccl-net-rail: the target side of the TCP RMA backend (rma_tcp.h): one
+ * main applier thread per collComm for the streams, and one per lane.
  *
  * It waits in epoll on every socket of the group's contexts and an eventfd
  * for commands. On a peer's stream (TARGET) it reads frames in order: a put's
@@ -11,6 +11,15 @@
  * written the stream is not read further: one answer in flight per stream,
  * and this thread never blocks on a write). On this rank's own streams
  * (REPLIES) it lands the answers to its gets and completes them.
+ *
+ * A lane's thread reads the blocks of striped puts from every peer's lane
+ * and lands them as puts. Each frame read is held until its gate is open
+ * (rma_tcp.h, Lanes): a stream's frame until every block announced before
+ * it landed, a block until its STRIPED frame was reached. A reader whose
+ * gate is shut flags the stream, leaves epoll and waits in its thread's
+ * parked list; the thread that lands the block or reaches the frame it
+ * waits for sees the flag and wakes the parked reader's thread (eventfd),
+ * which looks at its gates again.
  *
  * Every frame is checked before memory is touched: its window must be live
  * in this rank's table, the range inside it, a signal 8-byte aligned. A
@@ -67,13 +76,6 @@ static void ap_wake(struct rma_applier *ap)
 	if (write(ap->evfd, &one, sizeof(one)) < 0) {
 		/* the counter is full: the thread has a wake-up pending anyway */
 	}
-}
-
-void rma_coll_fail(struct rma_tcp_coll *c, int err)
-{
-	int none = 0;
-
-	atomic_compare_exchange_strong(&c->err, &none, err);
 }
 
 static struct rma_stream *rx_stream(const struct rma_rx *rx)

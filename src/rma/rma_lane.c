@@ -49,6 +49,13 @@ uint32_t rma_lane_blocks(uint64_t off, uint64_t len, int lane, int nlanes)
 	return first > last ? 0 : (uint32_t)((last - first) / k + 1);
 }
 
+void rma_coll_fail(struct rma_tcp_coll *c, int err)
+{
+	int none = 0;
+
+	atomic_compare_exchange_strong(&c->err, &none, err);
+}
+
 void rma_req_part(struct rma_req *r, int err)
 {
 	int none = 0;

@@ -12,6 +12,12 @@
  * the applier landed the reply. To oneself, a put, a signal and a get are
  * memory copies and an add, done before post returns (rma_mem.c).
  *
+ * A put of RMA_STRIPE_MIN bytes or more, where the collComm has lanes, is
+ * striped instead (rma_tcp.h, Lanes): its stream carries a STRIPED frame,
+ * numbered by the frames posted on the stream before it (its seq), and each
+ * lane that carries some of its blocks gets a job (rma_lane.c); the put is
+ * done once the frame and every job have left.
+ *
  * A put out of a GPU window is sent in pieces through the stream's two
  * pinned pieces: while one is written to the socket, the copy of the next
  * runs on the context's own non-blocking stream, and is waited for before

@@ -70,7 +70,7 @@
  *   1.0  rma_mesh     sockets between the ranks: listen, links to a set of peers, exchanges
  *   1.1  rma_mr       the windows of a collComm: the table, bounds, registration
  *   1.2  rma_ib_qp    the verbs backend: a context's CQ and QPs, connected over the mesh
- *   1.3  rma_lane     the lanes' sender threads; a request's parts
+ *   1.3  rma_lane     the lanes' sender threads; a request's parts; the group's first error
  *   2.0  rma_apply    the target side: the applier threads of a collComm
  *   2.1  rma_send     the initiator side: requests, streams, post and test
  *   2.2  rma_ib_data  the verbs backend: requests, post, test
@@ -461,8 +461,6 @@ void rma_apply_stop(struct rma_tcp_coll *c);
 int rma_apply_add(struct rma_tcp_coll *c, struct rma_tcp_ctx *x);
 /* Stop reading a context's sockets; returns once the thread no longer touches it. */
 void rma_apply_remove(struct rma_tcp_coll *c, struct rma_tcp_ctx *x);
-/* Record the group's first error (queryLastError). */
-void rma_coll_fail(struct rma_tcp_coll *c, int err);
 
 /* ---- the lanes' senders (rma_lane.c) ---- */
 
@@ -487,6 +485,8 @@ int rma_lanes_reserve(struct rma_tcp_coll *c, int64_t delta);
 void rma_lane_post(struct rma_tcp_coll *c, int lane, const struct rma_lane_job *j);
 /* Drop x's queued jobs and wait until no lane thread works for x. */
 void rma_lanes_forget(struct rma_tcp_coll *c, struct rma_tcp_ctx *x);
+/* Record the group's first error (queryLastError). */
+void rma_coll_fail(struct rma_tcp_coll *c, int err);
 /* One part of a put or a get ended (err 0 or -errno): the last one completes it. */
 void rma_req_part(struct rma_req *r, int err);
 
