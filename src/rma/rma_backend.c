@@ -11,8 +11,9 @@ const struct rail_rma_ops *rail_rma_backend(const char *transport, char *why, si
 {
 	if (!strcmp(transport, "tcp")) {
 		snprintf(why, why_len, "the net transport is tcp: one ordered stream per context "
-			 "and peer, puts and signals applied by the target's thread; GPU windows "
-			 "through the CUDA driver and pinned staging");
+			 "and peer, puts and signals applied by the target's threads, large puts "
+			 "striped over NCCL_RAIL_RMA_LANES lanes; GPU windows through the CUDA driver "
+			 "and pinned staging");
 		return &rail_rma_tcp_ops;
 	}
 	if (!strcmp(transport, "ib")) {

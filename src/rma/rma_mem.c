@@ -266,22 +266,32 @@ int rma_mem_sync(struct rma_gpu *g)
 
 char *rma_mem_stage(struct rma_gpu *g, struct rma_ring *ring, size_t want, size_t *room)
 {
-	char *p = NULL;
+	rail_cu_result r;
+	uint64_t t0;
 
 	if (!ring->buf && (ring->buf = rma_gpu_pinned(g, RMA_STAGE_LANE)))
 		ring->size = RMA_STAGE_LANE;
 	if (!ring->buf)
 		return NULL;
-	pthread_mutex_lock(&g->lock);
-	if (ring->size - ring->pos < RAIL_MIN(want, RMA_STAGE_MIN) && gpu_sync(g))
-		goto out;
-	if (ring->size - ring->pos < RAIL_MIN(want, RMA_STAGE_MIN))
-		ring->pos = 0;	/* nothing pending: every byte of the ring is free */
+	if (ring->size - ring->pos < RAIL_MIN(want, RMA_STAGE_MIN)) {
+		/*
+		 * Every copy out of this ring was queued before now: a synchronize
+		 * frees it. Without g->lock, so that the other threads go on
+		 * queueing theirs meanwhile.
+		 */
+		if (cu_enter(g))
+			return NULL;
+		t0 = rail_now_ns();
+		r = g->cu->stream_synchronize(__atomic_load_n(&g->stream, __ATOMIC_ACQUIRE));
+		if (r) {
+			cu_fail(g, "cuStreamSynchronize (the staging ring is full)", r);
+			return NULL;
+		}
+		clock_add(&g->waits[RMA_WAIT_QUEUE], t0, ring->pos);
+		ring->pos = 0;
+	}
 	*room = RAIL_MIN(want, ring->size - ring->pos);
-	p = ring->buf + ring->pos;
-out:
-	pthread_mutex_unlock(&g->lock);
-	return p;
+	return ring->buf + ring->pos;
 }
 
 void rma_mem_ring_free(struct rma_gpu *g, struct rma_ring *ring)

@@ -14,6 +14,7 @@
  *   RCHECK(r, cond, "what, %d", x);  ROK(r, rma->listen(...));
  *   fail = RMAH_RUN(&g.h, n, rs, rank_main);   threads run, joined
  *   done = rmah_test_until(rma->test, coll, req, wait_ns, yield, &res);
+ *   n = rmah_striped_logged();     puts logged at close as striped
  */
 #ifndef RAIL_TEST_RMA_HARNESS_H
 #define RAIL_TEST_RMA_HARNESS_H
@@ -175,6 +176,23 @@ static inline int rmah_wait_word(const uint64_t *w, uint64_t want, uint64_t wait
 		sched_yield();
 	}
 	return 1;
+}
+
+/* Puts the ranks' collComms logged at close as striped over lanes ("N puts (... striped over"), summed. */
+static inline unsigned long rmah_striped_logged(void)
+{
+	unsigned long sum = 0, k;
+
+	pthread_mutex_lock(&unit_log_mu);
+	for (int i = 0; i < unit_log_rec.n; i++) {
+		const char *t = strstr(unit_log_rec.lines[i].text, "): ");
+
+		if (strstr(unit_log_rec.lines[i].text, "striped over") && t &&
+		    sscanf(t + 3, "%lu puts", &k) == 1)
+			sum += k;
+	}
+	pthread_mutex_unlock(&unit_log_mu);
+	return sum;
 }
 
 #endif

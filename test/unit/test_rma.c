@@ -579,23 +579,6 @@ static void body_seeded(struct rank *r)
 	free(ref);
 }
 
-/* "N puts (": the striped count of each "striped over" line, summed. */
-static unsigned long striped_logged(void)
-{
-	unsigned long sum = 0, k;
-
-	pthread_mutex_lock(&unit_log_mu);
-	for (int i = 0; i < unit_log_rec.n; i++) {
-		const char *t = strstr(unit_log_rec.lines[i].text, "): ");
-
-		if (strstr(unit_log_rec.lines[i].text, "striped over") && t &&
-		    sscanf(t + 3, "%lu puts", &k) == 1)
-			sum += k;
-	}
-	pthread_mutex_unlock(&unit_log_mu);
-	return sum;
-}
-
 static void test_lanes_seeded(void **state)
 {
 	const char *env = getenv("RMA_SEED");
@@ -615,7 +598,7 @@ static void test_lanes_seeded(void **state)
 		}
 		unit_log_reset();
 		run_group(k == 2 ? 3 : 2, 1, 1, 4u << 20, body_seeded);
-		assert_true(striped_logged() > 0);
+		assert_true(rmah_striped_logged() > 0);
 	}
 	unsetenv("NCCL_RAIL_RMA_LANES");
 	unsetenv("NCCL_SOCKET_SNDBUF");

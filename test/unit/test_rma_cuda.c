@@ -309,6 +309,8 @@ static void load_plan(struct load *l, int from, size_t wsize)
 	for (int i = 0; i < LOAD_PUTS; i++) {
 		s = s * 1103515245u + 12345u;
 		l->size[i] = 1 + (s >> 8) % (i % 5 ? 9000 : 300000);
+		if (i % 9 == 4)	/* striped over the lanes: 512 KiB up to a source quarter */
+			l->size[i] = RAIL_MIN(wsize / 4, (512u << 10) + (s >> 8) % (wsize / 4));
 		s = s * 1103515245u + 12345u;
 		l->off[i] = ((size_t)s >> 4) % (wsize - l->size[i] + 1);
 	}
@@ -411,8 +413,9 @@ static void test_ordering_under_load(void **state)
 	printf("ordering seed %u (replay: RMA_CUDA_SEED=%u)\n", load_seed, load_seed);
 	fcu_delay(30);
 	unit_log_reset();
-	run_group(2, 1 << 20, 0, body_load);
+	run_group(2, 4 << 20, 0, body_load);
 	check_waits_logged(2);
+	assert_true(rmah_striped_logged() > 0);
 	run_group(3, 512 << 10, 0, body_load);
 	fcu_delay(0);
 }
