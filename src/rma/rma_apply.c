@@ -762,8 +762,11 @@ static int apply_commands(struct rma_applier *ap)
 		int kept = 0;
 
 		for (int i = 0; i < x->nrx; i++) {
-			if (!x->rx[i]->dead && !x->rx[i]->parked)
-				epoll_ctl(ap->epfd, EPOLL_CTL_DEL, x->rx[i]->fd, NULL);
+			struct rma_rx *rx = x->rx[i];
+
+			/* this thread's readers only: the others' state is theirs */
+			if (ap_of(ap->c, rx) == ap && !rx->dead && !rx->parked)
+				epoll_ctl(ap->epfd, EPOLL_CTL_DEL, rx->fd, NULL);
 		}
 		for (int i = 0; i < ap->nparked; i++) {
 			if (ap->parked[i]->ctx != x)

@@ -12,7 +12,10 @@
  * 2(n-1) x size per call over all ranks.
  *
  *   mpirun -np N [wrapper] nccl-allreduce [-b MIN] [-e MAX] [-f FACTOR]
- *                                         [-w WARMUP] [-n ITERS]
+ *                                         [-w WARMUP] [-n ITERS] [-s SLICES]
+ * -s SLICES: time the ITERS calls in SLICES equal slices and report the
+ * median slice's time per call instead of the mean over all of them, so
+ * that one stall of the host (a descheduled rank) moves one slice only.
  * The GPU is $RAIL_TEST_GPU if set, else the local rank
  * ($OMPI_COMM_WORLD_LOCAL_RANK) modulo the number of GPUs.
  * Exits non-zero if any element is wrong or any call fails.
@@ -79,16 +82,55 @@ static double cpu_other_threads(void)
 
 struct sweep {
 	size_t min, max;
-	int factor, warmup, iters;
+	int factor, warmup, iters, slices;
 };
+
+static int cmp_float(const void *a, const void *b)
+{
+	float x = *(const float *)a, y = *(const float *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* The timed calls, in slices: the mean ms per call, or the median slice's; *calls made. */
+static double timed_calls(ncclComm_t comm, cudaStream_t stream, float *dsend, float *drecv,
+			  size_t count, int iters, int slices, int *calls)
+{
+	cudaEvent_t ev[65];
+	float ms[64], total = 0;
+	int per;
+
+	slices = slices < 1 ? 1 : slices > 64 ? 64 : slices > iters ? iters : slices;
+	per = iters / slices;
+	*calls = per * slices;
+	for (int k = 0; k <= slices; k++)
+		CUDA_CHECK(cudaEventCreate(&ev[k]));
+	CUDA_CHECK(cudaEventRecord(ev[0], stream));
+	for (int k = 0; k < slices; k++) {
+		for (int i = 0; i < per; i++)
+			NCCL_CHECK(ncclAllReduce(dsend, drecv, count, ncclFloat, ncclSum, comm,
+						 stream));
+		CUDA_CHECK(cudaEventRecord(ev[k + 1], stream));
+	}
+	CUDA_CHECK(cudaEventSynchronize(ev[slices]));
+	for (int k = 0; k < slices; k++) {
+		CUDA_CHECK(cudaEventElapsedTime(&ms[k], ev[k], ev[k + 1]));
+		total += ms[k];
+	}
+	for (int k = 0; k <= slices; k++)
+		CUDA_CHECK(cudaEventDestroy(ev[k]));
+	if (slices == 1)
+		return (double)total / per;
+	qsort(ms, (size_t)slices, sizeof(ms[0]), cmp_float);
+	return (double)ms[slices / 2] / per;
+}
 
 static long run_size(ncclComm_t comm, cudaStream_t stream, float *dsend, float *drecv,
 		     float *host, size_t bytes, int nranks, const struct sweep *sw)
 {
 	size_t count = bytes / sizeof(float);
 	int iters = bytes >= (64u << 20) ? (sw->iters + 3) / 4 : sw->iters;
-	cudaEvent_t start, stop;
-	float ms = 0;
+	double ms_per_call;
 	long wrong, all_wrong = 0;
 	double cpu, all_cpu = 0;
 
@@ -101,23 +143,16 @@ static long run_size(ncclComm_t comm, cudaStream_t stream, float *dsend, float *
 	CUDA_CHECK(cudaStreamSynchronize(stream));
 	CUDA_CHECK(cudaMemcpy(host, drecv, bytes, cudaMemcpyDeviceToHost));
 	wrong = check_result(host, count, nranks);
-	CUDA_CHECK(cudaEventCreate(&start));
-	CUDA_CHECK(cudaEventCreate(&stop));
 	MPI_Barrier(MPI_COMM_WORLD);
 	cpu = cpu_other_threads();
-	CUDA_CHECK(cudaEventRecord(start, stream));
-	for (int i = 0; i < iters; i++)
-		NCCL_CHECK(ncclAllReduce(dsend, drecv, count, ncclFloat, ncclSum, comm, stream));
-	CUDA_CHECK(cudaEventRecord(stop, stream));
-	CUDA_CHECK(cudaEventSynchronize(stop));
-	CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+	ms_per_call = timed_calls(comm, stream, dsend, drecv, count, iters, sw->slices, &iters);
 	cpu = cpu_other_threads() - cpu;
 	MPI_Allreduce(&cpu, &all_cpu, 1, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
 	CUDA_CHECK(cudaMemcpy(host, drecv, bytes, cudaMemcpyDeviceToHost));
 	wrong += check_result(host, count, nranks);
 	MPI_Allreduce(&wrong, &all_wrong, 1, MPI_LONG, MPI_SUM, MPI_COMM_WORLD);
 	if (g_rank == 0) {
-		double us = ms * 1e3 / iters;
+		double us = ms_per_call * 1e3;
 		double algbw = (double)bytes / us / 1e3;
 		double busbw = algbw * 2.0 * (nranks - 1) / nranks;
 		double net_gb = 2.0 * (nranks - 1) * (double)bytes * iters / 1e9;
@@ -126,14 +161,12 @@ static long run_size(ncclComm_t comm, cudaStream_t stream, float *dsend, float *
 		       "sum", us, algbw, busbw, all_wrong, all_cpu / net_gb);
 		fflush(stdout);
 	}
-	CUDA_CHECK(cudaEventDestroy(start));
-	CUDA_CHECK(cudaEventDestroy(stop));
 	return all_wrong;
 }
 
 int main(int argc, char **argv)
 {
-	struct sweep sw = { 8, 512u << 20, 2, 5, 20 };
+	struct sweep sw = { 8, 512u << 20, 2, 5, 20, 1 };
 	int nranks, opt, ver, gpu;
 	ncclUniqueId id;
 	ncclComm_t comm;
@@ -144,13 +177,14 @@ int main(int argc, char **argv)
 	MPI_Init(&argc, &argv);
 	MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &nranks);
-	while ((opt = getopt(argc, argv, "b:e:f:w:n:")) != -1) {
+	while ((opt = getopt(argc, argv, "b:e:f:w:n:s:")) != -1) {
 		switch (opt) {
 		case 'b': sw.min = parse_size(optarg); break;
 		case 'e': sw.max = parse_size(optarg); break;
 		case 'f': sw.factor = atoi(optarg); break;
 		case 'w': sw.warmup = atoi(optarg); break;
 		case 'n': sw.iters = atoi(optarg); break;
+		case 's': sw.slices = atoi(optarg); break;
 		default: MPI_Abort(MPI_COMM_WORLD, 2);
 		}
 	}
