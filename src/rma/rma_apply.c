@@ -151,6 +151,10 @@ static int rx_closed(struct rma_tcp_coll *c, struct rma_rx *rx)
 {
 	int waiting = 0;
 
+	/* A stream still waiting for blocks of this lane never gets them: it fails (its gate says). */
+	if (rx->role == RMA_RX_LANE)
+		lane_failed(c, rx, -RAIL_ECLOSED);
+
 	for (uint32_t i = 0; rx->role == RMA_RX_REPLIES && i < rx->ctx->nreqs; i++) {
 		struct rma_req *r = &rx->ctx->reqs[i];
 		int st = atomic_load(&r->state);
