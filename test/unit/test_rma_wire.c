@@ -142,13 +142,15 @@ static void *rank0(void *arg)
 	return NULL;
 }
 
-/* Rank 1's sockets: its control link and one stream per context, each way. */
+/* Rank 1's sockets: its control link, one stream per context and its lanes, each way. */
+#define LANES 2
 static struct {
 	union rail_sockaddr peer;
 	uint64_t peer_nonce, nonce;
 	int lfd;
 	int ctrl_out, ctrl_in;
 	int out[NCTX], in[NCTX];
+	int lout[LANES], lin[LANES];
 } f;
 
 static int fake_connect(uint16_t kind, uint32_t seq, uint32_t index)
@@ -195,10 +197,11 @@ static void fake_exchange(const struct rma_record *mine, struct rma_record *thei
 	assert_int_equal(rma_record_decode(b, theirs), 0);
 }
 
-static void fake_join(void)
+/* Join as rank 1, asking for lanes (0: what a build without lanes sends). */
+static void fake_join(uint32_t lanes)
 {
 	struct rail_handle h = { .transport = RAIL_TRANSPORT_RMA_TCP };
-	struct rma_record me = { .index = 1, .nranks = 2 }, them;
+	struct rma_record me = { .index = 1, .nranks = 2, .size = lanes }, them;
 	char why[160];
 	uint32_t idx;
 
@@ -216,10 +219,16 @@ static void fake_join(void)
 	assert_int_equal(them.index, 0);
 	for (uint32_t c = 0; c < NCTX; c++)
 		f.out[c] = fake_connect(RMA_LINK_DATA, 1, c);
-	for (int c = 0; c < NCTX; c++) {
+	for (uint32_t l = 0; l < lanes; l++)
+		f.lout[l] = fake_connect(RMA_LINK_DATA, 1, NCTX + l);
+	for (uint32_t c = 0; c < NCTX + lanes; c++) {
 		int fd = fake_accept(RMA_LINK_DATA, 1, &idx);
 
-		f.in[idx] = fd;
+		assert_true(idx < NCTX + lanes);
+		if (idx < NCTX)
+			f.in[idx] = fd;
+		else
+			f.lin[idx - NCTX] = fd;
 	}
 	/* Two windows: the data window (index 0) and the signals (index 1). */
 	for (uint32_t w = 0; w < 2; w++) {
@@ -239,6 +248,19 @@ static void fake_frame(int fd, uint8_t op, uint32_t win, uint64_t off, uint64_t 
 	send(fd, b, sizeof(b), MSG_NOSIGNAL);
 	if (body_len)
 		send(fd, body, body_len, MSG_NOSIGNAL);
+}
+
+/* A block of a striped put on a lane: a PUT whose id names its context and STRIPED frame. */
+static void fake_block(int fd, uint32_t context, uint32_t seq, uint32_t win, uint64_t off,
+		       const void *body, size_t len)
+{
+	struct rma_frame fr = { .op = RMA_OP_PUT, .win = win, .off = off, .len = len,
+				.id = (uint64_t)context << 32 | seq };
+	uint8_t b[RMA_FRAME_SIZE];
+
+	rma_frame_encode(&fr, b);
+	send(fd, b, sizeof(b), MSG_NOSIGNAL);
+	send(fd, body, len, MSG_NOSIGNAL);
 }
 
 /* The stream was closed by rank 0: reading it ends (EOF or reset) within 5 s. */
@@ -266,7 +288,7 @@ static void test_hostile_peer(void **state)
 	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "10", 1);
 	pthread_barrier_init(&bar, NULL, 2);
 	assert_int_equal(pthread_create(&th, NULL, rank0, NULL), 0);
-	fake_join();
+	fake_join(0);
 	/* A good put and signal first: the stream works. */
 	fake_frame(f.out[0], RMA_OP_PUT, 0, 0, 16, evil, 16);
 	fake_frame(f.out[0], RMA_OP_SIGNAL, 1, 8, 1, NULL, 0);
@@ -319,12 +341,77 @@ static void test_hostile_peer(void **state)
 	unit_log_release();
 }
 
+/*
+ * The same with lanes (rank 1 asks for 2): a striped put whose block comes
+ * on lane 0 lands and its signal follows it; then a signal that waits for a
+ * block on lane 0 when lane 0 carries a block of no context of the call:
+ * the lane is closed, the waiting stream fails naming why, and neither the
+ * block nor the signal touches memory.
+ */
+static void test_hostile_lanes(void **state)
+{
+	static char evil[64];
+	pthread_t th;
+	uint64_t until;
+
+	(void)state;
+	memset(&r0, 0, sizeof(r0));
+	memset(evil, 0xee, sizeof(evil));
+	unit_log_capture();
+	pthread_barrier_init(&bar, NULL, 2);
+	assert_int_equal(pthread_create(&th, NULL, rank0, NULL), 0);
+	fake_join(LANES);
+	/* context 1: STRIPED (its frame 0) and a signal into word 2; the block on lane 0 */
+	fake_frame(f.out[1], RMA_OP_STRIPED, 0, 32, 16, NULL, 0);
+	fake_frame(f.out[1], RMA_OP_SIGNAL, 1, 16, 1, NULL, 0);
+	fake_block(f.lout[0], 1, 0, 0, 32, evil, 16);
+	until = rail_now_ns() + 5000000000ull;
+	while (__atomic_load_n(&r0.sig[2], __ATOMIC_ACQUIRE) != 1 && rail_now_ns() < until)
+		usleep(1000);
+	/* context 0: STRIPED and a signal into word 0, then lane 0 carries a block of context 9 */
+	fake_frame(f.out[0], RMA_OP_STRIPED, 0, 64, 16, NULL, 0);
+	fake_frame(f.out[0], RMA_OP_SIGNAL, 1, 0, 1, NULL, 0);
+	fake_block(f.lout[0], 9, 0, 0, 64, evil, 16);
+	pthread_barrier_wait(&bar);
+	assert_true(stream_closed(f.lout[0]));
+	assert_true(stream_closed(f.out[0]));
+	pthread_barrier_wait(&bar);
+	pthread_join(th, NULL);
+	pthread_barrier_destroy(&bar);
+	if (r0.fail[0])
+		fail_msg("%s", r0.fail);
+	assert_true(r0.has_error);
+	assert_int_equal(r0.sig[2], 1);
+	assert_int_equal(r0.sig[0], 0);
+	for (int i = 0; i < WIN; i++) {
+		if ((uint8_t)r0.win[i] != (i >= 32 && i < 48 ? 0xee : 0xaa))
+			fail_msg("byte %d of rank 0's window is 0x%02x", i, (uint8_t)r0.win[i]);
+	}
+	unit_assert_logged2(RAIL_LOG_WARN, "rank 1 (127.0.0.1:", "sent a put for context 9 on "
+			    "lane 0, which carries puts of this call's contexts only");
+	unit_assert_logged2(RAIL_LOG_WARN, "context 0's stream from rank 1", "waits for the bytes "
+			    "of a striped put on a lane that failed");
+	for (int c = 0; c < NCTX; c++) {
+		close(f.out[c]);
+		close(f.in[c]);
+	}
+	for (int l = 0; l < LANES; l++) {
+		close(f.lout[l]);
+		close(f.lin[l]);
+	}
+	close(f.ctrl_out);
+	close(f.ctrl_in);
+	close(f.lfd);
+	unit_log_release();
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test(test_frame_decode),
 		cmocka_unit_test(test_hello_and_record_decode),
 		cmocka_unit_test(test_hostile_peer),
+		cmocka_unit_test(test_hostile_lanes),
 	};
 
 	alarm(120);
