@@ -263,6 +263,43 @@ static void fake_block(int fd, uint32_t context, uint32_t seq, uint32_t win, uin
 	send(fd, body, len, MSG_NOSIGNAL);
 }
 
+/* The test looked at the sockets: rank 0 tears down; it must have seen the error. */
+static void rank0_done(pthread_t th)
+{
+	pthread_barrier_wait(&bar);
+	pthread_join(th, NULL);
+	pthread_barrier_destroy(&bar);
+	if (r0.fail[0])
+		fail_msg("%s", r0.fail);
+	assert_true(r0.has_error);
+}
+
+/* Rank 0's window holds the test's bytes in [lo, hi) and its own everywhere else. */
+static void check_window(int lo, int hi)
+{
+	for (int i = 0; i < WIN; i++) {
+		if ((uint8_t)r0.win[i] != (i >= lo && i < hi ? 0xee : 0xaa))
+			fail_msg("byte %d of rank 0's window is 0x%02x", i, (uint8_t)r0.win[i]);
+	}
+}
+
+/* Close rank 1's sockets (lanes: how many it joined with). */
+static void fake_leave(int lanes)
+{
+	for (int c = 0; c < NCTX; c++) {
+		close(f.out[c]);
+		close(f.in[c]);
+	}
+	for (int l = 0; l < lanes; l++) {
+		close(f.lout[l]);
+		close(f.lin[l]);
+	}
+	close(f.ctrl_out);
+	close(f.ctrl_in);
+	close(f.lfd);
+	unit_log_release();
+}
+
 /* The stream was closed by rank 0: reading it ends (EOF or reset) within 5 s. */
 static int stream_closed(int fd)
 {
@@ -307,16 +344,8 @@ static void test_hostile_peer(void **state)
 	assert_int_equal(reply.op, RMA_OP_REPLY);
 	assert_int_equal(reply.status, EFAULT);
 	assert_int_equal(reply.len, 0);
-	pthread_barrier_wait(&bar);
-	pthread_join(th, NULL);
-	pthread_barrier_destroy(&bar);
-	if (r0.fail[0])
-		fail_msg("%s", r0.fail);
-	assert_true(r0.has_error);
-	for (int i = 0; i < WIN; i++) {
-		if ((uint8_t)r0.win[i] != (i < 16 ? 0xee : 0xaa))
-			fail_msg("byte %d of rank 0's window is 0x%02x", i, (uint8_t)r0.win[i]);
-	}
+	rank0_done(th);
+	check_window(0, 16);
 	assert_int_equal(r0.sig[1], 1);
 	assert_int_equal(r0.sig[0], 0);
 	unit_assert_logged2(RAIL_LOG_WARN, "RMA iput from rank 1 (127.0.0.1:", "refused on rank 0 "
@@ -331,14 +360,7 @@ static void test_hostile_peer(void **state)
 	unit_assert_logged2(RAIL_LOG_WARN, "sent a bad frame on context 4", "out of step");
 	unit_assert_logged2(RAIL_LOG_WARN, "RMA iget from rank 1", "a get of 1 bytes at offset "
 			    "4096 is outside window 0");
-	for (int c = 0; c < NCTX; c++) {
-		close(f.out[c]);
-		close(f.in[c]);
-	}
-	close(f.ctrl_out);
-	close(f.ctrl_in);
-	close(f.lfd);
-	unit_log_release();
+	fake_leave(0);
 }
 
 /*
@@ -375,34 +397,15 @@ static void test_hostile_lanes(void **state)
 	pthread_barrier_wait(&bar);
 	assert_true(stream_closed(f.lout[0]));
 	assert_true(stream_closed(f.out[0]));
-	pthread_barrier_wait(&bar);
-	pthread_join(th, NULL);
-	pthread_barrier_destroy(&bar);
-	if (r0.fail[0])
-		fail_msg("%s", r0.fail);
-	assert_true(r0.has_error);
+	rank0_done(th);
 	assert_int_equal(r0.sig[2], 1);
 	assert_int_equal(r0.sig[0], 0);
-	for (int i = 0; i < WIN; i++) {
-		if ((uint8_t)r0.win[i] != (i >= 32 && i < 48 ? 0xee : 0xaa))
-			fail_msg("byte %d of rank 0's window is 0x%02x", i, (uint8_t)r0.win[i]);
-	}
+	check_window(32, 48);
 	unit_assert_logged2(RAIL_LOG_WARN, "rank 1 (127.0.0.1:", "sent a put for context 9 on "
 			    "lane 0, which carries puts of this call's contexts only");
 	unit_assert_logged2(RAIL_LOG_WARN, "context 0's stream from rank 1", "waits for the bytes "
 			    "of a striped put on a lane that failed");
-	for (int c = 0; c < NCTX; c++) {
-		close(f.out[c]);
-		close(f.in[c]);
-	}
-	for (int l = 0; l < LANES; l++) {
-		close(f.lout[l]);
-		close(f.lin[l]);
-	}
-	close(f.ctrl_out);
-	close(f.ctrl_in);
-	close(f.lfd);
-	unit_log_release();
+	fake_leave(LANES);
 }
 
 int main(void)
