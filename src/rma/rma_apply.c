@@ -46,8 +46,7 @@
 
 /* One applier thread: the main one (every stream), or a lane's. */
 struct rma_applier {
-	struct rma_tcp_coll *c;
-	int lane;		/* -1: the main applier */
+	struct rma_tcp_coll *c;	/* set when started */
 	pthread_t thread;
 	int started;
 	int epfd;
@@ -68,14 +67,21 @@ static struct rma_applier *ap_of(struct rma_tcp_coll *c, const struct rma_rx *rx
 	return &c->ap[rx->role == RMA_RX_LANE ? 1 + rx->lane : 0];
 }
 
-static void ap_wake(struct rma_applier *ap)
+/* Wake the thread out of epoll_wait (its eventfd). */
+static void ap_kick(struct rma_applier *ap)
 {
 	uint64_t one = 1;
 
-	atomic_store(&ap->wake, 1);
 	if (write(ap->evfd, &one, sizeof(one)) < 0) {
 		/* the counter is full: the thread has a wake-up pending anyway */
 	}
+}
+
+/* A gate may have opened: the thread looks at its parked readers. */
+static void ap_wake(struct rma_applier *ap)
+{
+	atomic_store(&ap->wake, 1);
+	ap_kick(ap);
 }
 
 static struct rma_stream *rx_stream(const struct rma_rx *rx)
@@ -421,20 +427,29 @@ static int block_check(struct rma_tcp_coll *c, struct rma_rx *rx)
 	return -EPROTO;
 }
 
-/* A STRIPED frame: count its blocks per lane (the lanes check and land them). */
-static int frame_striped(struct rma_tcp_coll *c, struct rma_rx *rx)
+/* A put's range inside a live window (and valid, what the caller checked): 0, or refused. */
+static int put_range(struct rma_tcp_coll *c, struct rma_rx *rx, int valid)
 {
 	const struct rma_frame *f = &rx->f;
-	struct rma_stream *s = rx_stream(rx);
 	struct rma_win *w;
 	int ok;
 
 	pthread_rwlock_rdlock(&c->wins.lock);
 	w = rma_wins_get(&c->wins, f->win);
-	ok = w && f->len && rma_in_bounds(f->off, f->len, w->base.size) && c->nlanes;
+	ok = valid && w && rma_in_bounds(f->off, f->len, w->base.size);
 	pthread_rwlock_unlock(&c->wins.lock);
-	if (!ok)
-		return frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
+	return ok ? 0 : frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
+}
+
+/* A STRIPED frame: count its blocks per lane (the lanes check and land them). */
+static int frame_striped(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	const struct rma_frame *f = &rx->f;
+	struct rma_stream *s = rx_stream(rx);
+	int err = put_range(c, rx, f->len && c->nlanes);
+
+	if (err)
+		return err;
 	for (int l = 0; l < c->nlanes; l++)
 		s->expected[l] += rma_lane_blocks(f->off, f->len, l, c->nlanes);
 	return 0;
@@ -445,8 +460,7 @@ static int frame_start(struct rma_tcp_coll *c, struct rma_rx *rx)
 {
 	const struct rma_frame *f = &rx->f;
 	int target = rx->role != RMA_RX_REPLIES;
-	struct rma_win *w;
-	int ok, err;
+	int err;
 
 	if (target != (f->op != RMA_OP_REPLY)) {
 		rx->logged = 1;
@@ -465,12 +479,8 @@ static int frame_start(struct rma_tcp_coll *c, struct rma_rx *rx)
 			frame_reached(c, rx);
 		return err;
 	}
-	pthread_rwlock_rdlock(&c->wins.lock);
-	w = rma_wins_get(&c->wins, f->win);
-	ok = w && rma_in_bounds(f->off, f->len, w->base.size);
-	pthread_rwlock_unlock(&c->wins.lock);
-	if (!ok)
-		return frame_refuse(c, rx, !w ? REF_UNKNOWN : REF_OUTSIDE, w);
+	if ((err = put_range(c, rx, 1)))
+		return err;
 	rx->in_body = f->len > 0;
 	rx->body_got = 0;
 	rx->body_gpu = 0;
@@ -813,13 +823,12 @@ static void *apply_main(void *arg)
 	}
 }
 
-static int ap_start(struct rma_tcp_coll *c, struct rma_applier *ap, int lane)
+static int ap_start(struct rma_tcp_coll *c, struct rma_applier *ap)
 {
 	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
 	int err;
 
 	ap->c = c;
-	ap->lane = lane;
 	pthread_mutex_init(&ap->lock, NULL);
 	pthread_cond_init(&ap->cv, NULL);
 	ap->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -833,15 +842,11 @@ static int ap_start(struct rma_tcp_coll *c, struct rma_applier *ap, int lane)
 /* Post a command and wait until the thread took it. */
 static void apply_command(struct rma_applier *ap, struct rma_tcp_ctx *remove, int stop)
 {
-	uint64_t one = 1;
-
 	pthread_mutex_lock(&ap->lock);
 	ap->remove = remove;
 	ap->stop |= stop;
 	ap->cmd++;
-	if (write(ap->evfd, &one, sizeof(one)) < 0) {
-		/* the counter is full: the thread has a wake-up pending anyway */
-	}
+	ap_kick(ap);
 	while (ap->ack != ap->cmd)
 		pthread_cond_wait(&ap->cv, &ap->lock);
 	pthread_mutex_unlock(&ap->lock);
@@ -852,6 +857,8 @@ void rma_apply_stop(struct rma_tcp_coll *c)
 	for (int i = 0; c->ap && i <= c->nlanes; i++) {
 		struct rma_applier *ap = &c->ap[i];
 
+		if (!ap->c)
+			continue;	/* never started: nothing made */
 		if (ap->started) {
 			apply_command(ap, NULL, 1);
 			pthread_join(ap->thread, NULL);
@@ -879,7 +886,7 @@ int rma_apply_start(struct rma_tcp_coll *c)
 	for (int i = 0; i < n; i++)
 		c->ap[i].epfd = c->ap[i].evfd = -1;
 	for (int i = 0; i < n && !err; i++)
-		err = ap_start(c, &c->ap[i], i - 1);
+		err = ap_start(c, &c->ap[i]);
 	if (err) {
 		RAIL_WARN("RMA connect (rank %d of %d, device %d): starting the applier threads: %s",
 			  c->base.rank, c->base.nranks, c->base.dev, RAIL_ERRSTR(err));

@@ -227,21 +227,32 @@ void rma_gpu_pinned_free(struct rma_gpu *g, void *p)
 		g->cu->mem_free_host(p);
 }
 
-/* Wait for everything queued on the stream, timed as kind. Holds g->lock. */
-static int gpu_wait(struct rma_gpu *g, enum rma_gpu_wait kind)
+/* Wait for everything queued on stream s, timed as kind with bytes; what names the call. */
+static int timed_sync(struct rma_gpu *g, rail_cu_stream s, enum rma_gpu_wait kind, size_t bytes,
+		      const char *what)
 {
 	rail_cu_result r;
 	uint64_t t0;
 
-	if (!g->pending)
-		return 0;
 	if (cu_enter(g))
 		return -EIO;
 	t0 = rail_now_ns();
-	r = g->cu->stream_synchronize(g->stream);
+	r = g->cu->stream_synchronize(s);
 	if (r)
-		return cu_fail(g, "cuStreamSynchronize", r);
-	clock_add(&g->waits[kind], t0, g->queued);
+		return cu_fail(g, what, r);
+	clock_add(&g->waits[kind], t0, bytes);
+	return 0;
+}
+
+/* Wait for everything queued on the collComm's stream, timed as kind. Holds g->lock. */
+static int gpu_wait(struct rma_gpu *g, enum rma_gpu_wait kind)
+{
+	int err;
+
+	if (!g->pending)
+		return 0;
+	if ((err = timed_sync(g, g->stream, kind, g->queued, "cuStreamSynchronize")))
+		return err;
 	g->pending = 0;
 	g->queued = 0;
 	return 0;
@@ -266,9 +277,6 @@ int rma_mem_sync(struct rma_gpu *g)
 
 char *rma_mem_stage(struct rma_gpu *g, struct rma_ring *ring, size_t want, size_t *room)
 {
-	rail_cu_result r;
-	uint64_t t0;
-
 	if (!ring->buf && (ring->buf = rma_gpu_pinned(g, RMA_STAGE_LANE)))
 		ring->size = RMA_STAGE_LANE;
 	if (!ring->buf)
@@ -279,15 +287,9 @@ char *rma_mem_stage(struct rma_gpu *g, struct rma_ring *ring, size_t want, size_
 		 * frees it. Without g->lock, so that the other threads go on
 		 * queueing theirs meanwhile.
 		 */
-		if (cu_enter(g))
+		if (timed_sync(g, __atomic_load_n(&g->stream, __ATOMIC_ACQUIRE), RMA_WAIT_QUEUE,
+			       ring->pos, "cuStreamSynchronize (the staging ring is full)"))
 			return NULL;
-		t0 = rail_now_ns();
-		r = g->cu->stream_synchronize(__atomic_load_n(&g->stream, __ATOMIC_ACQUIRE));
-		if (r) {
-			cu_fail(g, "cuStreamSynchronize (the staging ring is full)", r);
-			return NULL;
-		}
-		clock_add(&g->waits[RMA_WAIT_QUEUE], t0, ring->pos);
 		ring->pos = 0;
 	}
 	*room = RAIL_MIN(want, ring->size - ring->pos);
@@ -435,17 +437,7 @@ int rma_mem_stage_start(struct rma_gpu *g, rail_cu_stream s, void *pinned, const
 
 int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s, size_t n)
 {
-	rail_cu_result r;
-	uint64_t t0;
-
-	if (cu_enter(g))
-		return -EIO;
-	t0 = rail_now_ns();
-	r = g->cu->stream_synchronize(s);
-	if (r)
-		return cu_fail(g, "cuStreamSynchronize of a put's source", r);
-	clock_add(&g->waits[RMA_WAIT_SOURCE], t0, n);
-	return 0;
+	return timed_sync(g, s, RMA_WAIT_SOURCE, n, "cuStreamSynchronize of a put's source");
 }
 
 int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,

@@ -327,6 +327,19 @@ static void test_plan(void **state)
 	assert_int_equal(p.nchunks, 0);
 }
 
+/* Connect and accept on device 0 until both comms exist, each call succeeding, by until. */
+static void pair_up(void *ctx, void *lc, void *handle, uint64_t until, void **sc, void **rc)
+{
+	while ((!*sc || !*rc) && rail_now_ns() < until) {
+		if (!*sc)
+			assert_int_equal(rail_net_connect(ctx, 0, -1, handle, sc), ncclSuccess);
+		if (!*rc)
+			assert_int_equal(rail_net_accept(lc, rc), ncclSuccess);
+	}
+	assert_non_null(*sc);
+	assert_non_null(*rc);
+}
+
 /*
  * A 1000-byte send into a 500-byte receive: the receive fails, and the
  * sender is told (its send, or one of the small sends after it, fails with
@@ -349,14 +362,7 @@ static void test_sender_told_of_refusal(void **state)
 	unit_log_capture();
 	assert_int_equal(rail_net_init(&ctx, 1, -1, unit_log_sink, 12), ncclSuccess);
 	assert_int_equal(rail_net_listen(ctx, 0, handle, &lc), ncclSuccess);
-	while ((!sc || !rc) && rail_now_ns() < deadline) {
-		if (!sc)
-			assert_int_equal(rail_net_connect(ctx, 0, -1, handle, &sc), ncclSuccess);
-		if (!rc)
-			assert_int_equal(rail_net_accept(lc, &rc), ncclSuccess);
-	}
-	assert_non_null(sc);
-	assert_non_null(rc);
+	pair_up(ctx, lc, handle, deadline, &sc, &rc);
 	while (!rreq)
 		assert_int_equal(rail_net_irecv(rc, 1, data, room, tag, NULL, &rreq), ncclSuccess);
 	while (!sreq)
@@ -607,15 +613,7 @@ static void test_accept_reply_failure(void **state)
 	unit_assert_logged2(RAIL_LOG_WARN, "sending the reply", "Connection reset by peer");
 	unit_assert_logged2(RAIL_LOG_WARN, "closed the connection before accepting", "own log");
 	/* The listen comm still serves the next connector. */
-	until = rail_now_ns() + 6000000000ull;
-	while ((!sr || !rr) && rail_now_ns() < until) {
-		if (!sr)
-			assert_int_equal(rail_net_connect(ctx, 0, -1, h2, &sr), ncclSuccess);
-		if (!rr)
-			assert_int_equal(rail_net_accept(lc, &rr), ncclSuccess);
-	}
-	assert_non_null(sr);
-	assert_non_null(rr);
+	pair_up(ctx, lc, h2, rail_now_ns() + 6000000000ull, &sr, &rr);
 	for (size_t i = 0; i < n; i++)
 		sb[i] = (char)(i * 7 + 3);
 	while (!sreq)
