@@ -330,12 +330,29 @@ void rail_ib_cts_encode(const struct rail_ib_cts *c, uint8_t *p)
 	rail_put_u32(p + 60, c->seq);
 }
 
-/* A u32 the NIC may be writing: one atomic load, then little-endian. */
+/*
+ * A sequence number the NIC may be writing, read with one acquire load. The
+ * NIC (and the fake device that models it) writes whole aligned 8-byte words
+ * in address order, so where the u32 is the upper half of such a word the
+ * load covers the whole word: the acquire then pairs with the very store that
+ * carried the number, and everything the entry wrote before it is visible
+ * (a 4-byte load of half a word pairs with nothing under ThreadSanitizer).
+ */
 static uint32_t load_u32(const uint8_t *p)
 {
+	uint8_t b[8];
+
+	if (((uintptr_t)p & 7) == 4) {
+		uint64_t w = __atomic_load_n((const uint64_t *)(const void *)(p - 4),
+					     __ATOMIC_ACQUIRE);
+
+		memcpy(b, &w, sizeof(w));
+		return rail_get_u32(b + 4);
+	}
 	uint32_t v = __atomic_load_n((const uint32_t *)(const void *)p, __ATOMIC_ACQUIRE);
 
-	return rail_get_u32((const uint8_t *)&v);
+	memcpy(b, &v, sizeof(v));
+	return rail_get_u32(b);
 }
 
 uint32_t rail_ib_cts_seq(const uint8_t *p)

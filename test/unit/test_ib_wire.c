@@ -2,6 +2,7 @@
 #include "unit.h"
 
 #include <errno.h>
+#include <pthread.h>
 
 #include "ib/ib_wire.h"
 #include "rail.h"
@@ -349,6 +350,67 @@ static void test_cts(void **state)
 	assert_int_equal(rail_ib_cts_decode(e, 42, 2, &out, why, sizeof(why)), -EBADMSG);
 }
 
+/*
+ * A CTS landing while another thread polls it, as the move thread does: the
+ * writer stores each entry the way the fake provider models a NIC's DMA
+ * (aligned 8-byte release stores in address order, the seq in the last
+ * word), the reader waits for the seq and decodes. Every field must be the
+ * entry's own, and under ThreadSanitizer (make test-tsan) the body's reads
+ * must be ordered after the writer's stores by the seq's load: a 4-byte
+ * load of the seq's half of the last word paired with no store and was
+ * reported as a race on the body.
+ */
+#define LAND_ROUNDS 2000
+static _Alignas(64) uint8_t land_slot[RAIL_IB_CTS_SIZE];
+static uint32_t land_ack;	/* the last seq the reader decoded */
+
+static void *land_writer(void *arg)
+{
+	(void)arg;
+	for (uint32_t n = 1; n <= LAND_ROUNDS; n++) {
+		struct rail_ib_cts c = { .addr = (uint64_t)n << 20, .size = n * 3u, .ord = n,
+					 .tag = (int)n, .nreqs = 1, .idx = 0, .credits = n + 7,
+					 .seq = n };
+		_Alignas(8) uint8_t e[RAIL_IB_CTS_SIZE];
+
+		for (int k = 0; k < RAIL_MAX_VDEV_DEVS; k++)
+			c.rkey[k] = n * 11u + (uint32_t)k;
+		rail_ib_cts_encode(&c, e);
+		while (__atomic_load_n(&land_ack, __ATOMIC_ACQUIRE) != n - 1)
+			;
+		for (int i = 0; i < RAIL_IB_CTS_SIZE; i += 8) {
+			uint64_t w;
+
+			memcpy(&w, e + i, 8);
+			__atomic_store_n((uint64_t *)(void *)(land_slot + i), w, __ATOMIC_RELEASE);
+		}
+	}
+	return NULL;
+}
+
+static void test_cts_lands_while_polled(void **state)
+{
+	pthread_t t;
+	char why[200];
+
+	(void)state;
+	memset(land_slot, 0, sizeof(land_slot));
+	land_ack = 0;
+	assert_int_equal(pthread_create(&t, NULL, land_writer, NULL), 0);
+	for (uint32_t n = 1; n <= LAND_ROUNDS; n++) {
+		struct rail_ib_cts out;
+		int err;
+
+		while ((err = rail_ib_cts_decode(land_slot, n, 0, &out, why, sizeof(why))) == -EAGAIN)
+			;
+		assert_int_equal(err, 0);
+		assert_true(out.addr == (uint64_t)n << 20 && out.size == n * 3u && out.ord == n);
+		assert_true(out.tag == (int)n && out.credits == n + 7 && out.rkey[3] == n * 11u + 3);
+		__atomic_store_n(&land_ack, n, __ATOMIC_RELEASE);
+	}
+	assert_int_equal(pthread_join(t, NULL), 0);
+}
+
 /* Random CTS entries with a matching seq: decoded within limits or refused. */
 static void test_cts_fuzz(void **state)
 {
@@ -606,7 +668,8 @@ int main(void)
 		cmocka_unit_test(test_msg_roundtrip),	  cmocka_unit_test(test_refuse_text),
 		cmocka_unit_test(test_msg_rejects),	  cmocka_unit_test(test_msg_eager_rejects),
 		cmocka_unit_test(test_msg_fuzz),	  cmocka_unit_test(test_cts),
-		cmocka_unit_test(test_cts_fuzz),	  cmocka_unit_test(test_imm),
+		cmocka_unit_test(test_cts_fuzz),
+		cmocka_unit_test(test_cts_lands_while_polled),	  cmocka_unit_test(test_imm),
 		cmocka_unit_test(test_sizes),		  cmocka_unit_test(test_eager_trailer),
 		cmocka_unit_test(test_eager_fuzz),	  cmocka_unit_test(test_want_credit),
 		cmocka_unit_test(test_ll),		  cmocka_unit_test(test_msg_move),
