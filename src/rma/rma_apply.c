@@ -344,11 +344,22 @@ static int gate_open(struct rma_tcp_coll *c, struct rma_rx *rx)
 static void gate_unflag(struct rma_rx *rx)
 {
 	struct rma_stream *s = gate_stream(rx);
+	struct rma_tcp_coll *c = rx->ctx->coll;
+	uint32_t bit = rx->role == RMA_RX_LANE ? 2u << rx->lane : 1u;
+	uint64_t since;
 
-	if (rx->role == RMA_RX_LANE)
+	if (rx->role == RMA_RX_LANE) {
 		atomic_fetch_and(&s->lanes_parked, ~(1u << rx->lane));
-	else
+		since = atomic_load(&s->lane_parked_ns[rx->lane]);
+	} else {
 		atomic_store(&s->main_parked, 0);
+		since = atomic_load(&s->main_parked_ns);
+	}
+	if (atomic_fetch_and(&s->gate_warned, ~bit) & bit)	/* the stall check logged it */
+		RAIL_INFO(RAIL_LOG_NET, "RMA (rank %d of %d, device %d): %s from %s goes on after "
+			  "%.1f s at its gate", c->base.rank, c->base.nranks, c->base.dev,
+			  rx->role == RMA_RX_LANE ? "a lane's block" : "a stream's frame",
+			  RMA_PEER(&c->mesh, rx->peer), (double)(rail_now_ns() - since) / 1e9);
 }
 
 /*
@@ -361,10 +372,16 @@ static int gate_park(struct rma_tcp_coll *c, struct rma_rx *rx)
 	struct rma_applier *ap = ap_of(c, rx);
 	int open;
 
-	if (rx->role == RMA_RX_LANE)
+	/* a log of an earlier park that ended as it was logged must not hide this one */
+	atomic_fetch_and(&gate_stream(rx)->gate_warned,
+			 ~(rx->role == RMA_RX_LANE ? 2u << rx->lane : 1u));
+	if (rx->role == RMA_RX_LANE) {
+		atomic_store(&gate_stream(rx)->lane_parked_ns[rx->lane], rail_now_ns());
 		atomic_fetch_or(&gate_stream(rx)->lanes_parked, 1u << rx->lane);
-	else
+	} else {
+		atomic_store(&gate_stream(rx)->main_parked_ns, rail_now_ns());
 		atomic_store(&gate_stream(rx)->main_parked, 1);
+	}
 	open = gate_open(c, rx);
 	if (open) {
 		gate_unflag(rx);

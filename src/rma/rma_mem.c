@@ -227,17 +227,82 @@ void rma_gpu_pinned_free(struct rma_gpu *g, void *p)
 		g->cu->mem_free_host(p);
 }
 
+/* A free slot for a wait that starts now (NULL: all taken, the wait goes unwatched). */
+static struct rma_gpu_busy *busy_claim(struct rma_gpu *g, const char *what, size_t bytes,
+				       uint64_t t0)
+{
+	for (int i = 0; i < RMA_GPU_BUSY_SLOTS; i++) {
+		struct rma_gpu_busy *b = &g->busy[i];
+		int no = 0;
+
+		if (atomic_load_explicit(&b->used, memory_order_relaxed) ||
+		    !atomic_compare_exchange_strong(&b->used, &no, 1))
+			continue;
+		atomic_store(&b->what, what);
+		atomic_store(&b->bytes, bytes);
+		atomic_store(&b->warned, 0);
+		atomic_store(&b->since, t0);
+		return b;
+	}
+	return NULL;
+}
+
+static void busy_release(struct rma_gpu *g, struct rma_gpu_busy *b, uint64_t t0)
+{
+	if (!b)
+		return;
+	if (atomic_load(&b->warned))
+		RAIL_INFO(RAIL_LOG_NET, "RMA on GPU memory (rank %d of %d, device %d): %s ended "
+			  "after %.1f s", g->rank, g->nranks, g->dev, atomic_load(&b->what),
+			  (double)(rail_now_ns() - t0) / 1e9);
+	atomic_store(&b->since, 0);
+	atomic_store(&b->used, 0);
+}
+
+int rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
+{
+	int stalled = 0;
+
+	for (int i = 0; i < RMA_GPU_BUSY_SLOTS; i++) {
+		struct rma_gpu_busy *b = &g->busy[i];
+		uint64_t t0 = atomic_load(&b->since), sig = atomic_load(&g->signals_at);
+		char last[64] = "no signal word queued yet";
+		int no = 0;
+
+		if (!t0 || now - t0 < limit_ns)
+			continue;
+		stalled = 1;
+		if (!atomic_compare_exchange_strong(&b->warned, &no, 1))
+			continue;
+		if (sig)
+			snprintf(last, sizeof(last), "the last signal word queued %.1f s ago",
+				 (double)(now - sig) / 1e9);
+		RAIL_WARN("RMA on GPU memory (rank %d of %d, device %d): a thread of the plugin has "
+			  "waited %.0f s in %s (%llu bytes copied on that stream since it last "
+			  "drained; %s): the GPU has not run "
+			  "the copies and signal writes queued on it, so every operation into this "
+			  "rank's GPU windows waits; look for kernels that occupy the GPU, or a "
+			  "stopped device (nvidia-smi)", g->rank, g->nranks, g->dev,
+			  (double)(now - t0) / 1e9, atomic_load(&b->what),
+			  (unsigned long long)atomic_load(&b->bytes), last);
+	}
+	return stalled;
+}
+
 /* Wait for everything queued on stream s, timed as kind with bytes; what names the call. */
 static int timed_sync(struct rma_gpu *g, rail_cu_stream s, enum rma_gpu_wait kind, size_t bytes,
 		      const char *what)
 {
+	struct rma_gpu_busy *b;
 	rail_cu_result r;
 	uint64_t t0;
 
 	if (cu_enter(g))
 		return -EIO;
 	t0 = rail_now_ns();
+	b = busy_claim(g, what, bytes, t0);
 	r = g->cu->stream_synchronize(s);
+	busy_release(g, b, t0);
 	if (r)
 		return cu_fail(g, what, r);
 	clock_add(&g->waits[kind], t0, bytes);
@@ -350,6 +415,7 @@ static int gpu_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, 
 		return cu_fail(g, "cuStreamWriteValue64 of a signal", r);
 	g->pending = 1;
 	g->signals++;
+	atomic_store_explicit(&g->signals_at, rail_now_ns(), memory_order_relaxed);
 	return 0;
 }
 

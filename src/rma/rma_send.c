@@ -33,6 +33,7 @@
 #include <sys/socket.h>
 
 #include "log.h"
+#include "param.h"
 #include "rail.h"
 #include "rma/rma_tcp.h"
 
@@ -58,6 +59,7 @@ int rma_send_init(struct rma_tcp_ctx *x)
 	for (uint32_t i = 0; i < x->nreqs; i++)
 		x->reqs[i].next = i + 1 < x->nreqs ? i + 1 : RMA_NONE;
 	x->free_head = 0;
+	x->stall_ns = (uint64_t)rail_param_int(RAIL_P_RMA_STALL_WARN) * 1000000000ull;
 	pthread_mutex_init(&x->lock, NULL);
 	return 0;
 }
@@ -161,6 +163,21 @@ static int stage_next(struct rma_tcp_ctx *x, struct rma_stream *s, const struct 
 	return 0;
 }
 
+/* Bytes of the head request left (or a request became the head): the stall clock restarts. */
+static void stream_moved(struct rma_tcp_ctx *x, struct rma_stream *s, int context, int peer)
+{
+	uint64_t now = rail_now_ns();
+
+	if (s->stall_warned) {
+		RAIL_INFO(RAIL_LOG_NET, "RMA (rank %d of %d, device %d): context %d's stream to %s "
+			  "moves again after %.1f s", x->coll->base.rank, x->coll->base.nranks,
+			  x->coll->base.dev, context, RMA_PEER(&x->coll->mesh, peer),
+			  (double)(now - s->stall_warned) / 1e9);
+		s->stall_warned = 0;
+	}
+	s->moved_ns = now;
+}
+
 /* Write what the socket takes: 0, or -errno (the stream failed). */
 static int stream_send(struct rma_tcp_ctx *x, struct rma_stream *s, int context, int peer)
 {
@@ -199,6 +216,7 @@ static int stream_send(struct rma_tcp_ctx *x, struct rma_stream *s, int context,
 			return err;
 		}
 		r->sent += (size_t)n;
+		stream_moved(x, s, context, peer);
 		if (r->sent < r->total)
 			continue;
 		stream_pop(x, s, r);
@@ -419,9 +437,10 @@ static int op_queue(struct rma_tcp_ctx *x, struct rma_req *r, const struct rail_
 		return 0;
 	}
 	atomic_store(&r->state, RMA_REQ_QUEUED);
-	if (s->qtail == RMA_NONE)
+	if (s->qtail == RMA_NONE) {
 		s->qhead = idx;
-	else
+		stream_moved(x, s, op->context, op->peer);
+	} else
 		x->reqs[s->qtail].next = idx;
 	s->qtail = idx;
 	if (striped)
@@ -461,6 +480,97 @@ int rma_send_post(struct rma_tcp_ctx *x, const struct rail_rma_op *op, uint32_t 
 	return 0;
 }
 
+/* ---- the stall check (NCCL_RAIL_RMA_STALL_WARN) ---- */
+
+/* The head request of this rank's stream to the peer has not moved for the limit. */
+static void watch_out(struct rma_tcp_ctx *x, struct rma_stream *s, int context, int peer,
+		      uint64_t now)
+{
+	const struct rma_tcp_coll *c = x->coll;
+	const struct rma_req *r;
+	uint32_t behind = 0;
+	int signal;
+
+	if (s->qhead == RMA_NONE || s->err || now - s->moved_ns < x->stall_ns ||
+	    s->stall_warned == s->moved_ns)
+		return;
+	r = &x->reqs[s->qhead];
+	signal = r->niov && r->iov[r->niov - 1].iov_base == (void *)r->hdr[1];
+	for (uint32_t i = r->next; i != RMA_NONE; i = x->reqs[i].next)
+		behind++;
+	s->stall_warned = s->moved_ns;
+	RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): no byte of it has left "
+		  "for %.0f s (%zu of its %zu bytes written, %u operations queued behind it): the "
+		  "target does not read this stream; its log says why (an RMA line about a gate "
+		  "or the GPU), or its process has stopped", kind_call(r, signal),
+		  RMA_PEER(&c->mesh, peer), context, c->base.rank, c->base.nranks, c->base.dev,
+		  (double)(now - s->moved_ns) / 1e9, r->sent, r->total, behind);
+}
+
+/* Is this park (bit of gate_warned, since when) past the limit, and not yet logged? */
+static int gate_overdue(const struct rma_tcp_ctx *x, struct rma_stream *s, uint32_t bit,
+			uint64_t since, uint64_t now)
+{
+	return since && now >= since && now - since >= x->stall_ns &&
+	       !(atomic_fetch_or(&s->gate_warned, bit) & bit);
+}
+
+/* The peer's stream, or a lane's block for it, held at its gate here for the limit. */
+static void watch_in(struct rma_tcp_ctx *x, struct rma_stream *s, int context, int peer,
+		     uint64_t now)
+{
+	const struct rma_tcp_coll *c = x->coll;
+	uint32_t mask = atomic_load(&s->lanes_parked);
+	char landed[8 * 12] = "", *p = landed;
+
+	if (atomic_load(&s->main_parked) &&
+	    gate_overdue(x, s, 1, atomic_load(&s->main_parked_ns), now)) {
+		for (int l = 0; l < c->nlanes; l++)
+			p += snprintf(p, sizeof(landed) - (size_t)(p - landed), "%s%u", l ? " " : "",
+				      atomic_load(&s->landed[l]));
+		RAIL_WARN("RMA (rank %d of %d, device %d): context %d's stream from %s has waited "
+			  "%.0f s at its gate for the blocks of striped puts before its next frame "
+			  "(blocks landed so far, per lane: %s): the peer's lanes have not sent them, "
+			  "or this rank's lane threads cannot land them (a GPU line above says why)",
+			  c->base.rank, c->base.nranks, c->base.dev, context, RMA_PEER(&c->mesh, peer),
+			  (double)(now - atomic_load(&s->main_parked_ns)) / 1e9, landed);
+	}
+	for (int l = 0; mask && l < c->nlanes; l++) {
+		uint64_t since = atomic_load(&s->lane_parked_ns[l]);
+
+		if (!(mask & (1u << l)) || !gate_overdue(x, s, 2u << l, since, now))
+			continue;
+		RAIL_WARN("RMA (rank %d of %d, device %d): lane %d from %s has waited %.0f s at its "
+			  "gate for context %d's stream to reach the striped put its block belongs "
+			  "to (%u frames of that stream applied): the frames before it have not "
+			  "arrived, or are held themselves", c->base.rank, c->base.nranks, c->base.dev,
+			  l, RMA_PEER(&c->mesh, peer), (double)(now - since) / 1e9, context,
+			  atomic_load(&s->reached));
+	}
+}
+
+/* At most once a second, from NCCL's thread (test, rmaProgress), with x->lock held. */
+static void watch(struct rma_tcp_ctx *x)
+{
+	int nranks = x->coll->base.nranks;
+	uint64_t now;
+
+	if (!x->stall_ns || (now = rail_now_ns()) < x->watch_next)
+		return;
+	x->watch_next = now + 1000000000ull;
+	rma_mem_watch(&x->coll->gpu, now, x->stall_ns);
+	for (int k = 0; k < x->base.ncontexts; k++) {
+		for (int p = 0; p < nranks; p++) {
+			struct rma_stream *s = stream_of(x, k, p);
+
+			if (s->out_fd >= 0)
+				watch_out(x, s, k, p, now);
+			if (s->in_fd >= 0)
+				watch_in(x, s, k, p, now);
+		}
+	}
+}
+
 int rma_send_test(struct rma_tcp_ctx *x, uint32_t idx, uint32_t stamp, int *done)
 {
 	struct rma_req *r;
@@ -468,6 +578,7 @@ int rma_send_test(struct rma_tcp_ctx *x, uint32_t idx, uint32_t stamp, int *done
 
 	pthread_mutex_lock(&x->lock);
 	progress_all(x);
+	watch(x);
 	r = idx < x->nreqs ? &x->reqs[idx] : NULL;
 	st = r ? atomic_load(&r->state) : RMA_REQ_FREE;
 	if (!r || st == RMA_REQ_FREE || r->stamp != stamp) {
@@ -493,6 +604,7 @@ int rma_send_progress(struct rma_tcp_ctx *x)
 {
 	pthread_mutex_lock(&x->lock);
 	progress_all(x);
+	watch(x);
 	pthread_mutex_unlock(&x->lock);
 	return 0;
 }

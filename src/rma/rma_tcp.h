@@ -248,6 +248,16 @@ struct rma_gpu_clock {
 	_Atomic uint64_t n, ns, max_ns, bytes;
 };
 
+/* A wait for the GPU in progress (any thread's), for the stall check (rma_mem_watch). */
+#define RMA_GPU_BUSY_SLOTS 8
+struct rma_gpu_busy {
+	atomic_int used;	/* claimed by a waiting thread */
+	_Atomic uint64_t since;	/* when its wait began (0: not yet) */
+	_Atomic(const char *) what;	/* the call */
+	_Atomic uint64_t bytes;	/* copied on that stream since its last wait */
+	atomic_int warned;	/* the stall check logged it */
+};
+
 /* Pinned bytes on their way into GPU windows: one thread's, started over once full. */
 struct rma_ring {
 	char *buf;
@@ -266,6 +276,8 @@ struct rma_gpu {
 	size_t queued;		/* bytes copied on it since then */
 	uint64_t signals;	/* GPU signal words written */
 	struct rma_gpu_clock waits[RMA_WAIT_KINDS];
+	struct rma_gpu_busy busy[RMA_GPU_BUSY_SLOTS];
+	_Atomic uint64_t signals_at;	/* when the last signal word was queued (ns) */
 	int dev, rank, nranks;	/* for messages */
 };
 
@@ -297,6 +309,12 @@ int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 		 const struct rma_win *sw, uint64_t soff, size_t n);
 /* Everything queued on the collComm's stream is done. */
 int rma_mem_sync(struct rma_gpu *g);
+/*
+ * The stall check: a wait for the GPU (any thread's) going on for limit_ns
+ * or more is logged once (a WARN naming the call); its end is logged by
+ * the thread that waited. 1 if one is going on that long.
+ */
+int rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns);
 /*
  * A put's source out of the GPU into pinned memory, on stream s: queued
  * (rma_mem_stage_start), waited for (rma_mem_stage_wait: everything queued
@@ -383,6 +401,12 @@ struct rma_stream {
 	atomic_int main_parked;	/* its reader waits for blocks */
 	_Atomic uint32_t lanes_parked;	/* bit l: lane l's reader waits for reached */
 	atomic_int lane_err;	/* a lane from the peer failed: its reader fails too */
+	/* The stall check (rma_send.c, NCCL_RAIL_RMA_STALL_WARN). */
+	uint64_t moved_ns;	/* a byte of the head request last left, or it became the head */
+	uint64_t stall_warned;	/* the moved_ns a WARN was logged for (0: none) */
+	_Atomic uint64_t main_parked_ns;	/* when in_fd's reader parked at its gate */
+	_Atomic uint64_t lane_parked_ns[RMA_LANES_MAX];	/* ... lane l's reader, for this stream */
+	_Atomic uint32_t gate_warned;	/* bit 0: the main reader's park was logged, 1 + l: lane l's */
 };
 
 struct rma_tcp_coll;
@@ -403,6 +427,8 @@ struct rma_tcp_ctx {
 	int *lane_out, *lane_in;	/* [lane * nranks + peer]; -1 off the stride */
 	atomic_int *lane_err;	/* [lane * nranks + peer]: writing it failed (logged once) */
 	int lanes_reserved;	/* nreqs jobs of room on every lane */
+	uint64_t stall_ns;	/* NCCL_RAIL_RMA_STALL_WARN (0: off) */
+	uint64_t watch_next;	/* when the stall check runs next */
 };
 
 struct rma_applier;

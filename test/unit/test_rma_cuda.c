@@ -18,6 +18,8 @@
  */
 #include "unit.h"
 
+#include <stdatomic.h>
+
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -420,6 +422,55 @@ static void test_ordering_under_load(void **state)
 	fcu_delay(0);
 }
 
+/*
+ * A GPU that does not run the plugin's copies is named (NCCL_RAIL_RMA_STALL_WARN=1,
+ * every copy of the fake taking 2.5 s): rank 0 gets 8 bytes of rank 1's GPU
+ * window, so rank 1's applier waits for its copy out of the window while
+ * rank 1's progress thread (rmaProgress) runs the stall check, which logs
+ * the wait; its end is logged too, and the get still completes.
+ */
+static atomic_int stall_got;
+
+static void body_gpu_stall(struct rank *r)
+{
+	void *req;
+
+	pthread_barrier_wait(&r->g->h.bar);
+	if (r->rank == 1) {
+		while (!atomic_load(&stall_got))
+			rma->rmaProgress(r->rctx);
+		return;
+	}
+	ROK(r, rma->iget(r->rctx, 0, 0, r->win_mh, 8, 0, r->got_mh, 1, &req));
+	ROK(r, wait_req(r, req));
+	atomic_store(&stall_got, 1);
+}
+
+static void test_gpu_stall_named(void **state)
+{
+	(void)state;
+	setenv("NCCL_RAIL_RMA_STALL_WARN", "1", 1);
+	atomic_store(&stall_got, 0);
+	fcu_delay(2500000);
+	unit_log_reset();
+	run_group(2, 4096, 0, body_gpu_stall);
+	fcu_delay(0);
+	unsetenv("NCCL_RAIL_RMA_STALL_WARN");
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA on GPU memory (rank 1 of 2, device 0): a thread of "
+			    "the plugin has waited ", " s in cuStreamSynchronize (8 bytes copied on "
+			    "that stream since it last drained; no signal word queued yet): the GPU "
+			    "has not run the copies and signal writes queued on it");
+	unit_assert_logged2(RAIL_LOG_INFO, "RMA on GPU memory (rank 1 of 2, device 0): "
+			    "cuStreamSynchronize ended after ", NULL);
+	/* once per wait (rank 0 waits too: the reply's copy into its GPU window) */
+	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "(rank 1 of 2, device 0): a thread of the "
+					"plugin has waited"), 1);
+	if (unit_log_count(RAIL_LOG_WARN, "a thread of the plugin has waited") > 2) {
+		unit_log_dump();
+		fail_msg("a wait logged more than once");
+	}
+}
+
 /* The fake itself refuses a call on a thread with no context (what the tests rely on). */
 static void test_fake_refuses_without_context(void **state)
 {
@@ -481,6 +532,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_fake_refuses_without_context, need_plugin),
 		cmocka_unit_test_setup(test_put_signal_get, need_plugin),
 		cmocka_unit_test_setup(test_ordering_under_load, need_plugin),
+		cmocka_unit_test_setup(test_gpu_stall_named, need_plugin),
 	};
 	char build_dir[PATH_MAX];
 

@@ -17,6 +17,7 @@
 #include "unit.h"
 
 #include <poll.h>
+#include <stdatomic.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -408,6 +409,175 @@ static void test_hostile_lanes(void **state)
 	fake_leave(LANES);
 }
 
+/* ---- the stall check (NCCL_RAIL_RMA_STALL_WARN=1) ----------------------------------- */
+
+#define BIG (32u << 20)	/* more than loopback's socket buffers hold */
+static struct {
+	char *src;		/* rank 0's big window */
+	atomic_int stop;	/* the test is done: rank 0 tears down */
+	atomic_int put_done;
+	int mode;		/* STALL_OUT: rank 0 puts BIG bytes to rank 1; STALL_GATE: it only progresses */
+} st;
+enum { STALL_OUT = 1, STALL_GATE = 2 };
+
+/* Rank 0 with a window of BIG bytes, calling test or rmaProgress until st.stop. */
+static void *rank0_stall(void *arg)
+{
+	void *ctx = NULL, *lc = NULL, *coll = NULL, *x = NULL, *wmh = NULL, *smh = NULL, *req;
+	void *hp[2] = { handles[0], handles[1] };
+	int done = 0;
+
+	(void)arg;
+	if (rail_rma_init(&ctx, 1, unit_log_sink, 14) ||
+	    rail_rma_listen(ctx, 0, handles[0], &lc)) {
+		snprintf(r0.fail, sizeof(r0.fail), "init or listen failed");
+		pthread_barrier_wait(&bar);
+		return NULL;
+	}
+	pthread_barrier_wait(&bar);
+	if (rail_rma_connect(NULL, hp, 2, 0, lc, &coll) || rail_rma_close_listen(lc) ||
+	    rail_rma_create_context(coll, NCTX, -1, 1, &x) ||
+	    rail_rma_reg_mr_sym(coll, st.src, BIG, NCCL_PTR_HOST, 0, -1, 0, &wmh) ||
+	    rail_rma_reg_mr_sym(coll, r0.sig, sizeof(r0.sig), NCCL_PTR_HOST, 0, -1, 3, &smh)) {
+		snprintf(r0.fail, sizeof(r0.fail), "joining the group failed");
+		return NULL;
+	}
+	if (st.mode == STALL_OUT &&
+	    rail_rma_iput(x, 0, 0, wmh, BIG, 0, wmh, 1, &req) != ncclSuccess)
+		snprintf(r0.fail, sizeof(r0.fail), "iput failed");
+	while (!atomic_load(&st.stop) && !r0.fail[0]) {
+		if (st.mode == STALL_OUT && !done) {
+			if (rail_rma_test(coll, req, &done) != ncclSuccess)
+				snprintf(r0.fail, sizeof(r0.fail), "test failed");
+			atomic_store(&st.put_done, done);
+		} else {
+			rail_rma_progress(x);
+		}
+		usleep(1000);
+	}
+	rail_rma_dereg_mr_sym(coll, wmh);
+	rail_rma_dereg_mr_sym(coll, smh);
+	rail_rma_destroy_context(x);
+	rail_rma_close_coll(coll);
+	rail_rma_finalize(ctx);
+	return NULL;
+}
+
+/* Wait up to ms for a captured line at level with both substrings. */
+static int logged_within(int level, const char *a, const char *b, int ms)
+{
+	for (int i = 0; i < ms / 10 && !unit_log_count2(level, a, b); i++)
+		usleep(10000);
+	return unit_log_count2(level, a, b) > 0;
+}
+
+static void stall_start(int mode, int lanes, pthread_t *th)
+{
+	memset(&r0, 0, sizeof(r0));
+	st.src = calloc(1, BIG);
+	assert_non_null(st.src);
+	atomic_store(&st.stop, 0);
+	atomic_store(&st.put_done, 0);
+	st.mode = mode;
+	unit_log_capture();
+	setenv("NCCL_RAIL_RMA_STALL_WARN", "1", 1);
+	pthread_barrier_init(&bar, NULL, 2);
+	assert_int_equal(pthread_create(th, NULL, rank0_stall, NULL), 0);
+	fake_join(lanes);
+}
+
+static void stall_end(pthread_t th, int lanes)
+{
+	atomic_store(&st.stop, 1);
+	pthread_join(th, NULL);
+	pthread_barrier_destroy(&bar);
+	unsetenv("NCCL_RAIL_RMA_STALL_WARN");
+	free(st.src);
+	if (r0.fail[0])
+		fail_msg("%s", r0.fail);
+	fake_leave(lanes);
+}
+
+/*
+ * Rank 1 does not read rank 0's stream: once the socket is full, rank 0
+ * names the put, the peer and what was written; once rank 1 reads it all,
+ * the stream moves again (an INFO line) and the put completes.
+ */
+static void test_stall_out_named(void **state)
+{
+	static char sink[1 << 16];
+	size_t got = 0, want = RMA_FRAME_SIZE + BIG;
+	pthread_t th;
+
+	(void)state;
+	stall_start(STALL_OUT, 0, &th);
+	if (!logged_within(RAIL_LOG_WARN, "RMA iput to rank 1 (127.0.0.1:", "(context 0, rank 0 "
+			   "of 2, device 0): no byte of it has left for ", 5000)) {
+		unit_log_dump();
+		fail_msg("no stall line for the put rank 1 does not read");
+	}
+	unit_assert_logged2(RAIL_LOG_WARN, "of its 33554472 bytes written, 0 operations queued "
+			    "behind it): the target does not read this stream", NULL);
+	assert_int_equal(atomic_load(&st.put_done), 0);
+	while (got < want) {
+		ssize_t n = recv(f.in[0], sink, RAIL_MIN(sizeof(sink), want - got), 0);
+
+		assert_true(n > 0);
+		got += (size_t)n;
+	}
+	if (!logged_within(RAIL_LOG_INFO, "context 0's stream to rank 1", "moves again after",
+			   5000)) {
+		unit_log_dump();
+		fail_msg("no line for the stream moving again");
+	}
+	for (int i = 0; i < 500 && !atomic_load(&st.put_done); i++)
+		usleep(10000);
+	assert_int_equal(atomic_load(&st.put_done), 1);
+	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "no byte of it has left"), 1);
+	stall_end(th, 0);
+}
+
+/*
+ * With lanes: a signal whose striped put's block never comes holds context
+ * 0's stream at its gate, and a block whose STRIPED frame never comes holds
+ * lane 1: both are named after 1 s; once the block comes, the stream goes
+ * on (INFO) and the signal lands.
+ */
+static void test_stall_gates_named(void **state)
+{
+	static char evil[64];
+	pthread_t th;
+	uint64_t until;
+
+	(void)state;
+	memset(evil, 0xee, sizeof(evil));
+	stall_start(STALL_GATE, LANES, &th);
+	fake_frame(f.out[0], RMA_OP_STRIPED, 0, 0, 16, NULL, 0);
+	fake_frame(f.out[0], RMA_OP_SIGNAL, 1, 0, 1, NULL, 0);
+	fake_block(f.lout[1], 2, 5, 0, RMA_LANE_BLOCK, evil, 16);	/* context 2's frame 5 */
+	if (!logged_within(RAIL_LOG_WARN, "context 0's stream from rank 1 (127.0.0.1:", " s at "
+			   "its gate for the blocks of striped puts before its next frame (blocks "
+			   "landed so far, per lane: 0 0)", 5000) ||
+	    !logged_within(RAIL_LOG_WARN, "lane 1 from rank 1 (127.0.0.1:", " s at its gate for "
+			   "context 2's stream to reach the striped put its block belongs to (0 "
+			   "frames of that stream applied)", 5000)) {
+		unit_log_dump();
+		fail_msg("no stall line for a gate");
+	}
+	assert_int_equal(r0.sig[0], 0);
+	fake_block(f.lout[0], 0, 0, 0, 0, evil, 16);
+	until = rail_now_ns() + 5000000000ull;
+	while (__atomic_load_n(&r0.sig[0], __ATOMIC_ACQUIRE) != 1 && rail_now_ns() < until)
+		usleep(1000);
+	assert_int_equal(r0.sig[0], 1);
+	assert_memory_equal(st.src, evil, 16);
+	if (!logged_within(RAIL_LOG_INFO, "a stream's frame from rank 1", "goes on after", 5000)) {
+		unit_log_dump();
+		fail_msg("no line for the stream going on");
+	}
+	stall_end(th, LANES);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -415,6 +585,8 @@ int main(void)
 		cmocka_unit_test(test_hello_and_record_decode),
 		cmocka_unit_test(test_hostile_peer),
 		cmocka_unit_test(test_hostile_lanes),
+		cmocka_unit_test(test_stall_out_named),
+		cmocka_unit_test(test_stall_gates_named),
 	};
 
 	alarm(120);
