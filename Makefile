@@ -110,6 +110,7 @@ FAKEMLX5    := $(BUILD)/test/fakeverbs/libfakemlx5.so $(BUILD)/test/fakeverbs/li
 FAKECUDA    := $(BUILD)/test/fakecuda/libfakecuda.so
 FUZZ_TARGETS := $(FUZZ_SRCS:test/fuzz/%.c=$(BUILD)/test/fuzz/%)
 SCALE       := $(SCALE_SRCS:test/scale/%.c=$(BUILD)/test/scale/%)
+STACKDUMP   := $(BUILD)/test/nccl/stackdump.so
 
 .PHONY: all plugin tools tests check test test-build test-netns-smoke test-instr test-unit test-fosearch test-conformance test-abi test-sanitizers \
 	test-clang test-rxe test-rxe-smoke test-unit-smoke test-rxe2 test-rxe2-watchdog test-rxe2-failover test-tsan test-readme test-netns test-fresh \
@@ -120,7 +121,7 @@ all: plugin tools
 plugin: $(PLUGIN)
 tools: $(TOOLS)
 tests: $(UNIT_TESTS) $(if $(CONF_SRCS),$(CONFORMANCE)) $(FAKEVERBS) $(FAKEMLX5) $(FAKECUDA) \
-	$(PINGPONG) $(SCALE)
+	$(PINGPONG) $(SCALE) $(STACKDUMP)
 
 # Every object depends on VERSION: the number is compiled in (src/rail.h).
 $(BUILD)/obj/%.o: %.c VERSION
@@ -152,6 +153,12 @@ $(PINGPONG): test/perf/pingpong.c $(CORE_LIB) VERSION
 	@mkdir -p $(dir $@)
 	@$(if $(Q),echo "  LD      $@")
 	$(Q)$(CC) $(CPPFLAGS) $(CFLAGS) $(LD_LTO) $(LDFLAGS) -o $@ $< $(CORE_LIB) $(LDLIBS)
+
+# test/nccl/stackdump.c: every thread's stack of a hung rank, on demand (preloaded).
+$(STACKDUMP): test/nccl/stackdump.c
+	@mkdir -p $(dir $@)
+	@$(if $(Q),echo "  LD      $@")
+	$(Q)$(CC) -shared $(CFLAGS) $(LDFLAGS) -o $@ $< -lpthread
 
 # test/scale/*.c: what many connections cost a process, TCP and the fake provider
 # (scale_bench: descriptors, threads, memory, pinned bytes, setup time, idle CPU).

@@ -22,7 +22,10 @@
 #      default build/rma-logs), NCCL_SRC (.carry/nccl-2.30.7.tgz), NCCL_DIR
 #      (/tmp/nccl230), TESTS_SRC (.carry/nccl-tests.tgz), TESTS_DIR
 #      (/tmp/nccl-tests), STEP_TIMEOUT (seconds per run, 150), TAR (a .tgz the
-#      logs are packed into after each step), EXTRA ("-x VAR=V ..." for mpirun)
+#      logs are packed into after each step), EXTRA ("-x VAR=V ..." for mpirun),
+#      STACKS (seconds: a run still going then has every rank's threads' stacks
+#      written to LOGS/<step>-np<NP>.stacks, through build/stackdump.so
+#      preloaded; test/nccl/stackdump.c)
 # Each run's stdout (the table and NCCL's log) goes to LOGS/<step>-np<NP>.out,
 # its stderr to .log; the
 # script prints the table and which backend served RMA and GIN (the log lines
@@ -96,11 +99,20 @@ run() {
 		[ "$mode" = rail-norma ] && env+=(-x NCCL_RAIL_RMA=0) ;;
 	socket) env+=(-x NCCL_NET_PLUGIN=none -x NCCL_NET=Socket) ;;
 	esac
+	local dumper=
+	if [ -n "${STACKS:-}" ]; then
+		make -s build/test/nccl/stackdump.so || return 1
+		env+=(-x LD_PRELOAD="$PWD/build/test/nccl/stackdump.so")
+		(sleep "$STACKS"; pids=$(pgrep -x "$(basename "$1" | cut -c1-15)")
+		 [ -n "$pids" ] && test/nccl/stackdump.sh $pids >"$LOGS/$tag-np$NP.stacks" 2>&1) &
+		dumper=$!
+	fi
 	# shellcheck disable=SC2086
 	timeout -k 10 "$STEP_TIMEOUT" mpirun --allow-run-as-root --oversubscribe --bind-to none \
 		-np "$NP" "${env[@]}" ${EXTRA:-} test/nccl/wrapper.sh "$@" \
 		>"$LOGS/$tag-np$NP.out" 2>"$LOGS/$tag-np$NP.log"
 	rc=$?
+	[ -n "$dumper" ] && { kill $dumper 2>/dev/null; wait $dumper 2>/dev/null; }
 	echo "=== $tag (np $NP, $mode): exit $rc after $((SECONDS - t0)) s: $*"
 	grep -E "^ +[0-9]+ |Out of bounds|Avg bus|^#|rank [0-9]+:" "$LOGS/$tag-np$NP.out" |
 		grep -vE "^#  (Using devices|  Rank|nThread|Rank )" | grep -v '^# *$' | head -60
