@@ -107,39 +107,59 @@ static struct {
 	char fail[256];
 } r0;
 
+/* Rank 0's plugin objects: its group, one context call, a data window and the signals. */
+struct r0_objs {
+	void *ctx, *coll, *x, *wmh, *smh;
+};
+
+/* Rank 0 joins the group with win (size bytes) as window 0: 0, or r0.fail says why. */
+static int r0_join(struct r0_objs *o, void *win, size_t size)
+{
+	void *lc = NULL, *hp[2] = { handles[0], handles[1] };
+
+	memset(o, 0, sizeof(*o));
+	if (rail_rma_init(&o->ctx, 1, unit_log_sink, 14) ||
+	    rail_rma_listen(o->ctx, 0, handles[0], &lc)) {
+		snprintf(r0.fail, sizeof(r0.fail), "init or listen failed");
+		pthread_barrier_wait(&bar);
+		return -1;
+	}
+	pthread_barrier_wait(&bar);
+	if (rail_rma_connect(NULL, hp, 2, 0, lc, &o->coll) || rail_rma_close_listen(lc) ||
+	    rail_rma_create_context(o->coll, NCTX, -1, 1, &o->x) ||
+	    rail_rma_reg_mr_sym(o->coll, win, size, NCCL_PTR_HOST, 0, -1, 0, &o->wmh) ||
+	    rail_rma_reg_mr_sym(o->coll, r0.sig, sizeof(r0.sig), NCCL_PTR_HOST, 0, -1, 3, &o->smh)) {
+		snprintf(r0.fail, sizeof(r0.fail), "joining the group failed");
+		return -1;
+	}
+	return 0;
+}
+
+static void r0_leave(struct r0_objs *o)
+{
+	rail_rma_dereg_mr_sym(o->coll, o->wmh);
+	rail_rma_dereg_mr_sym(o->coll, o->smh);
+	rail_rma_destroy_context(o->x);
+	rail_rma_close_coll(o->coll);
+	rail_rma_finalize(o->ctx);
+}
+
 /* Rank 0: this plugin, through the core's RMA API (rank 1 is the test). */
 static void *rank0(void *arg)
 {
-	void *ctx = NULL, *lc = NULL, *coll = NULL, *x = NULL, *wmh = NULL, *smh = NULL;
-	void *hp[2] = { handles[0], handles[1] };
+	struct r0_objs o;
 	uint64_t until;
 
 	(void)arg;
 	memset(r0.win, 0xaa, WIN);
-	if (rail_rma_init(&ctx, 1, unit_log_sink, 14) ||
-	    rail_rma_listen(ctx, 0, handles[0], &lc)) {
-		snprintf(r0.fail, sizeof(r0.fail), "init or listen failed");
-		pthread_barrier_wait(&bar);
+	if (r0_join(&o, r0.win, WIN))
 		return NULL;
-	}
-	pthread_barrier_wait(&bar);
-	if (rail_rma_connect(NULL, hp, 2, 0, lc, &coll) || rail_rma_close_listen(lc) ||
-	    rail_rma_create_context(coll, NCTX, -1, 1, &x) ||
-	    rail_rma_reg_mr_sym(coll, r0.win, WIN, NCCL_PTR_HOST, 0, -1, 0, &wmh) ||
-	    rail_rma_reg_mr_sym(coll, r0.sig, sizeof(r0.sig), NCCL_PTR_HOST, 0, -1, 3, &smh)) {
-		snprintf(r0.fail, sizeof(r0.fail), "joining the group failed");
-		return NULL;
-	}
 	pthread_barrier_wait(&bar);	/* the test's frames are all sent */
 	until = rail_now_ns() + 10000000000ull;
 	while (rail_now_ns() < until && !r0.has_error)
-		rail_rma_query_last_error(x, &r0.has_error);
+		rail_rma_query_last_error(o.x, &r0.has_error);
 	pthread_barrier_wait(&bar);	/* the test looked at the sockets */
-	rail_rma_dereg_mr_sym(coll, wmh);
-	rail_rma_dereg_mr_sym(coll, smh);
-	rail_rma_destroy_context(x);
-	rail_rma_close_coll(coll);
-	rail_rma_finalize(ctx);
+	r0_leave(&o);
 	return NULL;
 }
 
@@ -423,43 +443,27 @@ enum { STALL_OUT = 1, STALL_GATE = 2 };
 /* Rank 0 with a window of BIG bytes, calling test or rmaProgress until st.stop. */
 static void *rank0_stall(void *arg)
 {
-	void *ctx = NULL, *lc = NULL, *coll = NULL, *x = NULL, *wmh = NULL, *smh = NULL, *req;
-	void *hp[2] = { handles[0], handles[1] };
+	struct r0_objs o;
+	void *req = NULL;
 	int done = 0;
 
 	(void)arg;
-	if (rail_rma_init(&ctx, 1, unit_log_sink, 14) ||
-	    rail_rma_listen(ctx, 0, handles[0], &lc)) {
-		snprintf(r0.fail, sizeof(r0.fail), "init or listen failed");
-		pthread_barrier_wait(&bar);
+	if (r0_join(&o, st.src, BIG))
 		return NULL;
-	}
-	pthread_barrier_wait(&bar);
-	if (rail_rma_connect(NULL, hp, 2, 0, lc, &coll) || rail_rma_close_listen(lc) ||
-	    rail_rma_create_context(coll, NCTX, -1, 1, &x) ||
-	    rail_rma_reg_mr_sym(coll, st.src, BIG, NCCL_PTR_HOST, 0, -1, 0, &wmh) ||
-	    rail_rma_reg_mr_sym(coll, r0.sig, sizeof(r0.sig), NCCL_PTR_HOST, 0, -1, 3, &smh)) {
-		snprintf(r0.fail, sizeof(r0.fail), "joining the group failed");
-		return NULL;
-	}
 	if (st.mode == STALL_OUT &&
-	    rail_rma_iput(x, 0, 0, wmh, BIG, 0, wmh, 1, &req) != ncclSuccess)
+	    rail_rma_iput(o.x, 0, 0, o.wmh, BIG, 0, o.wmh, 1, &req) != ncclSuccess)
 		snprintf(r0.fail, sizeof(r0.fail), "iput failed");
 	while (!atomic_load(&st.stop) && !r0.fail[0]) {
 		if (st.mode == STALL_OUT && !done) {
-			if (rail_rma_test(coll, req, &done) != ncclSuccess)
+			if (rail_rma_test(o.coll, req, &done) != ncclSuccess)
 				snprintf(r0.fail, sizeof(r0.fail), "test failed");
 			atomic_store(&st.put_done, done);
 		} else {
-			rail_rma_progress(x);
+			rail_rma_progress(o.x);
 		}
 		usleep(1000);
 	}
-	rail_rma_dereg_mr_sym(coll, wmh);
-	rail_rma_dereg_mr_sym(coll, smh);
-	rail_rma_destroy_context(x);
-	rail_rma_close_coll(coll);
-	rail_rma_finalize(ctx);
+	r0_leave(&o);
 	return NULL;
 }
 
