@@ -62,6 +62,12 @@ static int cuda_load(char *why, size_t why_len)
 		}
 		memcpy((char *)&cuda + cuda_syms[i].off, &f, sizeof(f));
 	}
+	/* optional entries: NULL where the driver has none */
+	{
+		void *f = dlsym(h, "cuModuleGetLoadingMode");
+
+		memcpy(&cuda.module_get_loading_mode, &f, sizeof(f));
+	}
 	return 0;	/* the library stays loaded for the life of the process */
 }
 

@@ -37,6 +37,7 @@ typedef unsigned long long rail_cu_ptr;	/* CUdeviceptr */
 #define RAIL_CU_MEMORYTYPE_DEVICE 0x2		/* CU_MEMORYTYPE_DEVICE */
 #define RAIL_CU_MEMHOSTALLOC_PORTABLE 0x1	/* CU_MEMHOSTALLOC_PORTABLE */
 #define RAIL_CU_STREAM_WRITE_VALUE_DEFAULT 0x0	/* CU_STREAM_WRITE_VALUE_DEFAULT */
+#define RAIL_CU_MODULE_LAZY_LOADING 0x2		/* CU_MODULE_LAZY_LOADING */
 
 struct rail_cuda {
 	rail_cu_result (*ctx_get_current)(rail_cu_ctx *ctx);
@@ -55,6 +56,8 @@ struct rail_cuda {
 	rail_cu_result (*stream_write_value64)(rail_cu_stream s, rail_cu_ptr addr, uint64_t value,
 					       unsigned int flags);
 	rail_cu_result (*get_error_string)(rail_cu_result r, const char **str);
+	/* optional (CUDA 11.7+; NULL where the driver has none) */
+	rail_cu_result (*module_get_loading_mode)(int *mode);
 };
 
 /*

@@ -127,6 +127,32 @@ void rma_gpu_fini(struct rma_gpu *g)
 	pthread_mutex_destroy(&g->lock);
 }
 
+/*
+ * How the driver loads modules (g->lazy: 1 lazily, 0 eagerly, -1 unknown),
+ * said once per process where lazily: a kernel the process launches for
+ * the first time while other kernels wait on the GPU (the device API's
+ * spin on signals this plugin writes) makes the driver hold the context
+ * until the GPU drains, and every CUDA call of the process, this plugin's
+ * copies and signal writes included, waits for it: a hang.
+ */
+static void loading_note(struct rma_gpu *g)
+{
+	static atomic_int said;
+	int mode = 0;
+
+	g->lazy = -1;
+	if (!g->cu->module_get_loading_mode || g->cu->module_get_loading_mode(&mode))
+		return;
+	g->lazy = mode == RAIL_CU_MODULE_LAZY_LOADING;
+	if (g->lazy && !atomic_exchange(&said, 1))
+		RAIL_INFO(RAIL_LOG_INIT | RAIL_LOG_NET, "RMA on GPU memory (rank %d of %d, device "
+			  "%d): CUDA loads modules lazily in this process (CUDA_MODULE_LOADING unset "
+			  "or LAZY); with the device API (GIN) over this plugin, a kernel launched "
+			  "for the first time while other kernels wait for signals can hold every "
+			  "CUDA call, the plugin's signal writes included, until those kernels end: "
+			  "set CUDA_MODULE_LOADING=EAGER", g->rank, g->nranks, g->dev);
+}
+
 /* The driver, the context, the stream and the staging: once, on NCCL's thread. Holds g->lock. */
 static int gpu_start(struct rma_gpu *g, const char *call, void *data, size_t size)
 {
@@ -163,6 +189,7 @@ static int gpu_start(struct rma_gpu *g, const char *call, void *data, size_t siz
 	g->ring.size = RMA_STAGE_RING;
 	if ((r = g->cu->stream_create(&s, RAIL_CU_STREAM_NON_BLOCKING)))
 		return cu_fail(g, "cuStreamCreate", r);
+	loading_note(g);
 	__atomic_store_n(&g->stream, s, __ATOMIC_RELEASE);	/* read without the lock */
 	return 0;
 }
@@ -227,9 +254,13 @@ void rma_gpu_pinned_free(struct rma_gpu *g, void *p)
 		g->cu->mem_free_host(p);
 }
 
-/* A free slot for a wait that starts now (NULL: all taken, the wait goes unwatched). */
-static struct rma_gpu_busy *busy_claim(struct rma_gpu *g, const char *what, size_t bytes,
-				       uint64_t t0)
+/*
+ * A driver call that may block (a synchronize; any call while another
+ * thread holds the context lock, as CUDA's lazy module loading does until
+ * the GPU drains) takes a free slot for rma_mem_watch, NULL when all are
+ * taken (the call goes unwatched).
+ */
+static struct rma_gpu_busy *busy_in(struct rma_gpu *g, const char *what, size_t bytes)
 {
 	for (int i = 0; i < RMA_GPU_BUSY_SLOTS; i++) {
 		struct rma_gpu_busy *b = &g->busy[i];
@@ -241,20 +272,20 @@ static struct rma_gpu_busy *busy_claim(struct rma_gpu *g, const char *what, size
 		atomic_store(&b->what, what);
 		atomic_store(&b->bytes, bytes);
 		atomic_store(&b->warned, 0);
-		atomic_store(&b->since, t0);
+		atomic_store(&b->since, rail_now_ns());
 		return b;
 	}
 	return NULL;
 }
 
-static void busy_release(struct rma_gpu *g, struct rma_gpu_busy *b, uint64_t t0)
+static void busy_out(struct rma_gpu *g, struct rma_gpu_busy *b)
 {
 	if (!b)
 		return;
 	if (atomic_load(&b->warned))
-		RAIL_INFO(RAIL_LOG_NET, "RMA on GPU memory (rank %d of %d, device %d): %s ended "
+		RAIL_INFO(RAIL_LOG_NET, "RMA on GPU memory (rank %d of %d, device %d): %s returned "
 			  "after %.1f s", g->rank, g->nranks, g->dev, atomic_load(&b->what),
-			  (double)(rail_now_ns() - t0) / 1e9);
+			  (double)(rail_now_ns() - atomic_load(&b->since)) / 1e9);
 	atomic_store(&b->since, 0);
 	atomic_store(&b->used, 0);
 }
@@ -266,10 +297,11 @@ int rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
 	for (int i = 0; i < RMA_GPU_BUSY_SLOTS; i++) {
 		struct rma_gpu_busy *b = &g->busy[i];
 		uint64_t t0 = atomic_load(&b->since), sig = atomic_load(&g->signals_at);
+		const char *what = atomic_load(&b->what);
 		char last[64] = "no signal word queued yet";
 		int no = 0;
 
-		if (!t0 || now - t0 < limit_ns)
+		if (!t0 || now < t0 || now - t0 < limit_ns)
 			continue;
 		stalled = 1;
 		if (!atomic_compare_exchange_strong(&b->warned, &no, 1))
@@ -278,13 +310,15 @@ int rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
 			snprintf(last, sizeof(last), "the last signal word queued %.1f s ago",
 				 (double)(now - sig) / 1e9);
 		RAIL_WARN("RMA on GPU memory (rank %d of %d, device %d): a thread of the plugin has "
-			  "waited %.0f s in %s (%llu bytes copied on that stream since it last "
-			  "drained; %s): the GPU has not run "
-			  "the copies and signal writes queued on it, so every operation into this "
-			  "rank's GPU windows waits; look for kernels that occupy the GPU, or a "
-			  "stopped device (nvidia-smi)", g->rank, g->nranks, g->dev,
-			  (double)(now - t0) / 1e9, atomic_load(&b->what),
-			  (unsigned long long)atomic_load(&b->bytes), last);
+			  "been in %s for %.0f s (%llu bytes; %s): %s, so every operation into this "
+			  "rank's GPU windows waits%s", g->rank, g->nranks, g->dev, what,
+			  (double)(now - t0) / 1e9, (unsigned long long)atomic_load(&b->bytes), last,
+			  strncmp(what, "cuStreamSynchronize", 19) ? "the CUDA driver does not return "
+			  "(another thread holds the context)" : "the GPU has not run the copies and "
+			  "signal writes queued on the stream", g->lazy == 1 ? "; CUDA loads modules "
+			  "lazily in this process, and a kernel launched for the first time while "
+			  "other kernels wait on the GPU holds the context until the GPU drains: set "
+			  "CUDA_MODULE_LOADING=EAGER" : "; look for kernels that keep the GPU busy");
 	}
 	return stalled;
 }
@@ -300,9 +334,9 @@ static int timed_sync(struct rma_gpu *g, rail_cu_stream s, enum rma_gpu_wait kin
 	if (cu_enter(g))
 		return -EIO;
 	t0 = rail_now_ns();
-	b = busy_claim(g, what, bytes, t0);
+	b = busy_in(g, what, bytes);
 	r = g->cu->stream_synchronize(s);
-	busy_release(g, b, t0);
+	busy_out(g, b);
 	if (r)
 		return cu_fail(g, what, r);
 	clock_add(&g->waits[kind], t0, bytes);
@@ -375,9 +409,13 @@ int rma_mem_land(struct rma_gpu *g, struct rma_ring *ring, const struct rma_win 
 
 	pthread_mutex_lock(&g->lock);
 	err = cu_enter(g);
-	if (!err)
+	if (!err) {
+		struct rma_gpu_busy *b = busy_in(g, "cuMemcpyHtoDAsync into a window", n);
+
 		r = g->cu->memcpy_htod_async((rail_cu_ptr)(uintptr_t)(w->base.base + off), staged,
 					     n, g->stream);
+		busy_out(g, b);
+	}
 	if (!err && r)
 		err = cu_fail(g, "cuMemcpyHtoDAsync into a window", r);
 	if (!err) {
@@ -394,6 +432,7 @@ int rma_mem_land(struct rma_gpu *g, struct rma_ring *ring, const struct rma_win 
 static int gpu_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, uint64_t add)
 {
 	rail_cu_ptr p = (rail_cu_ptr)(uintptr_t)(w->base.base + off);
+	struct rma_gpu_busy *b;
 	uint64_t v;
 	rail_cu_result r;
 
@@ -402,7 +441,9 @@ static int gpu_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, 
 	if (w->shadow) {
 		v = (w->shadow[off / 8] += add);
 	} else {
+		b = busy_in(g, "cuMemcpyDtoHAsync of a signal word", 8);
 		r = g->cu->memcpy_dtoh_async(g->word, p, 8, g->stream);
+		busy_out(g, b);
 		if (r)
 			return cu_fail(g, "cuMemcpyDtoHAsync of a signal word", r);
 		g->pending = 1;
@@ -410,7 +451,9 @@ static int gpu_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, 
 			return -EIO;
 		v = *g->word + add;
 	}
+	b = busy_in(g, "cuStreamWriteValue64 of a signal", 8);
 	r = g->cu->stream_write_value64(g->stream, p, v, RAIL_CU_STREAM_WRITE_VALUE_DEFAULT);
+	busy_out(g, b);
 	if (r)
 		return cu_fail(g, "cuStreamWriteValue64 of a signal", r);
 	g->pending = 1;
@@ -439,7 +482,7 @@ int rma_mem_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, uin
 int rma_mem_read(struct rma_gpu *g, const struct rma_win *w, uint64_t off, void *pinned,
 		 size_t n)
 {
-	rail_cu_result r;
+	rail_cu_result r = RAIL_CU_SUCCESS;
 	int err;
 
 	if (!w->gpu) {
@@ -449,8 +492,13 @@ int rma_mem_read(struct rma_gpu *g, const struct rma_win *w, uint64_t off, void 
 	pthread_mutex_lock(&g->lock);
 	err = cu_enter(g);
 	/* On the stream: behind every write into the window before it. */
-	r = err ? RAIL_CU_SUCCESS : g->cu->memcpy_dtoh_async(pinned, (rail_cu_ptr)(uintptr_t)
-							     (w->base.base + off), n, g->stream);
+	if (!err) {
+		struct rma_gpu_busy *b = busy_in(g, "cuMemcpyDtoHAsync out of a window", n);
+
+		r = g->cu->memcpy_dtoh_async(pinned, (rail_cu_ptr)(uintptr_t)(w->base.base + off),
+					     n, g->stream);
+		busy_out(g, b);
+	}
 	if (!err && r)
 		err = cu_fail(g, "cuMemcpyDtoHAsync out of a window", r);
 	if (!err) {
@@ -467,7 +515,7 @@ int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 {
 	char *d = dw->base.base + doff, *s = sw->base.base + soff;
 	rail_cu_ptr dp = (rail_cu_ptr)(uintptr_t)d, sp = (rail_cu_ptr)(uintptr_t)s;
-	rail_cu_result r;
+	rail_cu_result r = RAIL_CU_SUCCESS;
 	int err;
 
 	if (!dw->gpu && !sw->gpu) {
@@ -476,10 +524,14 @@ int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 	}
 	pthread_mutex_lock(&g->lock);
 	err = cu_enter(g);
-	r = err ? RAIL_CU_SUCCESS
-	    : dw->gpu && sw->gpu ? g->cu->memcpy_dtod_async(dp, sp, n, g->stream)
-	    : dw->gpu ? g->cu->memcpy_htod_async(dp, s, n, g->stream)
-	    : g->cu->memcpy_dtoh_async(d, sp, n, g->stream);
+	if (!err) {
+		struct rma_gpu_busy *b = busy_in(g, "a copy to this rank itself", n);
+
+		r = dw->gpu && sw->gpu ? g->cu->memcpy_dtod_async(dp, sp, n, g->stream)
+		    : dw->gpu ? g->cu->memcpy_htod_async(dp, s, n, g->stream)
+		    : g->cu->memcpy_dtoh_async(d, sp, n, g->stream);
+		busy_out(g, b);
+	}
 	if (!err && r)
 		err = cu_fail(g, "a copy to this rank itself", r);
 	if (!err) {
@@ -495,9 +547,13 @@ int rma_mem_stage_start(struct rma_gpu *g, rail_cu_stream s, void *pinned, const
 {
 	rail_cu_result r;
 
+	struct rma_gpu_busy *b;
+
 	if (cu_enter(g))
 		return -EIO;
+	b = busy_in(g, "cuMemcpyDtoHAsync of a put's source", n);
 	r = g->cu->memcpy_dtoh_async(pinned, (rail_cu_ptr)(uintptr_t)src, n, s);
+	busy_out(g, b);
 	return r ? cu_fail(g, "cuMemcpyDtoHAsync of a put's source", r) : 0;
 }
 

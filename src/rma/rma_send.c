@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <time.h>
 
 #include "log.h"
 #include "param.h"
@@ -549,16 +550,14 @@ static void watch_in(struct rma_tcp_ctx *x, struct rma_stream *s, int context, i
 	}
 }
 
-/* At most once a second, from NCCL's thread (test, rmaProgress), with x->lock held. */
-static void watch(struct rma_tcp_ctx *x)
+/* One context's streams and its collComm's GPU calls (the watcher thread, x->lock free). */
+static void watch_ctx(struct rma_tcp_ctx *x, uint64_t now)
 {
 	int nranks = x->coll->base.nranks;
-	uint64_t now;
 
-	if (!x->stall_ns || (now = rail_now_ns()) < x->watch_next)
-		return;
-	x->watch_next = now + 1000000000ull;
 	rma_mem_watch(&x->coll->gpu, now, x->stall_ns);
+	if (pthread_mutex_trylock(&x->lock))
+		return;	/* NCCL's thread is in a call: the GPU line says where, if anywhere */
 	for (int k = 0; k < x->base.ncontexts; k++) {
 		for (int p = 0; p < nranks; p++) {
 			struct rma_stream *s = stream_of(x, k, p);
@@ -569,6 +568,105 @@ static void watch(struct rma_tcp_ctx *x)
 				watch_in(x, s, k, p, now);
 		}
 	}
+	pthread_mutex_unlock(&x->lock);
+}
+
+/*
+ * The watcher: one thread per process while any context with the check on
+ * lives, waking once a second. Not NCCL's thread, which may itself be held
+ * in a CUDA call (an operation to its own rank).
+ */
+static struct {
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct rma_tcp_ctx **v;
+	int n, cap;
+	int running, stopping;
+	pthread_t thread;
+} watcher = { .mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER };
+
+static void *watch_main(void *arg)
+{
+	(void)arg;
+	pthread_mutex_lock(&watcher.mu);
+	while (!watcher.stopping) {
+		struct timespec ts;
+
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_sec += 1;
+		pthread_cond_timedwait(&watcher.cv, &watcher.mu, &ts);
+		for (int i = 0; !watcher.stopping && i < watcher.n; i++)
+			watch_ctx(watcher.v[i], rail_now_ns());
+	}
+	pthread_mutex_unlock(&watcher.mu);
+	return NULL;
+}
+
+/* With watcher.mu held. */
+static int watch_start(void)
+{
+	int err = -pthread_create(&watcher.thread, NULL, watch_main, NULL);
+
+	watcher.running = !err;
+	if (err)
+		RAIL_WARN("RMA: starting the stall check's thread: %s; waits are not named "
+			  "(NCCL_RAIL_RMA_STALL_WARN)", RAIL_ERRSTR(err));
+	return err;
+}
+
+void rma_watch_add(struct rma_tcp_ctx *x)
+{
+	if (!x->stall_ns)
+		return;
+	pthread_mutex_lock(&watcher.mu);
+	if (watcher.n == watcher.cap) {
+		int cap = watcher.cap ? 2 * watcher.cap : 8;
+		struct rma_tcp_ctx **v = realloc(watcher.v, (size_t)cap * sizeof(*v));
+
+		if (!v) {
+			pthread_mutex_unlock(&watcher.mu);
+			return;	/* this context goes unwatched */
+		}
+		watcher.v = v;
+		watcher.cap = cap;
+	}
+	watcher.v[watcher.n++] = x;
+	x->watched = 1;
+	if (!watcher.running)
+		watch_start();
+	pthread_mutex_unlock(&watcher.mu);
+}
+
+void rma_watch_remove(struct rma_tcp_ctx *x)
+{
+	if (!x->watched)
+		return;
+	pthread_mutex_lock(&watcher.mu);
+	for (int i = 0; i < watcher.n; i++) {
+		if (watcher.v[i] == x) {
+			watcher.v[i] = watcher.v[--watcher.n];
+			break;
+		}
+	}
+	x->watched = 0;
+	if (!watcher.n && watcher.running && !watcher.stopping) {
+		pthread_t t = watcher.thread;
+
+		watcher.stopping = 1;
+		pthread_cond_broadcast(&watcher.cv);
+		pthread_mutex_unlock(&watcher.mu);
+		pthread_join(t, NULL);
+		pthread_mutex_lock(&watcher.mu);
+		watcher.running = watcher.stopping = 0;
+		if (watcher.n)
+			watch_start();	/* a context came meanwhile */
+	}
+	if (!watcher.n) {
+		free(watcher.v);
+		watcher.v = NULL;
+		watcher.cap = 0;
+	}
+	pthread_mutex_unlock(&watcher.mu);
 }
 
 int rma_send_test(struct rma_tcp_ctx *x, uint32_t idx, uint32_t stamp, int *done)
@@ -578,7 +676,6 @@ int rma_send_test(struct rma_tcp_ctx *x, uint32_t idx, uint32_t stamp, int *done
 
 	pthread_mutex_lock(&x->lock);
 	progress_all(x);
-	watch(x);
 	r = idx < x->nreqs ? &x->reqs[idx] : NULL;
 	st = r ? atomic_load(&r->state) : RMA_REQ_FREE;
 	if (!r || st == RMA_REQ_FREE || r->stamp != stamp) {
@@ -604,7 +701,6 @@ int rma_send_progress(struct rma_tcp_ctx *x)
 {
 	pthread_mutex_lock(&x->lock);
 	progress_all(x);
-	watch(x);
 	pthread_mutex_unlock(&x->lock);
 	return 0;
 }

@@ -99,6 +99,7 @@ static int tcp_rma_destroy_ctx(struct rail_rma_ctx *base)
 	struct rma_tcp_coll *c = x->coll;
 	int n = x->base.ncontexts * c->base.nranks, nl = c->nlanes * c->base.nranks;
 
+	rma_watch_remove(x);
 	/* the lanes' senders first: a write blocked on a full socket fails at once */
 	for (int i = 0; x->lane_out && i < nl; i++) {
 		if (x->lane_out[i] >= 0)
@@ -267,6 +268,7 @@ static int tcp_rma_create_ctx(struct rail_rma_coll *base, int ncontexts, int tra
 		tcp_rma_destroy_ctx(&x->base);
 		return err;
 	}
+	rma_watch_add(x);
 	*out = &x->base;
 	return 0;
 }

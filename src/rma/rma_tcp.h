@@ -278,6 +278,7 @@ struct rma_gpu {
 	struct rma_gpu_clock waits[RMA_WAIT_KINDS];
 	struct rma_gpu_busy busy[RMA_GPU_BUSY_SLOTS];
 	_Atomic uint64_t signals_at;	/* when the last signal word was queued (ns) */
+	int lazy;		/* the driver loads modules lazily: 1, eagerly: 0, unknown: -1 */
 	int dev, rank, nranks;	/* for messages */
 };
 
@@ -428,7 +429,7 @@ struct rma_tcp_ctx {
 	atomic_int *lane_err;	/* [lane * nranks + peer]: writing it failed (logged once) */
 	int lanes_reserved;	/* nreqs jobs of room on every lane */
 	uint64_t stall_ns;	/* NCCL_RAIL_RMA_STALL_WARN (0: off) */
-	uint64_t watch_next;	/* when the stall check runs next */
+	int watched;		/* in the stall check's list (rma_watch_add) */
 };
 
 struct rma_applier;
@@ -524,6 +525,14 @@ int rma_send_post(struct rma_tcp_ctx *x, const struct rail_rma_op *op, uint32_t 
 		  uint32_t *stamp);
 int rma_send_test(struct rma_tcp_ctx *x, uint32_t idx, uint32_t stamp, int *done);
 int rma_send_progress(struct rma_tcp_ctx *x);
+/*
+ * The stall check (NCCL_RAIL_RMA_STALL_WARN): a thread of the process looks
+ * at every added context once a second and names each wait past the limit
+ * (one WARN); it runs while any context is added. Remove a context before
+ * its streams go away.
+ */
+void rma_watch_add(struct rma_tcp_ctx *x);
+void rma_watch_remove(struct rma_tcp_ctx *x);
 
 extern const struct rail_rma_ops rail_rma_tcp_ops;
 

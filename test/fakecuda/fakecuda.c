@@ -16,8 +16,11 @@
  * sleeps FAKECUDA_COPY_DELAY_US (or fcu_test_set_delay_us), so that a
  * write the plugin does not order behind a copy shows up before it.
  *
- * As real CUDA, every call but cuCtxGetCurrent, cuCtxSetCurrent and
- * cuGetErrorString is refused with CUDA_ERROR_INVALID_CONTEXT on a thread
+ * cuModuleGetLoadingMode says LAZY (CUDA's default), or EAGER with
+ * FAKECUDA_LOADING=eager.
+ *
+ * As real CUDA, every call but cuCtxGetCurrent, cuCtxSetCurrent,
+ * cuModuleGetLoadingMode and cuGetErrorString is refused with CUDA_ERROR_INVALID_CONTEXT on a thread
  * with no current context (counted: fcu_test_refused).
  */
 #include <fcntl.h>
@@ -44,6 +47,7 @@ EXPORT int cuMemcpyDtoHAsync_v2(void *dst, uint64_t src, size_t n, void *hs);
 EXPORT int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void *hs);
 EXPORT int cuStreamWriteValue64_v2(void *hs, uint64_t addr, uint64_t value, unsigned flags);
 EXPORT int cuGetErrorString(int e, const char **str);
+EXPORT int cuModuleGetLoadingMode(int *mode);
 /* The tests' hooks (fakecuda.h). */
 EXPORT void *fcu_test_alloc_device(size_t size);
 EXPORT void *fcu_test_host(const void *dptr);
@@ -74,10 +78,10 @@ static const char *const names[] = {
 	"cuCtxGetCurrent", "cuCtxSetCurrent", "cuPointerGetAttribute", "cuMemHostAlloc",
 	"cuMemFreeHost", "cuStreamCreate", "cuStreamDestroy_v2", "cuStreamSynchronize",
 	"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoDAsync_v2",
-	"cuStreamWriteValue64_v2", "cuGetErrorString",
+	"cuStreamWriteValue64_v2", "cuGetErrorString", "cuModuleGetLoadingMode",
 };
 enum { C_GET, C_SET, C_ATTR, C_HALLOC, C_HFREE, C_SCREATE, C_SDESTROY, C_SSYNC, C_HTOD,
-       C_DTOH, C_DTOD, C_WRITE64, C_ERRSTR, C_N };
+       C_DTOH, C_DTOD, C_WRITE64, C_ERRSTR, C_LOADING, C_N };
 static unsigned long counts[C_N];
 
 static void count(int c)
@@ -453,6 +457,17 @@ EXPORT int cuGetErrorString(int e, const char **str)
 	       : e == E_INVALID_HANDLE ? "invalid resource handle"
 	       : e == E_ILLEGAL_ADDRESS ? "an illegal memory access was encountered" : NULL;
 	return *str ? OK : E_INVALID_VALUE;
+}
+
+EXPORT int cuModuleGetLoadingMode(int *mode)
+{
+	const char *e = getenv("FAKECUDA_LOADING");
+
+	count(C_LOADING);
+	if (!mode)
+		return E_INVALID_VALUE;
+	*mode = e && !strcmp(e, "eager") ? 1 : 2;	/* CU_MODULE_EAGER_LOADING, _LAZY_ */
+	return OK;
 }
 
 /* ---- the tests' hooks (fakecuda.h) ---- */
