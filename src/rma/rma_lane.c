@@ -163,6 +163,27 @@ static int job_send(struct rma_lane_tx *t, const struct rma_lane_job *j, int fd)
 	return err;
 }
 
+/*
+ * A lane to the peer failed: the group has failed (rma_coll_fail), and a put
+ * whose blocks also travel on a lane that still blocks (the peer not
+ * reading it) would never end. Every socket of the context call to the
+ * peer is shut down, so that each writer to it fails at once and each
+ * request to it ends, failed.
+ */
+static void peer_cut(struct rma_tcp_ctx *x, int peer)
+{
+	int nranks = x->coll->base.nranks;
+
+	for (int l = 0; l < x->coll->nlanes; l++) {
+		if (x->lane_out[l * nranks + peer] >= 0)
+			shutdown(x->lane_out[l * nranks + peer], SHUT_RDWR);
+	}
+	for (int k = 0; k < x->base.ncontexts; k++) {
+		if (x->streams[k * nranks + peer].out_fd >= 0)
+			shutdown(x->streams[k * nranks + peer].out_fd, SHUT_RDWR);
+	}
+}
+
 static void job_run(struct rma_lane_tx *t, const struct rma_lane_job *j)
 {
 	struct rma_tcp_ctx *x = j->x;
@@ -175,12 +196,14 @@ static void job_run(struct rma_lane_tx *t, const struct rma_lane_job *j)
 
 		/* log once per lane socket: later jobs on it fail the same way */
 		if (atomic_compare_exchange_strong(&x->lane_err[i], &none, err) &&
-		    err != -ECANCELED)
+		    err != -ECANCELED) {
 			RAIL_WARN("RMA iput of %llu bytes to %s (context %d, rank %d of %d, device "
-				  "%d): writing lane %d: %s; its puts on that lane fail",
-				  (unsigned long long)j->len, RMA_PEER(&c->mesh, j->peer), j->context,
-				  c->base.rank, c->base.nranks, c->base.dev, t->lane,
-				  RAIL_ERRSTR(err));
+				  "%d): writing lane %d: %s; every operation of this context call to "
+				  "that rank fails", (unsigned long long)j->len,
+				  RMA_PEER(&c->mesh, j->peer), j->context, c->base.rank,
+				  c->base.nranks, c->base.dev, t->lane, RAIL_ERRSTR(err));
+			peer_cut(x, j->peer);
+		}
 		rma_coll_fail(c, err);
 	}
 	rma_req_part(&x->reqs[j->req], err);

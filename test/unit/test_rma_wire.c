@@ -16,6 +16,7 @@
  */
 #include "unit.h"
 
+#include <fcntl.h>
 #include <poll.h>
 #include <stdatomic.h>
 #include <sys/socket.h>
@@ -435,7 +436,7 @@ static void test_hostile_lanes(void **state)
 static struct {
 	char *src;		/* rank 0's big window */
 	atomic_int stop;	/* the test is done: rank 0 tears down */
-	atomic_int put_done;
+	atomic_int put_done;	/* 1 done, -1 failed */
 	int mode;		/* STALL_OUT: rank 0 puts BIG bytes to rank 1; STALL_GATE: it only progresses */
 } st;
 enum { STALL_OUT = 1, STALL_GATE = 2 };
@@ -456,7 +457,7 @@ static void *rank0_stall(void *arg)
 	while (!atomic_load(&st.stop) && !r0.fail[0]) {
 		if (st.mode == STALL_OUT && !done) {
 			if (rail_rma_test(o.coll, req, &done) != ncclSuccess)
-				snprintf(r0.fail, sizeof(r0.fail), "test failed");
+				done = -1;	/* the put failed: the test says whether it should */
 			atomic_store(&st.put_done, done);
 		} else {
 			rail_rma_progress(o.x);
@@ -582,6 +583,35 @@ static void test_stall_gates_named(void **state)
 	stall_end(th, LANES);
 }
 
+/*
+ * A lane closed under a striped put (rank 1, joined with 2 lanes, closes
+ * the socket of rank 0's lane 0 after a first read, and never reads lane
+ * 1): the put fails within seconds instead of waiting for lane 1 forever,
+ * and rank 0 names the put, the peer and the lane.
+ */
+static void test_lane_closed_mid_put(void **state)
+{
+	char b[4096];
+	pthread_t th;
+
+	(void)state;
+	stall_start(STALL_OUT, LANES, &th);
+	assert_true(recv(f.lin[0], b, sizeof(b), 0) > 0);	/* the put is under way */
+	close(f.lin[0]);
+	f.lin[0] = open("/dev/null", O_RDONLY);	/* fake_leave closes it */
+	for (int i = 0; i < 1000 && !atomic_load(&st.put_done); i++)
+		usleep(10000);
+	if (atomic_load(&st.put_done) != -1) {
+		unit_log_dump();
+		fail_msg("the put is %s 10 s after its lane closed",
+			 atomic_load(&st.put_done) ? "done" : "still in flight");
+	}
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA iput of ", "to rank 1 (127.0.0.1:");
+	unit_assert_logged2(RAIL_LOG_WARN, "writing lane 0: ", "every operation of this context "
+			    "call to that rank fails");
+	stall_end(th, LANES);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -591,6 +621,7 @@ int main(void)
 		cmocka_unit_test(test_hostile_lanes),
 		cmocka_unit_test(test_stall_out_named),
 		cmocka_unit_test(test_stall_gates_named),
+		cmocka_unit_test(test_lane_closed_mid_put),
 	};
 
 	alarm(120);
