@@ -340,19 +340,11 @@ void rail_ib_cts_encode(const struct rail_ib_cts *c, uint8_t *p)
  */
 static uint32_t load_u32(const uint8_t *p)
 {
-	uint8_t b[8];
-
-	if (((uintptr_t)p & 7) == 4) {
-		uint64_t w = __atomic_load_n((const uint64_t *)(const void *)(p - 4),
-					     __ATOMIC_ACQUIRE);
-
-		memcpy(b, &w, sizeof(w));
-		return rail_get_u32(b + 4);
-	}
-	uint32_t v = __atomic_load_n((const uint32_t *)(const void *)p, __ATOMIC_ACQUIRE);
-
-	memcpy(b, &v, sizeof(v));
-	return rail_get_u32(b);
+	/* little-endian on the wire: the upper half of the word is the u32 at p */
+	if (((uintptr_t)p & 7) == 4)
+		return (uint32_t)(le64toh(__atomic_load_n((const uint64_t *)(const void *)(p - 4),
+							  __ATOMIC_ACQUIRE)) >> 32);
+	return le32toh(__atomic_load_n((const uint32_t *)(const void *)p, __ATOMIC_ACQUIRE));
 }
 
 uint32_t rail_ib_cts_seq(const uint8_t *p)
