@@ -273,6 +273,10 @@ static int frame_reply(struct rma_tcp_coll *c, struct rma_rx *rx)
 			  rx->context, (unsigned long long)f->id, (unsigned long long)f->len);
 		return -EPROTO;
 	}
+	if (atomic_exchange(&r->stall_warned, 0))	/* the stall check logged it */
+		RAIL_INFO(RAIL_LOG_NET, "RMA iget of %zu bytes from %s (context %d, device %d): its "
+			  "reply came after %.1f s", r->len, RMA_PEER(&c->mesh, rx->peer),
+			  rx->context, c->base.dev, (double)(rail_now_ns() - r->wait_ns) / 1e9);
 	if (f->status) {
 		RAIL_WARN("RMA iget of %zu bytes from %s (context %d, device %d): the target refused "
 			  "it: %s", r->len, RMA_PEER(&c->mesh, rx->peer), rx->context, c->base.dev,

@@ -66,10 +66,29 @@ void rma_req_part(struct rma_req *r, int err)
 		atomic_store(&r->state, atomic_load(&r->err) ? RMA_REQ_FAILED : RMA_REQ_DONE);
 }
 
+/*
+ * The lane to the peer took no byte for the limit (NCCL_RAIL_RMA_STALL_WARN),
+ * said once per wait by the lane's own thread; *warned: when it was said.
+ */
+static void lane_stalled(struct rma_lane_tx *t, int peer, uint64_t since, uint64_t *warned)
+{
+	struct rma_tcp_coll *c = t->c;
+	uint64_t now = rail_now_ns();
+
+	if (*warned || !c->stall_ns || now - since < c->stall_ns)
+		return;
+	*warned = since;
+	RAIL_WARN("RMA (rank %d of %d, device %d): lane %d to %s took no byte for %.0f s: the "
+		  "target does not read it; its log says why (an RMA line about a gate or the "
+		  "GPU), or its process has stopped", c->base.rank, c->base.nranks, c->base.dev,
+		  t->lane, RMA_PEER(&c->mesh, peer), (double)(now - since) / 1e9);
+}
+
 /* Write the whole iov, waiting in poll while the socket is full: 0 or -errno. */
-static int write_all(struct rma_lane_tx *t, int fd, struct iovec *iov, int niov)
+static int write_all(struct rma_lane_tx *t, int fd, int peer, struct iovec *iov, int niov)
 {
 	struct msghdr msg = { .msg_iov = iov, .msg_iovlen = (size_t)niov };
+	uint64_t since = rail_now_ns(), warned = 0;
 
 	while (msg.msg_iovlen) {
 		ssize_t n = sendmsg(fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
@@ -80,10 +99,19 @@ static int write_all(struct rma_lane_tx *t, int fd, struct iovec *iov, int niov)
 			if (__atomic_load_n(&t->stop, __ATOMIC_RELAXED))
 				return -ECANCELED;
 			poll(&p, 1, 200);
+			lane_stalled(t, peer, since, &warned);
 			continue;
 		}
 		if (n < 0)
 			return -errno;
+		if (warned) {
+			RAIL_INFO(RAIL_LOG_NET, "RMA (rank %d of %d, device %d): lane %d to %s moves "
+				  "again after %.1f s", t->c->base.rank, t->c->base.nranks,
+				  t->c->base.dev, t->lane, RMA_PEER(&t->c->mesh, peer),
+				  (double)(rail_now_ns() - warned) / 1e9);
+			warned = 0;
+		}
+		since = rail_now_ns();
 		while (msg.msg_iovlen && (size_t)n >= msg.msg_iov->iov_len) {
 			n -= (ssize_t)msg.msg_iov->iov_len;
 			msg.msg_iov++;
@@ -152,7 +180,7 @@ static int job_send(struct rma_lane_tx *t, const struct rma_lane_job *j, int fd)
 						  j->src + (ns - j->off), ne - ns);
 		}
 		if (!err)
-			err = write_all(t, fd, iov, 2);
+			err = write_all(t, fd, j->peer, iov, 2);
 		if (!err && j->gpu && b + k <= last)
 			err = rma_mem_stage_wait(g, t->stream, ne - ns);
 		cur ^= 1;

@@ -111,6 +111,7 @@ static void stream_pop(struct rma_tcp_ctx *x, struct rma_stream *s, struct rma_r
 		return;
 	}
 	/* A get waits for its reply, unless the applier found the stream broken meanwhile. */
+	r->wait_ns = rail_now_ns();
 	if (atomic_compare_exchange_strong(&r->state, &st, RMA_REQ_WAIT) &&
 	    (broken = atomic_load(&s->broken))) {
 		st = RMA_REQ_WAIT;
@@ -301,6 +302,7 @@ static struct rma_req *req_get(struct rma_tcp_ctx *x, const struct rail_rma_op *
 	r->sent = r->total = 0;
 	r->dst = NULL;
 	r->len = r->landed = 0;
+	atomic_store(&r->stall_warned, 0);
 	atomic_store(&r->err, 0);
 	return r;
 }
@@ -429,6 +431,7 @@ static int op_queue(struct rma_tcp_ctx *x, struct rma_req *r, const struct rail_
 	}
 	striped = op_striped(x, op);
 	frames = op_frames(r, op, idx, striped);
+	x->gets += op->kind == RAIL_RMA_GET;
 	if (r->gpu_iov >= 0 && (err = gpu_send_ready(x, s)))
 		return err;
 	seq = s->frames;
@@ -550,6 +553,27 @@ static void watch_in(struct rma_tcp_ctx *x, struct rma_stream *s, int context, i
 	}
 }
 
+/* Gets whose reply has not come for the limit (their request has left). */
+static void watch_gets(struct rma_tcp_ctx *x, uint64_t now)
+{
+	const struct rma_tcp_coll *c = x->coll;
+
+	for (uint32_t i = 0; x->gets && i < x->nreqs; i++) {
+		struct rma_req *r = &x->reqs[i];
+		int no = 0;
+
+		if (atomic_load(&r->state) != RMA_REQ_WAIT || r->kind != RAIL_RMA_GET ||
+		    now < r->wait_ns || now - r->wait_ns < x->stall_ns ||
+		    !atomic_compare_exchange_strong(&r->stall_warned, &no, 1))
+			continue;
+		RAIL_WARN("RMA iget of %zu bytes from %s (context %d, rank %d of %d, device %d): no "
+			  "reply for %.0f s: the target has not answered it; its log says why (an RMA "
+			  "line about a gate or the GPU), or its process has stopped", r->len,
+			  RMA_PEER(&c->mesh, r->peer), r->context, c->base.rank, c->base.nranks,
+			  c->base.dev, (double)(now - r->wait_ns) / 1e9);
+	}
+}
+
 /* One context's streams and its collComm's GPU calls (the watcher thread, x->lock free). */
 static void watch_ctx(struct rma_tcp_ctx *x, uint64_t now)
 {
@@ -568,6 +592,7 @@ static void watch_ctx(struct rma_tcp_ctx *x, uint64_t now)
 				watch_in(x, s, k, p, now);
 		}
 	}
+	watch_gets(x, now);
 	pthread_mutex_unlock(&x->lock);
 }
 

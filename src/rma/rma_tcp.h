@@ -381,6 +381,8 @@ struct rma_req {
 	size_t len;
 	uint32_t dst_win;
 	size_t landed;
+	uint64_t wait_ns;	/* a get: when its request left (it waits for the reply since) */
+	atomic_int stall_warned;	/* a get: the stall check logged it */
 };
 
 /* This rank's side of (context, peer). */
@@ -430,6 +432,7 @@ struct rma_tcp_ctx {
 	int lanes_reserved;	/* nreqs jobs of room on every lane */
 	uint64_t stall_ns;	/* NCCL_RAIL_RMA_STALL_WARN (0: off) */
 	int watched;		/* in the stall check's list (rma_watch_add) */
+	uint32_t gets;		/* gets posted (the check looks for late replies only then) */
 };
 
 struct rma_applier;
@@ -446,6 +449,7 @@ struct rma_tcp_coll {
 	_Atomic uint64_t striped, striped_bytes;	/* puts sent over the lanes */
 	atomic_int err;		/* the first error of the group (negative errno) */
 	uint32_t ctx_seq;
+	uint64_t stall_ns;	/* NCCL_RAIL_RMA_STALL_WARN (0: off), for the lanes' senders */
 };
 
 /* ---- the applier (rma_apply.c) ---- */

@@ -439,7 +439,7 @@ static struct {
 	atomic_int put_done;	/* 1 done, -1 failed */
 	int mode;		/* STALL_OUT: rank 0 puts BIG bytes to rank 1; STALL_GATE: it only progresses */
 } st;
-enum { STALL_OUT = 1, STALL_GATE = 2 };
+enum { STALL_OUT = 1, STALL_GATE = 2, STALL_GET = 3 };
 
 /* Rank 0 with a window of BIG bytes, calling test or rmaProgress until st.stop. */
 static void *rank0_stall(void *arg)
@@ -454,8 +454,11 @@ static void *rank0_stall(void *arg)
 	if (st.mode == STALL_OUT &&
 	    rail_rma_iput(o.x, 0, 0, o.wmh, BIG, 0, o.wmh, 1, &req) != ncclSuccess)
 		snprintf(r0.fail, sizeof(r0.fail), "iput failed");
+	if (st.mode == STALL_GET &&
+	    rail_rma_iget(o.x, 0, 0, o.wmh, 8, 0, o.wmh, 1, &req) != ncclSuccess)
+		snprintf(r0.fail, sizeof(r0.fail), "iget failed");
 	while (!atomic_load(&st.stop) && !r0.fail[0]) {
-		if (st.mode == STALL_OUT && !done) {
+		if (st.mode != STALL_GATE && !done) {
 			if (rail_rma_test(o.coll, req, &done) != ncclSuccess)
 				done = -1;	/* the put failed: the test says whether it should */
 			atomic_store(&st.put_done, done);
@@ -583,6 +586,90 @@ static void test_stall_gates_named(void **state)
 	stall_end(th, LANES);
 }
 
+/* Read exactly n bytes of fd (into a sink). */
+static void drain(int fd, size_t n)
+{
+	static char sink[1 << 16];
+
+	while (n) {
+		ssize_t got = recv(fd, sink, RAIL_MIN(sizeof(sink), n), 0);
+
+		assert_true(got > 0);
+		n -= (size_t)got;
+	}
+}
+
+/*
+ * The same put striped over 2 lanes that rank 1 does not read: each lane's
+ * sender names its lane and the peer after 1 s; once rank 1 reads both,
+ * each says it moves again and the put completes.
+ */
+static void test_stall_lanes_named(void **state)
+{
+	size_t per_lane = (BIG / RMA_LANE_BLOCK / LANES) * (RMA_FRAME_SIZE + RMA_LANE_BLOCK);
+	pthread_t th;
+
+	(void)state;
+	stall_start(STALL_OUT, LANES, &th);
+	for (int l = 0; l < LANES; l++) {
+		char lane[48];
+
+		snprintf(lane, sizeof(lane), "lane %d to rank 1 (127.0.0.1:", l);
+		if (!logged_within(RAIL_LOG_WARN, lane, " s: the target does not read it", 5000)) {
+			unit_log_dump();
+			fail_msg("no stall line for lane %d", l);
+		}
+	}
+	assert_int_equal(atomic_load(&st.put_done), 0);
+	for (int l = 0; l < LANES; l++)
+		drain(f.lin[l], per_lane);
+	for (int i = 0; i < 500 && !atomic_load(&st.put_done); i++)
+		usleep(10000);
+	assert_int_equal(atomic_load(&st.put_done), 1);
+	unit_assert_logged2(RAIL_LOG_INFO, "lane 0 to rank 1", "moves again after");
+	unit_assert_logged2(RAIL_LOG_INFO, "lane 1 to rank 1", "moves again after");
+	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "took no byte for"), LANES);
+	stall_end(th, LANES);
+}
+
+/*
+ * A get rank 1 does not answer: rank 0 names it after 1 s; once rank 1
+ * replies, rank 0 says the reply came and the get completes with its bytes.
+ */
+static void test_stall_get_named(void **state)
+{
+	uint8_t b[RMA_FRAME_SIZE];
+	struct rma_frame get;
+	char why[160];
+	pthread_t th;
+
+	(void)state;
+	stall_start(STALL_GET, 0, &th);
+	assert_int_equal(rail_sock_recv_all(f.in[0], b, sizeof(b)), 0);
+	assert_int_equal(rma_frame_decode(b, &get, why, sizeof(why)), 0);
+	assert_int_equal(get.op, RMA_OP_GET);
+	if (!logged_within(RAIL_LOG_WARN, "RMA iget of 8 bytes from rank 1 (127.0.0.1:", "(context "
+			   "0, rank 0 of 2, device 0): no reply for ", 5000)) {
+		unit_log_dump();
+		fail_msg("no stall line for the get");
+	}
+	assert_int_equal(atomic_load(&st.put_done), 0);
+	{
+		struct rma_frame rep = { .op = RMA_OP_REPLY, .id = get.id, .len = 8 };
+
+		rma_frame_encode(&rep, b);
+		assert_int_equal(rail_sock_send_all(f.in[0], b, sizeof(b)), 0);
+		assert_int_equal(rail_sock_send_all(f.in[0], "8 bytes!", 8), 0);
+	}
+	for (int i = 0; i < 500 && !atomic_load(&st.put_done); i++)
+		usleep(10000);
+	assert_int_equal(atomic_load(&st.put_done), 1);
+	assert_memory_equal(st.src, "8 bytes!", 8);
+	unit_assert_logged2(RAIL_LOG_INFO, "RMA iget of 8 bytes from rank 1", "its reply came "
+			    "after");
+	stall_end(th, 0);
+}
+
 /*
  * A lane closed under a striped put (rank 1, joined with 2 lanes, closes
  * the socket of rank 0's lane 0 after a first read, and never reads lane
@@ -621,6 +708,8 @@ int main(void)
 		cmocka_unit_test(test_hostile_lanes),
 		cmocka_unit_test(test_stall_out_named),
 		cmocka_unit_test(test_stall_gates_named),
+		cmocka_unit_test(test_stall_lanes_named),
+		cmocka_unit_test(test_stall_get_named),
 		cmocka_unit_test(test_lane_closed_mid_put),
 	};
 
