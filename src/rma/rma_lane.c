@@ -191,14 +191,7 @@ static int job_send(struct rma_lane_tx *t, const struct rma_lane_job *j, int fd)
 	return err;
 }
 
-/*
- * A lane to the peer failed: the group has failed (rma_coll_fail), and a put
- * whose blocks also travel on a lane that still blocks (the peer not
- * reading it) would never end. Every socket of the context call to the
- * peer is shut down, so that each writer to it fails at once and each
- * request to it ends, failed.
- */
-static void peer_cut(struct rma_tcp_ctx *x, int peer)
+void rma_peer_cut(struct rma_tcp_ctx *x, int peer)
 {
 	int nranks = x->coll->base.nranks;
 
@@ -230,7 +223,7 @@ static void job_run(struct rma_lane_tx *t, const struct rma_lane_job *j)
 				  "that rank fails", (unsigned long long)j->len,
 				  RMA_PEER(&c->mesh, j->peer), j->context, c->base.rank,
 				  c->base.nranks, c->base.dev, t->lane, RAIL_ERRSTR(err));
-			peer_cut(x, j->peer);
+			rma_peer_cut(x, j->peer);
 		}
 		rma_coll_fail(c, err);
 	}

@@ -83,11 +83,12 @@ static void stream_fail(struct rma_tcp_ctx *x, struct rma_stream *s, int context
 {
 	struct rma_tcp_coll *c = x->coll;
 
-	RAIL_WARN("RMA (rank %d of %d, device %d): writing context %d's stream to %s: %s; its "
-		  "operations fail", c->base.rank, c->base.nranks, c->base.dev, context,
-		  RMA_PEER(&c->mesh, peer), RAIL_ERRSTR(err));
+	RAIL_WARN("RMA (rank %d of %d, device %d): writing context %d's stream to %s: %s; every "
+		  "operation of this context call to that rank fails", c->base.rank, c->base.nranks,
+		  c->base.dev, context, RMA_PEER(&c->mesh, peer), RAIL_ERRSTR(err));
 	s->err = err;
 	rma_coll_fail(c, err);
+	rma_peer_cut(x, peer);	/* its striped puts' lanes, and its other contexts */
 	while (s->qhead != RMA_NONE) {
 		struct rma_req *r = &x->reqs[s->qhead];
 

@@ -518,6 +518,14 @@ void rma_lane_post(struct rma_tcp_coll *c, int lane, const struct rma_lane_job *
 void rma_lanes_forget(struct rma_tcp_coll *c, struct rma_tcp_ctx *x);
 /* Record the group's first error (queryLastError). */
 void rma_coll_fail(struct rma_tcp_coll *c, int err);
+/*
+ * A stream or lane to the peer failed: the group has failed, and a put
+ * whose other parts sit on a socket that still blocks (the peer not reading
+ * it) would never end. Every socket of the context call to the peer is
+ * shut down, so that each writer to it fails at once and each request to
+ * it ends, failed.
+ */
+void rma_peer_cut(struct rma_tcp_ctx *x, int peer);
 /* One part of a put or a get ended (err 0 or -errno): the last one completes it. */
 void rma_req_part(struct rma_req *r, int err);
 

@@ -437,6 +437,7 @@ static struct {
 	char *src;		/* rank 0's big window */
 	atomic_int stop;	/* the test is done: rank 0 tears down */
 	atomic_int put_done;	/* 1 done, -1 failed */
+	atomic_int second;	/* set: rank 0 posts an 8-byte put on context 0 (it may fail) */
 	int mode;		/* STALL_OUT: rank 0 puts BIG bytes to rank 1; STALL_GATE: it only progresses */
 } st;
 enum { STALL_OUT = 1, STALL_GATE = 2, STALL_GET = 3 };
@@ -458,6 +459,10 @@ static void *rank0_stall(void *arg)
 	    rail_rma_iget(o.x, 0, 0, o.wmh, 8, 0, o.wmh, 1, &req) != ncclSuccess)
 		snprintf(r0.fail, sizeof(r0.fail), "iget failed");
 	while (!atomic_load(&st.stop) && !r0.fail[0]) {
+		void *req2;
+
+		if (atomic_exchange(&st.second, 0))
+			rail_rma_iput(o.x, 0, 0, o.wmh, 8, 0, o.wmh, 1, &req2);	/* to fail */
 		if (st.mode != STALL_GATE && !done) {
 			if (rail_rma_test(o.coll, req, &done) != ncclSuccess)
 				done = -1;	/* the put failed: the test says whether it should */
@@ -486,6 +491,7 @@ static void stall_start(int mode, int lanes, pthread_t *th)
 	assert_non_null(st.src);
 	atomic_store(&st.stop, 0);
 	atomic_store(&st.put_done, 0);
+	atomic_store(&st.second, 0);
 	st.mode = mode;
 	unit_log_capture();
 	setenv("NCCL_RAIL_RMA_STALL_WARN", "1", 1);
@@ -699,6 +705,36 @@ static void test_lane_closed_mid_put(void **state)
 	stall_end(th, LANES);
 }
 
+/*
+ * The stream under a striped put fails (rank 1 resets rank 0's stream of
+ * context 0, and reads neither lane): the next write on it fails, and so
+ * does the put, whose blocks sat on the lanes, instead of waiting for them.
+ */
+static void test_stream_failed_mid_put(void **state)
+{
+	struct linger lg = { .l_onoff = 1, .l_linger = 0 };
+	pthread_t th;
+
+	(void)state;
+	stall_start(STALL_OUT, LANES, &th);
+	setsockopt(f.in[0], SOL_SOCKET, SO_LINGER, &lg, sizeof(lg));
+	close(f.in[0]);		/* a reset */
+	f.in[0] = open("/dev/null", O_RDONLY);	/* fake_leave closes it */
+	for (int i = 0; i < 1000 && !atomic_load(&st.put_done); i++) {
+		if (i % 50 == 0)
+			atomic_store(&st.second, 1);	/* writes on the stream until one fails */
+		usleep(10000);
+	}
+	if (atomic_load(&st.put_done) != -1) {
+		unit_log_dump();
+		fail_msg("the striped put is %s 10 s after its stream failed",
+			 atomic_load(&st.put_done) ? "done" : "still in flight");
+	}
+	unit_assert_logged2(RAIL_LOG_WARN, "writing context 0's stream to rank 1 (127.0.0.1:",
+			    "every operation of this context call to that rank fails");
+	stall_end(th, LANES);
+}
+
 int main(void)
 {
 	const struct CMUnitTest tests[] = {
@@ -711,6 +747,7 @@ int main(void)
 		cmocka_unit_test(test_stall_lanes_named),
 		cmocka_unit_test(test_stall_get_named),
 		cmocka_unit_test(test_lane_closed_mid_put),
+		cmocka_unit_test(test_stream_failed_mid_put),
 	};
 
 	alarm(120);
