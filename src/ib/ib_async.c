@@ -40,6 +40,7 @@
 #include "log.h"
 #include "param.h"
 #include "rail.h"
+#include "thread.h"
 
 /*
  * The next device from *i on that port (with NCCL_IB_DATA_DIRECT=2 a port
@@ -374,6 +375,7 @@ static void *async_main(void *arg)
 		{ .fd = hca->async_wake[0], .events = POLLIN },
 	};
 
+	rail_thread_name("rail-ev-%s", hca->name);
 	for (;;) {
 		struct ibv_async_event ev;
 

@@ -13,6 +13,7 @@
 
 #include "ib/ib_job.h"
 #include "rail.h"
+#include "thread.h"
 
 #define LINGER_NS (1000ull * 1000000ull)
 /*
@@ -95,6 +96,7 @@ static void *worker_main(void *arg)
 	struct worker *w = arg;
 	struct rail_ib_job *j;
 
+	rail_thread_name("rail-ib-setup");
 	pthread_mutex_lock(&P.lock);
 	while ((j = next_job())) {
 		j->state = J_RUNNING;

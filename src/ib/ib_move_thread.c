@@ -48,6 +48,7 @@
 #include "log.h"
 #include "param.h"
 #include "rail.h"
+#include "thread.h"
 
 #define TICK_NS (20ull * 1000000ull)	/* a comm with a move to drive: looked at this often */
 /* A move NCCL's calls leave undriven this long (calls that do not drive one) is the thread's. */
@@ -490,6 +491,7 @@ static void *move_thread(void *arg)
 	struct epoll_event ev[EVENTS];
 
 	(void)arg;
+	rail_thread_name("rail-ib-move");
 	pthread_mutex_lock(&mt.lock);
 	while (!mt.stop) {
 		int n, ms = timeout_ms(rail_now_ns());

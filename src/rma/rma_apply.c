@@ -39,6 +39,7 @@
 #include "log.h"
 #include "rail.h"
 #include "rma/rma_tcp.h"
+#include "thread.h"
 
 #define RMA_APPLY_BUDGET (8u << 20)	/* bytes read from one socket per wake-up */
 #define RMA_APPLY_CHUNK (4u << 20)	/* bytes per recv/send into or out of a window */
@@ -823,6 +824,10 @@ static void *apply_main(void *arg)
 	struct rma_tcp_coll *c = ap->c;
 	struct epoll_event ev[64];
 
+	if (ap == c->ap)
+		rail_thread_name("rail-rma-rx");
+	else
+		rail_thread_name("rail-rma-rx%d", (int)(ap - c->ap) - 1);
 	for (;;) {
 		int n = epoll_wait(ap->epfd, ev, 64, -1), cmd = 0;
 

@@ -20,6 +20,7 @@
 #include "log.h"
 #include "rail.h"
 #include "rma/rma_tcp.h"
+#include "thread.h"
 
 struct rma_lane_tx {
 	struct rma_tcp_coll *c;
@@ -234,6 +235,7 @@ static void *lane_main(void *arg)
 {
 	struct rma_lane_tx *t = arg;
 
+	rail_thread_name("rail-rma-tx%d", t->lane);
 	pthread_mutex_lock(&t->lock);
 	for (;;) {
 		struct rma_lane_job j;

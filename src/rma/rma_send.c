@@ -37,6 +37,7 @@
 #include "param.h"
 #include "rail.h"
 #include "rma/rma_tcp.h"
+#include "thread.h"
 
 #define RMA_REQS_PER_PEER 64	/* NCCL keeps 32 x maxRecvs (1) per (context, peer) */
 #define RMA_REQS_MAX 65535	/* the API's request handle has 16 bits for the index */
@@ -614,6 +615,7 @@ static struct {
 static void *watch_main(void *arg)
 {
 	(void)arg;
+	rail_thread_name("rail-rma-watch");
 	pthread_mutex_lock(&watcher.mu);
 	while (!watcher.stopping) {
 		struct timespec ts;

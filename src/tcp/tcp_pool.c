@@ -34,6 +34,7 @@
 #include "prof.h"
 #include "rail.h"
 #include "tcp/tcp.h"
+#include "thread.h"
 
 #define TCP_POOL_STACK (256 * 1024)
 /* A receive returns at least this often, so a stall check sees progress. */
@@ -463,6 +464,7 @@ static void *pool_main(void *arg)
 	struct tcp_pool_thread *t = arg;
 	uint64_t idle_since = 0;
 
+	rail_thread_name("rail-tcp-help");
 	while (!atomic_load(&t->stop)) {
 		struct tcp_stream *s, *next;
 

@@ -39,6 +39,7 @@
 #include "rail.h"
 #include "sha256.h"
 #include "tcp/tcp.h"
+#include "thread.h"
 
 static pthread_mutex_t rs_lock = PTHREAD_MUTEX_INITIALIZER;
 static int rs_running;
@@ -473,6 +474,7 @@ static void *rescue_main(void *arg)
 	struct pollfd p[2 + TCP_RESCUE_MAX + TCP_RESCUE_PENDING];
 
 	(void)arg;
+	rail_thread_name("rail-tcp-rescue");
 	for (;;) {
 		uint64_t now = rail_now_ns();
 		int accepting, timeout = rs_timeout_ms(now, &accepting), np = rs_npend, n = 0;

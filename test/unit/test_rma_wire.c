@@ -627,6 +627,10 @@ static void test_stall_lanes_named(void **state)
 		}
 	}
 	assert_int_equal(atomic_load(&st.put_done), 0);
+	/* rank 0's threads by name: its appliers (main and per lane), senders, the check */
+	assert_int_equal(unit_threads_named("rail-rma-rx"), 1 + LANES);
+	assert_int_equal(unit_threads_named("rail-rma-tx"), LANES);
+	assert_int_equal(unit_threads_named("rail-rma-watch"), 1);
 	for (int l = 0; l < LANES; l++)
 		drain(f.lin[l], per_lane);
 	for (int i = 0; i < 500 && !atomic_load(&st.put_done); i++)

@@ -140,6 +140,10 @@ static void pairs_run(int nconn, const char *threads, int bound, size_t size)
 	for (unsigned round = 0; round < 3; round++)
 		traffic(ps, nconn, size, round);
 	t = count_threads();
+	/* the helpers are named so (top -H, ps -L) */
+	if (unit_threads_named("rail-tcp-help") < 1 || unit_threads_named("rail-tcp-help") > bound)
+		fail_msg("%d threads named rail-tcp-help, %d helpers allowed",
+			 unit_threads_named("rail-tcp-help"), bound);
 	/* and the thread of the data socket listeners (lazy data sockets, tcp_rescue.c) */
 	if (t - t0 > bound + 1)
 		fail_msg("%d connections (%d comms) run %d threads, %d before init: more than "

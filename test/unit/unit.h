@@ -13,6 +13,7 @@
 #ifndef RAIL_UNIT_H
 #define RAIL_UNIT_H
 
+#include <dirent.h>
 #include <limits.h>
 #include <pthread.h>
 #include <setjmp.h>
@@ -187,6 +188,31 @@ static inline int unit_log_lines(void)
 	pthread_mutex_lock(&unit_log_mu);
 	n = unit_log_rec.n;
 	pthread_mutex_unlock(&unit_log_mu);
+	return n;
+}
+
+/* Threads of this process whose name (/proc/self/task/TID/comm) begins with prefix. */
+static inline int unit_threads_named(const char *prefix)
+{
+	DIR *d = opendir("/proc/self/task");
+	struct dirent *e;
+	int n = 0;
+
+	while (d && (e = readdir(d)) != NULL) {
+		char path[300], name[32] = "";
+		FILE *f;
+
+		if (e->d_name[0] == '.')
+			continue;
+		snprintf(path, sizeof(path), "/proc/self/task/%s/comm", e->d_name);
+		f = fopen(path, "r");
+		if (f && fgets(name, sizeof(name), f) && !strncmp(name, prefix, strlen(prefix)))
+			n++;
+		if (f)
+			fclose(f);
+	}
+	if (d)
+		closedir(d);
 	return n;
 }
 
