@@ -147,6 +147,7 @@ static void rx_fail(struct rma_tcp_coll *c, struct rma_rx *rx, int err)
 	rx_drop(c, rx);
 	shutdown(rx->fd, SHUT_RDWR);	/* the peer's writes, and this rank's, fail from now on */
 	rma_coll_fail(c, err);
+	rma_peer_cut(rx->ctx, rx->peer);	/* and every other writer to that peer */
 	if (rx->role == RMA_RX_REPLIES)
 		rx_fail_gets(rx, err);
 	if (rx->role == RMA_RX_LANE)

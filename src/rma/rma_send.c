@@ -497,8 +497,8 @@ static void watch_out(struct rma_tcp_ctx *x, struct rma_stream *s, int context, 
 	uint32_t behind = 0;
 	int signal;
 
-	if (s->qhead == RMA_NONE || s->err || now - s->moved_ns < x->stall_ns ||
-	    s->stall_warned == s->moved_ns)
+	if (s->qhead == RMA_NONE || s->err || now < s->moved_ns ||
+	    now - s->moved_ns < x->stall_ns || s->stall_warned == s->moved_ns)
 		return;
 	r = &x->reqs[s->qhead];
 	signal = r->niov && r->iov[r->niov - 1].iov_base == (void *)r->hdr[1];
@@ -584,6 +584,7 @@ static void watch_ctx(struct rma_tcp_ctx *x, uint64_t now)
 	rma_mem_watch(&x->coll->gpu, now, x->stall_ns);
 	if (pthread_mutex_trylock(&x->lock))
 		return;	/* NCCL's thread is in a call: the GPU line says where, if anywhere */
+	now = rail_now_ns();	/* after the lock: no stamp below is later than it */
 	for (int k = 0; k < x->base.ncontexts; k++) {
 		for (int p = 0; p < nranks; p++) {
 			struct rma_stream *s = stream_of(x, k, p);
