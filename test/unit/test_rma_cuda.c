@@ -427,11 +427,12 @@ static void test_ordering_under_load(void **state)
 
 /*
  * A GPU that does not run the plugin's copies is named (NCCL_RAIL_RMA_STALL_WARN=1,
- * every copy of the fake taking 2.5 s): rank 0 gets 8 bytes of rank 1's GPU
- * window, so rank 1's applier waits for its copy out of the window while
- * rank 1's own thread only sleeps (the check has a thread of its own); the
- * wait is logged once, with the fake driver's lazy module loading named,
- * then its end, and the get still completes.
+ * every copy of the fake taking 3.5 s, so that the check, once a second,
+ * meets the wait past 1 s even a second late): rank 0 gets 8 bytes of rank
+ * 1's GPU window, so rank 1's applier waits for its copy out of the window
+ * while rank 1's own thread only sleeps (the check has a thread of its
+ * own); the wait is logged once, with the fake driver's lazy module loading
+ * named, then its end, and the get still completes.
  */
 static atomic_int stall_got;
 
@@ -455,7 +456,7 @@ static void test_gpu_stall_named(void **state)
 	(void)state;
 	setenv("NCCL_RAIL_RMA_STALL_WARN", "1", 1);
 	atomic_store(&stall_got, 0);
-	fcu_delay(2500000);
+	fcu_delay(3500000);
 	unit_log_reset();
 	run_group(2, 4096, 0, body_gpu_stall);
 	fcu_delay(0);
