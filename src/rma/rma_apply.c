@@ -351,7 +351,7 @@ static void gate_unflag(struct rma_rx *rx)
 {
 	struct rma_stream *s = gate_stream(rx);
 	struct rma_tcp_coll *c = rx->ctx->coll;
-	uint32_t bit = rx->role == RMA_RX_LANE ? 2u << rx->lane : 1u;
+	uint32_t bit = rma_gate_bit(rx->lane);
 	uint64_t since;
 
 	if (rx->role == RMA_RX_LANE) {
@@ -379,8 +379,7 @@ static int gate_park(struct rma_tcp_coll *c, struct rma_rx *rx)
 	int open;
 
 	/* a log of an earlier park that ended as it was logged must not hide this one */
-	atomic_fetch_and(&gate_stream(rx)->gate_warned,
-			 ~(rx->role == RMA_RX_LANE ? 2u << rx->lane : 1u));
+	atomic_fetch_and(&gate_stream(rx)->gate_warned, ~rma_gate_bit(rx->lane));
 	if (rx->role == RMA_RX_LANE) {
 		atomic_store(&gate_stream(rx)->lane_parked_ns[rx->lane], rail_now_ns());
 		atomic_fetch_or(&gate_stream(rx)->lanes_parked, 1u << rx->lane);

@@ -80,8 +80,8 @@ static void lane_stalled(struct rma_lane_tx *t, int peer, uint64_t since, uint64
 		return;
 	*warned = since;
 	RAIL_WARN("RMA (rank %d of %d, device %d): lane %d to %s took no byte for %.0f s: the "
-		  "target does not read it; its log says why (an RMA line about a gate or the "
-		  "GPU), or its process has stopped", c->base.rank, c->base.nranks, c->base.dev,
+		  "target does not read it; " RMA_STALL_AT_TARGET, c->base.rank, c->base.nranks,
+		  c->base.dev,
 		  t->lane, RMA_PEER(&c->mesh, peer), (double)(now - since) / 1e9);
 }
 

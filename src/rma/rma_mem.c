@@ -290,10 +290,8 @@ static void busy_out(struct rma_gpu *g, struct rma_gpu_busy *b)
 	atomic_store(&b->used, 0);
 }
 
-int rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
+void rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
 {
-	int stalled = 0;
-
 	for (int i = 0; i < RMA_GPU_BUSY_SLOTS; i++) {
 		struct rma_gpu_busy *b = &g->busy[i];
 		uint64_t t0 = atomic_load(&b->since), sig = atomic_load(&g->signals_at);
@@ -303,7 +301,6 @@ int rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
 
 		if (!t0 || now < t0 || now - t0 < limit_ns)
 			continue;
-		stalled = 1;
 		if (!atomic_compare_exchange_strong(&b->warned, &no, 1))
 			continue;
 		if (sig)
@@ -320,7 +317,6 @@ int rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
 			  "other kernels wait on the GPU holds the context until the GPU drains: set "
 			  "CUDA_MODULE_LOADING=EAGER" : "; look for kernels that keep the GPU busy");
 	}
-	return stalled;
 }
 
 /* Wait for everything queued on stream s, timed as kind with bytes; what names the call. */
@@ -545,9 +541,8 @@ int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 int rma_mem_stage_start(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
 			size_t n)
 {
-	rail_cu_result r;
-
 	struct rma_gpu_busy *b;
+	rail_cu_result r;
 
 	if (cu_enter(g))
 		return -EIO;

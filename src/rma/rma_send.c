@@ -28,13 +28,13 @@
  * this rank's window, the destination against the peer's copy (its size
  * came with the registration). The target checks again (rma_apply.c).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
 
 #include "log.h"
-#include "param.h"
 #include "rail.h"
 #include "rma/rma_tcp.h"
 #include "thread.h"
@@ -61,7 +61,6 @@ int rma_send_init(struct rma_tcp_ctx *x)
 	for (uint32_t i = 0; i < x->nreqs; i++)
 		x->reqs[i].next = i + 1 < x->nreqs ? i + 1 : RMA_NONE;
 	x->free_head = 0;
-	x->stall_ns = (uint64_t)rail_param_int(RAIL_P_RMA_STALL_WARN) * 1000000000ull;
 	pthread_mutex_init(&x->lock, NULL);
 	return 0;
 }
@@ -498,7 +497,7 @@ static void watch_out(struct rma_tcp_ctx *x, struct rma_stream *s, int context, 
 	int signal;
 
 	if (s->qhead == RMA_NONE || s->err || now < s->moved_ns ||
-	    now - s->moved_ns < x->stall_ns || s->stall_warned == s->moved_ns)
+	    now - s->moved_ns < c->stall_ns || s->stall_warned == s->moved_ns)
 		return;
 	r = &x->reqs[s->qhead];
 	signal = r->niov && r->iov[r->niov - 1].iov_base == (void *)r->hdr[1];
@@ -507,8 +506,7 @@ static void watch_out(struct rma_tcp_ctx *x, struct rma_stream *s, int context, 
 	s->stall_warned = s->moved_ns;
 	RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): no byte of it has left "
 		  "for %.0f s (%zu of its %zu bytes written, %u operations queued behind it): the "
-		  "target does not read this stream; its log says why (an RMA line about a gate "
-		  "or the GPU), or its process has stopped", kind_call(r, signal),
+		  "target does not read this stream; " RMA_STALL_AT_TARGET, kind_call(r, signal),
 		  RMA_PEER(&c->mesh, peer), context, c->base.rank, c->base.nranks, c->base.dev,
 		  (double)(now - s->moved_ns) / 1e9, r->sent, r->total, behind);
 }
@@ -517,7 +515,7 @@ static void watch_out(struct rma_tcp_ctx *x, struct rma_stream *s, int context, 
 static int gate_overdue(const struct rma_tcp_ctx *x, struct rma_stream *s, uint32_t bit,
 			uint64_t since, uint64_t now)
 {
-	return since && now >= since && now - since >= x->stall_ns &&
+	return since && now >= since && now - since >= x->coll->stall_ns &&
 	       !(atomic_fetch_or(&s->gate_warned, bit) & bit);
 }
 
@@ -530,7 +528,7 @@ static void watch_in(struct rma_tcp_ctx *x, struct rma_stream *s, int context, i
 	char landed[8 * 12] = "", *p = landed;
 
 	if (atomic_load(&s->main_parked) &&
-	    gate_overdue(x, s, 1, atomic_load(&s->main_parked_ns), now)) {
+	    gate_overdue(x, s, rma_gate_bit(-1), atomic_load(&s->main_parked_ns), now)) {
 		for (int l = 0; l < c->nlanes; l++)
 			p += snprintf(p, sizeof(landed) - (size_t)(p - landed), "%s%u", l ? " " : "",
 				      atomic_load(&s->landed[l]));
@@ -544,7 +542,7 @@ static void watch_in(struct rma_tcp_ctx *x, struct rma_stream *s, int context, i
 	for (int l = 0; mask && l < c->nlanes; l++) {
 		uint64_t since = atomic_load(&s->lane_parked_ns[l]);
 
-		if (!(mask & (1u << l)) || !gate_overdue(x, s, 2u << l, since, now))
+		if (!(mask & (1u << l)) || !gate_overdue(x, s, rma_gate_bit(l), since, now))
 			continue;
 		RAIL_WARN("RMA (rank %d of %d, device %d): lane %d from %s has waited %.0f s at its "
 			  "gate for context %d's stream to reach the striped put its block belongs "
@@ -565,12 +563,11 @@ static void watch_gets(struct rma_tcp_ctx *x, uint64_t now)
 		int no = 0;
 
 		if (atomic_load(&r->state) != RMA_REQ_WAIT || r->kind != RAIL_RMA_GET ||
-		    now < r->wait_ns || now - r->wait_ns < x->stall_ns ||
+		    now < r->wait_ns || now - r->wait_ns < c->stall_ns ||
 		    !atomic_compare_exchange_strong(&r->stall_warned, &no, 1))
 			continue;
 		RAIL_WARN("RMA iget of %zu bytes from %s (context %d, rank %d of %d, device %d): no "
-			  "reply for %.0f s: the target has not answered it; its log says why (an RMA "
-			  "line about a gate or the GPU), or its process has stopped", r->len,
+			  "reply for %.0f s: the target has not answered it; " RMA_STALL_AT_TARGET, r->len,
 			  RMA_PEER(&c->mesh, r->peer), r->context, c->base.rank, c->base.nranks,
 			  c->base.dev, (double)(now - r->wait_ns) / 1e9);
 	}
@@ -581,7 +578,7 @@ static void watch_ctx(struct rma_tcp_ctx *x, uint64_t now)
 {
 	int nranks = x->coll->base.nranks;
 
-	rma_mem_watch(&x->coll->gpu, now, x->stall_ns);
+	rma_mem_watch(&x->coll->gpu, now, x->coll->stall_ns);
 	if (pthread_mutex_trylock(&x->lock))
 		return;	/* NCCL's thread is in a call: the GPU line says where, if anywhere */
 	now = rail_now_ns();	/* after the lock: no stamp below is later than it */
@@ -645,7 +642,7 @@ static int watch_start(void)
 
 void rma_watch_add(struct rma_tcp_ctx *x)
 {
-	if (!x->stall_ns)
+	if (!x->coll->stall_ns)
 		return;
 	pthread_mutex_lock(&watcher.mu);
 	if (watcher.n == watcher.cap) {

@@ -313,9 +313,9 @@ int rma_mem_sync(struct rma_gpu *g);
 /*
  * The stall check: a wait for the GPU (any thread's) going on for limit_ns
  * or more is logged once (a WARN naming the call); its end is logged by
- * the thread that waited. 1 if one is going on that long.
+ * the thread that waited.
  */
-int rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns);
+void rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns);
 /*
  * A put's source out of the GPU into pinned memory, on stream s: queued
  * (rma_mem_stage_start), waited for (rma_mem_stage_wait: everything queued
@@ -351,6 +351,16 @@ static inline int rma_in_bounds(uint64_t off, uint64_t len, uint64_t size)
 }
 
 /* ---- the collComm and its contexts ---- */
+
+/* A stream's gate_warned bit for its main reader (lane -1) or lane l's (the stall check). */
+static inline uint32_t rma_gate_bit(int lane)
+{
+	return lane < 0 ? 1u : 2u << lane;
+}
+
+/* Where a stall WARN of the initiator sends the operator. */
+#define RMA_STALL_AT_TARGET "its log says why (an RMA line about a gate or the GPU), or its " \
+	"process has stopped"
 
 /* Lanes: the most, where a put is cut, and from which size it is striped. */
 #define RMA_LANES_MAX 8
@@ -430,7 +440,6 @@ struct rma_tcp_ctx {
 	int *lane_out, *lane_in;	/* [lane * nranks + peer]; -1 off the stride */
 	atomic_int *lane_err;	/* [lane * nranks + peer]: writing it failed (logged once) */
 	int lanes_reserved;	/* nreqs jobs of room on every lane */
-	uint64_t stall_ns;	/* NCCL_RAIL_RMA_STALL_WARN (0: off) */
 	int watched;		/* in the stall check's list (rma_watch_add) */
 	uint32_t gets;		/* gets posted (the check looks for late replies only then) */
 };
@@ -449,7 +458,7 @@ struct rma_tcp_coll {
 	_Atomic uint64_t striped, striped_bytes;	/* puts sent over the lanes */
 	atomic_int err;		/* the first error of the group (negative errno) */
 	uint32_t ctx_seq;
-	uint64_t stall_ns;	/* NCCL_RAIL_RMA_STALL_WARN (0: off), for the lanes' senders */
+	uint64_t stall_ns;	/* NCCL_RAIL_RMA_STALL_WARN (0: off) */
 };
 
 /* ---- the applier (rma_apply.c) ---- */

@@ -20,8 +20,9 @@
  * FAKECUDA_LOADING=eager.
  *
  * As real CUDA, every call but cuCtxGetCurrent, cuCtxSetCurrent,
- * cuModuleGetLoadingMode and cuGetErrorString is refused with CUDA_ERROR_INVALID_CONTEXT on a thread
- * with no current context (counted: fcu_test_refused).
+ * cuModuleGetLoadingMode and cuGetErrorString is refused with
+ * CUDA_ERROR_INVALID_CONTEXT on a thread with no current context (counted:
+ * fcu_test_refused).
  */
 #include <fcntl.h>
 #include <pthread.h>

@@ -24,8 +24,8 @@
 #      (/tmp/nccl-tests), STEP_TIMEOUT (seconds per run, 150), TAR (a .tgz the
 #      logs are packed into after each step), EXTRA ("-x VAR=V ..." for mpirun),
 #      STACKS (seconds: a run still going then has every rank's threads' stacks
-#      written to LOGS/<step>-np<NP>.stacks, through build/stackdump.so
-#      preloaded; test/nccl/stackdump.c)
+#      written to LOGS/<step>-np<NP>.stacks, through
+#      build/test/nccl/stackdump.so preloaded; test/nccl/stackdump.c)
 # Each run's stdout (the table and NCCL's log) goes to LOGS/<step>-np<NP>.out,
 # its stderr to .log; the
 # script prints the table and which backend served RMA and GIN (the log lines

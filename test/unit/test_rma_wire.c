@@ -512,6 +512,27 @@ static void stall_end(pthread_t th, int lanes)
 	fake_leave(lanes);
 }
 
+/* Read exactly n bytes of fd (into a sink). */
+static void drain(int fd, size_t n)
+{
+	static char sink[1 << 16];
+
+	while (n) {
+		ssize_t got = recv(fd, sink, RAIL_MIN(sizeof(sink), n), 0);
+
+		assert_true(got > 0);
+		n -= (size_t)got;
+	}
+}
+
+/* Wait up to ms for rank 0's put or get to end (st.put_done: 1 done, -1 failed). */
+static int put_wait(int ms)
+{
+	for (int i = 0; i < ms / 10 && !atomic_load(&st.put_done); i++)
+		usleep(10000);
+	return atomic_load(&st.put_done);
+}
+
 /*
  * Rank 1 does not read rank 0's stream: once the socket is full, rank 0
  * names the put, the peer and what was written; once rank 1 reads it all,
@@ -519,8 +540,6 @@ static void stall_end(pthread_t th, int lanes)
  */
 static void test_stall_out_named(void **state)
 {
-	static char sink[1 << 16];
-	size_t got = 0, want = RMA_FRAME_SIZE + BIG;
 	pthread_t th;
 
 	(void)state;
@@ -533,20 +552,13 @@ static void test_stall_out_named(void **state)
 	unit_assert_logged2(RAIL_LOG_WARN, "of its 33554472 bytes written, 0 operations queued "
 			    "behind it): the target does not read this stream", NULL);
 	assert_int_equal(atomic_load(&st.put_done), 0);
-	while (got < want) {
-		ssize_t n = recv(f.in[0], sink, RAIL_MIN(sizeof(sink), want - got), 0);
-
-		assert_true(n > 0);
-		got += (size_t)n;
-	}
+	drain(f.in[0], RMA_FRAME_SIZE + BIG);
 	if (!logged_within(RAIL_LOG_INFO, "context 0's stream to rank 1", "moves again after",
 			   5000)) {
 		unit_log_dump();
 		fail_msg("no line for the stream moving again");
 	}
-	for (int i = 0; i < 500 && !atomic_load(&st.put_done); i++)
-		usleep(10000);
-	assert_int_equal(atomic_load(&st.put_done), 1);
+	assert_int_equal(put_wait(5000), 1);
 	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "no byte of it has left"), 1);
 	stall_end(th, 0);
 }
@@ -592,19 +604,6 @@ static void test_stall_gates_named(void **state)
 	stall_end(th, LANES);
 }
 
-/* Read exactly n bytes of fd (into a sink). */
-static void drain(int fd, size_t n)
-{
-	static char sink[1 << 16];
-
-	while (n) {
-		ssize_t got = recv(fd, sink, RAIL_MIN(sizeof(sink), n), 0);
-
-		assert_true(got > 0);
-		n -= (size_t)got;
-	}
-}
-
 /*
  * The same put striped over 2 lanes that rank 1 does not read: each lane's
  * sender names its lane and the peer after 1 s; once rank 1 reads both,
@@ -633,9 +632,7 @@ static void test_stall_lanes_named(void **state)
 	assert_int_equal(unit_threads_named("rail-rma-watch"), 1);
 	for (int l = 0; l < LANES; l++)
 		drain(f.lin[l], per_lane);
-	for (int i = 0; i < 500 && !atomic_load(&st.put_done); i++)
-		usleep(10000);
-	assert_int_equal(atomic_load(&st.put_done), 1);
+	assert_int_equal(put_wait(5000), 1);
 	unit_assert_logged2(RAIL_LOG_INFO, "lane 0 to rank 1", "moves again after");
 	unit_assert_logged2(RAIL_LOG_INFO, "lane 1 to rank 1", "moves again after");
 	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "took no byte for"), LANES);
@@ -671,9 +668,7 @@ static void test_stall_get_named(void **state)
 		assert_int_equal(rail_sock_send_all(f.in[0], b, sizeof(b)), 0);
 		assert_int_equal(rail_sock_send_all(f.in[0], "8 bytes!", 8), 0);
 	}
-	for (int i = 0; i < 500 && !atomic_load(&st.put_done); i++)
-		usleep(10000);
-	assert_int_equal(atomic_load(&st.put_done), 1);
+	assert_int_equal(put_wait(5000), 1);
 	assert_memory_equal(st.src, "8 bytes!", 8);
 	unit_assert_logged2(RAIL_LOG_INFO, "RMA iget of 8 bytes from rank 1", "its reply came "
 			    "after");
@@ -696,9 +691,7 @@ static void test_lane_closed_mid_put(void **state)
 	assert_true(recv(f.lin[0], b, sizeof(b), 0) > 0);	/* the put is under way */
 	close(f.lin[0]);
 	f.lin[0] = open("/dev/null", O_RDONLY);	/* fake_leave closes it */
-	for (int i = 0; i < 1000 && !atomic_load(&st.put_done); i++)
-		usleep(10000);
-	if (atomic_load(&st.put_done) != -1) {
+	if (put_wait(10000) != -1) {
 		unit_log_dump();
 		fail_msg("the put is %s 10 s after its lane closed",
 			 atomic_load(&st.put_done) ? "done" : "still in flight");
