@@ -123,6 +123,8 @@ void rma_gpu_fini(struct rma_gpu *g)
 			g->cu->mem_free_host(g->ring.buf);
 		if (g->word)
 			g->cu->mem_free_host(g->word);
+		if (g->ran)
+			g->cu->mem_free_host(g->ran);
 	}
 	pthread_mutex_destroy(&g->lock);
 }
@@ -186,6 +188,15 @@ static int gpu_start(struct rma_gpu *g, const char *call, void *data, size_t siz
 	if (!g->word && (r = g->cu->mem_host_alloc((void **)&g->word, 8,
 						   RAIL_CU_MEMHOSTALLOC_PORTABLE)))
 		return cu_fail(g, "cuMemHostAlloc of a signal word", r);
+	if (g->track && !g->ran) {
+		uint64_t *ran;
+
+		if ((r = g->cu->mem_host_alloc((void **)&ran, 8, RAIL_CU_MEMHOSTALLOC_PORTABLE |
+						 RAIL_CU_MEMHOSTALLOC_DEVICEMAP)))
+			return cu_fail(g, "cuMemHostAlloc of the progress word", r);
+		*ran = 0;
+		__atomic_store_n(&g->ran, ran, __ATOMIC_RELEASE);	/* the check reads it */
+	}
 	g->ring.size = RMA_STAGE_RING;
 	if ((r = g->cu->stream_create(&s, RAIL_CU_STREAM_NON_BLOCKING)))
 		return cu_fail(g, "cuStreamCreate", r);
@@ -290,8 +301,47 @@ static void busy_out(struct rma_gpu *g, struct rma_gpu_busy *b)
 	atomic_store(&b->used, 0);
 }
 
+static const char *stall_hint(const struct rma_gpu *g)
+{
+	return g->lazy == 1 ? "; CUDA loads modules lazily in this process, and a kernel launched "
+			      "for the first time while other kernels wait on the GPU holds the "
+			      "context until the GPU drains: set CUDA_MODULE_LOADING=EAGER"
+			    : "; look for kernels that keep the GPU busy";
+}
+
+/* Signal writes queued that the GPU has not run: named once limit_ns pass with none run. */
+static void watch_lag(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
+{
+	uint64_t *ran_p = __atomic_load_n(&g->ran, __ATOMIC_ACQUIRE);
+	uint64_t q = atomic_load_explicit(&g->sigq, memory_order_acquire);
+	uint64_t ran = ran_p ? __atomic_load_n(ran_p, __ATOMIC_ACQUIRE) : q;
+	uint64_t sig = atomic_load(&g->signals_at);
+
+	if (ran != g->lag.seen || ran >= q) {
+		if (g->lag.warned)
+			RAIL_INFO(RAIL_LOG_NET, "RMA on GPU memory (rank %d of %d, device %d): the "
+				  "GPU runs the plugin's signal writes again, after %.1f s", g->rank,
+				  g->nranks, g->dev, (double)(now - g->lag.since) / 1e9);
+		g->lag.seen = ran;
+		g->lag.since = now;
+		g->lag.warned = 0;
+		return;
+	}
+	if (g->lag.warned || now - g->lag.since < limit_ns)
+		return;
+	g->lag.warned = 1;
+	RAIL_WARN("RMA on GPU memory (rank %d of %d, device %d): the GPU has run none of the "
+		  "plugin's signal writes for %.0f s (%llu of %llu run; the last queued %.1f s "
+		  "ago): they wait on the plugin's CUDA stream behind work the GPU does not finish, "
+		  "and whatever waits for these signals (a device API kernel, ncclWaitSignal) "
+		  "waits too%s", g->rank, g->nranks, g->dev, (double)(now - g->lag.since) / 1e9,
+		  (unsigned long long)ran, (unsigned long long)q,
+		  (double)(now > sig ? now - sig : 0) / 1e9, stall_hint(g));
+}
+
 void rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
 {
+	watch_lag(g, now, limit_ns);
 	for (int i = 0; i < RMA_GPU_BUSY_SLOTS; i++) {
 		struct rma_gpu_busy *b = &g->busy[i];
 		uint64_t t0 = atomic_load(&b->since), sig = atomic_load(&g->signals_at);
@@ -312,10 +362,7 @@ void rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
 			  (double)(now - t0) / 1e9, (unsigned long long)atomic_load(&b->bytes), last,
 			  strncmp(what, "cuStreamSynchronize", 19) ? "the CUDA driver does not return "
 			  "(another thread holds the context)" : "the GPU has not run the copies and "
-			  "signal writes queued on the stream", g->lazy == 1 ? "; CUDA loads modules "
-			  "lazily in this process, and a kernel launched for the first time while "
-			  "other kernels wait on the GPU holds the context until the GPU drains: set "
-			  "CUDA_MODULE_LOADING=EAGER" : "; look for kernels that keep the GPU busy");
+			  "signal writes queued on the stream", stall_hint(g));
 	}
 }
 
@@ -424,6 +471,21 @@ int rma_mem_land(struct rma_gpu *g, struct rma_ring *ring, const struct rma_win 
 	return err;
 }
 
+/* After a signal write: how many were queued, for the stall check (pinned, by the GPU). */
+static int progress_write(struct rma_gpu *g)
+{
+	uint64_t n = atomic_load_explicit(&g->sigq, memory_order_relaxed) + 1;
+	struct rma_gpu_busy *b = busy_in(g, "cuStreamWriteValue64 of the progress word", 8);
+	rail_cu_result r = g->cu->stream_write_value64(g->stream, (rail_cu_ptr)(uintptr_t)g->ran,
+							n, RAIL_CU_STREAM_WRITE_VALUE_DEFAULT);
+
+	busy_out(g, b);
+	if (r)
+		return cu_fail(g, "cuStreamWriteValue64 of the progress word", r);
+	atomic_store_explicit(&g->sigq, n, memory_order_release);
+	return 0;
+}
+
 /* A GPU signal word: shadow or read back, plus add, written behind what came before. */
 static int gpu_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, uint64_t add)
 {
@@ -455,7 +517,7 @@ static int gpu_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, 
 	g->pending = 1;
 	g->signals++;
 	atomic_store_explicit(&g->signals_at, rail_now_ns(), memory_order_relaxed);
-	return 0;
+	return g->ran ? progress_write(g) : 0;
 }
 
 int rma_mem_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, uint64_t add)

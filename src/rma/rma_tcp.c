@@ -77,6 +77,7 @@ static int tcp_rma_connect(struct rail_rma_listen *l, void *const *handles, int 
 		err = rma_mesh_group(&c->mesh, &lanes);
 	c->nlanes = nranks > 1 ? (int)RAIL_MIN(lanes, RMA_LANES_MAX) : 0;
 	c->stall_ns = (uint64_t)rail_param_int(RAIL_P_RMA_STALL_WARN) * 1000000000ull;
+	c->gpu.track = c->stall_ns > 0;
 	if (!err)
 		err = rma_lanes_start(c);
 	if (!err)

@@ -278,6 +278,18 @@ struct rma_gpu {
 	struct rma_gpu_clock waits[RMA_WAIT_KINDS];
 	struct rma_gpu_busy busy[RMA_GPU_BUSY_SLOTS];
 	_Atomic uint64_t signals_at;	/* when the last signal word was queued (ns) */
+	/*
+	 * With the stall check on: after each signal write the stream also writes
+	 * the count queued so far into ran (pinned), so that the check sees signal
+	 * writes the GPU has not run though no thread waits for them.
+	 */
+	int track;
+	uint64_t *ran;
+	_Atomic uint64_t sigq;	/* signal writes queued (what *ran catches up with) */
+	struct {
+		uint64_t seen, since;	/* *ran when last seen to move, and when */
+		int warned;
+	} lag;			/* the check's thread's own */
 	int lazy;		/* the driver loads modules lazily: 1, eagerly: 0, unknown: -1 */
 	int dev, rank, nranks;	/* for messages */
 };
@@ -313,7 +325,9 @@ int rma_mem_sync(struct rma_gpu *g);
 /*
  * The stall check: a wait for the GPU (any thread's) going on for limit_ns
  * or more is logged once (a WARN naming the call); its end is logged by
- * the thread that waited.
+ * the thread that waited. So are signal writes queued on the stream that
+ * the GPU has not run for limit_ns (nobody need wait for them), and their
+ * end (the check's thread).
  */
 void rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns);
 /*

@@ -15,6 +15,9 @@
  * the order they were queued, after the call returned; each copy first
  * sleeps FAKECUDA_COPY_DELAY_US (or fcu_test_set_delay_us), so that a
  * write the plugin does not order behind a copy shows up before it.
+ * fcu_test_hold stops every stream before its next operation, as a GPU
+ * busy with other work does. cuStreamWriteValue64 writes device memory,
+ * or pinned host memory allocated with CU_MEMHOSTALLOC_DEVICEMAP.
  *
  * cuModuleGetLoadingMode says LAZY (CUDA's default), or EAGER with
  * FAKECUDA_LOADING=eager.
@@ -54,6 +57,7 @@ EXPORT void *fcu_test_alloc_device(size_t size);
 EXPORT void *fcu_test_host(const void *dptr);
 EXPORT void fcu_test_make_current(void);
 EXPORT void fcu_test_set_delay_us(unsigned us);
+EXPORT void fcu_test_hold(int on);
 EXPORT unsigned long fcu_test_calls(const char *name);
 EXPORT unsigned long fcu_test_refused(void);
 EXPORT int fcu_test_dmabuf(const void *dptr, uint64_t *offset);
@@ -70,6 +74,7 @@ static size_t dev_used;
 static char ctx_obj;		/* the one context */
 static __thread void *cur_ctx;
 static unsigned delay_us;
+static int hold;	/* fcu_test_hold: the streams start no operation */
 static int delay_set;
 static unsigned long refused;
 
@@ -145,9 +150,23 @@ static int is_dev(const void *p)
 struct pinned {
 	void *p;
 	size_t n;
+	unsigned flags;
 	struct pinned *next;
 };
 static struct pinned *pinned;
+
+/* [p, p + n) inside one allocation of cuMemHostAlloc mapped for the device (DEVICEMAP). */
+static int is_mapped(uint64_t p, size_t n)
+{
+	int yes = 0;
+
+	pthread_mutex_lock(&lock);
+	for (struct pinned *q = pinned; q && !yes; q = q->next)
+		yes = (q->flags & 0x2) && p >= (uintptr_t)q->p && n <= q->n &&
+		      p - (uintptr_t)q->p <= q->n - n;
+	pthread_mutex_unlock(&lock);
+	return yes;
+}
 
 static int is_pinned(const void *p)
 {
@@ -220,6 +239,8 @@ static void *stream_main(void *arg)
 			break;
 		o = s->head;
 		pthread_mutex_unlock(&s->mu);
+		while (__atomic_load_n(&hold, __ATOMIC_ACQUIRE))
+			usleep(1000);
 		run_op(o);
 		pthread_mutex_lock(&s->mu);
 		s->head = o->next;
@@ -298,7 +319,6 @@ EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
 	struct pinned *q;
 	int r = need_ctx(C_HALLOC);
 
-	(void)flags;
 	if (r)
 		return r;
 	q = calloc(1, sizeof(*q));
@@ -307,6 +327,7 @@ EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
 		return E_OUT_OF_MEMORY;
 	}
 	q->n = n;
+	q->flags = flags;
 	pthread_mutex_lock(&lock);
 	q->next = pinned;
 	pinned = q;
@@ -440,6 +461,8 @@ EXPORT int cuStreamWriteValue64_v2(void *hs, uint64_t addr, uint64_t value, unsi
 	char *d = dev_at(addr, 8);
 	int r = need_ctx(C_WRITE64);
 
+	if (!d && is_mapped(addr, 8))
+		d = (char *)(uintptr_t)addr;	/* pinned host memory mapped for the device */
 	if (r)
 		return r;
 	if (!d || addr % 8 || flags)
@@ -496,6 +519,11 @@ EXPORT void *fcu_test_host(const void *dptr)
 EXPORT void fcu_test_make_current(void)
 {
 	cur_ctx = &ctx_obj;
+}
+
+EXPORT void fcu_test_hold(int on)
+{
+	__atomic_store_n(&hold, on, __ATOMIC_RELEASE);
 }
 
 EXPORT void fcu_test_set_delay_us(unsigned us)

@@ -17,6 +17,8 @@ typedef void *(*fcu_host_fn)(const void *dptr);
 typedef void (*fcu_make_current_fn)(void);
 /* Delay each copy of every stream by us microseconds before it runs (also FAKECUDA_COPY_DELAY_US). */
 typedef void (*fcu_set_delay_fn)(unsigned us);
+/* on: no stream starts another operation until off (a GPU busy with other work). */
+typedef void (*fcu_hold_fn)(int on);
 /* How often an entry was called ("cuStreamWriteValue64_v2", ...), and calls refused
  * for want of a current context. */
 typedef unsigned long (*fcu_calls_fn)(const char *name);

@@ -37,6 +37,7 @@ static fcu_alloc_device_fn fcu_alloc;
 static fcu_host_fn fcu_host;
 static fcu_make_current_fn fcu_current;
 static fcu_set_delay_fn fcu_delay;
+static fcu_hold_fn fcu_hold;
 static fcu_calls_fn fcu_calls;
 static fcu_refused_fn fcu_refused;
 static int (*fcu_set_ctx)(void *ctx);
@@ -477,6 +478,58 @@ static void test_gpu_stall_named(void **state)
 	}
 }
 
+/*
+ * A signal write the GPU does not run, with no thread waiting for it (a
+ * GPU busy with the device API's kernels): rank 0 signals rank 1 (no
+ * data, so that nothing waits for a copy), and the fake's streams hold.
+ * Rank 1's check names it once (1 s limit), its signal word still unset;
+ * once the streams go on, the end is logged and the signal lands.
+ */
+static const char queue_warn[] = "RMA on GPU memory (rank 1 of 2, device 0): the GPU has run none "
+				 "of the plugin's signal writes for ";
+
+static void body_queue_stall(struct rank *r)
+{
+	uint64_t t0 = rmah_now_ns();
+	void *req;
+
+	if (r->rank == 1)
+		fcu_hold(1);
+	pthread_barrier_wait(&r->g->h.bar);
+	if (r->rank == 0) {
+		ROK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, 1, 0, r->sig_mh, 1,
+				       NCCL_NET_SIGNAL_OP_INC, true, &req));
+		ROK(r, wait_req(r, req));
+		return;
+	}
+	while (!unit_log_count(RAIL_LOG_WARN, queue_warn) && rmah_now_ns() - t0 < WAIT_NS)
+		usleep(20000);
+	RCHECK(r, unit_log_count(RAIL_LOG_WARN, queue_warn) == 1, "%s", "no WARN in 30 s");
+	RCHECK(r, HV64(r->sig)[0] == 0, "the signal landed while held: %llu",
+	       (unsigned long long)HV64(r->sig)[0]);
+	fcu_hold(0);
+	wait_word(r, &r->sig[0], 1, "signal");
+	while (!unit_log_count(RAIL_LOG_INFO, "the GPU runs the plugin's signal writes again") &&
+	       rmah_now_ns() - t0 < 2 * WAIT_NS)
+		usleep(20000);
+}
+
+static void test_gpu_queue_stall_named(void **state)
+{
+	(void)state;
+	setenv("NCCL_RAIL_RMA_STALL_WARN", "1", 1);
+	unit_log_reset();
+	run_group(2, 4096, 0, body_queue_stall);
+	fcu_hold(0);
+	unsetenv("NCCL_RAIL_RMA_STALL_WARN");
+	unit_assert_logged2(RAIL_LOG_WARN, queue_warn, " s (0 of 1 run; the last queued ");
+	unit_assert_logged2(RAIL_LOG_WARN, queue_warn, "whatever waits for these signals (a device "
+			    "API kernel, ncclWaitSignal) waits too; CUDA loads modules lazily");
+	unit_assert_logged2(RAIL_LOG_INFO, "RMA on GPU memory (rank 1 of 2, device 0): the GPU "
+			    "runs the plugin's signal writes again, after ", NULL);
+	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "has run none of the plugin's signal"), 1);
+}
+
 /* The fake itself refuses a call on a thread with no context (what the tests rely on). */
 static void test_fake_refuses_without_context(void **state)
 {
@@ -508,6 +561,7 @@ static int group_setup(void **state)
 	fake = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
 	if (fake && FCU("fcu_test_alloc_device", fcu_alloc) && FCU("fcu_test_host", fcu_host) &&
 	    FCU("fcu_test_make_current", fcu_current) && FCU("fcu_test_set_delay_us", fcu_delay) &&
+	    FCU("fcu_test_hold", fcu_hold) &&
 	    FCU("fcu_test_calls", fcu_calls) && FCU("fcu_test_refused", fcu_refused) &&
 	    FCU("cuCtxSetCurrent", fcu_set_ctx))
 		rma = rmah_open(plugin, "ncclRmaPlugin_v14", &lib);
@@ -539,6 +593,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_put_signal_get, need_plugin),
 		cmocka_unit_test_setup(test_ordering_under_load, need_plugin),
 		cmocka_unit_test_setup(test_gpu_stall_named, need_plugin),
+		cmocka_unit_test_setup(test_gpu_queue_stall_named, need_plugin),
 	};
 	char build_dir[PATH_MAX];
 
