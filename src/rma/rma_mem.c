@@ -123,8 +123,8 @@ void rma_gpu_fini(struct rma_gpu *g)
 			g->cu->mem_free_host(g->ring.buf);
 		if (g->word)
 			g->cu->mem_free_host(g->word);
-		if (g->ran)
-			g->cu->mem_free_host(g->ran);
+		if (g->ran_mem)
+			g->cu->mem_free_host(g->ran_mem);
 	}
 	pthread_mutex_destroy(&g->lock);
 }
@@ -153,6 +153,15 @@ static void loading_note(struct rma_gpu *g)
 			  "for the first time while other kernels wait for signals can hold every "
 			  "CUDA call, the plugin's signal writes included, until those kernels end: "
 			  "set CUDA_MODULE_LOADING=EAGER", g->rank, g->nranks, g->dev);
+}
+
+/* The stall check goes without the GPU's count of signal writes run: say so, fail nothing. */
+static void progress_lost(const struct rma_gpu *g, const char *what, rail_cu_result r)
+{
+	RAIL_WARN("RMA on GPU memory (rank %d of %d, device %d): %s for the stall check's progress "
+		  "word failed: %s; the check (NCCL_RAIL_RMA_STALL_WARN) does not see signal writes "
+		  "the GPU does not run, and nothing else changes", g->rank, g->nranks, g->dev,
+		  what, RAIL_CUSTR(g->cu, r));
 }
 
 /* The driver, the context, the stream and the staging: once, on NCCL's thread. Holds g->lock. */
@@ -188,14 +197,19 @@ static int gpu_start(struct rma_gpu *g, const char *call, void *data, size_t siz
 	if (!g->word && (r = g->cu->mem_host_alloc((void **)&g->word, 8,
 						   RAIL_CU_MEMHOSTALLOC_PORTABLE)))
 		return cu_fail(g, "cuMemHostAlloc of a signal word", r);
-	if (g->track && !g->ran) {
+	if (g->track && !g->ran_mem) {
 		uint64_t *ran;
 
-		if ((r = g->cu->mem_host_alloc((void **)&ran, 8, RAIL_CU_MEMHOSTALLOC_PORTABLE |
-						 RAIL_CU_MEMHOSTALLOC_DEVICEMAP)))
-			return cu_fail(g, "cuMemHostAlloc of the progress word", r);
-		*ran = 0;
-		__atomic_store_n(&g->ran, ran, __ATOMIC_RELEASE);	/* the check reads it */
+		r = g->cu->mem_host_alloc((void **)&ran, 8, RAIL_CU_MEMHOSTALLOC_PORTABLE |
+					  RAIL_CU_MEMHOSTALLOC_DEVICEMAP);
+		if (!r) {
+			*ran = 0;
+			g->ran_mem = ran;
+			__atomic_store_n(&g->ran, ran, __ATOMIC_RELEASE);	/* the check reads it */
+		} else {
+			g->track = 0;
+			progress_lost(g, "cuMemHostAlloc of 8 bytes", r);
+		}
 	}
 	g->ring.size = RMA_STAGE_RING;
 	if ((r = g->cu->stream_create(&s, RAIL_CU_STREAM_NON_BLOCKING)))
@@ -471,8 +485,12 @@ int rma_mem_land(struct rma_gpu *g, struct rma_ring *ring, const struct rma_win 
 	return err;
 }
 
-/* After a signal write: how many were queued, for the stall check (pinned, by the GPU). */
-static int progress_write(struct rma_gpu *g)
+/*
+ * After a signal write: how many were queued, for the stall check (pinned,
+ * written by the GPU). A driver that refuses it costs the check this view,
+ * never the operation.
+ */
+static void progress_write(struct rma_gpu *g)
 {
 	uint64_t n = atomic_load_explicit(&g->sigq, memory_order_relaxed) + 1;
 	struct rma_gpu_busy *b = busy_in(g, "cuStreamWriteValue64 of the progress word", 8);
@@ -480,10 +498,12 @@ static int progress_write(struct rma_gpu *g)
 							n, RAIL_CU_STREAM_WRITE_VALUE_DEFAULT);
 
 	busy_out(g, b);
-	if (r)
-		return cu_fail(g, "cuStreamWriteValue64 of the progress word", r);
-	atomic_store_explicit(&g->sigq, n, memory_order_release);
-	return 0;
+	if (!r) {
+		atomic_store_explicit(&g->sigq, n, memory_order_release);
+		return;
+	}
+	__atomic_store_n(&g->ran, NULL, __ATOMIC_RELEASE);
+	progress_lost(g, "cuStreamWriteValue64 into pinned host memory", r);
 }
 
 /* A GPU signal word: shadow or read back, plus add, written behind what came before. */
@@ -517,7 +537,9 @@ static int gpu_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, 
 	g->pending = 1;
 	g->signals++;
 	atomic_store_explicit(&g->signals_at, rail_now_ns(), memory_order_relaxed);
-	return g->ran ? progress_write(g) : 0;
+	if (g->ran)
+		progress_write(g);
+	return 0;
 }
 
 int rma_mem_signal(struct rma_gpu *g, const struct rma_win *w, uint64_t off, uint64_t add)

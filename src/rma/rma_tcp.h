@@ -284,7 +284,8 @@ struct rma_gpu {
 	 * writes the GPU has not run though no thread waits for them.
 	 */
 	int track;
-	uint64_t *ran;
+	uint64_t *ran;		/* NULL once a write of it failed (the check goes without) */
+	uint64_t *ran_mem;	/* its memory, freed at the end */
 	_Atomic uint64_t sigq;	/* signal writes queued (what *ran catches up with) */
 	struct {
 		uint64_t seen, since;	/* *ran when last seen to move, and when */

@@ -17,7 +17,8 @@
  * write the plugin does not order behind a copy shows up before it.
  * fcu_test_hold stops every stream before its next operation, as a GPU
  * busy with other work does. cuStreamWriteValue64 writes device memory,
- * or pinned host memory allocated with CU_MEMHOSTALLOC_DEVICEMAP.
+ * or pinned host memory allocated with CU_MEMHOSTALLOC_DEVICEMAP (not
+ * with FAKECUDA_NO_HOST_WRITE set).
  *
  * cuModuleGetLoadingMode says LAZY (CUDA's default), or EAGER with
  * FAKECUDA_LOADING=eager.
@@ -461,7 +462,7 @@ EXPORT int cuStreamWriteValue64_v2(void *hs, uint64_t addr, uint64_t value, unsi
 	char *d = dev_at(addr, 8);
 	int r = need_ctx(C_WRITE64);
 
-	if (!d && is_mapped(addr, 8))
+	if (!d && is_mapped(addr, 8) && !getenv("FAKECUDA_NO_HOST_WRITE"))
 		d = (char *)(uintptr_t)addr;	/* pinned host memory mapped for the device */
 	if (r)
 		return r;

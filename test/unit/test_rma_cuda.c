@@ -530,6 +530,24 @@ static void test_gpu_queue_stall_named(void **state)
 	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "has run none of the plugin's signal"), 1);
 }
 
+/*
+ * A driver that refuses the stall check's progress word (a write into
+ * pinned host memory): each rank says so once, and every operation still
+ * works (signals, data, gets).
+ */
+static void test_progress_refused(void **state)
+{
+	(void)state;
+	setenv("FAKECUDA_NO_HOST_WRITE", "1", 1);
+	unit_log_reset();
+	run_group(2, 4096, 0, body_put_signal_get);
+	unsetenv("FAKECUDA_NO_HOST_WRITE");
+	assert_int_equal(unit_log_count2(RAIL_LOG_WARN, "cuStreamWriteValue64 into pinned host memory "
+					 "for the stall check's progress word failed: ",
+					 "nothing else changes"), 2);
+	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "(rank 1 of 2, device 0): cuStreamWrite"), 1);
+}
+
 /* The fake itself refuses a call on a thread with no context (what the tests rely on). */
 static void test_fake_refuses_without_context(void **state)
 {
@@ -594,6 +612,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_ordering_under_load, need_plugin),
 		cmocka_unit_test_setup(test_gpu_stall_named, need_plugin),
 		cmocka_unit_test_setup(test_gpu_queue_stall_named, need_plugin),
+		cmocka_unit_test_setup(test_progress_refused, need_plugin),
 	};
 	char build_dir[PATH_MAX];
 
