@@ -33,6 +33,10 @@ static const struct cuda_sym cuda_syms[] = {
 	SYM(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2"),
 	SYM(stream_write_value64, "cuStreamWriteValue64_v2"),
 	SYM(get_error_string, "cuGetErrorString"),
+	SYM(event_create, "cuEventCreate"),
+	SYM(event_record, "cuEventRecord"),
+	SYM(event_query, "cuEventQuery"),
+	SYM(event_destroy, "cuEventDestroy_v2"),
 };
 
 /* Open the library and fill cuda; 0, or -ENOENT with why. Holds cuda_lock. */

@@ -14,7 +14,7 @@
  *
  * The entries are those of the CUDA 12/13 ABI: the _v2 names where cuda.h
  * maps the API name to one (cuMemcpyHtoDAsync_v2, cuStreamWriteValue64_v2,
- * cuStreamDestroy_v2), never the per-thread-default-stream variants.
+ * cuStreamDestroy_v2, cuEventDestroy_v2), never the per-thread-default-stream variants.
  * CUDA calls need a current context on the calling thread; NCCL's progress
  * threads have none, so every caller sets the context it captured on
  * NCCL's thread (rail_cuda_ctx) before its calls.
@@ -29,8 +29,11 @@ typedef int rail_cu_result;		/* CUresult */
 typedef struct rail_cu_ctx_s *rail_cu_ctx;	/* CUcontext */
 typedef struct rail_cu_stream_s *rail_cu_stream;	/* CUstream */
 typedef unsigned long long rail_cu_ptr;	/* CUdeviceptr */
+typedef struct rail_cu_event_s *rail_cu_event;	/* CUevent */
 
 #define RAIL_CU_SUCCESS 0			/* CUDA_SUCCESS */
+#define RAIL_CU_NOT_READY 600			/* CUDA_ERROR_NOT_READY */
+#define RAIL_CU_EVENT_DISABLE_TIMING 0x2	/* CU_EVENT_DISABLE_TIMING */
 #define RAIL_CU_STREAM_NON_BLOCKING 0x1	/* CU_STREAM_NON_BLOCKING */
 #define RAIL_CU_POINTER_ATTRIBUTE_MEMORY_TYPE 2	/* CU_POINTER_ATTRIBUTE_MEMORY_TYPE */
 #define RAIL_CU_MEMORYTYPE_HOST 0x1		/* CU_MEMORYTYPE_HOST */
@@ -57,6 +60,10 @@ struct rail_cuda {
 	rail_cu_result (*stream_write_value64)(rail_cu_stream s, rail_cu_ptr addr, uint64_t value,
 					       unsigned int flags);
 	rail_cu_result (*get_error_string)(rail_cu_result r, const char **str);
+	rail_cu_result (*event_create)(rail_cu_event *e, unsigned int flags);
+	rail_cu_result (*event_record)(rail_cu_event e, rail_cu_stream s);
+	rail_cu_result (*event_query)(rail_cu_event e);	/* RAIL_CU_NOT_READY: not yet */
+	rail_cu_result (*event_destroy)(rail_cu_event e);
 	/* optional (CUDA 11.7+; NULL where the driver has none) */
 	rail_cu_result (*module_get_loading_mode)(int *mode);
 };

@@ -636,6 +636,55 @@ int rma_mem_stage_start(struct rma_gpu *g, rail_cu_stream s, void *pinned, const
 	return r ? cu_fail(g, "cuMemcpyDtoHAsync of a put's source", r) : 0;
 }
 
+int rma_gpu_event(struct rma_gpu *g, rail_cu_event *e)
+{
+	rail_cu_result r;
+
+	if (cu_enter(g))
+		return -EIO;
+	r = g->cu->event_create(e, RAIL_CU_EVENT_DISABLE_TIMING);
+	return r ? cu_fail(g, "cuEventCreate", r) : 0;
+}
+
+void rma_gpu_event_free(struct rma_gpu *g, rail_cu_event e)
+{
+	if (e && !cu_enter(g))
+		g->cu->event_destroy(e);
+}
+
+int rma_mem_stage_queue(struct rma_gpu *g, rail_cu_stream s, rail_cu_event e, void *pinned,
+			const char *src, size_t n)
+{
+	struct rma_gpu_busy *b;
+	rail_cu_result r;
+	int err = rma_mem_stage_start(g, s, pinned, src, n);
+
+	if (err)
+		return err;
+	b = busy_in(g, "cuEventRecord after a put's source", n);
+	r = g->cu->event_record(e, s);
+	busy_out(g, b);
+	return r ? cu_fail(g, "cuEventRecord after a put's source", r) : 0;
+}
+
+int rma_mem_stage_ready(struct rma_gpu *g, rail_cu_event e, size_t n, uint64_t since)
+{
+	struct rma_gpu_busy *b;
+	rail_cu_result r;
+
+	if (cu_enter(g))
+		return -EIO;
+	b = busy_in(g, "cuEventQuery of a put's source", n);
+	r = g->cu->event_query(e);
+	busy_out(g, b);
+	if (r == RAIL_CU_NOT_READY)
+		return 0;
+	if (r)
+		return cu_fail(g, "cuEventQuery of a put's source", r);
+	clock_add(&g->waits[RMA_WAIT_SOURCE], since, n);
+	return 1;
+}
+
 int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s, size_t n)
 {
 	return timed_sync(g, s, RMA_WAIT_SOURCE, n, "cuStreamSynchronize of a put's source");

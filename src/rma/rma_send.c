@@ -122,38 +122,49 @@ static void stream_pop(struct rma_tcp_ctx *x, struct rma_stream *s, struct rma_r
 	(void)x;
 }
 
+/* Queue the copy of n GPU bytes at src into piece k, its event recorded behind it. */
+static int stage_queue(struct rma_tcp_ctx *x, struct rma_stream *s, int k, const char *src,
+		       size_t n)
+{
+	int err = rma_mem_stage_queue(&x->coll->gpu, x->stream, s->ev[k],
+				      s->stage + (size_t)k * RMA_SEND_PIECE, src, n);
+
+	s->queued_ns[k] = err ? 0 : rail_now_ns();
+	return err;
+}
+
 /*
- * The GPU bytes of r from pos on, as an iov: the piece staged already, the
- * other piece once its copy ended, or a piece copied now (the request's
- * first); a new piece has the copy of the one after it queued at once.
+ * The GPU bytes of r from pos on, as an iov: 0; -EAGAIN while the copy of
+ * their piece out of the GPU has not ended (NCCL's thread never waits for
+ * the GPU here: the stream is tried again at the next progress); -errno.
+ * A piece that becomes the current one has the copy of the one after it
+ * queued at once. Both copies go on the context's one CUDA stream, in
+ * order, so a copy into a piece whose bytes are all sent never races an
+ * older one into it.
  */
 static int stage_next(struct rma_tcp_ctx *x, struct rma_stream *s, const struct rma_req *r,
 		      size_t pos, struct iovec *iov)
 {
 	const struct iovec *g = &r->iov[r->gpu_iov];
 	const char *src = g->iov_base;
-	struct rma_gpu *gpu = &x->coll->gpu;
-	int err = 0;
+	int err = 0, k;
 
 	if (pos < s->stage_at || pos >= s->stage_at + s->stage_len) {
 		if (s->pre_len && pos >= s->pre_at && pos < s->pre_at + s->pre_len) {
-			err = rma_mem_stage_wait(gpu, x->stream, s->pre_len);
 			s->stage_cur ^= 1;
 			s->stage_at = s->pre_at;
 			s->stage_len = s->pre_len;
 		} else {
 			s->stage_len = RAIL_MIN(g->iov_len - pos, RMA_SEND_PIECE);
 			s->stage_at = pos;
-			err = rma_mem_stage_out(gpu, x->stream, s->stage + s->stage_cur *
-						RMA_SEND_PIECE, src + pos, s->stage_len);
+			err = stage_queue(x, s, s->stage_cur, src + pos, s->stage_len);
 		}
 		s->pre_len = 0;
 		s->pre_at = s->stage_at + s->stage_len;
 		if (!err && s->pre_at < g->iov_len) {
 			size_t n = RAIL_MIN(g->iov_len - s->pre_at, RMA_SEND_PIECE);
 
-			err = rma_mem_stage_start(gpu, x->stream, s->stage + (s->stage_cur ^ 1) *
-						  RMA_SEND_PIECE, src + s->pre_at, n);
+			err = stage_queue(x, s, s->stage_cur ^ 1, src + s->pre_at, n);
 			s->pre_len = err ? 0 : n;
 		}
 		if (err) {
@@ -161,7 +172,14 @@ static int stage_next(struct rma_tcp_ctx *x, struct rma_stream *s, const struct 
 			return err;
 		}
 	}
-	iov->iov_base = s->stage + s->stage_cur * RMA_SEND_PIECE + (pos - s->stage_at);
+	k = s->stage_cur;
+	if (s->queued_ns[k]) {
+		err = rma_mem_stage_ready(&x->coll->gpu, s->ev[k], s->stage_len, s->queued_ns[k]);
+		if (err <= 0)
+			return err ? err : -EAGAIN;
+		s->queued_ns[k] = 0;
+	}
+	iov->iov_base = s->stage + (size_t)k * RMA_SEND_PIECE + (pos - s->stage_at);
 	iov->iov_len = s->stage_at + s->stage_len - pos;
 	return 0;
 }
@@ -197,18 +215,21 @@ static int stream_send(struct rma_tcp_ctx *x, struct rma_stream *s, int context,
 				continue;
 			}
 			if (i == r->gpu_iov) {
-				int err = stage_next(x, s, r, skip, &iov[msg.msg_iovlen++]);
+				int err = stage_next(x, s, r, skip, &iov[msg.msg_iovlen]);
 
-				if (err) {
+				if (err && err != -EAGAIN) {
 					stream_fail(x, s, context, peer, err);
 					return err;
 				}
+				msg.msg_iovlen += !err;
 				break;	/* what follows waits for these bytes */
 			}
 			iov[msg.msg_iovlen].iov_base = (char *)r->iov[i].iov_base + skip;
 			iov[msg.msg_iovlen++].iov_len = r->iov[i].iov_len - skip;
 			skip = 0;
 		}
+		if (!msg.msg_iovlen)
+			return 0;	/* the head's bytes are still being copied out of the GPU */
 		n = sendmsg(s->out_fd, &msg, MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
 			return 0;
@@ -339,6 +360,9 @@ static int gpu_send_ready(struct rma_tcp_ctx *x, struct rma_stream *s)
 		return -EIO;
 	if (!s->stage && !(s->stage = rma_gpu_pinned(&x->coll->gpu, 2 * RMA_SEND_PIECE)))
 		return -EIO;
+	for (int k = 0; k < 2; k++)
+		if (!s->ev[k] && rma_gpu_event(&x->coll->gpu, &s->ev[k]))
+			return -EIO;
 	return 0;
 }
 
@@ -504,11 +528,21 @@ static void watch_out(struct rma_tcp_ctx *x, struct rma_stream *s, int context, 
 	for (uint32_t i = r->next; i != RMA_NONE; i = x->reqs[i].next)
 		behind++;
 	s->stall_warned = s->moved_ns;
-	RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): no byte of it has left "
-		  "for %.0f s (%zu of its %zu bytes written, %u operations queued behind it): the "
-		  "target does not read this stream; " RMA_STALL_AT_TARGET, kind_call(r, signal),
-		  RMA_PEER(&c->mesh, peer), context, c->base.rank, c->base.nranks, c->base.dev,
-		  (double)(now - s->moved_ns) / 1e9, r->sent, r->total, behind);
+	if (s->stage_len && s->queued_ns[s->stage_cur])
+		RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): no byte of it has "
+			  "left for %.0f s (%zu of its %zu bytes written, %u operations queued behind "
+			  "it): the GPU has not run the plugin's copy of its source out of GPU memory "
+			  "(queued %.0f s ago); look for kernels that keep the GPU busy",
+			  kind_call(r, signal), RMA_PEER(&c->mesh, peer), context, c->base.rank,
+			  c->base.nranks, c->base.dev, (double)(now - s->moved_ns) / 1e9, r->sent,
+			  r->total, behind, (double)(now - s->queued_ns[s->stage_cur]) / 1e9);
+	else
+		RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): no byte of it has "
+			  "left for %.0f s (%zu of its %zu bytes written, %u operations queued behind "
+			  "it): the target does not read this stream; " RMA_STALL_AT_TARGET,
+			  kind_call(r, signal), RMA_PEER(&c->mesh, peer), context, c->base.rank,
+			  c->base.nranks, c->base.dev, (double)(now - s->moved_ns) / 1e9, r->sent,
+			  r->total, behind);
 }
 
 /* Is this park (bit of gate_warned, since when) past the limit, and not yet logged? */

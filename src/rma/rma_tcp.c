@@ -128,8 +128,11 @@ static int tcp_rma_destroy_ctx(struct rail_rma_ctx *base)
 	free(x->lane_err);
 	/* first: it waits for the copies still queued into the pieces (a put cut short) */
 	rma_gpu_stream_free(&x->coll->gpu, x->stream);
-	for (int i = 0; x->streams && i < n; i++)
+	for (int i = 0; x->streams && i < n; i++) {
 		rma_gpu_pinned_free(&x->coll->gpu, x->streams[i].stage);
+		rma_gpu_event_free(&x->coll->gpu, x->streams[i].ev[0]);
+		rma_gpu_event_free(&x->coll->gpu, x->streams[i].ev[1]);
+	}
 	for (int i = 0; i < x->nrx; i++) {
 		rma_gpu_pinned_free(&x->coll->gpu, x->rx[i]->rstage);
 		free(x->rx[i]);

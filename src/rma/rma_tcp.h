@@ -339,6 +339,17 @@ void rma_mem_watch(struct rma_gpu *g, uint64_t now, uint64_t limit_ns);
  */
 int rma_mem_stage_start(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
 			size_t n);
+/*
+ * The same without a wait, for NCCL's thread: the copy queued on s and
+ * event e recorded behind it (rma_mem_stage_queue); whether e has passed
+ * (rma_mem_stage_ready: 1, and the wait since the queueing counted; 0 not
+ * yet; -errno). Events come from rma_gpu_event.
+ */
+int rma_gpu_event(struct rma_gpu *g, rail_cu_event *e);
+void rma_gpu_event_free(struct rma_gpu *g, rail_cu_event e);
+int rma_mem_stage_queue(struct rma_gpu *g, rail_cu_stream s, rail_cu_event e, void *pinned,
+			const char *src, size_t n);
+int rma_mem_stage_ready(struct rma_gpu *g, rail_cu_event e, size_t n, uint64_t since);
 int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s, size_t n);
 int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
 		      size_t n);
@@ -421,6 +432,8 @@ struct rma_stream {
 	int stage_cur;		/* the piece being written (0 or 1) */
 	size_t stage_at, stage_len;	/* which bytes it holds: [at, at + len) of the GPU iov */
 	size_t pre_at, pre_len;	/* the other piece's copy, queued while it is written (len 0: none) */
+	rail_cu_event ev[2];	/* recorded behind each piece's copy */
+	uint64_t queued_ns[2];	/* when that copy was queued; 0: its bytes are there */
 	uint32_t frames;	/* frames posted on out_fd (a STRIPED frame's seq) */
 	/* The target's gates (rma_tcp.h, Lanes), for the peer's stream in_fd. */
 	uint32_t expected[RMA_LANES_MAX];	/* blocks announced per lane (the main applier's) */

@@ -53,6 +53,10 @@ EXPORT int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void *hs);
 EXPORT int cuStreamWriteValue64_v2(void *hs, uint64_t addr, uint64_t value, unsigned flags);
 EXPORT int cuGetErrorString(int e, const char **str);
 EXPORT int cuModuleGetLoadingMode(int *mode);
+EXPORT int cuEventCreate(void **he, unsigned flags);
+EXPORT int cuEventRecord(void *he, void *hs);
+EXPORT int cuEventQuery(void *he);
+EXPORT int cuEventDestroy_v2(void *he);
 /* The tests' hooks (fakecuda.h). */
 EXPORT void *fcu_test_alloc_device(size_t size);
 EXPORT void *fcu_test_host(const void *dptr);
@@ -64,7 +68,7 @@ EXPORT unsigned long fcu_test_refused(void);
 EXPORT int fcu_test_dmabuf(const void *dptr, uint64_t *offset);
 
 enum { OK = 0, E_INVALID_VALUE = 1, E_OUT_OF_MEMORY = 2, E_INVALID_CONTEXT = 201,
-       E_INVALID_HANDLE = 400, E_ILLEGAL_ADDRESS = 700 };
+       E_INVALID_HANDLE = 400, E_NOT_READY = 600, E_ILLEGAL_ADDRESS = 700 };
 
 #define DEV_CAP (4ull << 30)	/* address space of the fake device (sparse) */
 
@@ -86,9 +90,11 @@ static const char *const names[] = {
 	"cuMemFreeHost", "cuStreamCreate", "cuStreamDestroy_v2", "cuStreamSynchronize",
 	"cuMemcpyHtoDAsync_v2", "cuMemcpyDtoHAsync_v2", "cuMemcpyDtoDAsync_v2",
 	"cuStreamWriteValue64_v2", "cuGetErrorString", "cuModuleGetLoadingMode",
+	"cuEventCreate", "cuEventRecord", "cuEventQuery", "cuEventDestroy_v2",
 };
 enum { C_GET, C_SET, C_ATTR, C_HALLOC, C_HFREE, C_SCREATE, C_SDESTROY, C_SSYNC, C_HTOD,
-       C_DTOH, C_DTOD, C_WRITE64, C_ERRSTR, C_LOADING, C_N };
+       C_DTOH, C_DTOD, C_WRITE64, C_ERRSTR, C_LOADING, C_ECREATE, C_ERECORD, C_EQUERY,
+       C_EDESTROY, C_N };
 static unsigned long counts[C_N];
 
 static void count(int c)
@@ -397,6 +403,69 @@ EXPORT int cuStreamSynchronize(void *hs)
 	while (s->done < upto)
 		pthread_cond_wait(&s->cv, &s->mu);
 	pthread_mutex_unlock(&s->mu);
+	return OK;
+}
+
+/* An event: the operations its stream had queued when it was recorded. */
+struct event {
+	struct stream *s;	/* NULL: never recorded (done) */
+	unsigned long mark;
+};
+
+EXPORT int cuEventCreate(void **he, unsigned flags)
+{
+	int r = need_ctx(C_ECREATE);
+
+	(void)flags;
+	if (r)
+		return r;
+	*he = calloc(1, sizeof(struct event));
+	return *he ? OK : E_OUT_OF_MEMORY;
+}
+
+EXPORT int cuEventRecord(void *he, void *hs)
+{
+	struct event *e = he;
+	struct stream *s = hs;
+	int r = need_ctx(C_ERECORD);
+
+	if (r)
+		return r;
+	if (!e || !s)
+		return E_INVALID_HANDLE;
+	pthread_mutex_lock(&s->mu);
+	e->mark = s->queued;
+	pthread_mutex_unlock(&s->mu);
+	__atomic_store_n(&e->s, s, __ATOMIC_RELEASE);
+	return OK;
+}
+
+EXPORT int cuEventQuery(void *he)
+{
+	struct event *e = he;
+	struct stream *s;
+	int r = need_ctx(C_EQUERY), done;
+
+	if (r)
+		return r;
+	if (!e)
+		return E_INVALID_HANDLE;
+	s = __atomic_load_n(&e->s, __ATOMIC_ACQUIRE);
+	if (!s)
+		return OK;
+	pthread_mutex_lock(&s->mu);
+	done = s->done >= e->mark;
+	pthread_mutex_unlock(&s->mu);
+	return done ? OK : E_NOT_READY;
+}
+
+EXPORT int cuEventDestroy_v2(void *he)
+{
+	int r = need_ctx(C_EDESTROY);
+
+	if (r)
+		return r;
+	free(he);
 	return OK;
 }
 

@@ -356,6 +356,20 @@ static void body_load(struct rank *r)
 	for (int i = 0; i < LOAD_PUTS; i++)
 		for (size_t b = 0; b < theirs->size[i]; b++)
 			ref[theirs->off[i] + b] = load_byte(from, i, b);
+	/* NCCL's proxy thread tests its requests meanwhile: their GPU bytes leave only then */
+	for (uint64_t t0 = rmah_now_ns(); !r->fail[0] && !__atomic_load_n(HV64(&r->sig[from]),
+	     __ATOMIC_ACQUIRE) && rmah_now_ns() - t0 < WAIT_NS;) {
+		void **all[5] = { &req[0], &req[1], &req[2], &req[3], &sreq };
+
+		for (int k = 0; k < 5; k++) {
+			int done = 0;
+
+			if (*all[k])
+				ROK(r, rma->test(r->coll, *all[k], &done));
+			if (done)
+				*all[k] = NULL;
+		}
+	}
 	if (wait_word(r, &r->sig[from], 1, "signal after the puts")) {
 		for (size_t b = 0; b < wsize; b++) {
 			if (win[b] != ref[b]) {
@@ -369,7 +383,8 @@ static void body_load(struct rank *r)
 	for (int k = 0; k < 4; k++)
 		if (req[k])
 			ROK(r, wait_req(r, req[k]));
-	ROK(r, wait_req(r, sreq));
+	if (sreq)
+		ROK(r, wait_req(r, sreq));
 	free(ref);
 	free(mine);
 	free(theirs);
@@ -548,6 +563,89 @@ static void test_progress_refused(void **state)
 	assert_int_equal(unit_log_count(RAIL_LOG_WARN, "(rank 1 of 2, device 0): cuStreamWrite"), 1);
 }
 
+/*
+ * NCCL's thread never waits for the GPU to copy a put's source out (the
+ * GIN proxy thread serves every peer's puts: a wait there holds them all):
+ * with every fake copy taking 300 ms, posting a put from a GPU window and
+ * testing it return at once, not done; the put completes later, and its
+ * bytes are there with its signal.
+ */
+static void body_post_no_wait(struct rank *r)
+{
+	void *req = NULL;
+	uint64_t t0;
+	int done = 1;
+
+	pthread_barrier_wait(&r->g->h.bar);
+	if (r->rank == 0) {
+		HV(r->src)[0] = 42;
+		t0 = rmah_now_ns();
+		ROK(r, rma->iputSignal(r->rctx, 0, 0, r->src_mh, 8, 0, r->win_mh, 1, 0, r->sig_mh, 1,
+				       NCCL_NET_SIGNAL_OP_INC, true, &req));
+		ROK(r, rma->test(r->coll, req, &done));
+		RCHECK(r, rmah_now_ns() - t0 < 150000000ull && !done, "posting and testing a put "
+		       "out of GPU memory took %.0f ms (done %d): NCCL's thread waited for the copy",
+		       (double)(rmah_now_ns() - t0) / 1e6, done);
+		ROK(r, wait_req(r, req));
+	}
+	pthread_barrier_wait(&r->g->h.bar);
+	if (r->rank == 1) {
+		if (wait_word(r, &r->sig[0], 1, "signal after the put"))
+			RCHECK(r, HV(r->win)[0] == 42, "byte 0 is %d", HV(r->win)[0]);
+	}
+}
+
+static void test_post_does_not_wait(void **state)
+{
+	(void)state;
+	fcu_delay(300000);
+	run_group(2, 4096, 0, body_post_no_wait);
+	fcu_delay(0);
+}
+
+/*
+ * A put's source the GPU does not copy out (the fake's streams held, the
+ * check at 1 s): rank 0's check names the copy, not the target, while its
+ * thread keeps testing; once the streams go on, the put completes.
+ */
+#define COPY_WARN "the GPU has not run the plugin's copy of its source out of GPU memory"
+
+static void body_source_stall(struct rank *r)
+{
+	void *req = NULL;
+	int done = 0;
+
+	pthread_barrier_wait(&r->g->h.bar);
+	if (r->rank == 0) {
+		uint64_t t0 = rmah_now_ns();
+
+		fcu_hold(1);
+		ROK(r, rma->iput(r->rctx, 0, 0, r->src_mh, 64, 0, r->win_mh, 1, &req));
+		while (!r->fail[0] && !unit_log_count(RAIL_LOG_WARN, COPY_WARN) &&
+		       rmah_now_ns() - t0 < WAIT_NS) {
+			ROK(r, rma->test(r->coll, req, &done));
+			RCHECK(r, !done, "%s", "the put completed while the GPU held its copy");
+			usleep(1000);
+		}
+		fcu_hold(0);
+		ROK(r, wait_req(r, req));
+	}
+	pthread_barrier_wait(&r->g->h.bar);
+}
+
+static void test_source_copy_stall_named(void **state)
+{
+	(void)state;
+	setenv("NCCL_RAIL_RMA_STALL_WARN", "1", 1);
+	unit_log_reset();
+	run_group(2, 4096, 0, body_source_stall);
+	fcu_hold(0);
+	unsetenv("NCCL_RAIL_RMA_STALL_WARN");
+	unit_assert_logged2(RAIL_LOG_WARN, "RMA iput to rank 1 (", COPY_WARN);
+	unit_assert_logged2(RAIL_LOG_INFO, "(rank 0 of 2, device 0): context 0's stream to rank 1 ",
+			    "moves again after ");
+}
+
 /* The fake itself refuses a call on a thread with no context (what the tests rely on). */
 static void test_fake_refuses_without_context(void **state)
 {
@@ -613,6 +711,8 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_gpu_stall_named, need_plugin),
 		cmocka_unit_test_setup(test_gpu_queue_stall_named, need_plugin),
 		cmocka_unit_test_setup(test_progress_refused, need_plugin),
+		cmocka_unit_test_setup(test_post_does_not_wait, need_plugin),
+		cmocka_unit_test_setup(test_source_copy_stall_named, need_plugin),
 	};
 	char build_dir[PATH_MAX];
 
