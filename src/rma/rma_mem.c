@@ -667,6 +667,33 @@ int rma_mem_stage_queue(struct rma_gpu *g, rail_cu_stream s, rail_cu_event e, vo
 	return r ? cu_fail(g, "cuEventRecord after a put's source", r) : 0;
 }
 
+int rma_mem_mark(struct rma_gpu *g, rail_cu_event e)
+{
+	rail_cu_result r = RAIL_CU_SUCCESS;
+	int err;
+
+	pthread_mutex_lock(&g->lock);
+	err = cu_enter(g);
+	if (!err)
+		r = g->cu->event_record(e, g->stream);
+	if (!err && r)
+		err = cu_fail(g, "cuEventRecord after an operation to this rank itself", r);
+	pthread_mutex_unlock(&g->lock);
+	return err;
+}
+
+int rma_gpu_passed(struct rma_gpu *g, rail_cu_event e)
+{
+	rail_cu_result r;
+
+	if (cu_enter(g))
+		return -EIO;
+	r = g->cu->event_query(e);
+	if (r == RAIL_CU_NOT_READY)
+		return 0;
+	return r ? cu_fail(g, "cuEventQuery after an operation to this rank itself", r) : 1;
+}
+
 int rma_mem_stage_ready(struct rma_gpu *g, rail_cu_event e, size_t n, uint64_t since)
 {
 	struct rma_gpu_busy *b;

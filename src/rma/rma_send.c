@@ -67,6 +67,8 @@ int rma_send_init(struct rma_tcp_ctx *x)
 
 void rma_send_fini(struct rma_tcp_ctx *x)
 {
+	for (uint32_t i = 0; x->reqs && i < x->nreqs; i++)
+		rma_gpu_event_free(&x->coll->gpu, x->reqs[i].ev);
 	free(x->reqs);
 	x->reqs = NULL;
 	pthread_mutex_destroy(&x->lock);
@@ -330,11 +332,13 @@ static struct rma_req *req_get(struct rma_tcp_ctx *x, const struct rail_rma_op *
 }
 
 /*
- * To this rank itself: the copy and the add in program order, done before
- * post returns (GPU copies and signal writes on the collComm's stream,
- * behind whatever the applier queued there, then waited for).
+ * To this rank itself: the copy and the add in program order (GPU copies
+ * and signal writes on the collComm's stream, behind whatever the applier
+ * queued there). Host memory only: done at once (1). With GPU memory an
+ * event is recorded behind them and the request is done once test finds
+ * it passed (0): NCCL's thread does not wait for the GPU here.
  */
-static int op_self(struct rma_tcp_ctx *x, const struct rail_rma_op *op)
+static int op_self(struct rma_tcp_ctx *x, struct rma_req *r, const struct rail_rma_op *op)
 {
 	struct rma_gpu *g = &x->coll->gpu;
 	const struct rma_win *lw = (const struct rma_win *)op->local;
@@ -348,9 +352,11 @@ static int op_self(struct rma_tcp_ctx *x, const struct rail_rma_op *op)
 		err = rma_mem_copy(g, lw, op->local_off, rw, op->remote_off, op->size);
 	if (!err && sw)
 		err = rma_mem_signal(g, sw, op->sig_off, op->sig_add);
-	if (!err && ((lw && lw->gpu) || (rw && rw->gpu) || (sw && sw->gpu)))
-		err = rma_mem_sync(g);
-	return err;
+	if (err || !((lw && lw->gpu) || (rw && rw->gpu) || (sw && sw->gpu)))
+		return err ? err : 1;
+	if (!r->ev && rma_gpu_event(g, &r->ev))
+		return -EIO;
+	return rma_mem_mark(g, r->ev);
 }
 
 /* A put out of a GPU window needs the context's stream and the stream's staging. */
@@ -495,8 +501,9 @@ int rma_send_post(struct rma_tcp_ctx *x, const struct rail_rma_op *op, uint32_t 
 		return err;
 	}
 	i = (uint32_t)(r - x->reqs);
-	if (op->peer == x->coll->base.rank && !(err = op_self(x, op))) {
-		atomic_store(&r->state, RMA_REQ_DONE);
+	if (op->peer == x->coll->base.rank && (err = op_self(x, r, op)) >= 0) {
+		atomic_store(&r->state, err ? RMA_REQ_DONE : RMA_REQ_GPU);
+		err = 0;
 	} else if (err || (err = op_queue(x, r, op, i))) {
 		r->next = x->free_head;
 		x->free_head = i;
@@ -738,6 +745,13 @@ int rma_send_test(struct rma_tcp_ctx *x, uint32_t idx, uint32_t stamp, int *done
 	progress_all(x);
 	r = idx < x->nreqs ? &x->reqs[idx] : NULL;
 	st = r ? atomic_load(&r->state) : RMA_REQ_FREE;
+	if (st == RMA_REQ_GPU && r->stamp == stamp) {
+		int passed = rma_gpu_passed(&x->coll->gpu, r->ev);
+
+		if (passed < 0)
+			atomic_store(&r->err, passed);
+		st = passed < 0 ? RMA_REQ_FAILED : passed ? RMA_REQ_DONE : RMA_REQ_GPU;
+	}
 	if (!r || st == RMA_REQ_FREE || r->stamp != stamp) {
 		pthread_mutex_unlock(&x->lock);
 		RAIL_WARN("RMA test (rank %d of %d, device %d): request %u.%u is not in flight "

@@ -350,6 +350,12 @@ void rma_gpu_event_free(struct rma_gpu *g, rail_cu_event e);
 int rma_mem_stage_queue(struct rma_gpu *g, rail_cu_stream s, rail_cu_event e, void *pinned,
 			const char *src, size_t n);
 int rma_mem_stage_ready(struct rma_gpu *g, rail_cu_event e, size_t n, uint64_t since);
+/*
+ * Event e recorded on the collComm's stream, behind everything queued there
+ * (rma_mem_mark); whether it passed (rma_gpu_passed: 1, 0 not yet, -errno).
+ */
+int rma_mem_mark(struct rma_gpu *g, rail_cu_event e);
+int rma_gpu_passed(struct rma_gpu *g, rail_cu_event e);
 int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s, size_t n);
 int rma_mem_stage_out(struct rma_gpu *g, rail_cu_stream s, void *pinned, const char *src,
 		      size_t n);
@@ -393,8 +399,9 @@ static inline uint32_t rma_gate_bit(int lane)
 #define RMA_LANE_BLOCK (256u << 10)
 #define RMA_STRIPE_MIN (512u << 10)
 
+/* RMA_REQ_GPU: an operation to this rank itself, done once the GPU passed its event. */
 enum rma_req_state { RMA_REQ_FREE = 0, RMA_REQ_QUEUED, RMA_REQ_WAIT, RMA_REQ_DONE,
-		     RMA_REQ_FAILED };
+		     RMA_REQ_FAILED, RMA_REQ_GPU };
 
 #define RMA_NONE UINT32_MAX
 
@@ -419,6 +426,7 @@ struct rma_req {
 	size_t landed;
 	uint64_t wait_ns;	/* a get: when its request left (it waits for the reply since) */
 	atomic_int stall_warned;	/* a get: the stall check logged it */
+	rail_cu_event ev;	/* to this rank itself: recorded behind its GPU work (made once) */
 };
 
 /* This rank's side of (context, peer). */

@@ -568,7 +568,8 @@ static void test_progress_refused(void **state)
  * GIN proxy thread serves every peer's puts: a wait there holds them all):
  * with every fake copy taking 300 ms, posting a put from a GPU window and
  * testing it return at once, not done; the put completes later, and its
- * bytes are there with its signal.
+ * bytes are there with its signal. The same for a put to the rank itself
+ * (a copy within the GPU), whose bytes and signal are there once it is done.
  */
 static void body_post_no_wait(struct rank *r)
 {
@@ -587,6 +588,20 @@ static void body_post_no_wait(struct rank *r)
 		       "out of GPU memory took %.0f ms (done %d): NCCL's thread waited for the copy",
 		       (double)(rmah_now_ns() - t0) / 1e6, done);
 		ROK(r, wait_req(r, req));
+	}
+	if (r->rank == 1) {	/* a put to itself: its copy and signal on the GPU, not waited for */
+		HV(r->src)[0] = 43;
+		t0 = rmah_now_ns();
+		ROK(r, rma->iputSignal(r->rctx, 0, 0, r->src_mh, 8, r->g->slot, r->win_mh, 1, 8,
+				       r->sig_mh, 1, NCCL_NET_SIGNAL_OP_INC, true, &req));
+		ROK(r, rma->test(r->coll, req, &done));
+		RCHECK(r, rmah_now_ns() - t0 < 150000000ull && !done, "posting and testing a put to "
+		       "this rank itself took %.0f ms (done %d): NCCL's thread waited for the GPU",
+		       (double)(rmah_now_ns() - t0) / 1e6, done);
+		ROK(r, wait_req(r, req));
+		RCHECK(r, HV64(r->sig)[1] == 1 && HV(r->win)[r->g->slot] == 43, "the put to itself is "
+		       "done, but its signal is %llu and its byte %d",
+		       (unsigned long long)HV64(r->sig)[1], HV(r->win)[r->g->slot]);
 	}
 	pthread_barrier_wait(&r->g->h.bar);
 	if (r->rank == 1) {
