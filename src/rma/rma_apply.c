@@ -532,7 +532,12 @@ static struct rma_win *body_win(struct rma_tcp_coll *c, struct rma_rx *rx, uint6
  * Bytes off the socket into a window: a host window directly; a GPU one
  * through the reader's staging ring, a piece of up to RMA_LAND_PIECE bytes
  * filled by as many reads as it takes and then copied in with one HtoD
- * (fewer driver calls than one per read).
+ * (fewer driver calls than one per read). The ring is its thread's, shared
+ * by every reader the thread serves, and a piece is only taken from it
+ * when its copy is queued: so a piece never stays open once this reader
+ * leaves the thread to another (its socket ran dry here, and rx_read does
+ * not stop for its budget mid-piece), or two readers would fill the same
+ * bytes.
  */
 static ssize_t body_recv(struct rma_tcp_coll *c, struct rma_rx *rx, struct rma_win *w,
 			 uint64_t off, size_t want, int *err)
@@ -561,11 +566,15 @@ static ssize_t body_recv(struct rma_tcp_coll *c, struct rma_rx *rx, struct rma_w
 	if (n > 0) {
 		rx->body_gpu = 1;
 		rx->staged += (size_t)n;
-		if (rx->staged == rx->stage_room) {
-			*err = rma_mem_land(&c->gpu, ring, w, rx->stage_off, rx->stage_ptr,
-					    rx->staged);
-			rx->stage_room = 0;
-		}
+	}
+	/* full, or the socket ran dry: queue the copy of what is staged, give the room back */
+	if (rx->staged == rx->stage_room || (n < 0 && (*err == -EAGAIN || *err == -EWOULDBLOCK))) {
+		int e = rx->staged ? rma_mem_land(&c->gpu, ring, w, rx->stage_off, rx->stage_ptr,
+						  rx->staged) : 0;
+
+		if (e)
+			*err = e;
+		rx->stage_room = 0;
 	}
 	return n;
 }
@@ -661,7 +670,7 @@ static int rx_read(struct rma_tcp_coll *c, struct rma_rx *rx)
 	size_t budget = RMA_APPLY_BUDGET;
 	int err = 0;
 
-	while (!err && budget && !rx->replying && !rx->dead && !rx->parked) {
+	while (!err && (budget || rx->stage_room) && !rx->replying && !rx->dead && !rx->parked) {
 		if (rx->held) {
 			int open = gate_open(c, rx);
 

@@ -20,7 +20,9 @@
  * (the main applier's is g->ring, each lane's its own): a recv lands at the
  * ring's position, its HtoD copy is queued, and the ring starts over after
  * a stream synchronize once it is full, so that no byte is overwritten
- * while a copy may still read it. Only the ring's own thread moves its
+ * while a copy may still read it. The thread's readers share its ring, so
+ * a reader queues the copy of what it staged before the thread turns to
+ * another (rma_apply.c body_recv). Only the ring's own thread moves its
  * position: a synchronize by another thread does not, since the owner may
  * hold room it has not yet filled.
  */

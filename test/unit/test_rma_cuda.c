@@ -294,6 +294,78 @@ static void test_put_signal_get(void **state)
 }
 
 /*
+ * Two peers' puts into one rank's GPU window at once, through small socket
+ * buffers, so that the target's applier reads a piece of one stream, runs
+ * dry, and turns to the other: each stream's bytes must land where they
+ * belong (the readers of one applier share its staging ring). Ranks 1 and 2
+ * put 3 MiB each into their own part of rank 0's window: in 24 KiB puts on
+ * the stream (the main applier's ring), then in 768 KiB puts striped over 2
+ * lanes (each lane's applier has a ring of its own, shared by the peers).
+ */
+static size_t share_put;
+
+static void body_shared_ring(struct rank *r)
+{
+	size_t half = r->g->slot, n = half / share_put;
+	void *req[4] = { 0 };
+
+	pthread_barrier_wait(&r->g->h.bar);
+	if (r->rank > 0) {
+		char *src = HV(r->src);
+
+		for (size_t b = 0; b < half; b++)
+			src[b] = (char)(r->rank * 37 + b * 11 + (b >> 12));
+		for (size_t i = 0; i < n && !r->fail[0]; i++) {
+			if (req[i % 4])
+				ROK(r, wait_req(r, req[i % 4]));
+			ROK(r, rma->iput(r->rctx, 0, i * share_put, r->src_mh, share_put,
+					 (size_t)(r->rank - 1) * half + i * share_put, r->win_mh, 0,
+					 &req[i % 4]));
+		}
+		for (int k = 0; k < 4; k++)
+			if (req[k])
+				ROK(r, wait_req(r, req[k]));
+		ROK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, 0, (uint64_t)r->rank * 8,
+				       r->sig_mh, 1, NCCL_NET_SIGNAL_OP_INC, true, &req[0]));
+		ROK(r, wait_req(r, req[0]));
+		return;
+	}
+	for (int from = 1; from <= 2 && !r->fail[0]; from++) {
+		const char *w = HV(r->win) + (size_t)(from - 1) * half;
+
+		if (!wait_word(r, &r->sig[from], 1, "signal after the puts"))
+			return;
+		for (size_t b = 0; b < n * share_put; b++) {
+			if (w[b] != (char)(from * 37 + b * 11 + (b >> 12))) {
+				RFAIL(r, "byte %zu from rank %d is %d, it put %d", b, from, w[b],
+				      (char)(from * 37 + b * 11 + (b >> 12)));
+				return;
+			}
+		}
+	}
+}
+
+static void test_two_peers_share_the_ring(void **state)
+{
+	(void)state;
+	setenv("NCCL_SOCKET_SNDBUF", "16k", 1);
+	setenv("NCCL_SOCKET_RCVBUF", "16k", 1);
+	fcu_delay(20);
+	for (int lanes = 0; lanes < 2; lanes++) {
+		unsigned long striped = rmah_striped_logged();
+
+		setenv("NCCL_RAIL_RMA_LANES", lanes ? "2" : "0", 1);
+		share_put = lanes ? 768u << 10 : 24u << 10;
+		run_group(3, 3u << 20, 0, body_shared_ring);
+		assert_true(lanes ? rmah_striped_logged() > striped : 1);
+	}
+	fcu_delay(0);
+	unsetenv("NCCL_RAIL_RMA_LANES");
+	unsetenv("NCCL_SOCKET_SNDBUF");
+	unsetenv("NCCL_SOCKET_RCVBUF");
+}
+
+/*
  * Ordering under load, with every copy of the fake delayed: many puts of
  * seeded random sizes at random offsets to the next rank (a fresh source
  * each time: written, put, waited for), some kept in flight together, then
@@ -722,6 +794,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_no_driver_named, need_plugin),
 		cmocka_unit_test_setup(test_fake_refuses_without_context, need_plugin),
 		cmocka_unit_test_setup(test_put_signal_get, need_plugin),
+		cmocka_unit_test_setup(test_two_peers_share_the_ring, need_plugin),
 		cmocka_unit_test_setup(test_ordering_under_load, need_plugin),
 		cmocka_unit_test_setup(test_gpu_stall_named, need_plugin),
 		cmocka_unit_test_setup(test_gpu_queue_stall_named, need_plugin),
