@@ -380,9 +380,9 @@ struct load {
 
 static unsigned load_seed;
 
-static void load_plan(struct load *l, int from, size_t wsize)
+static void load_plan_to(struct load *l, int from, int to, size_t wsize)
 {
-	unsigned s = load_seed * 2654435761u + (unsigned)from * 97u + 1;
+	unsigned s = load_seed * 2654435761u + (unsigned)from * 97u + (unsigned)to * 7919u + 1;
 
 	for (int i = 0; i < LOAD_PUTS; i++) {
 		s = s * 1103515245u + 12345u;
@@ -392,6 +392,11 @@ static void load_plan(struct load *l, int from, size_t wsize)
 		s = s * 1103515245u + 12345u;
 		l->off[i] = ((size_t)s >> 4) % (wsize - l->size[i] + 1);
 	}
+}
+
+static void load_plan(struct load *l, int from, size_t wsize)
+{
+	load_plan_to(l, from, 0, wsize);
 }
 
 static char load_byte(int from, int i, size_t b)
@@ -462,6 +467,79 @@ static void body_load(struct rank *r)
 	free(theirs);
 }
 
+/*
+ * The same to every peer at once: rank r puts its plan for each peer into
+ * that peer's slot r, the peers in turn, two puts in flight per peer, then
+ * a signal to each; a target checks each sender's slot once its signal came.
+ * Several peers' streams (and lanes) feed each target's appliers together.
+ */
+#define ALL_INFLIGHT 2
+
+static void body_load_all(struct rank *r)
+{
+	struct grp *g = r->g;
+	int n = g->h.n;
+	char *win = HV(r->win), *src = HV(r->src);
+	struct load *plan = calloc((size_t)n, sizeof(*plan));
+	void *req[RMAH_MAXR][ALL_INFLIGHT] = { { 0 } };
+	char *ref = calloc(1, g->slot);
+
+	for (int p = 0; p < n; p++)
+		load_plan_to(&plan[p], r->rank, p, g->slot);
+	for (int i = 0; i < LOAD_PUTS && !r->fail[0]; i++) {
+		for (int p = 0; p < n && !r->fail[0]; p++) {
+			/* each (peer, slot in flight) its own part of the source */
+			size_t part = (size_t)(p * ALL_INFLIGHT + i % ALL_INFLIGHT) *
+				      (g->h.n * g->slot / (RMAH_MAXR * ALL_INFLIGHT));
+			void **q = &req[p][i % ALL_INFLIGHT];
+
+			if (p == r->rank)
+				continue;
+			if (*q)
+				ROK(r, wait_req(r, *q));
+			*q = NULL;
+			for (size_t b = 0; b < plan[p].size[i]; b++)
+				src[part + b] = load_byte(r->rank, i, b);
+			ROK(r, rma->iput(r->rctx, 0, part, r->src_mh, plan[p].size[i],
+					 (size_t)r->rank * g->slot + plan[p].off[i], r->win_mh,
+					 (uint32_t)p, q));
+		}
+	}
+	for (int p = 0; p < n; p++) {
+		for (int k = 0; k < ALL_INFLIGHT; k++)
+			if (req[p][k])
+				ROK(r, wait_req(r, req[p][k]));
+		if (p != r->rank)
+			ROK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)p,
+					       (uint64_t)r->rank * 8, r->sig_mh, 1,
+					       NCCL_NET_SIGNAL_OP_INC, true, &req[p][0]));
+	}
+	for (int from = 0; from < n && !r->fail[0]; from++) {
+		struct load theirs;
+
+		if (from == r->rank || !wait_word(r, &r->sig[from], 1, "signal after the puts"))
+			continue;
+		load_plan_to(&theirs, from, r->rank, g->slot);
+		memset(ref, 0, g->slot);
+		for (int i = 0; i < LOAD_PUTS; i++)
+			for (size_t b = 0; b < theirs.size[i]; b++)
+				ref[theirs.off[i] + b] = load_byte(from, i, b);
+		for (size_t b = 0; b < g->slot; b++) {
+			if (win[(size_t)from * g->slot + b] != ref[b]) {
+				RFAIL(r, "rank %d: byte %zu of rank %d's slot is %d once its signal came, "
+				      "the puts in order leave %d (seed %u)", r->rank, b, from,
+				      win[(size_t)from * g->slot + b], ref[b], load_seed);
+				break;
+			}
+		}
+	}
+	for (int p = 0; p < n; p++)
+		if (p != r->rank && req[p][0])
+			ROK(r, wait_req(r, req[p][0]));
+	free(ref);
+	free(plan);
+}
+
 /* "NAME N (mean X us": N and X, or 0 when the line has no such part. */
 static int wait_figures(const char *line, const char *name, unsigned long *n, double *mean)
 {
@@ -510,6 +588,7 @@ static void test_ordering_under_load(void **state)
 	check_waits_logged(2);
 	assert_true(rmah_striped_logged() > 0);
 	run_group(3, 512 << 10, 0, body_load);
+	run_group(3, 4 << 20, 0, body_load_all);	/* every rank to every other at once */
 	fcu_delay(0);
 }
 
