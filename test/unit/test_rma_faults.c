@@ -19,6 +19,11 @@
  *   - with nothing failed and nothing logged, every round arrived.
  * RMA_FAULT_SEED=N replays one seed's plan (sizes, offsets, the cut's time
  * and victim); RMA_FAULT_SEEDS=K runs K seeds from the clock (default 10).
+ * test_cut_seeded_gpu does the same with the source and target windows in
+ * the fake CUDA driver's device memory (test/fakecuda, RAIL_FAKECUDA_LIB or
+ * the build's copy), so that cuts also meet copies in flight: a put's
+ * source staged out of the GPU, bytes landing into it (skipped, saying
+ * why, without the fake).
  */
 #include "unit.h"
 
@@ -36,10 +41,21 @@
 #include "rail.h"
 #include "rma_harness.h"
 #include "rma_v14.h"
+#include "../fakecuda/fakecuda.h"
 
-static char plugin[PATH_MAX];
-static void *lib;
+static char plugin[PATH_MAX], fake_path[PATH_MAX];
+static void *lib, *fake;
 static ncclRma_v14_t *rma;
+static fcu_alloc_device_fn fcu_alloc;
+static fcu_host_fn fcu_host;
+static fcu_make_current_fn fcu_current;
+static int gpu;		/* windows in the fake's device memory */
+
+/* The host's view of a window's bytes (the fake's, for device memory). */
+static char *view(void *p)
+{
+	return gpu ? (char *)fcu_host(p) : (char *)p;
+}
 
 #define WAIT_NS (20ull * 1000000000ull)
 #define ROUNDS 4
@@ -134,7 +150,7 @@ static int send_round(struct rank *r, int round, int to)
 		if (i == PUTS && carry)
 			break;
 		for (size_t b = 0; b < n; b++)
-			r->src[so + b] = pbyte(r->rank, round, i, b);
+			view(r->src)[so + b] = pbyte(r->rank, round, i, b);
 		if (sig)
 			res = rma->iputSignal(r->rctx, 0, so, n ? r->src_mh : NULL, n,
 					      n ? p[i].off : 0, n ? r->win_mh : NULL, (uint32_t)to,
@@ -162,7 +178,7 @@ static void check_arrived(struct rank *r, int from)
 	struct plan_put p[PUTS];
 
 	for (int round = 0; ref && round < (int)r->got && !r->fail[0]; round++) {
-		const char *w = r->win + (size_t)round * REGION;
+		const char *w = view(r->win) + (size_t)round * REGION;
 
 		memset(ref, 0, REGION);
 		plan(r->g->seed, from, round, p);
@@ -212,17 +228,21 @@ static void rank_up(struct rank *r)
 	ncclRmaConfig_v14_t cfg = { .nContexts = 1, .trafficClass = -1, .rankStride = 1 };
 	size_t ssize = ((size_t)r->g->h.n + 1) * 8;
 
+	if (gpu)
+		fcu_current();	/* NCCL's thread: its device is current */
 	ROK(r, rma->init(&r->ctx, 0x3000 + (uint64_t)r->rank, unit_log_sink));
 	ROK(r, rma->listen(r->ctx, 0, r->g->h.handles[r->rank], &r->lc));
 	pthread_barrier_wait(&r->g->h.bar);
 	ROK(r, rma->connect(NULL, r->g->h.hptr, r->g->h.n, r->rank, r->lc, &r->coll));
 	ROK(r, rma->closeListen(r->lc));
 	ROK(r, rma->createContext(r->coll, &cfg, &r->rctx));
-	r->src = calloc(1, WSIZE);
-	r->win = calloc(1, WSIZE);
+	r->src = gpu ? fcu_alloc(WSIZE) : calloc(1, WSIZE);
+	r->win = gpu ? fcu_alloc(WSIZE) : calloc(1, WSIZE);
 	r->sig = calloc(1, ssize);
-	ROK(r, rma->regMrSym(r->coll, r->src, WSIZE, NCCL_PTR_HOST, 0, &r->src_mh));
-	ROK(r, rma->regMrSym(r->coll, r->win, WSIZE, NCCL_PTR_HOST, 0, &r->win_mh));
+	ROK(r, rma->regMrSym(r->coll, r->src, WSIZE, gpu ? NCCL_PTR_CUDA : NCCL_PTR_HOST, 0,
+			     &r->src_mh));
+	ROK(r, rma->regMrSym(r->coll, r->win, WSIZE, gpu ? NCCL_PTR_CUDA : NCCL_PTR_HOST, 0,
+			     &r->win_mh));
 	ROK(r, rma->regMrSym(r->coll, r->sig, ssize, NCCL_PTR_HOST,
 			     NCCL_NET_MR_FLAG_FORCE_SO | NCCL_NET_MR_FLAG_SIGNAL_NEVER_RESET,
 			     &r->sig_mh));
@@ -232,6 +252,8 @@ static void rank_up(struct rank *r)
 static void rank_down(struct rank *r)
 {
 	pthread_barrier_wait(&r->g->h.bar);
+	if (gpu)
+		fcu_current();
 	if (r->coll) {
 		rma->deregMrSym(r->coll, r->src_mh);
 		rma->deregMrSym(r->coll, r->win_mh);
@@ -240,8 +262,10 @@ static void rank_down(struct rank *r)
 		rma->closeColl(r->coll);
 	}
 	rma->finalize(r->ctx);
-	free(r->src);
-	free(r->win);
+	if (!gpu) {	/* the fake's device memory is never given back */
+		free(r->src);
+		free(r->win);
+	}
 	free(r->sig);
 }
 
@@ -361,22 +385,57 @@ static void run_seed(unsigned seed, int n)
 	}
 }
 
-static void test_cut_seeded(void **state)
+static void run_seeds(void)
 {
 	const char *one = getenv("RMA_FAULT_SEED"), *many = getenv("RMA_FAULT_SEEDS");
 	unsigned base = one ? (unsigned)strtoul(one, NULL, 0) : (unsigned)time(NULL);
 	int seeds = one ? 1 : many ? atoi(many) : 10;
 
-	(void)state;
 	for (int k = 0; k < seeds; k++)
 		run_seed(base + (unsigned)k, (base + (unsigned)k) % 3 == 0 ? 3 : 2);
 }
 
+static void test_cut_seeded(void **state)
+{
+	(void)state;
+	gpu = 0;
+	run_seeds();
+}
+
+static void test_cut_seeded_gpu(void **state)
+{
+	fcu_set_delay_fn delay = fake ? (fcu_set_delay_fn)dlsym(fake, "fcu_test_set_delay_us")
+				      : NULL;
+
+	(void)state;
+	if (!fake || !fcu_alloc || !fcu_host || !fcu_current || !delay) {
+		printf("SKIP: the fake CUDA driver %s is not loadable: run make tests\n", fake_path);
+		skip();
+	}
+	gpu = 1;
+	delay(20);	/* every copy of the fake 20 us: cuts meet copies in flight */
+	printf("GPU windows (the fake driver)\n");
+	run_seeds();
+	delay(0);
+	gpu = 0;
+}
+
 static int setup(void **state)
 {
+	const char *env = getenv("RAIL_FAKECUDA_LIB");
+
 	(void)state;
 	rmah_tcp_env();
 	setenv("NCCL_RAIL_RMA_STALL_WARN", "0", 1);	/* the check's lines are not failures */
+	if (env && env[0])
+		snprintf(fake_path, sizeof(fake_path), "%s", env);
+	setenv("NCCL_RAIL_CUDA_LIB", fake_path, 1);
+	fake = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
+	if (fake) {
+		*(void **)&fcu_alloc = dlsym(fake, "fcu_test_alloc_device");
+		*(void **)&fcu_host = dlsym(fake, "fcu_test_host");
+		*(void **)&fcu_current = dlsym(fake, "fcu_test_make_current");
+	}
 	rma = rmah_open(plugin, "ncclRmaPlugin_v14", &lib);
 	return 0;
 }
@@ -398,10 +457,15 @@ int main(int argc, char **argv)
 {
 	const struct CMUnitTest tests[] = {
 		cmocka_unit_test_setup(test_cut_seeded, need_plugin),
+		cmocka_unit_test_setup(test_cut_seeded_gpu, need_plugin),
 	};
+	char build_dir[PATH_MAX];
 
 	(void)argc;
 	alarm(600);
 	rmah_plugin_path(argv[0], plugin, sizeof(plugin));
+	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
+	snprintf(fake_path, sizeof(fake_path), "%.*s/test/fakecuda/libfakecuda.so", PATH_MAX - 40,
+		 build_dir);
 	return cmocka_run_group_tests(tests, setup, teardown);
 }
