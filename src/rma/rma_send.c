@@ -502,6 +502,10 @@ int rma_send_post(struct rma_tcp_ctx *x, const struct rail_rma_op *op, uint32_t 
 	}
 	i = (uint32_t)(r - x->reqs);
 	if (op->peer == x->coll->base.rank && (err = op_self(x, r, op)) >= 0) {
+		if (!err) {	/* the stall check names it if the GPU never runs it */
+			r->wait_ns = rail_now_ns();
+			x->self_gpu = 1;
+		}
 		atomic_store(&r->state, err ? RMA_REQ_DONE : RMA_REQ_GPU);
 		err = 0;
 	} else if (err || (err = op_queue(x, r, op, i))) {
@@ -599,14 +603,22 @@ static void watch_gets(struct rma_tcp_ctx *x, uint64_t now)
 {
 	const struct rma_tcp_coll *c = x->coll;
 
-	for (uint32_t i = 0; x->gets && i < x->nreqs; i++) {
+	for (uint32_t i = 0; (x->gets || x->self_gpu) && i < x->nreqs; i++) {
 		struct rma_req *r = &x->reqs[i];
-		int no = 0;
+		int st = atomic_load(&r->state), no = 0;
 
-		if (atomic_load(&r->state) != RMA_REQ_WAIT || r->kind != RAIL_RMA_GET ||
+		if ((st != RMA_REQ_GPU && (st != RMA_REQ_WAIT || r->kind != RAIL_RMA_GET)) ||
 		    now < r->wait_ns || now - r->wait_ns < c->stall_ns ||
 		    !atomic_compare_exchange_strong(&r->stall_warned, &no, 1))
 			continue;
+		if (st == RMA_REQ_GPU) {
+			RAIL_WARN("RMA %s to this rank itself (context %d, rank %d of %d, device %d): "
+				  "not done after %.0f s: the GPU has not run its copy and signal on "
+				  "the plugin's CUDA stream; look for kernels that keep the GPU busy",
+				  r->kind == RAIL_RMA_GET ? "iget" : "iput", r->context, c->base.rank,
+				  c->base.nranks, c->base.dev, (double)(now - r->wait_ns) / 1e9);
+			continue;
+		}
 		RAIL_WARN("RMA iget of %zu bytes from %s (context %d, rank %d of %d, device %d): no "
 			  "reply for %.0f s: the target has not answered it; " RMA_STALL_AT_TARGET, r->len,
 			  RMA_PEER(&c->mesh, r->peer), r->context, c->base.rank, c->base.nranks,

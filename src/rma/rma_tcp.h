@@ -424,7 +424,8 @@ struct rma_req {
 	size_t len;
 	uint32_t dst_win;
 	size_t landed;
-	uint64_t wait_ns;	/* a get: when its request left (it waits for the reply since) */
+	uint64_t wait_ns;	/* a get: when its request left (it waits for the reply since);
+				 * to this rank, RMA_REQ_GPU: when it was posted */
 	atomic_int stall_warned;	/* a get: the stall check logged it */
 	rail_cu_event ev;	/* to this rank itself: recorded behind its GPU work (made once) */
 };
@@ -478,6 +479,7 @@ struct rma_tcp_ctx {
 	int lanes_reserved;	/* nreqs jobs of room on every lane */
 	int watched;		/* in the stall check's list (rma_watch_add) */
 	uint32_t gets;		/* gets posted (the check looks for late replies only then) */
+	int self_gpu;		/* GPU operations to this rank posted (the check looks for them) */
 };
 
 struct rma_applier;

@@ -772,9 +772,13 @@ static void test_post_does_not_wait(void **state)
 /*
  * A put's source the GPU does not copy out (the fake's streams held, the
  * check at 1 s): rank 0's check names the copy, not the target, while its
- * thread keeps testing; once the streams go on, the put completes.
+ * thread keeps testing; once the streams go on, the put completes. Then a
+ * put to rank 0 itself, whose copy within the GPU is held: named as well.
  */
 #define COPY_WARN "the GPU has not run the plugin's copy of its source out of GPU memory"
+
+static const char *stall_want;	/* the WARN body_source_stall waits for */
+static int stall_to;		/* the rank its put goes to */
 
 static void body_source_stall(struct rank *r)
 {
@@ -786,8 +790,9 @@ static void body_source_stall(struct rank *r)
 		uint64_t t0 = rmah_now_ns();
 
 		fcu_hold(1);
-		ROK(r, rma->iput(r->rctx, 0, 0, r->src_mh, 64, 0, r->win_mh, 1, &req));
-		while (!r->fail[0] && !unit_log_count(RAIL_LOG_WARN, COPY_WARN) &&
+		ROK(r, rma->iput(r->rctx, 0, 0, r->src_mh, 64, 0, r->win_mh, (uint32_t)stall_to,
+				 &req));
+		while (!r->fail[0] && !unit_log_count(RAIL_LOG_WARN, stall_want) &&
 		       rmah_now_ns() - t0 < WAIT_NS) {
 			ROK(r, rma->test(r->coll, req, &done));
 			RCHECK(r, !done, "%s", "the put completed while the GPU held its copy");
@@ -804,12 +809,21 @@ static void test_source_copy_stall_named(void **state)
 	(void)state;
 	setenv("NCCL_RAIL_RMA_STALL_WARN", "1", 1);
 	unit_log_reset();
+	stall_want = COPY_WARN;
+	stall_to = 1;
 	run_group(2, 4096, 0, body_source_stall);
 	fcu_hold(0);
-	unsetenv("NCCL_RAIL_RMA_STALL_WARN");
 	unit_assert_logged2(RAIL_LOG_WARN, "RMA iput to rank 1 (", COPY_WARN);
 	unit_assert_logged2(RAIL_LOG_INFO, "(rank 0 of 2, device 0): context 0's stream to rank 1 ",
 			    "moves again after ");
+	/* a put to the rank itself, its GPU copy held: named too */
+	stall_want = "RMA iput to this rank itself (context 0, rank 0 of 2, device 0): not done "
+		     "after ";
+	stall_to = 0;
+	run_group(2, 4096, 0, body_source_stall);
+	fcu_hold(0);
+	unsetenv("NCCL_RAIL_RMA_STALL_WARN");
+	unit_assert_logged2(RAIL_LOG_WARN, stall_want, "the GPU has not run its copy and signal");
 }
 
 /* The fake itself refuses a call on a thread with no context (what the tests rely on). */
