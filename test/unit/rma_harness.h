@@ -15,6 +15,7 @@
  *   fail = RMAH_RUN(&g.h, n, rs, rank_main);   threads run, joined
  *   done = rmah_test_until(rma->test, coll, req, wait_ns, yield, &res);
  *   n = rmah_striped_logged();     puts logged at close as striped
+ *   rmah_fake_cuda_path(argv[0], path, len);   the fake CUDA driver's path
  */
 #ifndef RAIL_TEST_RMA_HARNESS_H
 #define RAIL_TEST_RMA_HARNESS_H
@@ -103,6 +104,20 @@ static inline void rmah_plugin_path(const char *argv0, char *out, size_t len)
 
 	unit_build_dir(argv0, build_dir, sizeof(build_dir));
 	snprintf(out, len, "%.*s/libnccl-net-rail.so", PATH_MAX - 32, build_dir);
+}
+
+/* The fake CUDA driver (test/fakecuda): RAIL_FAKECUDA_LIB when set, else the build's copy. */
+static inline void rmah_fake_cuda_path(const char *argv0, char *out, size_t len)
+{
+	const char *env = getenv("RAIL_FAKECUDA_LIB");
+	char build_dir[PATH_MAX];
+
+	if (env && env[0]) {
+		snprintf(out, len, "%s", env);
+		return;
+	}
+	unit_build_dir(argv0, build_dir, sizeof(build_dir));
+	snprintf(out, len, "%.*s/test/fakecuda/libfakecuda.so", PATH_MAX - 40, build_dir);
 }
 
 /* Ranks over loopback TCP. */

@@ -847,11 +847,7 @@ static void test_fake_refuses_without_context(void **state)
 
 static int group_setup(void **state)
 {
-	const char *env = getenv("RAIL_FAKECUDA_LIB");
-
 	(void)state;
-	if (env && env[0])
-		snprintf(fake_path, sizeof(fake_path), "%s", env);
 	rmah_tcp_env();
 	setenv("NCCL_RAIL_CUDA_LIB", fake_path, 1);
 	fake = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
@@ -895,13 +891,10 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_post_does_not_wait, need_plugin),
 		cmocka_unit_test_setup(test_source_copy_stall_named, need_plugin),
 	};
-	char build_dir[PATH_MAX];
 
 	(void)argc;
 	alarm(300);
-	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
 	rmah_plugin_path(argv[0], plugin, sizeof(plugin));
-	snprintf(fake_path, sizeof(fake_path), "%.*s/test/fakecuda/libfakecuda.so", PATH_MAX - 40,
-		 build_dir);
+	rmah_fake_cuda_path(argv[0], fake_path, sizeof(fake_path));
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

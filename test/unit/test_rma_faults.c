@@ -422,13 +422,9 @@ static void test_cut_seeded_gpu(void **state)
 
 static int setup(void **state)
 {
-	const char *env = getenv("RAIL_FAKECUDA_LIB");
-
 	(void)state;
 	rmah_tcp_env();
 	setenv("NCCL_RAIL_RMA_STALL_WARN", "0", 1);	/* the check's lines are not failures */
-	if (env && env[0])
-		snprintf(fake_path, sizeof(fake_path), "%s", env);
 	setenv("NCCL_RAIL_CUDA_LIB", fake_path, 1);
 	fake = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
 	if (fake) {
@@ -459,13 +455,10 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_cut_seeded, need_plugin),
 		cmocka_unit_test_setup(test_cut_seeded_gpu, need_plugin),
 	};
-	char build_dir[PATH_MAX];
 
 	(void)argc;
 	alarm(600);
 	rmah_plugin_path(argv[0], plugin, sizeof(plugin));
-	unit_build_dir(argv[0], build_dir, sizeof(build_dir));
-	snprintf(fake_path, sizeof(fake_path), "%.*s/test/fakecuda/libfakecuda.so", PATH_MAX - 40,
-		 build_dir);
+	rmah_fake_cuda_path(argv[0], fake_path, sizeof(fake_path));
 	return cmocka_run_group_tests(tests, setup, teardown);
 }

@@ -649,10 +649,6 @@ static int group_setup(void **state)
 	if (!live && access(fakelib, R_OK))
 		return 0;
 	if (!live) {
-		const char *env = getenv("RAIL_FAKECUDA_LIB");
-
-		if (env && env[0])
-			snprintf(fakecuda, sizeof(fakecuda), "%s", env);
 		setenv("RAIL_FAKECUDA_LIB", fakecuda, 1);	/* the fake verbs reach its memory */
 		fcu = dlopen(fakecuda, RTLD_NOW | RTLD_LOCAL);
 		if (fcu) {
@@ -752,7 +748,6 @@ int main(int argc, char **argv)
 	rmah_plugin_path(argv[0], plugin, sizeof(plugin));
 	snprintf(fakelib, sizeof(fakelib), "%.*s/test/fakeverbs/libfakeverbs.so", PATH_MAX - 64,
 		 build_dir);
-	snprintf(fakecuda, sizeof(fakecuda), "%.*s/test/fakecuda/libfakecuda.so", PATH_MAX - 64,
-		 build_dir);
+	rmah_fake_cuda_path(argv[0], fakecuda, sizeof(fakecuda));
 	return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
