@@ -684,34 +684,34 @@ int rma_mem_mark(struct rma_gpu *g, rail_cu_event e)
 	return err;
 }
 
-int rma_gpu_passed(struct rma_gpu *g, rail_cu_event e)
-{
-	rail_cu_result r;
-
-	if (cu_enter(g))
-		return -EIO;
-	r = g->cu->event_query(e);
-	if (r == RAIL_CU_NOT_READY)
-		return 0;
-	return r ? cu_fail(g, "cuEventQuery after an operation to this rank itself", r) : 1;
-}
-
-int rma_mem_stage_ready(struct rma_gpu *g, rail_cu_event e, size_t n, uint64_t since)
+/* Whether e passed (1, 0 not yet, -errno), the query in a watch slot: what names it. */
+static int event_passed(struct rma_gpu *g, rail_cu_event e, const char *what, size_t n)
 {
 	struct rma_gpu_busy *b;
 	rail_cu_result r;
 
 	if (cu_enter(g))
 		return -EIO;
-	b = busy_in(g, "cuEventQuery of a put's source", n);
+	b = busy_in(g, what, n);
 	r = g->cu->event_query(e);
 	busy_out(g, b);
 	if (r == RAIL_CU_NOT_READY)
 		return 0;
-	if (r)
-		return cu_fail(g, "cuEventQuery of a put's source", r);
-	clock_add(&g->waits[RMA_WAIT_SOURCE], since, n);
-	return 1;
+	return r ? cu_fail(g, what, r) : 1;
+}
+
+int rma_gpu_passed(struct rma_gpu *g, rail_cu_event e)
+{
+	return event_passed(g, e, "cuEventQuery after an operation to this rank itself", 0);
+}
+
+int rma_mem_stage_ready(struct rma_gpu *g, rail_cu_event e, size_t n, uint64_t since)
+{
+	int passed = event_passed(g, e, "cuEventQuery of a put's source", n);
+
+	if (passed > 0)
+		clock_add(&g->waits[RMA_WAIT_SOURCE], since, n);
+	return passed;
 }
 
 int rma_mem_stage_wait(struct rma_gpu *g, rail_cu_stream s, size_t n)

@@ -529,6 +529,7 @@ static void watch_out(struct rma_tcp_ctx *x, struct rma_stream *s, int context, 
 	const struct rma_tcp_coll *c = x->coll;
 	const struct rma_req *r;
 	uint32_t behind = 0;
+	char why[192];
 	int signal;
 
 	if (s->qhead == RMA_NONE || s->err || now < s->moved_ns ||
@@ -540,20 +541,17 @@ static void watch_out(struct rma_tcp_ctx *x, struct rma_stream *s, int context, 
 		behind++;
 	s->stall_warned = s->moved_ns;
 	if (s->stage_len && s->queued_ns[s->stage_cur])
-		RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): no byte of it has "
-			  "left for %.0f s (%zu of its %zu bytes written, %u operations queued behind "
-			  "it): the GPU has not run the plugin's copy of its source out of GPU memory "
-			  "(queued %.0f s ago); look for kernels that keep the GPU busy",
-			  kind_call(r, signal), RMA_PEER(&c->mesh, peer), context, c->base.rank,
-			  c->base.nranks, c->base.dev, (double)(now - s->moved_ns) / 1e9, r->sent,
-			  r->total, behind, (double)(now - s->queued_ns[s->stage_cur]) / 1e9);
+		snprintf(why, sizeof(why), "the GPU has not run the plugin's copy of its source out "
+			 "of GPU memory (queued %.0f s ago); look for kernels that keep the GPU busy",
+			 (double)(now - s->queued_ns[s->stage_cur]) / 1e9);
 	else
-		RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): no byte of it has "
-			  "left for %.0f s (%zu of its %zu bytes written, %u operations queued behind "
-			  "it): the target does not read this stream; " RMA_STALL_AT_TARGET,
-			  kind_call(r, signal), RMA_PEER(&c->mesh, peer), context, c->base.rank,
-			  c->base.nranks, c->base.dev, (double)(now - s->moved_ns) / 1e9, r->sent,
-			  r->total, behind);
+		snprintf(why, sizeof(why), "the target does not read this stream; "
+			 RMA_STALL_AT_TARGET);
+	RAIL_WARN("RMA %s to %s (context %d, rank %d of %d, device %d): no byte of it has left "
+		  "for %.0f s (%zu of its %zu bytes written, %u operations queued behind it): %s",
+		  kind_call(r, signal), RMA_PEER(&c->mesh, peer), context, c->base.rank,
+		  c->base.nranks, c->base.dev, (double)(now - s->moved_ns) / 1e9, r->sent, r->total,
+		  behind, why);
 }
 
 /* Is this park (bit of gate_warned, since when) past the limit, and not yet logged? */
