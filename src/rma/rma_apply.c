@@ -163,15 +163,19 @@ static int rx_closed(struct rma_tcp_coll *c, struct rma_rx *rx)
 	if (rx->role == RMA_RX_LANE)
 		lane_failed(c, rx, -RAIL_ECLOSED);
 
+	/* under the poster's lock: a slot read here is not freed and reused meanwhile */
+	if (rx->role == RMA_RX_REPLIES)
+		pthread_mutex_lock(&rx->ctx->lock);
 	for (uint32_t i = 0; rx->role == RMA_RX_REPLIES && i < rx->ctx->nreqs; i++) {
 		struct rma_req *r = &rx->ctx->reqs[i];
 		int st = atomic_load(&r->state);
 
-		/* A request's fields are the poster's until its state says it is posted. */
 		if (st == RMA_REQ_QUEUED || st == RMA_REQ_WAIT)
 			waiting += r->kind == RAIL_RMA_GET && r->peer == rx->peer &&
 				   r->context == rx->context;
 	}
+	if (rx->role == RMA_RX_REPLIES)
+		pthread_mutex_unlock(&rx->ctx->lock);
 	if (!waiting) {
 		rx_drop(c, rx);	/* the peer destroyed its context */
 		return 0;
