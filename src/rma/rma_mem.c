@@ -38,6 +38,7 @@
 #define RMA_STAGE_RING (8u << 20)	/* pinned bytes for the applier's copies into the GPU */
 #define RMA_STAGE_LANE (4u << 20)	/* ... for a lane's */
 #define RMA_STAGE_MIN (64u << 10)	/* less room than this left: start the ring over */
+#define RMA_BOUNCE (4u << 20)	/* pinned bytes for GPU-to-GPU copies to the rank itself */
 
 static void clock_add(struct rma_gpu_clock *c, uint64_t t0, size_t bytes)
 {
@@ -125,6 +126,8 @@ void rma_gpu_fini(struct rma_gpu *g)
 			g->cu->mem_free_host(g->ring.buf);
 		if (g->word)
 			g->cu->mem_free_host(g->word);
+		if (g->bounce)
+			g->cu->mem_free_host(g->bounce);
 		if (g->ran_mem)
 			g->cu->mem_free_host(g->ran_mem);
 	}
@@ -333,7 +336,8 @@ static void watch_lag(struct rma_gpu *g, uint64_t now, uint64_t limit_ns)
 	uint64_t ran = ran_p ? __atomic_load_n(ran_p, __ATOMIC_ACQUIRE) : q;
 	uint64_t sig = atomic_load(&g->signals_at);
 
-	if (ran != g->lag.seen || ran >= q) {
+	/* Counted from the first look that found it so, never from before (since 0). */
+	if (ran != g->lag.seen || ran >= q || !g->lag.since) {
 		if (g->lag.warned)
 			RAIL_INFO(RAIL_LOG_NET, "RMA on GPU memory (rank %d of %d, device %d): the "
 				  "GPU runs the plugin's signal writes again, after %.1f s", g->rank,
@@ -592,6 +596,32 @@ int rma_mem_read(struct rma_gpu *g, const struct rma_win *w, uint64_t off, void 
 	return err;
 }
 
+/*
+ * GPU window to GPU window (an operation of the rank to itself), on the
+ * stream, through a pinned bounce buffer: DtoH then HtoD, piece by piece
+ * (the stream runs each piece's two copies before the next piece reuses the
+ * buffer). Never cuMemcpyDtoDAsync: the driver runs a copy within one GPU
+ * on the SMs, and while the device API's kernels fill them waiting for this
+ * rank's signals, a copy queued ahead of those signals never ran (GIN at 4
+ * ranks on one H100, .carry probe d2d). Copy engines do not wait for SMs.
+ */
+static rail_cu_result copy_gpu_gpu(struct rma_gpu *g, rail_cu_ptr dp, rail_cu_ptr sp, size_t n)
+{
+	rail_cu_result r = RAIL_CU_SUCCESS;
+
+	if (!g->bounce && (r = g->cu->mem_host_alloc((void **)&g->bounce, RMA_BOUNCE,
+						     RAIL_CU_MEMHOSTALLOC_PORTABLE)))
+		return r;
+	for (size_t o = 0; o < n && !r; o += RMA_BOUNCE) {
+		size_t k = RAIL_MIN(RMA_BOUNCE, n - o);
+
+		r = g->cu->memcpy_dtoh_async(g->bounce, sp + o, k, g->stream);
+		if (!r)
+			r = g->cu->memcpy_htod_async(dp + o, g->bounce, k, g->stream);
+	}
+	return r;
+}
+
 int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 		 const struct rma_win *sw, uint64_t soff, size_t n)
 {
@@ -609,7 +639,7 @@ int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 	if (!err) {
 		struct rma_gpu_busy *b = busy_in(g, "a copy to this rank itself", n);
 
-		r = dw->gpu && sw->gpu ? g->cu->memcpy_dtod_async(dp, sp, n, g->stream)
+		r = dw->gpu && sw->gpu ? copy_gpu_gpu(g, dp, sp, n)
 		    : dw->gpu ? g->cu->memcpy_htod_async(dp, s, n, g->stream)
 		    : g->cu->memcpy_dtoh_async(d, sp, n, g->stream);
 		busy_out(g, b);

@@ -272,6 +272,7 @@ struct rma_gpu {
 	rail_cu_stream stream;	/* every write into this rank's GPU windows, in order */
 	struct rma_ring ring;	/* the main applier's staging (lanes have their own) */
 	uint64_t *word;		/* pinned: a signal word read back */
+	char *bounce;		/* pinned: GPU-to-GPU copies to the rank itself pass here */
 	int pending;		/* work queued on the stream since its last synchronize */
 	size_t queued;		/* bytes copied on it since then */
 	uint64_t signals;	/* GPU signal words written */

@@ -16,7 +16,9 @@
  * sleeps FAKECUDA_COPY_DELAY_US (or fcu_test_set_delay_us), so that a
  * write the plugin does not order behind a copy shows up before it.
  * fcu_test_hold stops every stream before its next operation, as a GPU
- * busy with other work does. cuStreamWriteValue64 writes device memory,
+ * busy with other work does. fcu_test_sms_busy stops copies within device
+ * memory only: CUDA runs those on the SMs, which kernels that spin (the
+ * device API's, waiting for signals) can hold; copy engines still run. cuStreamWriteValue64 writes device memory,
  * or pinned host memory allocated with CU_MEMHOSTALLOC_DEVICEMAP (not
  * with FAKECUDA_NO_HOST_WRITE set).
  *
@@ -63,6 +65,7 @@ EXPORT void *fcu_test_host(const void *dptr);
 EXPORT void fcu_test_make_current(void);
 EXPORT void fcu_test_set_delay_us(unsigned us);
 EXPORT void fcu_test_hold(int on);
+EXPORT void fcu_test_sms_busy(int on);
 EXPORT unsigned long fcu_test_calls(const char *name);
 EXPORT unsigned long fcu_test_refused(void);
 EXPORT int fcu_test_dmabuf(const void *dptr, uint64_t *offset);
@@ -80,6 +83,7 @@ static char ctx_obj;		/* the one context */
 static __thread void *cur_ctx;
 static unsigned delay_us;
 static int hold;	/* fcu_test_hold: the streams start no operation */
+static int sms_busy;	/* fcu_test_sms_busy: no copy within device memory starts */
 static int delay_set;
 static unsigned long refused;
 
@@ -188,7 +192,7 @@ static int is_pinned(const void *p)
 
 /* ---- streams ---- */
 
-enum op_kind { OP_COPY = 1, OP_WRITE64 = 2 };
+enum op_kind { OP_COPY = 1, OP_WRITE64 = 2, OP_COPY_SM = 3 };
 
 struct op {
 	int kind;
@@ -221,7 +225,7 @@ static unsigned copy_delay(void)
 
 static void run_op(const struct op *o)
 {
-	if (o->kind == OP_COPY) {
+	if (o->kind != OP_WRITE64) {
 		unsigned d = copy_delay();
 
 		if (d)
@@ -246,7 +250,8 @@ static void *stream_main(void *arg)
 			break;
 		o = s->head;
 		pthread_mutex_unlock(&s->mu);
-		while (__atomic_load_n(&hold, __ATOMIC_ACQUIRE))
+		while (__atomic_load_n(&hold, __ATOMIC_ACQUIRE) ||
+		       (o->kind == OP_COPY_SM && __atomic_load_n(&sms_busy, __ATOMIC_ACQUIRE)))
 			usleep(1000);
 		run_op(o);
 		pthread_mutex_lock(&s->mu);
@@ -523,7 +528,7 @@ EXPORT int cuMemcpyDtoDAsync_v2(uint64_t dst, uint64_t src, size_t n, void *hs)
 		return r;
 	if (!d || !s)
 		return E_INVALID_VALUE;
-	return enqueue(hs, OP_COPY, d, s, n, 0);
+	return enqueue(hs, OP_COPY_SM, d, s, n, 0);
 }
 
 EXPORT int cuStreamWriteValue64_v2(void *hs, uint64_t addr, uint64_t value, unsigned flags)
@@ -594,6 +599,11 @@ EXPORT void fcu_test_make_current(void)
 EXPORT void fcu_test_hold(int on)
 {
 	__atomic_store_n(&hold, on, __ATOMIC_RELEASE);
+}
+
+EXPORT void fcu_test_sms_busy(int on)
+{
+	__atomic_store_n(&sms_busy, on, __ATOMIC_RELEASE);
 }
 
 EXPORT void fcu_test_set_delay_us(unsigned us)

@@ -38,6 +38,7 @@ static fcu_host_fn fcu_host;
 static fcu_make_current_fn fcu_current;
 static fcu_set_delay_fn fcu_delay;
 static fcu_hold_fn fcu_hold;
+static fcu_hold_fn fcu_sms_busy;
 static fcu_calls_fn fcu_calls;
 static fcu_refused_fn fcu_refused;
 static int (*fcu_set_ctx)(void *ctx);
@@ -287,9 +288,12 @@ static void test_put_signal_get(void **state)
 	unit_assert_logged2(RAIL_LOG_INFO, "CUDA loads modules lazily in this process",
 			    "set CUDA_MODULE_LOADING=EAGER");
 	run_group(3, 4099, 0, body_put_signal_get);
-	/* It went through the driver: copies in, signals written on the stream, self DtoD. */
+	/*
+	 * It went through the driver: copies in, signals written on the stream;
+	 * self copies through pinned memory, never DtoD (test_self_copy_needs_no_sms).
+	 */
 	assert_true(fcu_calls("cuStreamWriteValue64_v2") >= w64 + 2 * (4 + 9));
-	assert_true(fcu_calls("cuMemcpyDtoDAsync_v2") >= dtod + 5);
+	assert_int_equal(fcu_calls("cuMemcpyDtoDAsync_v2"), dtod);
 	assert_true(fcu_calls("cuMemcpyHtoDAsync_v2") > htod);
 }
 
@@ -671,6 +675,9 @@ static void body_queue_stall(struct rank *r)
 	while (!unit_log_count(RAIL_LOG_WARN, queue_warn) && rmah_now_ns() - t0 < WAIT_NS)
 		usleep(20000);
 	RCHECK(r, unit_log_count(RAIL_LOG_WARN, queue_warn) == 1, "%s", "no WARN in 30 s");
+	/* not before the limit: the check counts from when it first saw the write queued */
+	RCHECK(r, rmah_now_ns() - t0 >= 1000000000ull, "the WARN came after %.2f s, before the "
+	       "1 s limit", (double)(rmah_now_ns() - t0) / 1e9);
 	RCHECK(r, HV64(r->sig)[0] == 0, "the signal landed while held: %llu",
 	       (unsigned long long)HV64(r->sig)[0]);
 	fcu_hold(0);
@@ -689,6 +696,9 @@ static void test_gpu_queue_stall_named(void **state)
 	fcu_hold(0);
 	unsetenv("NCCL_RAIL_RMA_STALL_WARN");
 	unit_assert_logged2(RAIL_LOG_WARN, queue_warn, " s (0 of 1 run; the last queued ");
+	/* the time it names is the wait's (1-2 s), not the clock's since boot */
+	assert_int_equal(unit_log_count2(RAIL_LOG_WARN, "signal writes for 1 s (", NULL) +
+			 unit_log_count2(RAIL_LOG_WARN, "signal writes for 2 s (", NULL), 1);
 	unit_assert_logged2(RAIL_LOG_WARN, queue_warn, "whatever waits for these signals (a device "
 			    "API kernel, ncclWaitSignal) waits too; CUDA loads modules lazily");
 	unit_assert_logged2(RAIL_LOG_INFO, "RMA on GPU memory (rank 1 of 2, device 0): the GPU "
@@ -826,6 +836,51 @@ static void test_source_copy_stall_named(void **state)
 	unit_assert_logged2(RAIL_LOG_WARN, stall_want, "the GPU has not run its copy and signal");
 }
 
+/*
+ * A put of one GPU window into another of the rank itself, larger than the
+ * bounce buffer, while the SMs are held (the fake's copies within device
+ * memory wait, as behind the device API's spinning kernels on a real GPU):
+ * done with its bytes and signal all the same, since the plugin copies
+ * through pinned host memory with the copy engines. With cuMemcpyDtoDAsync
+ * the signal never came (GIN at 4 ranks on an H100).
+ */
+#define SELF_SLOT ((5u << 20) + 24)
+
+static void body_self_sms_busy(struct rank *r)
+{
+	void *req = NULL;
+	ncclResult_t res;
+	int done;
+
+	pthread_barrier_wait(&r->g->h.bar);
+	if (r->rank == 1) {
+		for (size_t i = 0; i < SELF_SLOT; i++)
+			HV(r->src)[i] = (char)(i * 7 + 1);
+		fcu_sms_busy(1);
+		ROK(r, rma->iputSignal(r->rctx, 0, 0, r->src_mh, SELF_SLOT, SELF_SLOT, r->win_mh, 1,
+				       8, r->sig_mh, 1, NCCL_NET_SIGNAL_OP_INC, true, &req));
+		done = rmah_test_until(rma->test, r->coll, req, 5000000000ull, 0, &res);
+		fcu_sms_busy(0);
+		RCHECK(r, res == ncclSuccess && done, "a put to this rank itself not done in 5 s "
+		       "while the SMs were busy (result %d)", (int)res);
+		if (res == ncclSuccess && !done)
+			ROK(r, wait_req(r, req));
+		RCHECK(r, HV64(r->sig)[1] == 1, "the signal of the put to itself is %llu",
+		       (unsigned long long)HV64(r->sig)[1]);
+		for (size_t i = 0; i < SELF_SLOT && !r->fail[0]; i++)
+			RCHECK(r, HV(r->win)[SELF_SLOT + i] == (char)(i * 7 + 1), "byte %zu of the put "
+			       "to itself is %d", i, HV(r->win)[SELF_SLOT + i]);
+	}
+	pthread_barrier_wait(&r->g->h.bar);
+}
+
+static void test_self_copy_needs_no_sms(void **state)
+{
+	(void)state;
+	run_group(2, SELF_SLOT, 0, body_self_sms_busy);
+	fcu_sms_busy(0);
+}
+
 /* The fake itself refuses a call on a thread with no context (what the tests rely on). */
 static void test_fake_refuses_without_context(void **state)
 {
@@ -853,7 +908,7 @@ static int group_setup(void **state)
 	fake = dlopen(fake_path, RTLD_NOW | RTLD_LOCAL);
 	if (fake && FCU("fcu_test_alloc_device", fcu_alloc) && FCU("fcu_test_host", fcu_host) &&
 	    FCU("fcu_test_make_current", fcu_current) && FCU("fcu_test_set_delay_us", fcu_delay) &&
-	    FCU("fcu_test_hold", fcu_hold) &&
+	    FCU("fcu_test_hold", fcu_hold) && FCU("fcu_test_sms_busy", fcu_sms_busy) &&
 	    FCU("fcu_test_calls", fcu_calls) && FCU("fcu_test_refused", fcu_refused) &&
 	    FCU("cuCtxSetCurrent", fcu_set_ctx))
 		rma = rmah_open(plugin, "ncclRmaPlugin_v14", &lib);
@@ -890,6 +945,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_progress_refused, need_plugin),
 		cmocka_unit_test_setup(test_post_does_not_wait, need_plugin),
 		cmocka_unit_test_setup(test_source_copy_stall_named, need_plugin),
+		cmocka_unit_test_setup(test_self_copy_needs_no_sms, need_plugin),
 	};
 
 	(void)argc;
