@@ -603,7 +603,7 @@ int rma_mem_read(struct rma_gpu *g, const struct rma_win *w, uint64_t off, void 
  * buffer). Never cuMemcpyDtoDAsync: the driver runs a copy within one GPU
  * on the SMs, and while the device API's kernels fill them waiting for this
  * rank's signals, a copy queued ahead of those signals never ran (GIN at 4
- * ranks on one H100, .carry probe d2d). Copy engines do not wait for SMs.
+ * ranks; test/nccl/sm_copy_probe.cu). Copy engines do not wait for SMs.
  */
 static rail_cu_result copy_gpu_gpu(struct rma_gpu *g, rail_cu_ptr dp, rail_cu_ptr sp, size_t n)
 {
