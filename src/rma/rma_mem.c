@@ -609,9 +609,6 @@ static rail_cu_result copy_gpu_gpu(struct rma_gpu *g, rail_cu_ptr dp, rail_cu_pt
 {
 	rail_cu_result r = RAIL_CU_SUCCESS;
 
-	if (!g->bounce && (r = g->cu->mem_host_alloc((void **)&g->bounce, RMA_BOUNCE,
-						     RAIL_CU_MEMHOSTALLOC_PORTABLE)))
-		return r;
 	for (size_t o = 0; o < n && !r; o += RMA_BOUNCE) {
 		size_t k = RAIL_MIN(RMA_BOUNCE, n - o);
 
@@ -636,6 +633,11 @@ int rma_mem_copy(struct rma_gpu *g, const struct rma_win *dw, uint64_t doff,
 	}
 	pthread_mutex_lock(&g->lock);
 	err = cu_enter(g);
+	if (!err && dw->gpu && sw->gpu && !g->bounce &&
+	    (r = g->cu->mem_host_alloc((void **)&g->bounce, RMA_BOUNCE,
+				       RAIL_CU_MEMHOSTALLOC_PORTABLE)))
+		err = cu_fail(g, "cuMemHostAlloc of the pinned buffer that copies between GPU windows "
+			      "of this rank pass through", r);
 	if (!err) {
 		struct rma_gpu_busy *b = busy_in(g, "a copy to this rank itself", n);
 
