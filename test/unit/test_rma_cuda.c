@@ -472,10 +472,12 @@ static void body_load(struct rank *r)
 }
 
 /*
- * The same to every peer at once: rank r puts its plan for each peer into
- * that peer's slot r, the peers in turn, two puts in flight per peer, then
- * a signal to each; a target checks each sender's slot once its signal came.
- * Several peers' streams (and lanes) feed each target's appliers together.
+ * The same to every rank at once, itself included: rank r puts its plan for
+ * each rank into that rank's slot r, in turn, two puts in flight per rank,
+ * then a signal to each; a target checks each sender's slot once its signal
+ * came. Several peers' streams (and lanes) feed each target's appliers
+ * together, and its own puts (through the pinned buffer, in pieces) share
+ * the stream with what they land.
  */
 #define ALL_INFLIGHT 2
 
@@ -497,8 +499,6 @@ static void body_load_all(struct rank *r)
 				      (g->h.n * g->slot / (RMAH_MAXR * ALL_INFLIGHT));
 			void **q = &req[p][i % ALL_INFLIGHT];
 
-			if (p == r->rank)
-				continue;
 			if (*q)
 				ROK(r, wait_req(r, *q));
 			*q = NULL;
@@ -513,15 +513,14 @@ static void body_load_all(struct rank *r)
 		for (int k = 0; k < ALL_INFLIGHT; k++)
 			if (req[p][k])
 				ROK(r, wait_req(r, req[p][k]));
-		if (p != r->rank)
-			ROK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)p,
-					       (uint64_t)r->rank * 8, r->sig_mh, 1,
-					       NCCL_NET_SIGNAL_OP_INC, true, &req[p][0]));
+		ROK(r, rma->iputSignal(r->rctx, 0, 0, NULL, 0, 0, NULL, (uint32_t)p,
+				       (uint64_t)r->rank * 8, r->sig_mh, 1, NCCL_NET_SIGNAL_OP_INC,
+				       true, &req[p][0]));
 	}
 	for (int from = 0; from < n && !r->fail[0]; from++) {
 		struct load theirs;
 
-		if (from == r->rank || !wait_word(r, &r->sig[from], 1, "signal after the puts"))
+		if (!wait_word(r, &r->sig[from], 1, "signal after the puts"))
 			continue;
 		load_plan_to(&theirs, from, r->rank, g->slot);
 		memset(ref, 0, g->slot);
@@ -538,7 +537,7 @@ static void body_load_all(struct rank *r)
 		}
 	}
 	for (int p = 0; p < n; p++)
-		if (p != r->rank && req[p][0])
+		if (req[p][0])
 			ROK(r, wait_req(r, req[p][0]));
 	free(ref);
 	free(plan);
