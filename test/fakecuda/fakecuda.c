@@ -66,6 +66,7 @@ EXPORT void fcu_test_make_current(void);
 EXPORT void fcu_test_set_delay_us(unsigned us);
 EXPORT void fcu_test_hold(int on);
 EXPORT void fcu_test_sms_busy(int on);
+EXPORT void fcu_test_refuse_host_alloc(size_t n);
 EXPORT unsigned long fcu_test_calls(const char *name);
 EXPORT unsigned long fcu_test_refused(void);
 EXPORT int fcu_test_dmabuf(const void *dptr, uint64_t *offset);
@@ -84,6 +85,7 @@ static __thread void *cur_ctx;
 static unsigned delay_us;
 static int hold;	/* fcu_test_hold: the streams start no operation */
 static int sms_busy;	/* fcu_test_sms_busy: no copy within device memory starts */
+static size_t refuse_halloc;	/* fcu_test_refuse_host_alloc: this size is out of memory */
 static int delay_set;
 static unsigned long refused;
 
@@ -333,6 +335,8 @@ EXPORT int cuMemHostAlloc(void **pp, size_t n, unsigned flags)
 
 	if (r)
 		return r;
+	if (n && n == __atomic_load_n(&refuse_halloc, __ATOMIC_ACQUIRE))
+		return E_OUT_OF_MEMORY;
 	q = calloc(1, sizeof(*q));
 	if (!q || posix_memalign(&q->p, 4096, n ? n : 1)) {
 		free(q);
@@ -604,6 +608,11 @@ EXPORT void fcu_test_hold(int on)
 EXPORT void fcu_test_sms_busy(int on)
 {
 	__atomic_store_n(&sms_busy, on, __ATOMIC_RELEASE);
+}
+
+EXPORT void fcu_test_refuse_host_alloc(size_t n)
+{
+	__atomic_store_n(&refuse_halloc, n, __ATOMIC_RELEASE);
 }
 
 EXPORT void fcu_test_set_delay_us(unsigned us)

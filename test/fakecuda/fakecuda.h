@@ -19,6 +19,8 @@ typedef void (*fcu_make_current_fn)(void);
 typedef void (*fcu_set_delay_fn)(unsigned us);
 /* on: no stream starts another operation until off (a GPU busy with other work). */
 typedef void (*fcu_hold_fn)(int on);
+/* n (not 0): every cuMemHostAlloc of exactly n bytes fails, out of memory; 0: none. */
+typedef void (*fcu_refuse_host_alloc_fn)(size_t n);
 /* How often an entry was called ("cuStreamWriteValue64_v2", ...), and calls refused
  * for want of a current context. */
 typedef unsigned long (*fcu_calls_fn)(const char *name);

@@ -39,6 +39,7 @@ static fcu_make_current_fn fcu_current;
 static fcu_set_delay_fn fcu_delay;
 static fcu_hold_fn fcu_hold;
 static fcu_hold_fn fcu_sms_busy;
+static fcu_refuse_host_alloc_fn fcu_refuse_halloc;
 static fcu_calls_fn fcu_calls;
 static fcu_refused_fn fcu_refused;
 static int (*fcu_set_ctx)(void *ctx);
@@ -880,6 +881,48 @@ static void test_self_copy_needs_no_sms(void **state)
 	fcu_sms_busy(0);
 }
 
+/*
+ * The pinned buffer of those copies cannot be allocated (the fake refuses
+ * 4 MiB of pinned memory): the put to the rank itself fails, named as that
+ * allocation; once memory is there again the next one works.
+ */
+#define BOUNCE_WARN "cuMemHostAlloc of the pinned buffer that copies between GPU windows of " \
+		    "this rank pass through failed: "
+
+static void body_self_bounce_refused(struct rank *r)
+{
+	void *req = NULL;
+	ncclResult_t res;
+
+	pthread_barrier_wait(&r->g->h.bar);
+	if (r->rank == 1) {
+		HV(r->src)[0] = 9;
+		fcu_refuse_halloc(4u << 20);
+		res = rma->iputSignal(r->rctx, 0, 0, r->src_mh, 8, 0, r->win_mh, 1, 8, r->sig_mh, 1,
+				      NCCL_NET_SIGNAL_OP_INC, true, &req);
+		if (res == ncclSuccess)
+			rmah_test_until(rma->test, r->coll, req, WAIT_NS, 0, &res);
+		fcu_refuse_halloc(0);
+		RCHECK(r, res != ncclSuccess, "%s", "a put to itself succeeded without its buffer");
+		RCHECK(r, unit_log_count(RAIL_LOG_WARN, BOUNCE_WARN) == 1, "%s",
+		       "the refused allocation is not named once");
+		ROK(r, rma->iputSignal(r->rctx, 0, 0, r->src_mh, 8, 0, r->win_mh, 1, 8, r->sig_mh, 1,
+				       NCCL_NET_SIGNAL_OP_INC, true, &req));
+		ROK(r, wait_req(r, req));
+		RCHECK(r, HV(r->win)[0] == 9 && HV64(r->sig)[1] == 1, "after the refusal: byte %d, "
+		       "signal %llu", HV(r->win)[0], (unsigned long long)HV64(r->sig)[1]);
+	}
+	pthread_barrier_wait(&r->g->h.bar);
+}
+
+static void test_self_bounce_refused_named(void **state)
+{
+	(void)state;
+	unit_log_reset();
+	run_group(2, 4096, 0, body_self_bounce_refused);
+	fcu_refuse_halloc(0);
+}
+
 /* The fake itself refuses a call on a thread with no context (what the tests rely on). */
 static void test_fake_refuses_without_context(void **state)
 {
@@ -908,6 +951,7 @@ static int group_setup(void **state)
 	if (fake && FCU("fcu_test_alloc_device", fcu_alloc) && FCU("fcu_test_host", fcu_host) &&
 	    FCU("fcu_test_make_current", fcu_current) && FCU("fcu_test_set_delay_us", fcu_delay) &&
 	    FCU("fcu_test_hold", fcu_hold) && FCU("fcu_test_sms_busy", fcu_sms_busy) &&
+	    FCU("fcu_test_refuse_host_alloc", fcu_refuse_halloc) &&
 	    FCU("fcu_test_calls", fcu_calls) && FCU("fcu_test_refused", fcu_refused) &&
 	    FCU("cuCtxSetCurrent", fcu_set_ctx))
 		rma = rmah_open(plugin, "ncclRmaPlugin_v14", &lib);
@@ -945,6 +989,7 @@ int main(int argc, char **argv)
 		cmocka_unit_test_setup(test_post_does_not_wait, need_plugin),
 		cmocka_unit_test_setup(test_source_copy_stall_named, need_plugin),
 		cmocka_unit_test_setup(test_self_copy_needs_no_sms, need_plugin),
+		cmocka_unit_test_setup(test_self_bounce_refused_named, need_plugin),
 	};
 
 	(void)argc;
