@@ -30,7 +30,6 @@ static const struct cuda_sym cuda_syms[] = {
 	SYM(stream_synchronize, "cuStreamSynchronize"),
 	SYM(memcpy_htod_async, "cuMemcpyHtoDAsync_v2"),
 	SYM(memcpy_dtoh_async, "cuMemcpyDtoHAsync_v2"),
-	SYM(memcpy_dtod_async, "cuMemcpyDtoDAsync_v2"),
 	SYM(stream_write_value64, "cuStreamWriteValue64_v2"),
 	SYM(get_error_string, "cuGetErrorString"),
 	SYM(event_create, "cuEventCreate"),

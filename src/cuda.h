@@ -55,8 +55,6 @@ struct rail_cuda {
 	rail_cu_result (*memcpy_htod_async)(rail_cu_ptr dst, const void *src, size_t n,
 					    rail_cu_stream s);
 	rail_cu_result (*memcpy_dtoh_async)(void *dst, rail_cu_ptr src, size_t n, rail_cu_stream s);
-	rail_cu_result (*memcpy_dtod_async)(rail_cu_ptr dst, rail_cu_ptr src, size_t n,
-					    rail_cu_stream s);
 	rail_cu_result (*stream_write_value64)(rail_cu_stream s, rail_cu_ptr addr, uint64_t value,
 					       unsigned int flags);
 	rail_cu_result (*get_error_string)(rail_cu_result r, const char **str);

@@ -154,28 +154,32 @@ static void rx_fail(struct rma_tcp_coll *c, struct rma_rx *rx, int err)
 		lane_failed(c, rx, err);
 }
 
-/* End of stream between frames. */
-static int rx_closed(struct rma_tcp_coll *c, struct rma_rx *rx)
+/* This rank's gets still waiting for a reply on a replies stream (under the poster's lock). */
+static int gets_waiting(const struct rma_rx *rx)
 {
 	int waiting = 0;
 
-	/* A stream still waiting for blocks of this lane never gets them: it fails (its gate says). */
-	if (rx->role == RMA_RX_LANE)
-		lane_failed(c, rx, -RAIL_ECLOSED);
-
-	/* under the poster's lock: a slot read here is not freed and reused meanwhile */
-	if (rx->role == RMA_RX_REPLIES)
-		pthread_mutex_lock(&rx->ctx->lock);
-	for (uint32_t i = 0; rx->role == RMA_RX_REPLIES && i < rx->ctx->nreqs; i++) {
-		struct rma_req *r = &rx->ctx->reqs[i];
+	pthread_mutex_lock(&rx->ctx->lock);
+	for (uint32_t i = 0; i < rx->ctx->nreqs; i++) {
+		const struct rma_req *r = &rx->ctx->reqs[i];
 		int st = atomic_load(&r->state);
 
 		if (st == RMA_REQ_QUEUED || st == RMA_REQ_WAIT)
 			waiting += r->kind == RAIL_RMA_GET && r->peer == rx->peer &&
 				   r->context == rx->context;
 	}
-	if (rx->role == RMA_RX_REPLIES)
-		pthread_mutex_unlock(&rx->ctx->lock);
+	pthread_mutex_unlock(&rx->ctx->lock);
+	return waiting;
+}
+
+/* End of stream between frames. */
+static int rx_closed(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	int waiting = rx->role == RMA_RX_REPLIES ? gets_waiting(rx) : 0;
+
+	/* A stream still waiting for blocks of this lane never gets them: it fails (its gate says). */
+	if (rx->role == RMA_RX_LANE)
+		lane_failed(c, rx, -RAIL_ECLOSED);
 	if (!waiting) {
 		rx_drop(c, rx);	/* the peer destroyed its context */
 		return 0;

@@ -596,8 +596,11 @@ static void watch_in(struct rma_tcp_ctx *x, struct rma_stream *s, int context, i
 	}
 }
 
-/* Gets whose reply has not come for the limit (their request has left). */
-static void watch_gets(struct rma_tcp_ctx *x, uint64_t now)
+/*
+ * Requests past the limit: gets whose reply has not come (their request has
+ * left), and GPU operations to this rank itself the GPU has not run.
+ */
+static void watch_reqs(struct rma_tcp_ctx *x, uint64_t now)
 {
 	const struct rma_tcp_coll *c = x->coll;
 
@@ -643,7 +646,7 @@ static void watch_ctx(struct rma_tcp_ctx *x, uint64_t now)
 				watch_in(x, s, k, p, now);
 		}
 	}
-	watch_gets(x, now);
+	watch_reqs(x, now);
 	pthread_mutex_unlock(&x->lock);
 }
 

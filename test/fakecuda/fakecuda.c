@@ -18,9 +18,11 @@
  * fcu_test_hold stops every stream before its next operation, as a GPU
  * busy with other work does. fcu_test_sms_busy stops copies within device
  * memory only: CUDA runs those on the SMs, which kernels that spin (the
- * device API's, waiting for signals) can hold; copy engines still run. cuStreamWriteValue64 writes device memory,
- * or pinned host memory allocated with CU_MEMHOSTALLOC_DEVICEMAP (not
- * with FAKECUDA_NO_HOST_WRITE set).
+ * device API's, waiting for signals) can hold; copy engines still run.
+ * fcu_test_refuse_host_alloc makes cuMemHostAlloc of one size fail.
+ * cuStreamWriteValue64 writes device memory, or pinned host memory
+ * allocated with CU_MEMHOSTALLOC_DEVICEMAP (not with
+ * FAKECUDA_NO_HOST_WRITE set).
  *
  * cuModuleGetLoadingMode says LAZY (CUDA's default), or EAGER with
  * FAKECUDA_LOADING=eager.
