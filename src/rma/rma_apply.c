@@ -102,12 +102,17 @@ static int rx_context(const struct rma_rx *rx)
 	return rx->role == RMA_RX_LANE ? (int)(rx->f.id >> 32) : rx->context;
 }
 
-/* Gets of this stream waiting for a reply fail with err (the stream broke). */
+/*
+ * Gets of this stream waiting for a reply fail with err (the stream broke).
+ * Under the poster's lock, as gets_waiting: a slot read here is not freed
+ * and reused meanwhile.
+ */
 static void rx_fail_gets(struct rma_rx *rx, int err)
 {
 	struct rma_tcp_ctx *x = rx->ctx;
 
 	atomic_store(&rx_stream(rx)->broken, err);
+	pthread_mutex_lock(&x->lock);
 	for (uint32_t i = 0; i < x->nreqs; i++) {
 		struct rma_req *r = &x->reqs[i];
 		int st = RMA_REQ_WAIT;
@@ -118,6 +123,7 @@ static void rx_fail_gets(struct rma_rx *rx, int err)
 		atomic_store(&r->err, err);
 		atomic_compare_exchange_strong(&r->state, &st, RMA_REQ_FAILED);
 	}
+	pthread_mutex_unlock(&x->lock);
 }
 
 static void rx_drop(struct rma_tcp_coll *c, struct rma_rx *rx)
