@@ -9,10 +9,15 @@
  * seconds since the epoch, and "DONE rounds=N median_ms=M longest_ms=X
  * longest_end=T": the harness subtracts the time it failed the link from
  * the end of the first slow round after it, to get the time to recover.
+ * RAIL_CONF_FAILOVER_UNTIL=PATH (A's): past those seconds, A goes on until
+ * PATH exists, so a harness that writes it once the link is back and the
+ * hold-down has passed sees the move back even when the fault's events came
+ * late (a guest that stalled for tens of seconds); --timeout still bounds it.
  * Any failed request fails the scenario: a link failure must cost a delay.
  */
 #include <stdlib.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "conf.h"
 
@@ -55,6 +60,7 @@ int rail_conf_failover_loop(struct rail_conf *cx)
 	static const size_t base[] = { 8, 1000, 4096, 4097, 65536, 262144, RAIL_CONF_MIB, 100,
 				       16384, 2 * RAIL_CONF_MIB };
 	const char *env = getenv("RAIL_CONF_FAILOVER_SECONDS");
+	const char *until = getenv("RAIL_CONF_FAILOVER_UNTIL");
 	size_t cap = rail_conf_common_max_msg(cx), sizes[4 * NELEM(base)];
 	double seconds = env ? atof(env) : 0, longest = 0, longest_end = 0;
 	struct rail_conf_pair p;
@@ -94,7 +100,8 @@ int rail_conf_failover_loop(struct rail_conf *cx)
 			rail_conf_event(cx, "READY");
 		/* A decides when to stop; B follows */
 		mine = cx->role != RAIL_CONF_ROLE_A ||
-		       (double)(rail_conf_now_ns() - start) / 1e9 < seconds;
+		       (double)(rail_conf_now_ns() - start) / 1e9 < seconds ||
+		       (until && *until && access(until, F_OK) != 0);
 		go = (int)rail_conf_xchg(cx, mine) && mine;
 	}
 	if (cx->role == RAIL_CONF_ROLE_A) {

@@ -5,7 +5,8 @@
 # receiver) with NCCL_IB_HCA==rxe1,rxe3, role B (the sender) with
 # ==rxe0,rxe2, so each uses the first and falls back on the second -- mixed
 # sizes from 8 B to 2 MiB, every byte and guard checked, for
-# RAIL_CONF_FAILOVER_SECONDS; the handshake sockets on lo. Meanwhile
+# RAIL_CONF_FAILOVER_SECONDS and at least SETTLE_S after the fault ended
+# (RAIL_CONF_FAILOVER_UNTIL); the handshake sockets on lo. Meanwhile
 # rxe_link_flap takes one device's outer link down and up again.
 #   sender:   rxe0 down 3 s: B moves rxe0 -> rxe2, A rebuilds on rxe1; after
 #             the hold-down (NCCL_RAIL_FAILOVER_HOLDDOWN=3) B moves back;
@@ -40,6 +41,7 @@ plugin=build/libnccl-net-rail.so
 out=$RXE_TEST_OUT
 export NCCL_RAIL_TRANSPORT=ib NCCL_SOCKET_IFNAME="=lo" NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=NET
 export RAIL_CONF_FAILOVER_SECONDS=${FAILOVER_SECONDS:-14} NCCL_RAIL_FAILOVER_HOLDDOWN=3
+SETTLE_S=8	# after the fault: hold-down 3 s, the move back, rounds after it
 fails=0
 check() { if "$@"; then return 0; fi; echo "FAILED: $*"; fails=$((fails + 1)); return 1; }
 port=18790
@@ -69,10 +71,11 @@ path_cut() {
 # run NAME FAULT_DEV DOWN_S [ENV...]: both roles and the link flap; sets ra, rb (exit codes).
 run() {
     local name=$1 dev=$2 down=$3 ev=$out/$1.events ready=$out/$1.ready apid bpid fpid
+    local until=$out/$1.until
     shift 3
     port=$((port + 1))
-    rm -f "$ev" "$ready" "$out/$name.flap"
-    env "$@" NCCL_IB_HCA="=rxe1,rxe3" timeout -k 5 200 "$conf" --plugin "$plugin" --abi 12 \
+    rm -f "$ev" "$ready" "$out/$name.flap" "$until"
+    env "$@" NCCL_IB_HCA="=rxe1,rxe3" RAIL_CONF_FAILOVER_UNTIL="$until" timeout -k 5 200 "$conf" --plugin "$plugin" --abi 12 \
         "${conf_extra[@]}" --scenario failover-loop --timeout 150 -v \
         --ctl-listen "127.0.0.1:$port" \
         --event-file "$ev" >"$out/$name.a" 2>&1 &
@@ -85,7 +88,11 @@ run() {
     bpid=$!
     ( for _ in $(seq 1200); do grep -q READY "$ev" 2>/dev/null && break; sleep 0.1; done
       echo READY >"$ready" ) &
-    "$fault" "$dev" "$ready" "$down" "$out/$name.flap" 150 &
+    # A stops no sooner than SETTLE_S after the fault ended (the port ACTIVE
+    # again): the hold-down and the move back fit in it even when the guest
+    # stalled and the port's events came late (CI once saw one 50 s late).
+    ( "$fault" "$dev" "$ready" "$down" "$out/$name.flap" 150; rc=$?
+      _rxe_nap "$SETTLE_S"; : >"$until"; exit $rc ) &
     fpid=$!
     wait "$apid"; ra=$?
     wait "$bpid"; rb=$?
