@@ -270,18 +270,37 @@ static int frame_get(struct rma_tcp_coll *c, struct rma_rx *rx)
 	return epoll_ctl(ap_of(c, rx)->epfd, EPOLL_CTL_MOD, rx->fd, &ev) ? -errno : 0;
 }
 
-/* A reply to one of this rank's gets: find the request it answers. */
-static int frame_reply(struct rma_tcp_coll *c, struct rma_rx *rx)
+/*
+ * The get of this rank that the reply's id names, waiting for it from the
+ * stream's peer and context, or NULL. Under the poster's lock, as
+ * gets_waiting: a slot read here is not freed and reused meanwhile, and a
+ * get whose request is written is already WAIT (stream_pop, same lock), so
+ * a reply to a request not yet sent names no get. Once found, the get stays
+ * WAIT until this thread completes it (or fails it, rx_fail_gets).
+ */
+static struct rma_req *reply_get(const struct rma_rx *rx)
 {
 	const struct rma_frame *f = &rx->f;
 	struct rma_tcp_ctx *x = rx->ctx;
 	uint32_t idx = (uint32_t)f->id, stamp = (uint32_t)(f->id >> 32);
 	struct rma_req *r = idx < x->nreqs ? &x->reqs[idx] : NULL;
-	int st = r ? atomic_load(&r->state) : RMA_REQ_FREE;
 
-	if (!r || (st != RMA_REQ_QUEUED && st != RMA_REQ_WAIT) || r->stamp != stamp ||
-	    r->kind != RAIL_RMA_GET || r->peer != rx->peer || r->context != rx->context ||
-	    (f->status ? f->len != 0 : f->len != r->len)) {
+	pthread_mutex_lock(&x->lock);
+	if (r && (atomic_load(&r->state) != RMA_REQ_WAIT || r->stamp != stamp ||
+		  r->kind != RAIL_RMA_GET || r->peer != rx->peer || r->context != rx->context ||
+		  (f->status ? f->len != 0 : f->len != r->len)))
+		r = NULL;
+	pthread_mutex_unlock(&x->lock);
+	return r;
+}
+
+/* A reply to one of this rank's gets: find the request it answers. */
+static int frame_reply(struct rma_tcp_coll *c, struct rma_rx *rx)
+{
+	const struct rma_frame *f = &rx->f;
+	struct rma_req *r = reply_get(rx);
+
+	if (!r) {
 		rx->logged = 1;
 		RAIL_WARN("RMA iget (rank %d of %d, device %d): %s sent a reply for no get of this "
 			  "rank waiting on context %d (id 0x%llx, %llu bytes); the stream is closed",

@@ -80,8 +80,9 @@ const struct rail_conf_scenario rail_conf_scenarios[] = {
 	  1, 0, 6, NULL },
 	{ "random-handle", "random handles are refused with a WARN; stray bytes after the handle "
 	  "are never trusted", rail_conf_random_handle, 1, 0, 6, NULL },
-	{ "failover-loop", "B streams mixed sizes to A for RAIL_CONF_FAILOVER_SECONDS while a "
-	  "harness fails a link: no request fails, every byte arrives (SKIP when unset)",
+	{ "failover-loop", "B streams mixed sizes to A for RAIL_CONF_FAILOVER_SECONDS (and until "
+	  "the file RAIL_CONF_FAILOVER_UNTIL names exists) while a harness fails a link: no "
+	  "request fails, every byte arrives (SKIP when unset)",
 	  rail_conf_failover_loop, 1, 0, 6, NULL },
 	{ "finalize-open", "the last finalize with comms open, then dlclose: threads stopped, or "
 	  "a WARN and the library kept loaded (v11+)", rail_conf_finalize_open, 1, 1, 11, NULL },

@@ -9,7 +9,8 @@
  * must be refused before any byte is written: a put past the end of a
  * window, a put whose offset wraps, a put into a window that does not
  * exist, a misaligned signal, a frame that is not one, and a get past the
- * end (answered with an error, since a get writes nothing). Rank 0 must
+ * end (answered with an error, since a get writes nothing); and, alone, a
+ * reply on rank 0's own stream when rank 0 sent no get. Rank 0 must
  * leave every byte of its windows alone, WARN naming the peer, the call and
  * the window, close each broken stream, and report the error through
  * queryLastError.
@@ -331,6 +332,18 @@ static int stream_closed(int fd)
 	return poll(&p, 1, 5000) == 1 && recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
 }
 
+/* Rank 0 in its thread over TCP, and this test joined as rank 1 without lanes. */
+static void hostile_start(pthread_t *th)
+{
+	unit_log_capture();
+	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
+	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
+	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "10", 1);
+	pthread_barrier_init(&bar, NULL, 2);
+	assert_int_equal(pthread_create(th, NULL, rank0, NULL), 0);
+	fake_join(0);
+}
+
 static void test_hostile_peer(void **state)
 {
 	static char evil[200];
@@ -341,13 +354,7 @@ static void test_hostile_peer(void **state)
 
 	(void)state;
 	memset(evil, 0xee, sizeof(evil));
-	unit_log_capture();
-	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
-	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
-	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "10", 1);
-	pthread_barrier_init(&bar, NULL, 2);
-	assert_int_equal(pthread_create(&th, NULL, rank0, NULL), 0);
-	fake_join(0);
+	hostile_start(&th);
 	/* A good put and signal first: the stream works. */
 	fake_frame(f.out[0], RMA_OP_PUT, 0, 0, 16, evil, 16);
 	fake_frame(f.out[0], RMA_OP_SIGNAL, 1, 8, 1, NULL, 0);
@@ -382,6 +389,32 @@ static void test_hostile_peer(void **state)
 	unit_assert_logged2(RAIL_LOG_WARN, "sent a bad frame on context 4", "out of step");
 	unit_assert_logged2(RAIL_LOG_WARN, "RMA iget from rank 1", "a get of 1 bytes at offset "
 			    "4096 is outside window 0");
+	fake_leave(0);
+}
+
+/*
+ * A reply on rank 0's own stream of context 1 when rank 0 asked nothing: the
+ * stream is closed with a WARN naming the reply, and no byte is written.
+ */
+static void test_reply_for_no_get(void **state)
+{
+	static char evil[8];
+	struct rma_frame reply = { .op = RMA_OP_REPLY, .id = 1ull << 32, .len = sizeof(evil) };
+	uint8_t b[RMA_FRAME_SIZE];
+	pthread_t th;
+
+	(void)state;
+	memset(evil, 0xee, sizeof(evil));
+	hostile_start(&th);
+	rma_frame_encode(&reply, b);
+	send(f.in[1], b, sizeof(b), MSG_NOSIGNAL);
+	send(f.in[1], evil, sizeof(evil), MSG_NOSIGNAL);
+	pthread_barrier_wait(&bar);
+	assert_true(stream_closed(f.in[1]));
+	rank0_done(th);
+	check_window(0, 0);
+	unit_assert_logged2(RAIL_LOG_WARN, "rank 1 (127.0.0.1:", "sent a reply for no get of this "
+			    "rank waiting on context 1 (id 0x100000000, 8 bytes); the stream is closed");
 	fake_leave(0);
 }
 
@@ -751,6 +784,7 @@ int main(void)
 		cmocka_unit_test(test_frame_decode),
 		cmocka_unit_test(test_hello_and_record_decode),
 		cmocka_unit_test(test_hostile_peer),
+		cmocka_unit_test(test_reply_for_no_get),
 		cmocka_unit_test(test_hostile_lanes),
 		cmocka_unit_test(test_stall_out_named),
 		cmocka_unit_test(test_stall_gates_named),
