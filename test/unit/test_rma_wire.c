@@ -10,7 +10,8 @@
  * window, a put whose offset wraps, a put into a window that does not
  * exist, a misaligned signal, a frame that is not one, and a get past the
  * end (answered with an error, since a get writes nothing); and, alone, a
- * reply on rank 0's own stream when rank 0 sent no get. Rank 0 must
+ * reply on rank 0's own stream when rank 0 sent no get, or to a get whose
+ * request has not left yet. Rank 0 must
  * leave every byte of its windows alone, WARN naming the peer, the call and
  * the window, close each broken stream, and report the error through
  * queryLastError.
@@ -107,6 +108,7 @@ static struct {
 	uint64_t sig[3];
 	int has_error;
 	char fail[256];
+	uint64_t get_id;	/* rank0_queued_get's get, as its reply names it */
 } r0;
 
 /* Rank 0's plugin objects: its group, one context call, a data window and the signals. */
@@ -146,22 +148,29 @@ static void r0_leave(struct r0_objs *o)
 	rail_rma_finalize(o->ctx);
 }
 
+/* Once the test's frames are all sent: wait up to 10 s for the error, then leave. */
+static void r0_finish(struct r0_objs *o)
+{
+	uint64_t until;
+
+	pthread_barrier_wait(&bar);	/* the test's frames are all sent */
+	until = rail_now_ns() + 10000000000ull;
+	while (rail_now_ns() < until && !r0.has_error)
+		rail_rma_query_last_error(o->x, &r0.has_error);
+	pthread_barrier_wait(&bar);	/* the test looked at the sockets */
+	r0_leave(o);
+}
+
 /* Rank 0: this plugin, through the core's RMA API (rank 1 is the test). */
 static void *rank0(void *arg)
 {
 	struct r0_objs o;
-	uint64_t until;
 
 	(void)arg;
 	memset(r0.win, 0xaa, WIN);
 	if (r0_join(&o, r0.win, WIN))
 		return NULL;
-	pthread_barrier_wait(&bar);	/* the test's frames are all sent */
-	until = rail_now_ns() + 10000000000ull;
-	while (rail_now_ns() < until && !r0.has_error)
-		rail_rma_query_last_error(o.x, &r0.has_error);
-	pthread_barrier_wait(&bar);	/* the test looked at the sockets */
-	r0_leave(&o);
+	r0_finish(&o);
 	return NULL;
 }
 
@@ -332,15 +341,15 @@ static int stream_closed(int fd)
 	return poll(&p, 1, 5000) == 1 && recv(fd, &c, 1, MSG_DONTWAIT) <= 0;
 }
 
-/* Rank 0 in its thread over TCP, and this test joined as rank 1 without lanes. */
-static void hostile_start(pthread_t *th)
+/* Rank 0 (fn) in its thread over TCP, and this test joined as rank 1 without lanes. */
+static void hostile_start(pthread_t *th, void *(*fn)(void *))
 {
 	unit_log_capture();
 	setenv("NCCL_RAIL_TRANSPORT", "tcp", 1);
 	setenv("NCCL_SOCKET_IFNAME", "lo", 1);
 	setenv("NCCL_RAIL_CONNECT_TIMEOUT", "10", 1);
 	pthread_barrier_init(&bar, NULL, 2);
-	assert_int_equal(pthread_create(th, NULL, rank0, NULL), 0);
+	assert_int_equal(pthread_create(th, NULL, fn, NULL), 0);
 	fake_join(0);
 }
 
@@ -354,7 +363,7 @@ static void test_hostile_peer(void **state)
 
 	(void)state;
 	memset(evil, 0xee, sizeof(evil));
-	hostile_start(&th);
+	hostile_start(&th, rank0);
 	/* A good put and signal first: the stream works. */
 	fake_frame(f.out[0], RMA_OP_PUT, 0, 0, 16, evil, 16);
 	fake_frame(f.out[0], RMA_OP_SIGNAL, 1, 8, 1, NULL, 0);
@@ -393,29 +402,101 @@ static void test_hostile_peer(void **state)
 }
 
 /*
- * A reply on rank 0's own stream of context 1 when rank 0 asked nothing: the
- * stream is closed with a WARN naming the reply, and no byte is written.
+ * Rank 0 fills its context-1 stream to rank 1 (which never reads it) with
+ * puts until one stays unwritten, then posts a get of 8 bytes into offset 64
+ * of its window behind it: the get's request has not left. Its wire id (as
+ * api_rma.c encodes a request: index above 24 bits of stamp) goes to
+ * r0.get_id for the test.
  */
-static void test_reply_for_no_get(void **state)
+static void *rank0_queued_get(void *arg)
+{
+	struct r0_objs o;
+	void *req = NULL;
+	uint64_t v;
+	int done = 1;
+
+	(void)arg;
+	memset(r0.win, 0xaa, WIN);
+	if (r0_join(&o, r0.win, WIN))
+		return NULL;
+	for (int i = 0; i < 100000 && done; i++) {
+		if (rail_rma_iput(o.x, 1, 0, o.wmh, WIN, 0, o.wmh, 1, &req) ||
+		    rail_rma_test(o.coll, req, &done))
+			break;
+	}
+	if (done || rail_rma_iget(o.x, 1, 0, o.wmh, 8, 64, o.wmh, 1, &req))
+		snprintf(r0.fail, sizeof(r0.fail), "no put stayed unwritten, or the get failed");
+	v = (uint64_t)(uintptr_t)req;
+	r0.get_id = (v & 0xffffff) << 32 | ((v >> 24) & 0xffff);
+	pthread_barrier_wait(&bar);	/* the get is posted */
+	r0_finish(&o);
+	return NULL;
+}
+
+/* Read fd to its end: 1 once rank 0 closed it (EOF or reset) within 10 s of quiet. */
+static int stream_drained(int fd)
+{
+	static char buf[1 << 16];
+
+	for (;;) {
+		struct pollfd p = { .fd = fd, .events = POLLIN };
+		ssize_t n;
+
+		if (poll(&p, 1, 10000) != 1)
+			return 0;
+		n = recv(fd, buf, sizeof(buf), MSG_DONTWAIT);
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+			return 1;
+	}
+}
+
+/*
+ * Replies rank 0 must refuse, each on its own stream of context 1, naming
+ * the reply and writing nothing: one when rank 0 asked nothing (rank0), and
+ * one to a get whose request has not left (rank0_queued_get; rank 1 made it
+ * up, knowing the id), since a reply is matched only to a get whose request
+ * was written.
+ */
+static void reply_refused(void *(*fn)(void *), int queued)
 {
 	static char evil[8];
 	struct rma_frame reply = { .op = RMA_OP_REPLY, .id = 1ull << 32, .len = sizeof(evil) };
 	uint8_t b[RMA_FRAME_SIZE];
+	char want[96];
 	pthread_t th;
 
-	(void)state;
 	memset(evil, 0xee, sizeof(evil));
-	hostile_start(&th);
+	hostile_start(&th, fn);
+	if (queued) {
+		pthread_barrier_wait(&bar);	/* the get is posted */
+		reply.id = r0.get_id;
+	}
 	rma_frame_encode(&reply, b);
 	send(f.in[1], b, sizeof(b), MSG_NOSIGNAL);
 	send(f.in[1], evil, sizeof(evil), MSG_NOSIGNAL);
 	pthread_barrier_wait(&bar);
-	assert_true(stream_closed(f.in[1]));
+	assert_true(stream_drained(f.in[1]));
 	rank0_done(th);
 	check_window(0, 0);
-	unit_assert_logged2(RAIL_LOG_WARN, "rank 1 (127.0.0.1:", "sent a reply for no get of this "
-			    "rank waiting on context 1 (id 0x100000000, 8 bytes); the stream is closed");
+	snprintf(want, sizeof(want), "waiting on context 1 (id 0x%llx, 8 bytes); the stream is "
+		 "closed", (unsigned long long)reply.id);
+	if (!unit_log_count2(RAIL_LOG_WARN, "sent a reply for no get of this rank", want)) {
+		unit_log_dump();
+		fail_msg("no WARN of a reply for no get containing '%s'", want);
+	}
 	fake_leave(0);
+}
+
+static void test_reply_for_no_get(void **state)
+{
+	(void)state;
+	reply_refused(rank0, 0);
+}
+
+static void test_reply_before_request(void **state)
+{
+	(void)state;
+	reply_refused(rank0_queued_get, 1);
 }
 
 /*
@@ -785,6 +866,7 @@ int main(void)
 		cmocka_unit_test(test_hello_and_record_decode),
 		cmocka_unit_test(test_hostile_peer),
 		cmocka_unit_test(test_reply_for_no_get),
+		cmocka_unit_test(test_reply_before_request),
 		cmocka_unit_test(test_hostile_lanes),
 		cmocka_unit_test(test_stall_out_named),
 		cmocka_unit_test(test_stall_gates_named),
