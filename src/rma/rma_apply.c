@@ -102,6 +102,12 @@ static int rx_context(const struct rma_rx *rx)
 	return rx->role == RMA_RX_LANE ? (int)(rx->f.id >> 32) : rx->context;
 }
 
+/* r is a get of this rank whose reply comes on rx (a replies stream): its peer and context. */
+static int get_of_stream(const struct rma_req *r, const struct rma_rx *rx)
+{
+	return r->kind == RAIL_RMA_GET && r->peer == rx->peer && r->context == rx->context;
+}
+
 /*
  * Gets of this stream waiting for a reply fail with err (the stream broke).
  * Under the poster's lock, as gets_waiting: a slot read here is not freed
@@ -117,8 +123,7 @@ static void rx_fail_gets(struct rma_rx *rx, int err)
 		struct rma_req *r = &x->reqs[i];
 		int st = RMA_REQ_WAIT;
 
-		if (atomic_load(&r->state) != RMA_REQ_WAIT || r->kind != RAIL_RMA_GET ||
-		    r->peer != rx->peer || r->context != rx->context)
+		if (atomic_load(&r->state) != RMA_REQ_WAIT || !get_of_stream(r, rx))
 			continue;
 		atomic_store(&r->err, err);
 		atomic_compare_exchange_strong(&r->state, &st, RMA_REQ_FAILED);
@@ -171,8 +176,7 @@ static int gets_waiting(const struct rma_rx *rx)
 		int st = atomic_load(&r->state);
 
 		if (st == RMA_REQ_QUEUED || st == RMA_REQ_WAIT)
-			waiting += r->kind == RAIL_RMA_GET && r->peer == rx->peer &&
-				   r->context == rx->context;
+			waiting += get_of_stream(r, rx);
 	}
 	pthread_mutex_unlock(&rx->ctx->lock);
 	return waiting;
@@ -287,8 +291,7 @@ static struct rma_req *reply_get(const struct rma_rx *rx)
 
 	pthread_mutex_lock(&x->lock);
 	if (r && (atomic_load(&r->state) != RMA_REQ_WAIT || r->stamp != stamp ||
-		  r->kind != RAIL_RMA_GET || r->peer != rx->peer || r->context != rx->context ||
-		  (f->status ? f->len != 0 : f->len != r->len)))
+		  !get_of_stream(r, rx) || (f->status ? f->len != 0 : f->len != r->len)))
 		r = NULL;
 	pthread_mutex_unlock(&x->lock);
 	return r;

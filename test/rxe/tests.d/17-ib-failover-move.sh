@@ -75,7 +75,8 @@ run() {
     shift 3
     port=$((port + 1))
     rm -f "$ev" "$ready" "$out/$name.flap" "$until"
-    env "$@" NCCL_IB_HCA="=rxe1,rxe3" RAIL_CONF_FAILOVER_UNTIL="$until" timeout -k 5 200 "$conf" --plugin "$plugin" --abi 12 \
+    env "$@" NCCL_IB_HCA="=rxe1,rxe3" RAIL_CONF_FAILOVER_UNTIL="$until" \
+        timeout -k 5 200 "$conf" --plugin "$plugin" --abi 12 \
         "${conf_extra[@]}" --scenario failover-loop --timeout 150 -v \
         --ctl-listen "127.0.0.1:$port" \
         --event-file "$ev" >"$out/$name.a" 2>&1 &
